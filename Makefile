@@ -1,0 +1,37 @@
+# diffattn: `make demo` runs the main job on its embedded default data; `make test` runs the test suite.
+# Both create or reuse .venv. torch is pinned to the local CPU-usable build (see README, "Install").
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.diffattn-installed
+TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: install test lint demo bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	@$(PY) -c "import torch, torchvision" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
+	$(PY) -m pip install -q -e ".[test]"
+	@touch $@
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check src tests benchmarks examples
+
+demo: $(STAMP)
+	$(PY) -m diffattn.cli demo
+
+bench: $(STAMP)
+	$(PY) benchmarks/attention.py --markdown docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

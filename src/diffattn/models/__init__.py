@@ -1,0 +1,9 @@
+"""Models: the CLIP / DiffCLIP family, ViT / DiffViT / DGViT, text encoders and causal LMs.
+
+``create_model(name, **overrides)``, ``list_models()``, ``from_pretrained(dir_or_repo_id)``.
+"""
+
+from .base import DiffattnModel, from_pretrained
+from .registry import create_model, is_model, list_models, register_model
+
+__all__ = ["DiffattnModel", "from_pretrained", "create_model", "is_model", "list_models", "register_model"]
