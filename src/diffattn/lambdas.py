@@ -20,6 +20,8 @@ import math
 import torch
 import torch.nn as nn
 
+from .functional import _upcast
+
 __all__ = [
     "LAMBDA_FORMS",
     "lambda_init_constant",
@@ -77,8 +79,8 @@ def reparam_lambda(lambda_q1, lambda_k1, lambda_q2, lambda_k2, lambda_init: floa
 
     The vectors may carry leading dims (one λ per head): the dot product runs over the last dim.
     """
-    l1 = torch.exp(torch.sum(lambda_q1.float() * lambda_k1.float(), dim=-1))
-    l2 = torch.exp(torch.sum(lambda_q2.float() * lambda_k2.float(), dim=-1))
+    l1 = torch.exp(torch.sum(_upcast(lambda_q1) * _upcast(lambda_k1), dim=-1))
+    l2 = torch.exp(torch.sum(_upcast(lambda_q2) * _upcast(lambda_k2), dim=-1))
     return l1 - l2 + lambda_init
 
 
@@ -159,7 +161,7 @@ class GateLambda(nn.Module):
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """g of shape (B, H, N, 1) in float32."""
-        return torch.sigmoid(self.gate_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        return torch.sigmoid(_upcast(self.gate_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.gate(x)
@@ -175,7 +177,7 @@ class TokenSigmoidLambda(nn.Module):
         self.lambda_proj = nn.Linear(dim, num_heads, bias=bias)
 
     def forward(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
-        return _ONE, torch.sigmoid(self.lambda_proj(x).float()).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        return _ONE, torch.sigmoid(_upcast(self.lambda_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
 
 
 class AnnealedLambda(nn.Module):
@@ -197,9 +199,9 @@ class AnnealedLambda(nn.Module):
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
 
     def value(self) -> torch.Tensor:
-        r = self.step.float() / self.anneal_steps
+        r = self.step.to(_upcast(self.lambda_learn).dtype) / self.anneal_steps
         alpha = torch.clamp(r, max=1.0)
-        return (1.0 - alpha) * r * self.lambda_init + alpha * self.lambda_learn.float()
+        return (1.0 - alpha) * r * self.lambda_init + alpha * _upcast(self.lambda_learn)
 
     @torch.no_grad()
     def advance(self, n: int = 1) -> None:

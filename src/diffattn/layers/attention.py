@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..functional import BACKENDS, AttentionWeights, attention, diff_attention
+from ..functional import BACKENDS, AttentionWeights, _upcast, attention, diff_attention
 from ..lambdas import LAMBDA_FORMS, build_lambda, reparam_lambda, resolve_lambda_init
 from .kv_cache import KVCache
 from .norm import head_rms_norm
@@ -252,7 +252,7 @@ class GatedDiffAttention(DiffAttention):
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """g = σ(X W_g + b_g) as (B, H, N, 1) in float32."""
-        return torch.sigmoid(self.gate_proj(x).float()).transpose(1, 2).unsqueeze(-1)
+        return torch.sigmoid(_upcast(self.gate_proj(x))).transpose(1, 2).unsqueeze(-1)
 
     def lambda_weights(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.gate(x)

@@ -30,7 +30,7 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d/2,)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.float().unsqueeze(-1) * self.inv_freq  # (..., N, d/2)
+        freqs = positions.to(self.inv_freq.dtype).unsqueeze(-1) * self.inv_freq  # (..., N, d/2)
         if self.style == "half":
             freqs = torch.cat([freqs, freqs], dim=-1)  # (..., N, d)
         else:
@@ -47,8 +47,8 @@ def _rotate(x: torch.Tensor, style: str) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half") -> torch.Tensor:
-    """Rotate ``x`` (B, heads, N, d) by tables (N, d) or (B, N, d); computed in float32, returned in x's dtype."""
+    """Rotate ``x`` (B, heads, N, d) by tables (N, d) or (B, N, d); computed in ≥ float32, returned in x's dtype."""
     if cos.dim() == 3:  # (B, N, d) -> (B, 1, N, d)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    xf = x.float()
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     return (xf * cos + _rotate(xf, style) * sin).to(x.dtype)
