@@ -216,7 +216,7 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, row_ok, is_causal, scale, d
     beats four calls on width-d halves of V (which compute each softmax twice) by 1.3–1.6× (docs/benchmarks.md).
     """
     B, H, nq, d = q1.shape
-    Hkv, nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
+    Hkv, dv = k1.shape[1], v.shape[-1]
     groups = H // Hkv
     k1, k2, v = (_expand_kv(t, groups) for t in (k1, k2, v))
     q = torch.cat([q1, q2], 1)  # (B, 2H, Nq, d)

@@ -5,7 +5,7 @@ Each form is a small module whose ``forward(x)`` returns ``(weight1, lambda_)`` 
 
 | form            | weight1 | λ                                                        | source                     |
 |-----------------|---------|----------------------------------------------------------|----------------------------|
-| reparam         | 1       | exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init                 | Ye et al. 2024 eq. 2, seed 000 |
+| reparam         | 1       | exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init                 | Ye et al. eq. 2; seed 000  |
 | dual_scalar     | 1       | exp(a) − exp(b) + λ_init, a = b = 0 at init              | timm ``DiffAttention``     |
 | constant        | 1       | λ_init                                                   | ablations                  |
 | gate            | g       | 1 − g, g = σ(X W_g + b_g) per token and head             | M-DGSA, seed 004 eq. 3     |

@@ -80,7 +80,7 @@ class _AttentionBase(nn.Module):
             if position_ids is None:
                 start = kv_cache.length if kv_cache is not None else 0
                 position_ids = torch.arange(start, start + N, device=x.device)
-            cos, sin = self.rotary(position_ids)
+            cos, sin = self.rotary(position_ids, dtype=torch.promote_types(q.dtype, torch.float32))
             q = apply_rotary(q, cos, sin, self.rotary.style)
             k = apply_rotary(k, cos, sin, self.rotary.style)
         if kv_cache is not None:

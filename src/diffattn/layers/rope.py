@@ -3,7 +3,8 @@
 - ``"half"`` (rotate-half; GPT-NeoX, Llama, DiffLlama): channel i pairs with channel i + d/2.
 - ``"interleaved"`` (GPT-J, RoFormer): channel 2i pairs with channel 2i + 1.
 
-For position p and pair frequency θ_i = base^(−2i/d): (x_a, x_b) ↦ (x_a cos pθ_i − x_b sin pθ_i, x_b cos pθ_i + x_a sin pθ_i).
+For position p and pair frequency θ_i = base^(−2i/d):
+    (x_a, x_b) ↦ (x_a cos pθ_i − x_b sin pθ_i, x_b cos pθ_i + x_a sin pθ_i).
 """
 
 from __future__ import annotations
@@ -26,16 +27,19 @@ class RotaryEmbedding(nn.Module):
         if head_dim % 2:
             raise ValueError(f"rotary embedding needs an even head width, got head_dim={head_dim}")
         self.head_dim, self.base, self.style = head_dim, float(base), style
-        inv_freq = 1.0 / (self.base ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)  # (d/2,)
 
-    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions.to(self.inv_freq.dtype).unsqueeze(-1) * self.inv_freq  # (..., N, d/2)
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables for integer ``positions`` (N,) or (B, N), computed in float64 (no buffer: ``model.half()``
+        must not round the frequencies) and returned in ``dtype``."""
+        d = self.head_dim
+        inv_freq = self.base ** (-torch.arange(0, d, 2, dtype=torch.float64, device=positions.device) / d)
+        freqs = positions.to(torch.float64).unsqueeze(-1) * inv_freq  # (..., N, d/2)
         if self.style == "half":
             freqs = torch.cat([freqs, freqs], dim=-1)  # (..., N, d)
         else:
             freqs = freqs.repeat_interleave(2, dim=-1)  # (..., N, d)
-        return freqs.cos(), freqs.sin()
+        return freqs.cos().to(dtype), freqs.sin().to(dtype)
 
 
 def _rotate(x: torch.Tensor, style: str) -> torch.Tensor:

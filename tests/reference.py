@@ -1,0 +1,78 @@
+"""Independent float64 references of the equations, written without library code."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+F64 = torch.float64
+
+
+
+def ref_softmax_rows(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """Row softmax over allowed keys only; a row with no allowed key is all zeros."""
+    s = scores.masked_fill(~allowed, -math.inf)
+    mx = s.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
+    e = torch.exp(s - mx) * allowed
+    den = e.sum(-1, keepdim=True)
+    return torch.where(den > 0, e / den.clamp_min(1e-300), torch.zeros_like(e))
+
+
+def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=False, scale=None):
+    """float64 (w1 A1 − λ A2) V written head by head, with GQA by index (head i reads kv head i // g)."""
+    q1, k1, q2, k2, v = (t.to(F64) for t in (q1, k1, q2, k2, v))
+    B, H, nq, d = q1.shape
+    hkv, nk = k1.shape[1], k1.shape[2]
+    g = H // hkv
+    scale = 1 / math.sqrt(d) if scale is None else scale
+    ok = torch.ones(B, H, nq, nk, dtype=torch.bool)
+    if allowed is not None:
+        ok = ok & allowed.expand(B, H, nq, nk)
+    if causal:
+        for i in range(nq):
+            ok[:, :, i, i + (nk - nq) + 1:] = False
+    lam = torch.as_tensor(lam, dtype=F64).expand(B, H, nq, 1)
+    w1 = torch.as_tensor(w1, dtype=F64).expand(B, H, nq, 1)
+    out = torch.zeros(B, H, nq, v.shape[-1], dtype=F64)
+    for h in range(H):
+        j = h // g
+        s1 = q1[:, h] @ k1[:, j].transpose(-1, -2) * scale
+        s2 = q2[:, h] @ k2[:, j].transpose(-1, -2) * scale
+        if bias is not None:
+            bb = bias.to(F64).expand(B, H, nq, nk)[:, h]
+            s1, s2 = s1 + bb, s2 + bb
+        a1 = ref_softmax_rows(s1, ok[:, h])
+        a2 = ref_softmax_rows(s2, ok[:, h])
+        out[:, h] = (w1[:, h] * a1 - lam[:, h] * a2) @ v[:, j]
+    return out
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """x / sqrt(mean(x²) + eps) ⊙ w over the last dim."""
+    y = x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y if weight is None else y * weight.to(F64)
+
+
+def rope_tables(n: int, d: int, base: float = 10000.0, start: int = 0, style: str = "half"):
+    """cos/sin (N, d) in float64: pair frequency θ_i = base^(−2i/d)."""
+    pos = torch.arange(start, start + n, dtype=F64)[:, None]
+    theta = base ** (-torch.arange(0, d, 2, dtype=F64) / d)[None, :]
+    ang = pos * theta  # (N, d/2)
+    if style == "half":
+        ang = torch.cat([ang, ang], -1)
+    else:
+        ang = ang.repeat_interleave(2, -1)
+    return ang.cos(), ang.sin()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half") -> torch.Tensor:
+    """Rotary embedding of x (..., N, d): pairs (i, i + d/2) for "half", (2i, 2i + 1) for "interleaved"."""
+    d = x.shape[-1]
+    if style == "half":
+        a, b = x[..., : d // 2], x[..., d // 2:]
+        rot = torch.cat([-b, a], -1)
+    else:
+        a, b = x[..., 0::2], x[..., 1::2]
+        rot = torch.stack([-b, a], -1).flatten(-2)
+    return x * cos + rot * sin

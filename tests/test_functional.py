@@ -1,0 +1,226 @@
+"""diffattn.functional against an independent float64 reference of O = (w1 ⊙ A1 − λ ⊙ A2) V."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffattn.functional import attention, causal_mask, diff_attention
+
+from .reference import F64, reference
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.to(F64), b.to(F64)
+    return ((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def make(B=2, H=4, Hkv=4, nq=12, nk=12, d=8, dv=16, dtype=torch.float32, grad=False):
+    t = [torch.randn(B, H, nq, d, dtype=dtype), torch.randn(B, Hkv, nk, d, dtype=dtype),
+         torch.randn(B, H, nq, d, dtype=dtype), torch.randn(B, Hkv, nk, d, dtype=dtype),
+         torch.randn(B, Hkv, nk, dv, dtype=dtype)]
+    return [x.requires_grad_(grad) for x in t]
+
+
+SHAPES = [  # (B, H, Hkv, Nq, Nk, d, dv)
+    (2, 4, 4, 12, 12, 8, 16),
+    (1, 4, 2, 9, 9, 8, 16),  # GQA
+    (2, 6, 1, 7, 7, 16, 32),  # MQA
+    (2, 2, 2, 5, 11, 8, 8),  # dv == d, Nq < Nk
+]
+
+
+# --------------------------------------------------------------------------------------------- forward
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_matches_float64_reference(backend, shape, causal):
+    B, H, Hkv, nq, nk, d, dv = shape
+    q1, k1, q2, k2, v = make(B, H, Hkv, nq, nk, d, dv, dtype=F64)
+    lam = 0.37
+    out = diff_attention(q1, k1, q2, k2, v, lam, is_causal=causal, backend=backend)
+    ref = reference(q1, k1, q2, k2, v, lam, causal=causal)
+    assert out.shape == (B, H, nq, dv)
+    assert (out - ref).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_padding_mask_bool_and_float_with_per_token_weights(backend):
+    B, H, nq, nk = 2, 4, 10, 10
+    q1, k1, q2, k2, v = make(B, H, H, nq, nk, 8, 16, dtype=F64)
+    keep = torch.ones(B, nk, dtype=torch.bool)
+    keep[0, 7:] = False
+    keep[1, :2] = False
+    bool_mask = keep[:, None, None, :]  # (B, 1, 1, Nk)
+    float_mask = torch.zeros(B, 1, 1, nk, dtype=F64).masked_fill(~bool_mask, torch.finfo(F64).min)
+    g = torch.rand(B, H, nq, 1, dtype=F64)  # the M-DGSA gate: w1 = g, λ = 1 − g
+    ref = reference(q1, k1, q2, k2, v, 1 - g, g, allowed=bool_mask, causal=True)
+    for m in (bool_mask, float_mask):
+        out = diff_attention(q1, k1, q2, k2, v, 1 - g, weight1=g, attn_mask=m, is_causal=True, backend=backend)
+        assert (out - ref).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_additive_bias_and_per_head_lambda(backend):
+    B, H, n = 1, 4, 8
+    q1, k1, q2, k2, v = make(B, H, H, n, n, 8, 16, dtype=F64)
+    bias = torch.randn(1, H, n, n, dtype=F64)  # ALiBi-like per-head bias
+    lam = torch.tensor([0.1, 0.5, 0.9, -0.2], dtype=F64).view(1, H, 1, 1)
+    out = diff_attention(q1, k1, q2, k2, v, lam, attn_mask=bias, backend=backend)
+    ref = reference(q1, k1, q2, k2, v, lam, bias=bias)
+    assert (out - ref).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_fully_masked_rows_give_zero_and_finite_grads(backend):
+    B, H, nq, nk = 1, 2, 6, 4  # causal with Nq > Nk: the first two query rows see no key
+    q1, k1, q2, k2, v = make(B, H, H, nq, nk, 8, 16, grad=True)
+    out = diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
+    assert torch.equal(out[:, :, :2], torch.zeros_like(out[:, :, :2]))
+    assert torch.isfinite(out).all()
+    out.square().sum().backward()
+    for t in (q1, k1, q2, k2, v):
+        assert torch.isfinite(t.grad).all()
+    assert torch.equal(q1.grad[:, :, :2], torch.zeros_like(q1.grad[:, :, :2]))
+    # an all-False padding row in a bool mask does the same
+    m = torch.zeros(B, 1, nq, nk, dtype=torch.bool)
+    m[..., 3:, :] = True
+    out = diff_attention(q1, k1, q2, k2, v, 0.5, attn_mask=m, backend=backend)
+    assert torch.equal(out[:, :, :3], torch.zeros_like(out[:, :, :3])) and torch.isfinite(out).all()
+
+
+def test_causal_with_cache_is_aligned_to_the_end():
+    m = causal_mask(2, 5)
+    assert m.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+    q1, k1, q2, k2, v = make(1, 2, 2, 5, 5, 8, 16, dtype=F64)
+    full = diff_attention(q1, k1, q2, k2, v, 0.3, is_causal=True)
+    last = diff_attention(q1[:, :, 3:], k1, q2[:, :, 3:], k2, v, 0.3, is_causal=True)
+    assert (full[:, :, 3:] - last).abs().max().item() < 1e-12
+
+
+# --------------------------------------------------------------------------------------- backends agree
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2), (torch.float16, 2e-2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_backends_agree(dtype, tol, causal):
+    q1, k1, q2, k2, v = make(2, 4, 2, 33, 33, 16, 32, dtype=dtype)
+    keep = torch.rand(2, 1, 1, 33) > 0.2
+    a = diff_attention(q1, k1, q2, k2, v, 0.6, attn_mask=keep, is_causal=causal, backend="math")
+    b = diff_attention(q1, k1, q2, k2, v, 0.6, attn_mask=keep, is_causal=causal, backend="sdpa")
+    c = diff_attention(q1, k1, q2, k2, v, 0.6, attn_mask=keep, is_causal=causal, backend="auto")
+    ref = reference(q1, k1, q2, k2, v, 0.6, allowed=keep, causal=causal)
+    assert a.dtype == b.dtype == dtype
+    for out in (a, b, c):
+        assert rel_err(out, ref) <= tol
+    assert rel_err(a, b) <= tol
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_backward_backends_agree(dtype):
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    grads = {}
+    for backend in ("math", "sdpa"):
+        torch.manual_seed(1)
+        q1, k1, q2, k2, v = make(1, 4, 4, 17, 17, 16, 32, dtype=dtype, grad=True)
+        lam = torch.full((1, 4, 1, 1), 0.4, dtype=torch.float32, requires_grad=True)
+        out = diff_attention(q1, k1, q2, k2, v, lam, is_causal=True, backend=backend)
+        out.float().pow(2).sum().backward()
+        grads[backend] = [t.grad.float() for t in (q1, k1, q2, k2, v, lam)]
+    for ga, gb in zip(grads["math"], grads["sdpa"]):
+        assert rel_err(gb, ga) <= tol
+
+
+# ------------------------------------------------------------------------------------------- gradcheck
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_gradcheck(backend):
+    q1, k1, q2, k2, v = make(1, 2, 1, 5, 6, 4, 8, dtype=F64, grad=True)
+    w1 = torch.rand(1, 2, 5, 1, dtype=F64, requires_grad=True)
+    lam = torch.rand(1, 2, 1, 1, dtype=F64, requires_grad=True)
+    keep = torch.tensor([True, True, False, True, True, True]).view(1, 1, 1, 6)
+
+    def fn(q1, k1, q2, k2, v, w1, lam):
+        return diff_attention(q1, k1, q2, k2, v, lam, weight1=w1, attn_mask=keep, is_causal=True, backend=backend)
+
+    assert torch.autograd.gradcheck(fn, (q1, k1, q2, k2, v, w1, lam))
+
+
+def test_return_weights_are_the_maps():
+    q1, k1, q2, k2, v = make(1, 2, 2, 6, 6, 4, 8, dtype=F64)
+    out, w = diff_attention(q1, k1, q2, k2, v, 0.25, is_causal=True, return_weights=True)
+    assert w.first.shape == (1, 2, 6, 6)
+    assert torch.allclose(w.first.sum(-1), torch.ones(1, 2, 6, dtype=F64))
+    assert torch.allclose(w.combined, w.first - 0.25 * w.second)
+    assert torch.allclose(w.combined.sum(-1), torch.full((1, 2, 6), 0.75, dtype=F64))  # rows sum to 1 − λ
+    assert torch.allclose(out, w.combined @ v)
+    assert (w.first.triu(1) == 0).all()
+
+
+# ----------------------------------------------------------------------------------- standard attention
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_standard_attention_matches_reference(backend):
+    q, k, _, _, v = make(2, 4, 2, 7, 7, 8, 8, dtype=F64)
+    keep = torch.rand(2, 1, 1, 7) > 0.3
+    out = attention(q, k, v, attn_mask=keep, is_causal=True, backend=backend)
+    # standard attention is the λ = 0 case of the reference
+    ref = reference(q, k, q, k, v, 0.0, allowed=keep, causal=True)
+    assert (out - ref).abs().max().item() < 1e-12
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(lambda_=torch.ones(4)), "lambda_"),  # (H,) right-aligns to the last dim, which must be 1
+        (dict(lambda_=torch.ones(3, 1, 1)), "lambda_"),
+        (dict(weight1=torch.ones(2, 4, 12, 2)), "weight1"),
+        (dict(lambda_=torch.ones(1, dtype=torch.long)), "floating"),
+        (dict(attn_mask=torch.ones(2, 1, 12, 5, dtype=torch.bool)), "attn_mask"),
+        (dict(attn_mask=torch.ones(2, 1, 1, 12, dtype=torch.int32)), "attn_mask"),
+        (dict(backend="flash"), "backend"),
+        (dict(dropout_p=1.0), "dropout_p"),
+        (dict(backend="sdpa", return_weights=True), "return_weights"),
+        (dict(backend="triton"), "triton"),
+    ],
+)
+def test_bad_input_raises_clear_error(kwargs, match):
+    q1, k1, q2, k2, v = make()
+    lam = kwargs.pop("lambda_", 0.5)
+    with pytest.raises(ValueError, match=match):
+        diff_attention(q1, k1, q2, k2, v, lam, **kwargs)
+
+
+def test_bad_shapes_raise():
+    q1, k1, q2, k2, v = make(H=4, Hkv=4)
+    with pytest.raises(ValueError, match="divisible"):
+        diff_attention(q1, k1[:, :3], q2, k2[:, :3], v[:, :3], 0.5)
+    with pytest.raises(ValueError, match="q2"):
+        diff_attention(q1, k1, q2[:, :2], k2, v, 0.5)
+    with pytest.raises(ValueError, match="v must have shape"):
+        diff_attention(q1, k1, q2, k2, v[:, :, :5], 0.5)
+    with pytest.raises(ValueError, match="dtype"):
+        diff_attention(q1, k1, q2.double(), k2, v, 0.5)
+    with pytest.raises(ValueError, match="4-D"):
+        diff_attention(q1[0], k1, q2, k2, v, 0.5)
+
+
+def test_sdpa_peak_memory_is_a_small_fraction_of_math():
+    """At N = 4096 the math backend holds N×N maps; sdpa must not (peak RSS, Linux)."""
+    from diffattn.utils import peak_memory_mb
+
+    if peak_memory_mb(lambda: None) is None:
+        pytest.skip("peak RSS needs Linux /proc/self/clear_refs")
+    q1, k1, q2, k2, v = make(1, 2, 2, 4096, 4096, 32, 64)
+    with torch.no_grad():
+        sdpa = peak_memory_mb(lambda: diff_attention(q1, k1, q2, k2, v, 0.5, backend="sdpa"))
+        math_ = peak_memory_mb(lambda: diff_attention(q1, k1, q2, k2, v, 0.5, backend="math"))
+    assert math_ > 2 * 4096 * 4096 * 2 * 4 / 2**20 * 0.9  # two fp32 (B, H, N, N) maps at least
+    assert sdpa < 0.1 * math_, (sdpa, math_)

@@ -1,0 +1,242 @@
+"""Attention layers against float64 references of their equations; KV cache; RoPE; errors."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from diffattn import Attention, DiffAttention, GatedDiffAttention, KVCache
+from diffattn.layers import SwiGLU, attention_class
+
+from .reference import F64, ref_softmax_rows, rms_norm, rope_tables, rotate
+
+
+def lin(m: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    y = x @ m.weight.detach().to(F64).T
+    return y if m.bias is None else y + m.bias.detach().to(F64)
+
+
+def allowed_mask(B, nq, nk, keep=None, causal=False):
+    ok = torch.ones(B, nq, nk, dtype=torch.bool)
+    if keep is not None:
+        ok &= keep[:, None, :]
+    if causal:
+        ok &= torch.ones(nq, nk, dtype=torch.bool).tril(nk - nq)
+    return ok
+
+
+def ref_layer(m, x, keep=None, causal=False, rope=None):
+    """Seed 003 / Ye et al. §2.1 / seed 004 Alg. 1, head by head in float64, from the raw weights."""
+    x = x.to(F64)
+    B, N, D = x.shape
+    h, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim
+    q = lin(m.q_proj, x).view(B, N, h, d)
+    k = lin(m.k_proj, x).view(B, N, hkv, d)
+    if rope is not None:
+        cos, sin = rope_tables(N, d, style=rope)
+        q = rotate(q.transpose(1, 2), cos, sin, rope).transpose(1, 2)
+        k = rotate(k.transpose(1, 2), cos, sin, rope).transpose(1, 2)
+    ok = allowed_mask(B, N, N, keep, causal)
+    scale = 1 / math.sqrt(d)
+    heads = []
+    if isinstance(m, Attention):
+        v = lin(m.v_proj, x).view(B, N, hkv, d)
+        for i in range(h):
+            j = i // (h // hkv)
+            a = ref_softmax_rows(q[:, :, i] @ k[:, :, j].transpose(1, 2) * scale, ok)
+            heads.append(a @ v[:, :, j])
+        return lin(m.out_proj, torch.cat(heads, -1))
+    H, Hkv = h // 2, hkv // 2
+    v = lin(m.v_proj, x).view(B, N, Hkv, 2 * d)
+    lam_init = m.lambda_init
+    if isinstance(m, GatedDiffAttention):
+        g = torch.sigmoid(lin(m.gate_proj, x))  # (B, N, H)
+    else:
+        lq1, lk1, lq2, lk2 = (p.detach().to(F64) for p in (m.lambda_q1, m.lambda_k1, m.lambda_q2, m.lambda_k2))
+        lam = torch.exp((lq1 * lk1).sum()) - torch.exp((lq2 * lk2).sum()) + lam_init
+    for i in range(H):
+        j = i // (H // Hkv)
+        a1 = ref_softmax_rows(q[:, :, 2 * i] @ k[:, :, 2 * j].transpose(1, 2) * scale, ok)
+        a2 = ref_softmax_rows(q[:, :, 2 * i + 1] @ k[:, :, 2 * j + 1].transpose(1, 2) * scale, ok)
+        if isinstance(m, GatedDiffAttention):
+            gi = g[:, :, i:i + 1]
+            o = (gi * a1 - (1 - gi) * a2) @ v[:, :, j]
+        else:
+            o = (a1 - lam * a2) @ v[:, :, j]
+        heads.append(rms_norm(o, m.diff_norm.weight.detach(), 1e-5) * (1 - lam_init))
+    out = lin(m.out_proj, torch.cat(heads, -1))
+    if isinstance(m, GatedDiffAttention) and m.q_residual:
+        out = out + lin(m.q_proj, x)
+    return out
+
+
+def randomize(m):
+    """Non-trivial norm weights and gate biases so the reference checks them too."""
+    with torch.no_grad():
+        for name, p in m.named_parameters():
+            if "norm" in name or "gate" in name:
+                p.add_(torch.randn_like(p) * 0.3)
+    return m
+
+
+LAYERS = [
+    (Attention, {}),
+    (DiffAttention, {}),
+    (DiffAttention, {"lambda_init": "ye", "depth": 3}),
+    (GatedDiffAttention, {}),
+    (GatedDiffAttention, {"q_residual": True}),
+]
+
+
+@pytest.mark.parametrize("cls,kw", LAYERS)
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+@pytest.mark.parametrize("causal,padded", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("rope", [None, "half"])
+def test_layer_matches_float64_reference(cls, kw, num_kv_heads, causal, padded, rope):
+    torch.manual_seed(0)
+    B, N, D, h = 2, 9, 32, 4
+    m = randomize(cls(D, h, num_kv_heads=num_kv_heads, causal=causal, rope=rope, **kw)).double()
+    x = torch.randn(B, N, D, dtype=F64)
+    keep = None
+    mask = None
+    if padded:
+        keep = torch.ones(B, N, dtype=torch.bool)
+        keep[0, 6:] = False
+        mask = keep[:, None, None, :]
+    out = m(x, attn_mask=mask)
+    ref = ref_layer(m, x, keep, causal, rope)
+    assert out.shape == (B, N, D)
+    assert (out - ref).abs().max().item() < 1e-10
+
+
+def test_interleaved_rope_reference():
+    m = DiffAttention(32, 4, rope="interleaved", causal=True).double()
+    x = torch.randn(1, 7, 32, dtype=F64)
+    assert (m(x) - ref_layer(m, x, causal=True, rope="interleaved")).abs().max().item() < 1e-10
+
+
+@pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])
+def test_backends_agree_in_the_layer(cls):
+    torch.manual_seed(0)
+    x = torch.randn(2, 20, 64)
+    outs = []
+    for backend in ("math", "sdpa", "auto"):
+        torch.manual_seed(1)
+        m = cls(64, 8, backend=backend, causal=True)
+        outs.append(m(x))
+    for o in outs[1:]:
+        assert ((o - outs[0]).norm() / outs[0].norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])
+def test_layer_gradcheck(cls):
+    torch.manual_seed(0)
+    m = cls(8, 2, causal=True, rope="half").double()
+    x = torch.randn(1, 4, 8, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: m(x), (x,))
+    # gradients of the λ vectors / gate too
+    params = [p for p in m.parameters() if p.requires_grad]
+    out = m(x).pow(2).sum()
+    grads = torch.autograd.grad(out, params)
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert sum(g.abs().sum().item() > 0 for g in grads) == len(grads)
+
+
+@pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_kv_cache_decoding_equals_full_forward(cls, num_kv_heads):
+    torch.manual_seed(0)
+    m = cls(32, 4, num_kv_heads=num_kv_heads, causal=True, rope="half").eval()
+    x = torch.randn(2, 11, 32)
+    full = m(x)
+    cache = KVCache()
+    steps = [m(x[:, :5], kv_cache=cache)]  # prefill
+    for t in range(5, 11):
+        steps.append(m(x[:, t:t + 1], kv_cache=cache))
+    assert cache.length == 11
+    inc = torch.cat(steps, 1)
+    assert (inc - full).abs().max().item() < 1e-5
+
+
+def test_need_weights_returns_both_maps_and_combined():
+    m = DiffAttention(32, 4, causal=True)
+    x = torch.randn(2, 6, 32)
+    out, w = m(x, need_weights=True)
+    assert torch.allclose(out, m(x), atol=1e-6)
+    assert w.first.shape == w.second.shape == w.combined.shape == (2, 2, 6, 6)
+    lam = m.lambda_weights(x)[1]
+    assert torch.allclose(w.combined, w.first - lam * w.second, atol=1e-6)
+    out, w = Attention(32, 4)(x, need_weights=True)
+    assert w.second is None and w.first.shape == (2, 4, 6, 6)
+
+
+def test_gated_layer_gate_is_per_token_and_head():
+    m = GatedDiffAttention(32, 4)
+    g = m.gate(torch.randn(3, 7, 32))
+    assert g.shape == (3, 2, 7, 1) and ((g > 0) & (g < 1)).all()
+    assert m.gate_proj.out_features == 2 and m.lambda_form == "gate"
+
+
+def test_parameter_names_and_count_follow_seed_003():
+    D, h = 64, 8
+    d = D // h
+    std = sum(p.numel() for p in Attention(D, h).parameters())
+    diff = DiffAttention(D, h)
+    names = {n for n, _ in diff.named_parameters()}
+    assert {"q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "lambda_q1", "lambda_k1",
+            "lambda_q2", "lambda_k2", "diff_norm.weight"} <= names
+    assert sum(p.numel() for p in diff.parameters()) == std + 4 * d + 2 * d
+    gated = GatedDiffAttention(D, h)
+    assert sum(p.numel() for p in gated.parameters()) == std + 2 * d + D * (h // 2) + h // 2
+
+
+def test_other_lambda_forms_run():
+    x = torch.randn(2, 5, 32)
+    for form in ("dual_scalar", "constant", "annealed", "token_sigmoid"):
+        m = DiffAttention(32, 4, lambda_form=form)
+        assert m(x).shape == x.shape
+    assert isinstance(DiffAttention(32, 4, lambda_form="token_sigmoid").diff_norm, torch.nn.Identity)
+
+
+def test_attention_class_switch():
+    assert attention_class("diff") is DiffAttention
+    with pytest.raises(ValueError, match="attention"):
+        attention_class("linear")
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(dim=32, num_heads=3), "even|divisible"),
+        (dict(dim=30, num_heads=4), "divisible"),
+        (dict(dim=32, num_heads=4, num_kv_heads=3), "num_kv_heads|divisible"),
+        (dict(dim=32, num_heads=8, num_kv_heads=1), "num_kv_heads"),
+        (dict(dim=32, num_heads=4, lambda_form="nope"), "lambda_form"),
+        (dict(dim=32, num_heads=4, lambda_form="gate"), "GatedDiffAttention"),
+        (dict(dim=32, num_heads=4, lambda_init="schedule"), "lambda_init"),
+        (dict(dim=32, num_heads=4, backend="xla"), "backend"),
+        (dict(dim=32, num_heads=4, rope="alibi"), "rope"),
+        (dict(dim=32, num_heads=4, attn_drop=1.5), "attn_drop"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DiffAttention(**kwargs)
+
+
+def test_bad_forward_input():
+    m = DiffAttention(32, 4)
+    with pytest.raises(ValueError, match="x must have shape"):
+        m(torch.randn(2, 5, 16))
+    with pytest.raises(ValueError, match="attn_mask"):
+        m(torch.randn(2, 5, 32), attn_mask=torch.ones(2, 4, 5, 5, dtype=torch.bool))  # 4 heads, layer has 2
+
+
+def test_swiglu_formula():
+    m = SwiGLU(8, 12).double()
+    x = torch.randn(3, 8, dtype=F64)
+    g = lin(m.gate_proj, x)
+    ref = lin(m.down_proj, g * torch.sigmoid(g) * lin(m.up_proj, x))
+    assert torch.allclose(m(x), ref, atol=1e-12)
