@@ -19,7 +19,8 @@ Registered names (``{size}`` is ``vit_b16``, ``vit_s16``, ``vit_ti16`` or ``tiny
 
 ViT-S/16 and ViT-Ti/16 change the image tower only (text 512/12/8, embedding 512). ViT-Ti's 3 heads cannot
 pair, so its differential and gated towers use 6 standard heads (3 differential heads of value width 64).
-``tiny`` (32×32 images, patch 4, width 64, 2 layers; text width 64, 2 layers, context 32) trains on a CPU in minutes.
+``tiny`` (32×32 images, patch 4, width 64, 2 layers; text width 64, 2 layers, context 32) trains on a CPU
+in minutes.
 
 Overrides: ``attention=`` and ``lambda_init=`` set both towers; ``vision_<arg>=`` / ``text_<arg>=`` set one
 argument of one tower (``vision_depth=2``, ``text_embed_dim=64``, ``vision_attention="diff"``); ``embed_dim``
@@ -60,8 +61,8 @@ class TextTransformer(nn.Module):
     def __init__(self, vocab_size: int = 49408, context_length: int = 77, embed_dim: int = 512,
                  depth: int = 12, num_heads: int = 8, attention: str = "standard",
                  lambda_init: float | str = 0.8, mlp: str = "quick_gelu", mlp_ratio: float = 4.0,
-                 qkv_bias: bool = True, q_residual: bool = False, norm_eps: float = 1e-5, drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, backend: str = "auto"):
+                 qkv_bias: bool = True, q_residual: bool = False, norm_eps: float = 1e-5,
+                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0, backend: str = "auto"):
         super().__init__()
         for name, v in (("vocab_size", vocab_size), ("context_length", context_length),
                         ("embed_dim", embed_dim), ("depth", depth), ("num_heads", num_heads)):
