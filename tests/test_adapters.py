@@ -39,7 +39,7 @@ def perturb(model, t=None):
     """Random new weights and a mid-schedule step, so that every branch matters."""
     g = torch.Generator().manual_seed(1)
     for _, a in A.adapters(model):
-        for n, p in a.named_parameters():
+        for p in a.parameters():
             with torch.no_grad():
                 p.add_(0.3 * torch.randn(p.shape, generator=g, dtype=torch.float32).to(p.dtype))
         a.advance(a.anneal_steps // 2 if t is None else t)
