@@ -1,0 +1,359 @@
+"""Decoder-only language models with a switchable attention: Llama-style, standard / differential / gated.
+
+    ids (B, N) ─ tok_embed ─ blocks ─ norm ─ lm_head ─ logits (B, N, V)
+    block:  x = x + attn(norm1(x));   x = x + mlp(norm2(x))        (pre-norm, RMSNorm, SwiGLU, RoPE "half")
+
+One class, :class:`CausalLM`, serves the three families: ``attention="standard"`` (a Llama), ``"diff"`` (the
+Diff Transformer, Ye et al. 2024 §2–3: differential attention, λ_init = 0.8 − 0.6·exp(−0.3·l) with the 0-based
+layer index l, per-head RMSNorm) and ``"gated"`` (M-DGSA, seed 004 §4, in a decoder). All three keep
+``num_heads`` = the standard head count h, so the differential model has h/2 heads of width 2d and the same
+parameter count as the standard one plus 4d λ values and 2d norm weights per layer (Ye et al. 2024 §3.1 matches
+sizes the same way). Everything outside ``blocks.*.attn`` is shared, so the switch changes only attention.
+
+Incremental decoding: :meth:`CausalLM.new_kv_caches` gives one :class:`~diffattn.layers.KVCache` per layer;
+``forward(ids, kv_caches=caches)`` appends to them. :meth:`CausalLM.generate` decodes greedily
+(``temperature=0``) or by sampling (``temperature > 0``, optional ``top_k``), with or without the cache (same
+tokens either way).
+
+transformers' ``DiffLlama`` (halves layout, no sub-norm weight, ``rms_norm_eps`` everywhere, λ_init by layer
+index) is exactly ``attention="diff", lambda_init="ye", diff_norm_affine=False, diff_norm_eps=norm_eps`` with no
+MLP bias: :func:`to_diffllama` and :func:`from_diffllama` convert through :mod:`diffattn.layouts`.
+
+Registered: ``lm_{tiny,small,base}``, ``diff_lm_{tiny,small,base}``, ``dg_lm_{tiny,small,base}``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .. import layouts
+from ..lambdas import resolve_lambda_init
+from ..layers import KVCache, RMSNorm, SwiGLU, attention_class
+from ..layers.norm import head_rms_norm
+from .base import DiffattnModel
+from .registry import register_model
+
+__all__ = ["CausalLM", "LMBlock", "llama_mlp_hidden", "to_diffllama", "to_diffllama_state_dict",
+           "from_diffllama"]
+
+
+def llama_mlp_hidden(dim: int, multiple_of: int = 64) -> int:
+    """Llama's SwiGLU width: ⌈(2/3 · 4·dim) / multiple_of⌉ · multiple_of (Touvron et al. 2023; the
+    Diff Transformer uses 8/3·d_model as well)."""
+    hidden = int(2 * 4 * dim / 3)
+    return multiple_of * math.ceil(hidden / multiple_of)
+
+
+def _check(name: str, ok: bool, got, need: str) -> None:
+    if not ok:
+        raise ValueError(f"{name} must be {need}, got {got!r}")
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+class LMBlock(nn.Module):
+    """Pre-norm decoder block: x = x + attn(RMSNorm(x)); x = x + SwiGLU(RMSNorm(x)).
+
+    ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). Differential and gated layers get their
+    sub-norm rebuilt as ``RMSNorm(2d, eps=diff_norm_eps, affine=diff_norm_affine)``.
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, depth: int, attention: str, lambda_init: float | str,
+                 num_kv_heads: int | None, mlp_hidden: int, qkv_bias: bool, out_bias: bool, mlp_bias: bool,
+                 norm_eps: float, diff_norm_eps: float, diff_norm_affine: bool, rope_theta: float,
+                 drop: float, backend: str):
+        super().__init__()
+        self.norm1 = RMSNorm(dim, eps=norm_eps)
+        self.attn = attention_class(attention)(
+            dim, num_heads, depth=depth, lambda_init=lambda_init, num_kv_heads=num_kv_heads, qkv_bias=qkv_bias,
+            out_bias=out_bias, causal=True, proj_drop=drop, backend=backend, rope="half", rope_theta=rope_theta)
+        if attention != "standard":
+            self.attn.diff_norm = head_rms_norm(2 * self.attn.head_dim, eps=diff_norm_eps, affine=diff_norm_affine)
+        self.norm2 = RMSNorm(dim, eps=norm_eps)
+        self.mlp = SwiGLU(dim, mlp_hidden, bias=mlp_bias, drop=drop)
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """x: (B, N, D) → (B, N, D)."""
+        x = x + self.attn(self.norm1(x), attn_mask, position_ids=position_ids, kv_cache=kv_cache)
+        return x + self.mlp(self.norm2(x))
+
+
+class CausalLM(DiffattnModel):
+    """Llama-style causal LM with ``attention="standard" | "diff" | "gated"`` (module docstring).
+
+    Args:
+        vocab_size, dim, depth, num_heads: sizes; ``num_heads`` is the standard head count h (even for the
+            differential layers), head width d = dim / h.
+        num_kv_heads: key/value heads for grouped-query attention (default h; even for differential layers).
+        mlp_hidden: SwiGLU width (default :func:`llama_mlp_hidden`).
+        attention, lambda_init: the attention switch; ``lambda_init`` a float or ``"ye"`` (0-based layer index).
+        diff_norm_eps, diff_norm_affine: the per-head sub-norm of differential/gated layers (DiffLlama: eps =
+            ``rms_norm_eps``, no weight; Diff Transformer: 1e-5 with a weight).
+        tie_embeddings: share ``lm_head.weight`` with ``tok_embed.weight``.
+        max_seq_len: recorded for exports (``max_position_embeddings``); RoPE itself has no limit.
+    """
+
+    def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, num_heads: int = 8, *,
+                 num_kv_heads: int | None = None, mlp_hidden: int | None = None, attention: str = "diff",
+                 lambda_init: float | str = "ye", rope_theta: float = 10000.0, max_seq_len: int = 2048,
+                 tie_embeddings: bool = False, norm_eps: float = 1e-5, diff_norm_eps: float = 1e-5,
+                 diff_norm_affine: bool = True, qkv_bias: bool = False, out_bias: bool = False,
+                 mlp_bias: bool = False, drop_rate: float = 0.0, backend: str = "auto"):
+        super().__init__()
+        for name, v in (("vocab_size", vocab_size), ("dim", dim), ("depth", depth), ("num_heads", num_heads),
+                        ("max_seq_len", max_seq_len)):
+            _check(name, _is_int(v) and v >= 1, v, "an integer >= 1")
+        _check("mlp_hidden", mlp_hidden is None or (_is_int(mlp_hidden) and mlp_hidden >= 1), mlp_hidden,
+               "None or an integer >= 1")
+        _check("drop_rate", isinstance(drop_rate, (int, float)) and 0.0 <= drop_rate < 1.0, drop_rate, "in [0, 1)")
+        attention_class(attention)  # validates the name
+        resolve_lambda_init(lambda_init, 0)  # validates the value
+        self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, attention
+        self.max_seq_len, self.tie_embeddings = max_seq_len, tie_embeddings
+        self.mlp_hidden = llama_mlp_hidden(dim) if mlp_hidden is None else mlp_hidden
+        self.tok_embed = nn.Embedding(vocab_size, dim)
+        self.drop = nn.Dropout(drop_rate)
+        self.blocks = nn.ModuleList([
+            LMBlock(dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
+                    num_kv_heads=num_kv_heads, mlp_hidden=self.mlp_hidden, qkv_bias=qkv_bias, out_bias=out_bias,
+                    mlp_bias=mlp_bias, norm_eps=norm_eps, diff_norm_eps=diff_norm_eps,
+                    diff_norm_affine=diff_norm_affine, rope_theta=rope_theta, drop=drop_rate, backend=backend)
+            for i in range(depth)])
+        self.norm = RMSNorm(dim, eps=norm_eps)
+        self.lm_head = nn.Linear(dim, vocab_size, bias=False)
+        self.init_weights()
+        if tie_embeddings:
+            self.lm_head.weight = self.tok_embed.weight
+
+    @torch.no_grad()
+    def init_weights(self, std: float = 0.02) -> None:
+        """Llama init: N(0, std²) for embeddings and linear weights, zero biases; λ vectors and norms keep theirs."""
+        if self.tok_embed.weight.device.type == "meta":
+            return
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=std)
+                if getattr(m, "bias", None) is not None:
+                    nn.init.zeros_(m.bias)
+
+    def new_kv_caches(self) -> list[KVCache]:
+        """One empty :class:`KVCache` per block."""
+        return [KVCache() for _ in self.blocks]
+
+    def _masks(self, input_ids, attention_mask, kv_caches, position_ids):
+        B, N = input_ids.shape
+        past = kv_caches[0].length if kv_caches is not None else 0
+        attn_mask = None
+        if attention_mask is not None:
+            if attention_mask.dim() != 2 or attention_mask.shape != (B, past + N):
+                raise ValueError(f"attention_mask must have shape (B, past + N) = {(B, past + N)} (1 = token, "
+                                 f"0 = padding), got {tuple(attention_mask.shape)}")
+            attn_mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, past + N)
+        if position_ids is None:
+            position_ids = torch.arange(past, past + N, device=input_ids.device)  # (N,)
+        return attn_mask, position_ids
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                kv_caches: list[KVCache] | None = None, *, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """ids (B, N) → logits (B, N, vocab_size).
+
+        attention_mask: (B, past + N), 1 for tokens and 0 for padding, over the cached and the new positions.
+        kv_caches: from :meth:`new_kv_caches`; the new keys and values are appended (incremental decoding).
+        position_ids: (N,) or (B, N) RoPE positions; default past, …, past + N − 1.
+        """
+        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.dtype.is_floating_point:
+            got = tuple(input_ids.shape) if isinstance(input_ids, torch.Tensor) else type(input_ids).__name__
+            raise ValueError(f"input_ids must be an integer tensor of shape (B, N), got {got}")
+        if kv_caches is not None and len(kv_caches) != len(self.blocks):
+            raise ValueError(f"kv_caches must hold one KVCache per block ({len(self.blocks)}), got {len(kv_caches)}")
+        attn_mask, position_ids = self._masks(input_ids, attention_mask, kv_caches, position_ids)
+        x = self.drop(self.tok_embed(input_ids))  # (B, N, D)
+        for i, blk in enumerate(self.blocks):
+            x = blk(x, attn_mask, position_ids=position_ids, kv_cache=None if kv_caches is None else kv_caches[i])
+        return self.lm_head(self.norm(x))  # (B, N, V)
+
+    @torch.no_grad()
+    def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
+                 top_k: int | None = None, attention_mask: torch.Tensor | None = None, use_cache: bool = True,
+                 eos_token_id: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append ``max_new_tokens`` tokens to ``input_ids`` (B, N); returns (B, N + new).
+
+        ``temperature=0``: greedy (argmax). ``temperature > 0``: sample from softmax(logits / T), restricted to
+        the ``top_k`` largest logits when given. ``attention_mask`` (B, N) marks left padding (0); positions then
+        count real tokens only. Rows that emitted ``eos_token_id`` keep emitting it; decoding stops when all did.
+        With ``use_cache=False`` every step recomputes the whole prefix (same tokens, slower).
+        """
+        _check("max_new_tokens", _is_int(max_new_tokens) and max_new_tokens >= 0, max_new_tokens, "an integer >= 0")
+        _check("temperature", isinstance(temperature, (int, float)) and temperature >= 0, temperature, ">= 0")
+        _check("top_k", top_k is None or (_is_int(top_k) and top_k >= 1), top_k, "None or an integer >= 1")
+        ids = input_ids
+        mask = attention_mask.long() if attention_mask is not None else None
+        caches = self.new_kv_caches() if use_cache else None
+        done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
+        new = ids
+        for _ in range(max_new_tokens):
+            pos = None
+            if mask is not None:
+                pos = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, N_total): real-token positions
+                pos = pos[:, -new.shape[1]:] if use_cache else pos
+            logits = self(new if use_cache else ids, mask, caches, position_ids=pos)[:, -1].float()  # (B, V)
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1)
+            else:
+                logits = logits / temperature
+                if top_k is not None and top_k < logits.shape[-1]:
+                    kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+            if eos_token_id is not None:
+                nxt = torch.where(done, torch.full_like(nxt, eos_token_id), nxt)
+                done |= nxt == eos_token_id
+            new = nxt[:, None]  # (B, 1)
+            ids = torch.cat([ids, new], dim=1)
+            if mask is not None:
+                mask = torch.cat([mask, torch.ones_like(new)], dim=1)
+            if eos_token_id is not None and bool(done.all()):
+                break
+        return ids
+
+
+# ------------------------------------------------------------------------------------------- DiffLlama
+
+
+def _diffllama_config(model: CausalLM):
+    from transformers import DiffLlamaConfig
+
+    if model.attention != "diff":
+        raise ValueError(f"DiffLlama is differential attention; model has attention={model.attention!r}")
+    blk = model.blocks[0]
+    attn = blk.attn
+    eps = blk.norm1.eps
+    if attn.diff_norm.eps != eps:
+        raise ValueError(f"DiffLlama uses one rms_norm_eps for every norm; model has norm_eps={eps} and "
+                         f"diff_norm_eps={attn.diff_norm.eps}")
+    if blk.mlp.gate_proj.bias is not None:
+        raise ValueError("DiffLlama's MLP has no bias; model has mlp_bias=True")
+    bias = any(getattr(attn, p).bias is not None for p in ("q_proj", "k_proj", "v_proj", "out_proj"))
+    return DiffLlamaConfig(vocab_size=model.vocab_size, hidden_size=model.dim, intermediate_size=model.mlp_hidden,
+                           num_hidden_layers=model.depth, num_attention_heads=attn.num_heads,
+                           num_key_value_heads=attn.num_kv_heads, head_dim=attn.head_dim, hidden_act="silu",
+                           max_position_embeddings=model.max_seq_len, rms_norm_eps=eps,
+                           tie_word_embeddings=model.tie_embeddings, attention_bias=bias, attention_dropout=0.0,
+                           rope_parameters={"rope_type": "default", "rope_theta": float(attn.rotary.base)})
+
+
+def to_diffllama_state_dict(model: CausalLM, *, fold_norm: bool = False) -> tuple[object, dict]:
+    """(``DiffLlamaConfig``, ``DiffLlamaForCausalLM`` state dict) for ``model`` (``attention="diff"``).
+
+    Needs λ_init = 0.8 − 0.6·exp(−0.3·l) in block l (``lambda_init="ye"``), one eps for all norms and no MLP
+    bias. Sub-norm weights that are not ones raise unless ``fold_norm=True`` (folded into ``o_proj``; see
+    :func:`diffattn.layouts.diffattn_to_diffllama_state_dict`).
+    """
+    from transformers.models.diffllama.modeling_diffllama import lambda_init_fn
+
+    cfg = _diffllama_config(model)
+    sd = {"model.embed_tokens.weight": model.tok_embed.weight.detach().clone(),
+          "model.norm.weight": model.norm.weight.detach().clone(),
+          "lm_head.weight": model.lm_head.weight.detach().clone()}
+    for i, blk in enumerate(model.blocks):
+        if not math.isclose(blk.attn.lambda_init, lambda_init_fn(i), rel_tol=0.0, abs_tol=1e-12):
+            raise ValueError(f"block {i} has lambda_init={blk.attn.lambda_init}, DiffLlama fixes "
+                             f"{lambda_init_fn(i)} (build the model with lambda_init='ye')")
+        attn_sd = layouts.diffattn_to_diffllama_state_dict(
+            {k: v.detach() for k, v in blk.attn.state_dict().items()}, num_heads=cfg.num_attention_heads,
+            num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, fold_norm=fold_norm,
+            attention_bias=cfg.attention_bias)
+        p = f"model.layers.{i}."
+        sd.update({p + "self_attn." + k: v for k, v in attn_sd.items()})
+        sd[p + "input_layernorm.weight"] = blk.norm1.weight.detach().clone()
+        sd[p + "post_attention_layernorm.weight"] = blk.norm2.weight.detach().clone()
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            sd[p + f"mlp.{name}.weight"] = getattr(blk.mlp, name).weight.detach().clone()
+    return cfg, sd
+
+
+def to_diffllama(model: CausalLM, *, fold_norm: bool = False) -> nn.Module:
+    """An equivalent ``transformers.DiffLlamaForCausalLM`` (same logits; see :func:`to_diffllama_state_dict`)."""
+    from transformers import DiffLlamaForCausalLM
+
+    cfg, sd = to_diffllama_state_dict(model, fold_norm=fold_norm)
+    hf = DiffLlamaForCausalLM(cfg)
+    hf.load_state_dict(sd, strict=True)
+    return hf.to(model.lm_head.weight.device).train(model.training)
+
+
+def from_diffllama(hf_model, *, diff_norm_affine: bool = False, backend: str = "auto") -> CausalLM:
+    """A ``transformers.DiffLlamaForCausalLM`` (or a folder/repo id to load one from) → an equivalent
+    :class:`CausalLM` with ``attention="diff", lambda_init="ye"``, sub-norm eps = ``rms_norm_eps`` and no
+    sub-norm weight (``diff_norm_affine=True``: a weight of ones, to train it)."""
+    from transformers import DiffLlamaForCausalLM
+
+    if isinstance(hf_model, str):
+        hf_model = DiffLlamaForCausalLM.from_pretrained(hf_model)
+    if not isinstance(hf_model, DiffLlamaForCausalLM):
+        raise ValueError(f"hf_model must be a DiffLlamaForCausalLM or a path to one, got {type(hf_model).__name__}")
+    c = hf_model.config
+    if c.hidden_act != "silu":
+        raise ValueError(f"config.hidden_act must be 'silu' (SwiGLU), got {c.hidden_act!r}")
+    theta = layouts._diffllama_rope_theta(c)
+    model = CausalLM(c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
+                     num_kv_heads=c.num_key_value_heads, mlp_hidden=c.intermediate_size, attention="diff",
+                     lambda_init="ye", rope_theta=theta, max_seq_len=c.max_position_embeddings,
+                     tie_embeddings=bool(c.tie_word_embeddings), norm_eps=c.rms_norm_eps,
+                     diff_norm_eps=c.rms_norm_eps, diff_norm_affine=diff_norm_affine,
+                     qkv_bias=bool(c.attention_bias), out_bias=bool(c.attention_bias), backend=backend)
+    src = hf_model.state_dict()
+    sd = {"tok_embed.weight": src["model.embed_tokens.weight"], "norm.weight": src["model.norm.weight"],
+          "lm_head.weight": src["lm_head.weight"]}
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        attn = {k[len(p) + 10:]: v for k, v in src.items() if k.startswith(p + "self_attn.")}
+        ours = layouts.diffllama_to_diffattn_state_dict(attn, num_heads=c.num_attention_heads,
+                                                        num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                                                        diff_norm_affine=diff_norm_affine)
+        sd.update({f"blocks.{i}.attn.{k}": v for k, v in ours.items()})
+        sd[f"blocks.{i}.norm1.weight"] = src[p + "input_layernorm.weight"]
+        sd[f"blocks.{i}.norm2.weight"] = src[p + "post_attention_layernorm.weight"]
+        for name in ("gate_proj", "up_proj", "down_proj"):
+            sd[f"blocks.{i}.mlp.{name}.weight"] = src[p + f"mlp.{name}.weight"]
+    model.load_state_dict(sd, strict=True)
+    return model.to(hf_model.lm_head.weight.device).train(hf_model.training)
+
+
+# --------------------------------------------------------------------------------------------- registry
+
+_SIZES = {
+    "tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256),
+    "small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024),
+    "base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048),
+}
+_FAMILIES = {"lm": "standard", "diff_lm": "diff", "dg_lm": "gated"}
+
+
+def _make_builder(family: str, size: str):
+    cfg = {**_SIZES[size], "attention": _FAMILIES[family]}
+    if family == "dg_lm":
+        cfg["lambda_init"] = 0.8  # seed 004 App. B.5: λ_init fixed at 0.8 was best for M-DGSA
+
+    def builder(**overrides) -> CausalLM:
+        return CausalLM(**{**cfg, **overrides})
+
+    builder.__name__ = builder.__qualname__ = f"{family}_{size}"
+    kind = {"standard": "standard attention (Llama)", "diff": "differential attention (Diff Transformer)",
+            "gated": "gated differential attention (M-DGSA)"}[cfg["attention"]]
+    builder.__doc__ = f"Causal LM, {kind}, size {size!r}: {_SIZES[size]}."
+    return builder
+
+
+for _family in _FAMILIES:
+    for _size in _SIZES:
+        _b = register_model(_make_builder(_family, _size))
+        globals()[_b.__name__] = _b
+        __all__.append(_b.__name__)
