@@ -7,3 +7,9 @@ from .base import DiffattnModel, from_pretrained
 from .registry import create_model, is_model, list_models, register_model
 
 __all__ = ["DiffattnModel", "from_pretrained", "create_model", "is_model", "list_models", "register_model"]
+
+from .causal_lm import CausalLM, from_diffllama, to_diffllama, to_diffllama_state_dict  # noqa: E402
+from .text import TextClassifier, Vocabulary  # noqa: E402
+
+__all__ += ["CausalLM", "from_diffllama", "to_diffllama", "to_diffllama_state_dict", "TextClassifier",
+            "Vocabulary"]
