@@ -56,7 +56,7 @@ def _build(family, impl):
     raise AssertionError(family)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def base_model(family, impl):
     return _build(family, impl).eval()
 
