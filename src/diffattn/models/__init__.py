@@ -13,3 +13,18 @@ from .text import TextClassifier, Vocabulary  # noqa: E402
 
 __all__ += ["CausalLM", "from_diffllama", "to_diffllama", "to_diffllama_state_dict", "TextClassifier",
             "Vocabulary"]
+
+from .clip import CLIP, TextTransformer, clip_loss, image_transform  # noqa: E402
+from .convert import (  # noqa: E402
+    load_diffclip,
+    load_open_clip,
+    load_openai_clip,
+    load_timm_vit,
+    read_checkpoint,
+)
+from .summary import ModelSummary, count_parameters, summary  # noqa: E402
+from .vit import VisionTransformer  # noqa: E402  (importing it registers the vision models with timm)
+
+__all__ += ["CLIP", "TextTransformer", "clip_loss", "image_transform", "load_diffclip", "load_open_clip",
+            "load_openai_clip", "load_timm_vit", "read_checkpoint", "ModelSummary", "count_parameters",
+            "summary", "VisionTransformer"]
