@@ -216,17 +216,18 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, row_ok, is_causal, scale, d
     beats four calls on width-d halves of V (which compute each softmax twice) by 1.3–1.6× (docs/benchmarks.md).
     """
     B, H, nq, d = q1.shape
-    Hkv, dv = k1.shape[1], v.shape[-1]
-    groups = H // Hkv
-    k1, k2, v = (_expand_kv(t, groups) for t in (k1, k2, v))
-    q = torch.cat([q1, q2], 1)  # (B, 2H, Nq, d)
-    k = torch.cat([k1, k2], 1)  # (B, 2H, Nk, d)
-    vv = torch.cat([v, v], 1)  # (B, 2H, Nk, dv)
+    Hkv, nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
+    g = H // Hkv
     width = max(d, dv)
-    if d < width:
-        q, k = F.pad(q, (0, width - d)), F.pad(k, (0, width - d))
-    if dv < width:
-        vv = F.pad(vv, (0, width - dv))
+    # one padded buffer per operand, filled in place: no cat/pad/repeat_interleave temporaries. GQA by
+    # broadcasting: head index branch·H + j·g + r of k and v holds kv head j, read by query head j·g + r.
+    q = q1.new_zeros(B, 2, H, nq, width)
+    q[..., :d] = torch.stack([q1, q2], 1)  # (B, 2, H, Nq, width)
+    k = k1.new_zeros(B, 2, Hkv, g, nk, width)
+    k[..., :d] = torch.stack([k1, k2], 1).unsqueeze(3)  # (B, 2, Hkv, g, Nk, width)
+    vv = v.new_zeros(B, 2, Hkv, g, nk, width) if dv < width else v.new_empty(B, 2, Hkv, g, nk, width)
+    vv[..., :dv] = v[:, None, :, None]
+    q, k, vv = q.view(B, 2 * H, nq, width), k.view(B, 2 * H, nk, width), vv.view(B, 2 * H, nk, width)
     m = mask
     if m is not None and m.dim() == 4 and m.shape[1] != 1:  # per-head mask: one copy per branch
         m = m.repeat(1, 2, 1, 1)
