@@ -1,0 +1,684 @@
+"""Fused one-pass Triton kernels for differential attention, forward and backward.
+
+    O = (w1 ⊙ A1 − λ ⊙ A2) V,   A1 = softmax(Q1 K1ᵀ · s + M),   A2 = softmax(Q2 K2ᵀ · s + M)
+
+Differential attention from Ye et al. 2024, "Differential Transformer" (eq. 1, w1 = 1, one λ per layer);
+the M-DGSA gate (seed 004) passes w1 = g and λ = 1 − g per query token and head. See DESIGN.md §3.1 for the
+layer and §3.5 for the cost argument this kernel is built on: (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), so each
+branch is an ordinary online-softmax attention, and the two can share one pass over the keys.
+
+Forward (one program per BLOCK_M query rows of one head; FlashAttention-2 loop order):
+    load Q1, Q2 tiles once; for each BLOCK_N key tile load K1, K2, V once and update TWO online-softmax states
+    (m1, l1, acc1) and (m2, l2, acc2), acc of width dv; write O = w1 ⊙ acc1 / l1 − λ ⊙ acc2 / l2 once, the two
+    log-sum-exps (log2 units) and, when a gradient is needed, the branch outputs O1 = A1 V and O2 = A2 V.
+
+Backward (FlashAttention-2 style, recomputing P from the saved log-sum-exps):
+    preprocess   r_b = rowsum(dO ⊙ O_b). With dO_1 = w1 ⊙ dO and dO_2 = −λ ⊙ dO the usual FA-2 term is
+                 D_b = rowsum(dO_b ⊙ O_b) = w_b ⊙ r_b (w_1 = w1, w_2 = −λ); r_b is also the weight gradient:
+                 ∂L/∂w1 = r_1 and ∂L/∂λ = −r_2 (summed down to the weights' broadcast shapes).
+    dK/dV kernel one program per BLOCK_N keys of one kv head, looping over the query heads of its GQA group
+                 (no atomics). Because both branches read the same V and the same dO:
+                     dV   = (w1 ⊙ P1 − λ ⊙ P2)ᵀ dO                     (one matmul, not two)
+                     dP   = dO Vᵀ                                        (shared by both branches)
+                     dS_b = w_b ⊙ P_b ⊙ (dP − r_b),   dK_b = s · dS_bᵀ Q_b
+    dQ kernel    one program per BLOCK_M query rows: dQ_b = s · dS_b K_b.
+
+What is saved for backward: Q1, K1, Q2, K2, V, the two log-sum-exps (fp32, B·H·Nq each) and O1, O2 (dtype of
+v), but not O. The two branch outputs are needed because the preprocess needs r_1 and r_2 separately, and
+the final output only gives one equation, rowsum(dO ⊙ O) = w1 r_1 − λ r_2, for two unknowns. Recomputing O1
+instead would cost a second pass over K and V for one branch (about half of the forward FLOPs); storing it
+costs one extra output-sized tensor, the same the ``sdpa`` backend keeps (each of its two attention calls
+saves its output). Without autograd (inference) only O is written.
+
+Masks: a causal mask aligned to the end (query i sees keys j ≤ i + Nk − Nq) and key-padding masks (bool or
+additive float, one row of Nk values per batch element) are applied inside the kernels as a per-key bias. A
+query row whose keys are all masked gets l = 0: its output is exactly 0 and its gradients are exactly 0.
+
+Precision: scores, softmax statistics and accumulators are fp32; P and dS are cast to the input dtype before
+the matmuls with V, Q and K (as in FlashAttention-2). fp32 inputs use 3×TF32 matmuls (about fp32 accuracy).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ["triton_diff_attention", "triton_unsupported_reason"]
+
+Weight = float | torch.Tensor
+
+LOG2E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x · log2 e)
+SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1, read at definition)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+# ----------------------------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _online_softmax_step(s, m, l, acc, v, PREC: tl.constexpr):
+    """One FlashAttention-2 update of (m, l, acc) with a (BLOCK_M, BLOCK_N) tile of log2-scaled scores ``s``.
+
+    Rows that have seen only masked keys keep m = −inf, l = 0, acc = 0 (m_safe avoids −inf − (−inf) = NaN).
+    """
+    m_new = tl.maximum(m, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.math.exp2(s - m_safe[:, None])  # (BLOCK_M, BLOCK_N)
+    alpha = tl.math.exp2(m - m_safe)  # rescales what was accumulated under the old max
+    l = l * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PREC)  # (BLOCK_M, DV)
+    return m_new, l, acc
+
+
+@triton.jit
+def _diff_attn_fwd_kernel(
+    Q1, Q2, K1, K2, V, KB, W1, LAM,  # inputs
+    O, O1, O2, LSE1, LSE2,  # outputs
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_wb, stride_wh, stride_wm,
+    stride_lb, stride_lh, stride_lm,
+    stride_kbb,
+    H, Nq, Nk, qk_scale,
+    GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_KB: tl.constexpr, STORE_BRANCHES: tl.constexpr, PREC: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    hk = h // GROUPS  # GQA: query head h reads kv head h // (H / Hkv)
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    offs_dv = tl.arange(0, HEAD_DV)
+    row_ok = offs_m < Nq
+
+    q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q1 = tl.load(Q1 + q_ptrs, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, D)
+    q2 = tl.load(Q2 + q_ptrs, mask=row_ok[:, None], other=0.0)
+    k_base = b * stride_kb + hk * stride_kh
+    v_base = b * stride_vb + hk * stride_vh
+
+    m1 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    m2 = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l1 = tl.zeros([BLOCK_M], tl.float32)
+    l2 = tl.zeros([BLOCK_M], tl.float32)
+    acc1 = tl.zeros([BLOCK_M, HEAD_DV], tl.float32)
+    acc2 = tl.zeros([BLOCK_M, HEAD_DV], tl.float32)
+
+    hi = Nk
+    if IS_CAUSAL:  # the last row of this tile sees keys j ≤ start_m·BLOCK_M + BLOCK_M − 1 + (Nk − Nq)
+        hi = tl.maximum(tl.minimum(Nk, (start_m + 1) * BLOCK_M + Nk - Nq), 0)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_kn = start_n + offs_n
+        col_ok = offs_kn < Nk
+        k_ptrs = k_base + offs_kn[:, None] * stride_kn + offs_d[None, :]
+        k1 = tl.load(K1 + k_ptrs, mask=col_ok[:, None], other=0.0)  # (BLOCK_N, D)
+        k2 = tl.load(K2 + k_ptrs, mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + v_base + offs_kn[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None],
+                    other=0.0)  # (BLOCK_N, DV)
+        # per-key bias (log2 units): key padding and the ragged last tile; −inf removes a key
+        if HAS_KB:
+            kb = tl.load(KB + b * stride_kbb + offs_kn, mask=col_ok, other=float("-inf"))
+        else:
+            kb = tl.where(col_ok, 0.0, float("-inf"))
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale + kb[None, :]  # (BLOCK_M, BLOCK_N)
+        s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale + kb[None, :]
+        if IS_CAUSAL:
+            # only tiles that cross the diagonal need the mask (their first row does not see every key)
+            if start_m * BLOCK_M + (Nk - Nq) < start_n + BLOCK_N - 1:
+                keep = offs_kn[None, :] <= offs_m[:, None] + (Nk - Nq)
+                s1 = tl.where(keep, s1, float("-inf"))
+                s2 = tl.where(keep, s2, float("-inf"))
+        m1, l1, acc1 = _online_softmax_step(s1, m1, l1, acc1, v, PREC)
+        m2, l2, acc2 = _online_softmax_step(s2, m2, l2, acc2, v, PREC)
+
+    # a fully masked row has l = 0 and acc = 0: its output is exactly 0
+    l1_safe = tl.where(l1 == 0.0, 1.0, l1)
+    l2_safe = tl.where(l2 == 0.0, 1.0, l2)
+    o1 = acc1 / l1_safe[:, None]  # (BLOCK_M, DV) = A1 V
+    o2 = acc2 / l2_safe[:, None]  # (BLOCK_M, DV) = A2 V
+    w_ptrs = b * stride_wb + h * stride_wh + offs_m * stride_wm
+    w1 = tl.load(W1 + w_ptrs, mask=row_ok, other=0.0)  # (BLOCK_M,)
+    lam = tl.load(LAM + b * stride_lb + h * stride_lh + offs_m * stride_lm, mask=row_ok, other=0.0)
+    o = w1[:, None] * o1 - lam[:, None] * o2
+
+    o_ptrs = ((b * H + h) * Nq + offs_m[:, None]) * HEAD_DV + offs_dv[None, :]  # (B, H, Nq, DV) contiguous
+    tl.store(O + o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
+    if STORE_BRANCHES:
+        tl.store(O1 + o_ptrs, o1.to(O1.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(O2 + o_ptrs, o2.to(O2.dtype.element_ty), mask=row_ok[:, None])
+        # log2-sum-exp; 0 for fully masked rows (their scores are all −inf, so P = exp2(−inf − 0) = 0)
+        lse_ptrs = (b * H + h) * Nq + offs_m
+        tl.store(LSE1 + lse_ptrs, tl.where(l1 == 0.0, 0.0, m1 + tl.math.log2(l1_safe)), mask=row_ok)
+        tl.store(LSE2 + lse_ptrs, tl.where(l2 == 0.0, 0.0, m2 + tl.math.log2(l2_safe)), mask=row_ok)
+
+
+@triton.jit
+def _diff_attn_bwd_preprocess_kernel(
+    O1, O2, DO, R1, R2, NROWS,
+    HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """r_b = rowsum(dO ⊙ O_b) over rows of the contiguous (B·H·Nq, DV) tensors."""
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_dv = tl.arange(0, HEAD_DV)
+    ok = offs_m < NROWS
+    ptrs = offs_m.to(tl.int64)[:, None] * HEAD_DV + offs_dv[None, :]
+    do = tl.load(DO + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
+    o1 = tl.load(O1 + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
+    o2 = tl.load(O2 + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
+    tl.store(R1 + offs_m, tl.sum(do * o1, 1), mask=ok)
+    tl.store(R2 + offs_m, tl.sum(do * o2, 1), mask=ok)
+
+
+@triton.jit
+def _diff_attn_bwd_dkdv_kernel(
+    Q1, Q2, K1, K2, V, KB, W1, LAM, DO, LSE1, LSE2, R1, R2,  # inputs
+    DK1, DK2, DV,  # outputs, contiguous (B, Hkv, Nk, ·)
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_wb, stride_wh, stride_wm,
+    stride_lb, stride_lh, stride_lm,
+    stride_kbb,
+    H, Hkv, Nq, Nk, qk_scale, sm_scale,
+    GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_KB: tl.constexpr, PREC: tl.constexpr,
+):
+    start_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // Hkv).to(tl.int64)
+    hk = (pid_bh % Hkv).to(tl.int64)
+
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_D)
+    offs_dv = tl.arange(0, HEAD_DV)
+    col_ok = offs_n < Nk
+
+    k_ptrs = b * stride_kb + hk * stride_kh + offs_n[:, None] * stride_kn + offs_d[None, :]
+    k1 = tl.load(K1 + k_ptrs, mask=col_ok[:, None], other=0.0)  # (BLOCK_N, D)
+    k2 = tl.load(K2 + k_ptrs, mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + b * stride_vb + hk * stride_vh + offs_n[:, None] * stride_vn + offs_dv[None, :],
+                mask=col_ok[:, None], other=0.0)  # (BLOCK_N, DV)
+    if HAS_KB:
+        kb = tl.load(KB + b * stride_kbb + offs_n, mask=col_ok, other=float("-inf"))
+    else:
+        kb = tl.where(col_ok, 0.0, float("-inf"))
+
+    dk1 = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
+    dk2 = tl.zeros([BLOCK_N, HEAD_D], tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DV], tl.float32)
+
+    lo = 0
+    if IS_CAUSAL:  # first query row that sees key start_n·BLOCK_N: i ≥ j − (Nk − Nq)
+        lo = tl.maximum(start_n * BLOCK_N - (Nk - Nq), 0)
+        lo = (lo // BLOCK_M) * BLOCK_M
+    for g in range(GROUPS):  # the query heads that share this kv head
+        h = hk * GROUPS + g
+        q_base = b * stride_qb + h * stride_qh
+        row_base = (b * H + h) * Nq
+        for start_m in range(lo, Nq, BLOCK_M):
+            offs_m = start_m + offs_m0
+            row_ok = offs_m < Nq
+            q_ptrs = q_base + offs_m[:, None] * stride_qm + offs_d[None, :]
+            q1 = tl.load(Q1 + q_ptrs, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, D)
+            q2 = tl.load(Q2 + q_ptrs, mask=row_ok[:, None], other=0.0)
+            do = tl.load(DO + (row_base + offs_m[:, None]) * HEAD_DV + offs_dv[None, :], mask=row_ok[:, None],
+                         other=0.0)  # (BLOCK_M, DV)
+            # +inf log-sum-exp on padding rows makes their P exactly 0
+            lse1 = tl.load(LSE1 + row_base + offs_m, mask=row_ok, other=float("inf"))
+            lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))
+            r1 = tl.load(R1 + row_base + offs_m, mask=row_ok, other=0.0)
+            r2 = tl.load(R2 + row_base + offs_m, mask=row_ok, other=0.0)
+            w1 = tl.load(W1 + b * stride_wb + h * stride_wh + offs_m * stride_wm, mask=row_ok, other=0.0)
+            lam = tl.load(LAM + b * stride_lb + h * stride_lh + offs_m * stride_lm, mask=row_ok, other=0.0)
+
+            # transposed tiles (BLOCK_N, BLOCK_M), as in the Triton FA-2 tutorial: no transpose of P or dS
+            s1t = tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale + kb[:, None]
+            s2t = tl.dot(k2, tl.trans(q2), input_precision=PREC) * qk_scale + kb[:, None]
+            if IS_CAUSAL:
+                if start_m + (Nk - Nq) < start_n * BLOCK_N + BLOCK_N - 1:  # a tile crossing the diagonal
+                    keep = offs_n[:, None] <= offs_m[None, :] + (Nk - Nq)
+                    s1t = tl.where(keep, s1t, float("-inf"))
+                    s2t = tl.where(keep, s2t, float("-inf"))
+            p1t = tl.math.exp2(s1t - lse1[None, :])  # P1ᵀ
+            p2t = tl.math.exp2(s2t - lse2[None, :])  # P2ᵀ
+            # dV += (w1 ⊙ P1 − λ ⊙ P2)ᵀ dO
+            pct = p1t * w1[None, :] - p2t * lam[None, :]
+            dv += tl.dot(pct.to(do.dtype), do, input_precision=PREC)
+            # dPᵀ = V dOᵀ, shared by both branches
+            dpt = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BLOCK_N, BLOCK_M)
+            ds1t = p1t * (dpt - r1[None, :]) * w1[None, :]
+            ds2t = p2t * (dpt - r2[None, :]) * (-lam[None, :])
+            dk1 += tl.dot(ds1t.to(q1.dtype), q1, input_precision=PREC)  # (BLOCK_N, D)
+            dk2 += tl.dot(ds2t.to(q2.dtype), q2, input_precision=PREC)
+
+    out_rows = (b * Hkv + hk) * Nk + offs_n
+    dk_ptrs = out_rows[:, None] * HEAD_D + offs_d[None, :]
+    tl.store(DK1 + dk_ptrs, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DK2 + dk_ptrs, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + out_rows[:, None] * HEAD_DV + offs_dv[None, :], dv.to(DV.dtype.element_ty),
+             mask=col_ok[:, None])
+
+
+@triton.jit
+def _diff_attn_bwd_dq_kernel(
+    Q1, Q2, K1, K2, V, KB, W1, LAM, DO, LSE1, LSE2, R1, R2,  # inputs
+    DQ1, DQ2,  # outputs, contiguous (B, H, Nq, D)
+    stride_qb, stride_qh, stride_qm,
+    stride_kb, stride_kh, stride_kn,
+    stride_vb, stride_vh, stride_vn,
+    stride_wb, stride_wh, stride_wm,
+    stride_lb, stride_lh, stride_lm,
+    stride_kbb,
+    H, Nq, Nk, qk_scale, sm_scale,
+    GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_KB: tl.constexpr, PREC: tl.constexpr,
+):
+    start_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    b = (pid_bh // H).to(tl.int64)
+    h = (pid_bh % H).to(tl.int64)
+    hk = h // GROUPS
+
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_D)
+    offs_dv = tl.arange(0, HEAD_DV)
+    row_ok = offs_m < Nq
+    row_base = (b * H + h) * Nq
+
+    q_ptrs = b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qm + offs_d[None, :]
+    q1 = tl.load(Q1 + q_ptrs, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, D)
+    q2 = tl.load(Q2 + q_ptrs, mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + (row_base + offs_m[:, None]) * HEAD_DV + offs_dv[None, :], mask=row_ok[:, None],
+                 other=0.0)  # (BLOCK_M, DV)
+    lse1 = tl.load(LSE1 + row_base + offs_m, mask=row_ok, other=float("inf"))
+    lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))
+    r1 = tl.load(R1 + row_base + offs_m, mask=row_ok, other=0.0)
+    r2 = tl.load(R2 + row_base + offs_m, mask=row_ok, other=0.0)
+    w1 = tl.load(W1 + b * stride_wb + h * stride_wh + offs_m * stride_wm, mask=row_ok, other=0.0)
+    lam = tl.load(LAM + b * stride_lb + h * stride_lh + offs_m * stride_lm, mask=row_ok, other=0.0)
+    k_base = b * stride_kb + hk * stride_kh
+    v_base = b * stride_vb + hk * stride_vh
+
+    dq1 = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+    dq2 = tl.zeros([BLOCK_M, HEAD_D], tl.float32)
+
+    hi = Nk
+    if IS_CAUSAL:
+        hi = tl.maximum(tl.minimum(Nk, (start_m + 1) * BLOCK_M + Nk - Nq), 0)
+    for start_n in range(0, hi, BLOCK_N):
+        offs_n = start_n + offs_n0
+        col_ok = offs_n < Nk
+        k_ptrs = k_base + offs_n[:, None] * stride_kn + offs_d[None, :]
+        k1 = tl.load(K1 + k_ptrs, mask=col_ok[:, None], other=0.0)  # (BLOCK_N, D)
+        k2 = tl.load(K2 + k_ptrs, mask=col_ok[:, None], other=0.0)
+        v = tl.load(V + v_base + offs_n[:, None] * stride_vn + offs_dv[None, :], mask=col_ok[:, None],
+                    other=0.0)  # (BLOCK_N, DV)
+        if HAS_KB:
+            kb = tl.load(KB + b * stride_kbb + offs_n, mask=col_ok, other=float("-inf"))
+        else:
+            kb = tl.where(col_ok, 0.0, float("-inf"))
+        s1 = tl.dot(q1, tl.trans(k1), input_precision=PREC) * qk_scale + kb[None, :]  # (BLOCK_M, BLOCK_N)
+        s2 = tl.dot(q2, tl.trans(k2), input_precision=PREC) * qk_scale + kb[None, :]
+        if IS_CAUSAL:
+            if start_m * BLOCK_M + (Nk - Nq) < start_n + BLOCK_N - 1:  # a tile crossing the diagonal
+                keep = offs_n[None, :] <= offs_m[:, None] + (Nk - Nq)
+                s1 = tl.where(keep, s1, float("-inf"))
+                s2 = tl.where(keep, s2, float("-inf"))
+        p1 = tl.math.exp2(s1 - lse1[:, None])
+        p2 = tl.math.exp2(s2 - lse2[:, None])
+        dp = tl.dot(do, tl.trans(v), input_precision=PREC)  # (BLOCK_M, BLOCK_N), shared by both branches
+        ds1 = p1 * (dp - r1[:, None]) * w1[:, None]
+        ds2 = p2 * (dp - r2[:, None]) * (-lam[:, None])
+        dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PREC)  # (BLOCK_M, D)
+        dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PREC)
+
+    dq_ptrs = (row_base + offs_m[:, None]) * HEAD_D + offs_d[None, :]
+    tl.store(DQ1 + dq_ptrs, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=row_ok[:, None])
+    tl.store(DQ2 + dq_ptrs, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------- block sizes
+
+
+@dataclass(frozen=True)
+class _Tiles:
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def _tiles(d: int, dv: int, dtype: torch.dtype) -> tuple[_Tiles, _Tiles, _Tiles]:
+    """Tile sizes (forward, dK/dV, dQ) for head width d and value width dv; BLOCK_N is the key tile.
+
+    A program keeps two fp32 accumulators of width dv (forward: 2·BLOCK_M·dv values; dK/dV: BLOCK_N·(2d +
+    dv)), so the register file, not the matmul shape, sets the tile size: the forward at d = 64, dv = 128
+    holds as many accumulator values as FlashAttention-2 at head width 256. No GPU was at hand to time
+    configurations, so the table below was chosen by compiling every kernel for sm_90 (bf16) and keeping, per
+    shape, the largest tiles for which ptxas reports no register spills (8 warps, 2 pipeline stages; at d =
+    128, dv = 256 a few bytes spill even at the smallest sensible tiles). Shared memory stays under 100 KiB
+    per program, well within an H100's 227 KiB. float32 inputs (tiles twice the bytes, 3×TF32 matmuls) use
+    32×32 tiles and one stage (at most 196 KiB of shared memory): a correctness path, not a fast one. In the
+    interpreter, 16×16 tiles: its speed is set by the number of numpy calls, and small tiles exercise multi-
+    tile loops, diagonal causal tiles and ragged edges on tiny test shapes. Autotuning on a GPU is the obvious
+    next step.
+    """
+    if _interpreting():
+        t = _Tiles(16, 16, 1, 1)
+        return t, t, t
+    if dtype == torch.float32:
+        t = _Tiles(32, 32, 4, 1)
+        return t, t, t
+    if dv <= 64:  # d ≤ 64
+        return _Tiles(128, 64, 8, 2), _Tiles(32, 64, 8, 2), _Tiles(128, 32, 8, 2)
+    if d <= 64:  # d = 64, dv = 128: Ye et al.'s layout at head width 64
+        return _Tiles(128, 64, 8, 2), _Tiles(64, 32, 8, 2), _Tiles(128, 32, 8, 2)
+    if dv <= 128:  # d = dv = 128
+        return _Tiles(64, 64, 8, 2), _Tiles(64, 32, 8, 2), _Tiles(64, 32, 8, 2)
+    return _Tiles(64, 32, 8, 2), _Tiles(32, 32, 8, 2), _Tiles(64, 32, 8, 2)  # d = 128, dv = 256
+
+
+# --------------------------------------------------------------------------------------------- helpers
+
+
+def _precision(dtype: torch.dtype) -> str:
+    """tl.dot input precision: float32 inputs get 3×TF32 (about fp32 accuracy on tensor cores, where IEEE
+    fp32 matmuls fall back to FMA loops that spill); it has no effect on fp16/bf16 inputs."""
+    return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+def _row_weight(w: Weight, B: int, H: int, Nq: int, device: torch.device) -> torch.Tensor:
+    """A float or a tensor broadcastable to (B, H, Nq, 1) as an fp32 (B, H, Nq) view (stride 0: no copy)."""
+    if isinstance(w, torch.Tensor):
+        return w.detach().float().broadcast_to((B, H, Nq, 1))[..., 0]
+    return torch.full((1, 1, 1), float(w), dtype=torch.float32, device=device).expand(B, H, Nq)
+
+
+def _mask_as_key_bias(attn_mask: torch.Tensor, B: int, Nk: int) -> torch.Tensor:
+    """A key-padding mask as an fp32 (B or 1, Nk) additive bias in log2 units; blocked keys are −inf."""
+    m = attn_mask.detach()
+    m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))[:, 0, 0, :]  # (1 or B, 1 or Nk)
+    if m.dtype == torch.bool:
+        bias = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill(~m, float("-inf"))
+    else:
+        bias = m.float().masked_fill(m <= torch.finfo(m.dtype).min / 2, float("-inf")) * LOG2E
+    return bias.expand(bias.shape[0], Nk).contiguous()
+
+
+def _key_padding_reason(attn_mask: torch.Tensor, B: int, H: int, Nq: int, Nk: int) -> str | None:
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        return f"attn_mask must be bool or floating point, got dtype {attn_mask.dtype}"
+    if attn_mask.dim() > 4:
+        return f"attn_mask must have at most 4 dims, got shape {tuple(attn_mask.shape)}"
+    shape = (1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape)  # right-aligned, as in broadcasting
+    if shape[0] not in (1, B) or shape[3] not in (1, Nk):
+        return (f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to (B, H, Nq, Nk) = "
+                f"{(B, H, Nq, Nk)}")
+    if shape[1] != 1 or shape[2] != 1:
+        return (f"the triton kernel supports key-padding masks only (one row of Nk values per batch "
+                f"element, e.g. (B, 1, 1, Nk)); attn_mask of shape {tuple(attn_mask.shape)} varies over "
+                f"heads or queries")
+    if attn_mask.requires_grad:
+        return "the triton kernel does not compute a gradient for attn_mask"
+    return None
+
+
+def _weight_reason(name: str, w, B: int, H: int, Nq: int, device: torch.device) -> str | None:
+    if isinstance(w, bool) or not isinstance(w, (int, float, torch.Tensor)):
+        return f"{name} must be a float or a tensor, got {type(w).__name__}"
+    if not isinstance(w, torch.Tensor):
+        return None
+    if not w.is_floating_point():
+        return f"{name} must be a floating tensor, got dtype {w.dtype}"
+    if w.device != device:
+        return f"{name} is on {w.device} but the inputs are on {device}"
+    shape = tuple(w.shape)
+    if len(shape) > 4 or any(s not in (1, t) for s, t in zip(reversed(shape), reversed((B, H, Nq, 1)))):
+        return f"{name} of shape {shape} does not broadcast to (B, H, Nq, 1) = {(B, H, Nq, 1)}"
+    return None
+
+
+def _check(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p) -> str | None:
+    names = ("q1", "k1", "q2", "k2", "v")
+    for name, t in zip(names, (q1, k1, q2, k2, v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            return f"{name} must be a 4-D tensor"
+    device = q1.device
+    if any(t.device != device for t in (k1, q2, k2, v)):
+        return "q1, k1, q2, k2 and v must be on one device"
+    if device.type != "cuda" and not (_interpreting() and device.type == "cpu"):
+        return (f"the triton kernel needs CUDA tensors (or TRITON_INTERPRET=1 with CPU tensors), "
+                f"got device {device.type}")
+    dtype = q1.dtype
+    if any(t.dtype != dtype for t in (k1, q2, k2, v)):
+        return "q1, k1, q2, k2 and v must share one dtype"
+    if dtype not in SUPPORTED_DTYPES:
+        return f"dtype {dtype} is not supported (float16, bfloat16, float32)"
+    if _interpreting() and dtype != torch.float32:
+        return f"the Triton interpreter runs float32 only, got {dtype}"
+    if dropout_p != 0.0:
+        return f"the triton kernel has no attention dropout (dropout_p={dropout_p})"
+    if not isinstance(is_causal, bool):
+        return f"is_causal must be a bool, got {type(is_causal).__name__}"
+    if q1.shape != q2.shape or k1.shape != k2.shape:
+        return "q1/q2 and k1/k2 must have the same shapes"
+    B, H, Nq, d = q1.shape
+    Bk, Hkv, Nk, dk = k1.shape
+    if Bk != B or dk != d or tuple(v.shape[:3]) != (B, Hkv, Nk):
+        return (f"shapes do not match: q {tuple(q1.shape)}, k {tuple(k1.shape)}, v {tuple(v.shape)} "
+                f"(expected (B, H, Nq, d), (B, Hkv, Nk, d), (B, Hkv, Nk, dv))")
+    if Hkv == 0 or H % Hkv != 0:
+        return f"the query head count H={H} must be a multiple of the key/value head count Hkv={Hkv}"
+    if min(B, H, Nq, Nk) == 0:
+        return f"empty inputs: q {tuple(q1.shape)}, k {tuple(k1.shape)}"
+    if d not in SUPPORTED_HEAD_DIMS:
+        return f"head width d={d} is not supported (one of {SUPPORTED_HEAD_DIMS})"
+    dv = v.shape[-1]
+    if dv not in (d, 2 * d):
+        return f"value width dv={dv} must be d={d} or 2d={2 * d}"
+    for name, w in (("lambda_", lambda_), ("weight1", weight1)):
+        reason = _weight_reason(name, w, B, H, Nq, device)
+        if reason is not None:
+            return reason
+    if attn_mask is not None:
+        if not isinstance(attn_mask, torch.Tensor):
+            return f"attn_mask must be a tensor, got {type(attn_mask).__name__}"
+        if attn_mask.device != device:
+            return f"attn_mask is on {attn_mask.device} but the inputs are on {device}"
+        return _key_padding_reason(attn_mask, B, H, Nq, Nk)
+    return None
+
+
+def _unit_stride(*ts: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Make the last dim unit-stride and give the tensors one stride set (the kernels share strides)."""
+    ts = tuple(t if t.stride(-1) == 1 else t.contiguous() for t in ts)
+    if any(t.stride() != ts[0].stride() for t in ts):
+        ts = tuple(t.contiguous() for t in ts)
+    return ts
+
+
+def _sum_to(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Reduce a (B, H, Nq, 1) gradient to the shape ``w`` was broadcast from."""
+    g = g.sum() if w.dim() == 0 else g.sum_to_size(w.shape)
+    return g.to(w.dtype)
+
+
+# -------------------------------------------------------------------------------------------- autograd
+
+
+class _DiffAttnFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q1, k1, q2, k2, v, lambda_, weight1, key_bias, is_causal, scale):
+        q1, q2 = _unit_stride(q1, q2)
+        k1, k2 = _unit_stride(k1, k2)
+        (v,) = _unit_stride(v)
+        B, H, Nq, d = q1.shape
+        Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
+        w1 = _row_weight(weight1, B, H, Nq, q1.device)  # (B, H, Nq) fp32
+        lam = _row_weight(lambda_, B, H, Nq, q1.device)
+        kb = key_bias if key_bias is not None else q1.new_empty(1, dtype=torch.float32)
+
+        needs_grad = any(ctx.needs_input_grad[:7])
+        o = torch.empty(B, H, Nq, dv, device=q1.device, dtype=v.dtype)
+        if needs_grad:
+            o1, o2 = torch.empty_like(o), torch.empty_like(o)
+            lse = torch.empty(2, B, H, Nq, device=q1.device, dtype=torch.float32)
+        else:  # inference: write O only
+            o1 = o2 = o
+            lse = torch.empty(2, 1, device=q1.device, dtype=torch.float32)
+
+        fwd, _, _ = _tiles(d, dv, q1.dtype)
+        grid = (triton.cdiv(Nq, fwd.block_m), B * H)
+        _diff_attn_fwd_kernel[grid](
+            q1, q2, k1, k2, v, kb, w1, lam,
+            o, o1, o2, lse[0], lse[1],
+            q1.stride(0), q1.stride(1), q1.stride(2),
+            k1.stride(0), k1.stride(1), k1.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            w1.stride(0), w1.stride(1), w1.stride(2),
+            lam.stride(0), lam.stride(1), lam.stride(2),
+            kb.stride(0) if key_bias is not None and kb.shape[0] > 1 else 0,
+            H, Nq, Nk, scale * LOG2E,
+            GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
+            IS_CAUSAL=is_causal, HAS_KB=key_bias is not None, STORE_BRANCHES=needs_grad,
+            PREC=_precision(q1.dtype), num_warps=fwd.num_warps, num_stages=fwd.num_stages,
+        )
+        if needs_grad:
+            ctx.save_for_backward(q1, k1, q2, k2, v, o1, o2, lse, kb)
+            ctx.weights = (lambda_, weight1)
+            ctx.has_kb, ctx.is_causal, ctx.scale = key_bias is not None, is_causal, scale
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q1, k1, q2, k2, v, o1, o2, lse, kb = ctx.saved_tensors
+        lambda_, weight1 = ctx.weights
+        B, H, Nq, d = q1.shape
+        Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
+        w1 = _row_weight(weight1, B, H, Nq, q1.device)
+        lam = _row_weight(lambda_, B, H, Nq, q1.device)
+        do = do.contiguous()  # (B, H, Nq, dv), the layout of O1 and O2
+        _, tkv, tq = _tiles(d, dv, q1.dtype)
+        common = dict(
+            GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, IS_CAUSAL=ctx.is_causal, HAS_KB=ctx.has_kb,
+            PREC=_precision(q1.dtype),
+        )
+        strides = (
+            q1.stride(0), q1.stride(1), q1.stride(2),
+            k1.stride(0), k1.stride(1), k1.stride(2),
+            v.stride(0), v.stride(1), v.stride(2),
+            w1.stride(0), w1.stride(1), w1.stride(2),
+            lam.stride(0), lam.stride(1), lam.stride(2),
+            kb.stride(0) if ctx.has_kb and kb.shape[0] > 1 else 0,
+        )
+        qk_scale = ctx.scale * LOG2E
+
+        # 1. r_b = rowsum(dO ⊙ O_b): (B, H, Nq) fp32 each
+        r = torch.empty(2, B, H, Nq, device=q1.device, dtype=torch.float32)
+        rows, block = B * H * Nq, 4096 // dv  # three (block, dv) fp32 tiles in registers
+        _diff_attn_bwd_preprocess_kernel[(triton.cdiv(rows, block),)](
+            o1, o2, do, r[0], r[1], rows, HEAD_DV=dv, BLOCK_M=block)
+
+        # 2. dK1, dK2, dV: one program per key tile and kv head
+        dk1, dk2 = torch.empty(2, B, Hkv, Nk, d, device=q1.device, dtype=k1.dtype).unbind(0)
+        dvv = torch.empty(B, Hkv, Nk, dv, device=q1.device, dtype=v.dtype)
+        _diff_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, tkv.block_n), B * Hkv)](
+            q1, q2, k1, k2, v, kb, w1, lam, do, lse[0], lse[1], r[0], r[1],
+            dk1, dk2, dvv, *strides, H, Hkv, Nq, Nk, qk_scale, ctx.scale,
+            BLOCK_M=tkv.block_m, BLOCK_N=tkv.block_n, num_warps=tkv.num_warps, num_stages=tkv.num_stages,
+            **common,
+        )
+
+        # 3. dQ1, dQ2: one program per query tile and head
+        dq1, dq2 = torch.empty(2, B, H, Nq, d, device=q1.device, dtype=q1.dtype).unbind(0)
+        _diff_attn_bwd_dq_kernel[(triton.cdiv(Nq, tq.block_m), B * H)](
+            q1, q2, k1, k2, v, kb, w1, lam, do, lse[0], lse[1], r[0], r[1],
+            dq1, dq2, *strides, H, Nq, Nk, qk_scale, ctx.scale,
+            BLOCK_M=tq.block_m, BLOCK_N=tq.block_n, num_warps=tq.num_warps, num_stages=tq.num_stages,
+            **common,
+        )
+
+        # 4. weight gradients: ∂L/∂w1 = rowsum(dO ⊙ O1), ∂L/∂λ = −rowsum(dO ⊙ O2)
+        dlam = dw1 = None
+        if ctx.needs_input_grad[5]:
+            dlam = _sum_to(-r[1].unsqueeze(-1), lambda_)
+        if ctx.needs_input_grad[6]:
+            dw1 = _sum_to(r[0].unsqueeze(-1), weight1)
+        return dq1, dk1, dq2, dk2, dvv, dlam, dw1, None, None, None
+
+
+# ------------------------------------------------------------------------------------------ public API
+
+
+def triton_unsupported_reason(
+    q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p
+) -> str | None:
+    """Why :func:`triton_diff_attention` cannot run these inputs, or None when it can. Never raises."""
+    try:
+        return _check(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
+    except Exception as e:  # noqa: BLE001 - a reason, never an exception
+        return f"could not check the inputs ({type(e).__name__}: {e})"
+
+
+def triton_diff_attention(
+    q1: torch.Tensor,
+    k1: torch.Tensor,
+    q2: torch.Tensor,
+    k2: torch.Tensor,
+    v: torch.Tensor,
+    lambda_: Weight,
+    *,
+    weight1: Weight = 1.0,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+) -> torch.Tensor:
+    """Fused differential attention O = (w1 ⊙ A1 − λ ⊙ A2) V (Ye et al. 2024, eq. 1; DESIGN.md §3.1, §3.5).
+
+    Args:
+        q1, q2: (B, H, Nq, d) queries of the two branches, d in {16, 32, 64, 128}.
+        k1, k2: (B, Hkv, Nk, d) keys; H % Hkv == 0 (query head i reads kv head i // (H / Hkv)).
+        v: (B, Hkv, Nk, dv) values shared by both branches, dv in {d, 2d}.
+        lambda_, weight1: floats or tensors broadcastable to (B, H, Nq, 1) (per layer, per head, or per query
+            token and head as in the M-DGSA gate); tensors get gradients.
+        attn_mask: None or a key-padding mask broadcastable to (B, H, Nq, Nk) whose H and Nq dims are 1 after
+            right-aligned broadcasting, e.g. (B, 1, 1, Nk) or (Nk,): bool (True = attend) or additive float
+            (−inf or ≤ finfo.min / 2 blocks a key; other values are added to the scores).
+        is_causal: causal mask aligned to the end: query i sees keys j ≤ i + (Nk − Nq).
+        scale: s in softmax(Q Kᵀ s); default 1/√d.
+        dropout_p: must be 0 (no dropout in the kernel).
+
+    Returns:
+        (B, H, Nq, dv) in the dtype of ``v``. A query row whose every key is masked gives exactly 0 (and zero
+        gradients).
+
+    Raises:
+        ValueError: with :func:`triton_unsupported_reason` when the kernel cannot run these inputs.
+    """
+    reason = triton_unsupported_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
+    if reason is not None:
+        raise ValueError(f"triton_diff_attention cannot run these inputs: {reason}")
+    scale = 1.0 / math.sqrt(q1.shape[-1]) if scale is None else float(scale)
+    key_bias = None if attn_mask is None else _mask_as_key_bias(attn_mask, q1.shape[0], k1.shape[2])
+    return _DiffAttnFunction.apply(q1, k1, q2, k2, v, lambda_, weight1, key_bias, is_causal, scale)

@@ -1,0 +1,322 @@
+"""Tests of the fused Triton differential-attention kernel against an independent float64 reference.
+
+Without a GPU the kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1, set below before Triton
+defines them): float32 only, tiny shapes, 16×16 tiles so that multi-tile loops, causal diagonal tiles and
+ragged edges are exercised. With a GPU the same float32 cases run compiled, and the bfloat16 cases run too.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:  # must happen before Triton defines the kernels (at import of diffattn.kernels)
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import importlib  # noqa: E402
+import math  # noqa: E402
+
+import pytest  # noqa: E402
+
+import diffattn.kernels.triton_diff as triton_diff  # noqa: E402
+from diffattn.kernels import triton_diff_attention, triton_unsupported_reason  # noqa: E402
+
+if not CUDA:
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if not isinstance(triton_diff._diff_attn_fwd_kernel, InterpretedFunction):
+        importlib.reload(triton_diff)  # imported before TRITON_INTERPRET was set: define the kernels again
+
+DEVICE = "cuda" if CUDA else "cpu"
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (bf16 does not run in the interpreter)")
+
+
+# ---------------------------------------------------------------------------------------------- reference
+
+
+def reference(q1, k1, q2, k2, v, lambda_, weight1=1.0, attn_mask=None, is_causal=False, scale=None):
+    """(w1 ⊙ A1 − λ ⊙ A2) V in float64, explicit softmax; fully masked rows give 0 (and zero gradients)."""
+    q1, k1, q2, k2, v = (t.double() for t in (q1, k1, q2, k2, v))
+    B, H, Nq, d = q1.shape
+    Nk = k1.shape[2]
+    groups = H // k1.shape[1]
+    k1, k2, v = (t.repeat_interleave(groups, dim=1) for t in (k1, k2, v))
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+
+    allowed = torch.ones(B, H, Nq, Nk, dtype=torch.bool, device=q1.device)
+    bias = torch.zeros(B, H, Nq, Nk, dtype=torch.float64, device=q1.device)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            allowed = allowed & attn_mask
+        else:
+            blocked = attn_mask <= torch.finfo(attn_mask.dtype).min / 2
+            allowed = allowed & ~blocked
+            bias = bias + attn_mask.double().masked_fill(blocked, 0.0)
+    if is_causal:
+        i = torch.arange(Nq, device=q1.device)[:, None]
+        j = torch.arange(Nk, device=q1.device)[None, :]
+        allowed = allowed & (j <= i + (Nk - Nq))
+
+    def attn(q, k):
+        s = (q @ k.transpose(-2, -1)) * scale + bias
+        s = s.masked_fill(~allowed, float("-inf"))
+        m = s.amax(-1, keepdim=True).detach()
+        m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        e = torch.exp(s - m)  # masked entries are exactly 0
+        den = e.sum(-1, keepdim=True)
+        return e / torch.where(den > 0, den, torch.ones_like(den))
+
+    w1 = weight1.double() if isinstance(weight1, torch.Tensor) else weight1
+    lam = lambda_.double() if isinstance(lambda_, torch.Tensor) else lambda_
+    return (w1 * attn(q1, k1) - lam * attn(q2, k2)) @ v
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return ((a - b).norm() / b.norm().clamp_min(1e-12)).item()
+
+
+# ------------------------------------------------------------------------------------------------ harness
+
+
+def make_inputs(B=1, H=2, Hkv=None, Nq=40, Nk=None, d=16, dv=None, dtype=torch.float32, seed=0):
+    Hkv = H if Hkv is None else Hkv
+    Nk = Nq if Nk is None else Nk
+    dv = 2 * d if dv is None else dv
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=g).to(device=DEVICE, dtype=dtype).requires_grad_()
+
+    return rnd(B, H, Nq, d), rnd(B, Hkv, Nk, d), rnd(B, H, Nq, d), rnd(B, Hkv, Nk, d), rnd(B, Hkv, Nk, dv)
+
+
+def check(qkv, lambda_, weight1=1.0, attn_mask=None, is_causal=False, scale=None, tol=1e-4, zero_rows=None):
+    """Compare output and all gradients (q1, k1, q2, k2, v and tensor weights) with the float64 reference."""
+    weights = [w for w in (lambda_, weight1) if isinstance(w, torch.Tensor) and w.requires_grad]
+    leaves = list(qkv) + [w for w in weights if w.is_leaf]
+    out = triton_diff_attention(*qkv, lambda_, weight1=weight1, attn_mask=attn_mask, is_causal=is_causal,
+                                scale=scale)
+    ref = reference(*qkv, lambda_, weight1, attn_mask, is_causal, scale)
+    assert out.dtype == qkv[4].dtype and out.shape == ref.shape
+    assert torch.isfinite(out).all()
+    assert rel_err(out, ref) <= tol, f"output rel err {rel_err(out, ref):.2e}"
+
+    g = torch.Generator().manual_seed(1)
+    grad_out = torch.randn(out.shape, generator=g).to(out)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    want = torch.autograd.grad(ref, leaves, grad_out.double())
+    names = ["q1", "k1", "q2", "k2", "v"] + [f"weight{i}" for i in range(len(leaves) - 5)]
+    for name, a, b in zip(names, got, want):
+        assert a.shape == b.shape and a.dtype == leaves[names.index(name)].dtype, name
+        assert torch.isfinite(a).all(), f"{name} grad not finite"
+        assert rel_err(a, b) <= tol, f"{name} grad rel err {rel_err(a, b):.2e}"
+    if zero_rows is not None:  # (B, H, Nq) bool: rows whose keys are all masked give exactly 0
+        assert zero_rows.any()
+        assert (out[zero_rows] == 0).all()
+        assert (got[0][zero_rows] == 0).all() and (got[2][zero_rows] == 0).all()
+    return out
+
+
+# ------------------------------------------------------------------------------------------ float32 cases
+
+
+def test_non_causal_per_layer_lambda():
+    check(make_inputs(B=2, H=2, Nq=37, d=16), 0.8)
+
+
+def test_causal_square():
+    check(make_inputs(B=1, H=2, Nq=48, d=32), 0.5, is_causal=True)
+
+
+@pytest.mark.parametrize("nq", [1, 5])
+def test_causal_decoding_nq_less_than_nk(nq):
+    check(make_inputs(B=2, H=2, Nq=nq, Nk=41, d=16), 0.3, is_causal=True)
+
+
+def test_causal_nq_greater_than_nk_gives_zero_rows():
+    qkv = make_inputs(B=1, H=2, Nq=40, Nk=22, d=16)
+    zero = torch.zeros(1, 2, 40, dtype=torch.bool, device=DEVICE)
+    zero[..., :18] = True  # query i sees keys j ≤ i − 18
+    check(qkv, 0.7, is_causal=True, zero_rows=zero)
+
+
+def test_key_padding_bool_with_fully_masked_batch_row():
+    B, Nk = 2, 35
+    mask = torch.ones(B, 1, 1, Nk, dtype=torch.bool, device=DEVICE)
+    mask[0, ..., 20:] = False  # padding
+    mask[1] = False  # every key of batch element 1 is masked
+    zero = torch.zeros(B, 2, 30, dtype=torch.bool, device=DEVICE)
+    zero[1] = True
+    check(make_inputs(B=B, H=2, Nq=30, Nk=Nk, d=16), 0.8, attn_mask=mask, zero_rows=zero)
+
+
+def test_key_padding_additive_float_and_causal():
+    B, N = 2, 33
+    g = torch.Generator().manual_seed(3)
+    mask = (0.5 * torch.randn(B, 1, 1, N, generator=g)).to(DEVICE)  # finite biases are added to the scores
+    mask[0, ..., 25:] = float("-inf")
+    mask[1, ..., :4] = torch.finfo(torch.float32).min  # ≤ finfo.min / 2 counts as masked
+    check(make_inputs(B=B, H=2, Nq=N, d=16), 0.6, attn_mask=mask, is_causal=True)
+
+
+@pytest.mark.parametrize("shape", [(29,), (1, 29), (1, 1, 29)])
+def test_key_padding_broadcast_shapes(shape):
+    mask = torch.ones(shape, dtype=torch.bool, device=DEVICE)
+    mask[..., 7:11] = False
+    check(make_inputs(B=2, H=2, Nq=20, Nk=29, d=16), 0.8, attn_mask=mask)
+
+
+@pytest.mark.parametrize("hkv", [2, 1])
+def test_gqa(hkv):
+    check(make_inputs(B=1, H=4, Hkv=hkv, Nq=36, d=16), 0.8, is_causal=True)
+
+
+def test_per_head_lambda_tensor_gets_grad():
+    lam = torch.tensor([0.2, 0.9], device=DEVICE).view(1, 2, 1, 1).requires_grad_()
+    check(make_inputs(B=2, H=2, Nq=24, d=16), lam)
+
+
+def test_per_token_and_head_weights_get_grads():
+    B, H, N = 2, 2, 26
+    g = torch.Generator().manual_seed(5)
+    w1 = torch.rand(B, H, N, 1, generator=g).to(DEVICE).requires_grad_()
+    lam = torch.rand(B, H, N, 1, generator=g).to(DEVICE).requires_grad_()
+    check(make_inputs(B=B, H=H, Nq=N, d=16), lam, weight1=w1, is_causal=True)
+
+
+def test_mdgsa_gate_grad_flows_through_both_weights():
+    B, H, N = 1, 2, 24
+    gate = torch.rand(B, H, N, 1, generator=torch.Generator().manual_seed(6)).to(DEVICE).requires_grad_()
+    check(make_inputs(B=B, H=H, Nq=N, d=16), 1.0 - gate, weight1=gate)  # weight1 = g, λ = 1 − g
+
+
+@pytest.mark.parametrize("d,dv", [(16, 16), (32, 32), (32, 64)])
+def test_value_width(d, dv):
+    check(make_inputs(B=1, H=2, Nq=34, d=d, dv=dv), 0.8, is_causal=True)
+
+
+def test_custom_scale_and_strided_inputs():
+    B, H, N, d = 1, 2, 21, 16
+    g = torch.Generator().manual_seed(7)
+    qkv = torch.randn(B, N, 5, H, 2 * d, generator=g).to(DEVICE)  # a fused projection, heads-last layout
+    q1, k1, q2, k2, v = (qkv[:, :, i, :, :d if i < 4 else 2 * d].transpose(1, 2) for i in range(5))
+    leaves = [t.detach().requires_grad_() for t in (q1, k1, q2, k2)] + [v.detach().requires_grad_()]
+    assert not leaves[0].is_contiguous()
+    check(leaves, 0.8, scale=0.3)
+
+
+def test_no_grad_matches_grad_path():
+    qkv = make_inputs(B=1, H=2, Nq=20, d=16)
+    with torch.no_grad():
+        a = triton_diff_attention(*qkv, 0.8, is_causal=True)
+    b = triton_diff_attention(*qkv, 0.8, is_causal=True)
+    assert not a.requires_grad and b.requires_grad
+    torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+
+
+# --------------------------------------------------------------------------------------- unsupported inputs
+
+
+def _args(**over):
+    q1, k1, q2, k2, v = (t.detach() for t in make_inputs(B=2, H=2, Nq=8, d=16))
+    args = dict(q1=q1, k1=k1, q2=q2, k2=k2, v=v, lambda_=0.8, weight1=1.0, attn_mask=None, is_causal=False,
+                dropout_p=0.0)
+    args.update(over)
+    return args
+
+
+def _reason(**over):
+    return triton_unsupported_reason(*_args(**over).values())
+
+
+def test_supported_inputs_have_no_reason():
+    assert _reason() is None
+    assert _reason(attn_mask=torch.ones(2, 1, 1, 8, dtype=torch.bool, device=DEVICE)) is None
+
+
+@pytest.mark.parametrize("case,fragment", [
+    ("dropout", "dropout"),
+    ("head_width", "head width"),
+    ("value_width", "value width"),
+    ("float64", "dtype"),
+    ("meta_device", "CUDA"),
+    ("per_query_mask", "key-padding"),
+    ("per_head_mask", "key-padding"),
+    ("int_mask", "attn_mask"),
+    ("gqa_heads", "multiple"),
+    ("shape_mismatch", "shape"),
+    ("lambda_shape", "lambda_"),
+    ("weight_type", "weight1"),
+    ("not_a_tensor", "q1"),
+])
+def test_unsupported_reasons(case, fragment):
+    a = _args()
+    q, k, v = a["q1"], a["k1"], a["v"]
+    over = {
+        "dropout": dict(dropout_p=0.1),
+        "head_width": dict(q1=q[..., :8], q2=q[..., :8], k1=k[..., :8], k2=k[..., :8], v=v[..., :16]),
+        "value_width": dict(v=torch.cat([v, v[..., :16]], -1)),
+        "float64": dict(q1=q.double(), k1=k.double(), q2=q.double(), k2=k.double(), v=v.double()),
+        "meta_device": {n: a[n].to("meta") for n in ("q1", "k1", "q2", "k2", "v")},
+        "per_query_mask": dict(attn_mask=torch.ones(2, 1, 8, 8, dtype=torch.bool, device=DEVICE)),
+        "per_head_mask": dict(attn_mask=torch.zeros(1, 2, 1, 8, device=DEVICE)),
+        "int_mask": dict(attn_mask=torch.ones(2, 1, 1, 8, dtype=torch.int64, device=DEVICE)),
+        "gqa_heads": dict(q1=torch.cat([q, q[:, :1]], 1), q2=torch.cat([q, q[:, :1]], 1)),
+        "shape_mismatch": dict(v=v[:, :, :5]),
+        "lambda_shape": dict(lambda_=torch.ones(3, 1, 1, device=DEVICE)),
+        "weight_type": dict(weight1="one"),
+        "not_a_tensor": dict(q1=None),
+    }[case]
+    a.update(over)
+    reason = triton_unsupported_reason(*a.values())
+    assert isinstance(reason, str) and fragment.lower() in reason.lower(), reason
+    kw = {k: a[k] for k in ("weight1", "attn_mask", "is_causal", "dropout_p")}
+    with pytest.raises(ValueError, match="cannot run"):
+        triton_diff_attention(a["q1"], a["k1"], a["q2"], a["k2"], a["v"], a["lambda_"], **kw)
+
+
+# --------------------------------------------------------------------------------- bfloat16 on a real GPU
+
+
+BF16_CASES = {
+    "non_causal": dict(shape=dict(B=2, H=4, Nq=200, d=64), kw=dict(lambda_=0.8)),
+    "causal_d128_dv256": dict(shape=dict(B=1, H=2, Nq=300, d=128), kw=dict(lambda_=0.8, is_causal=True)),
+    "causal_d128_dv128": dict(shape=dict(B=1, H=2, Nq=150, d=128, dv=128),
+                              kw=dict(lambda_=0.5, is_causal=True)),
+    "decoding": dict(shape=dict(B=2, H=2, Nq=7, Nk=333, d=64), kw=dict(lambda_=0.8, is_causal=True)),
+    "nq_gt_nk": dict(shape=dict(B=1, H=2, Nq=160, Nk=90, d=32), kw=dict(lambda_=0.8, is_causal=True)),
+    "gqa": dict(shape=dict(B=1, H=8, Hkv=2, Nq=257, d=64), kw=dict(lambda_=0.8, is_causal=True)),
+    "mqa_dv_eq_d": dict(shape=dict(B=2, H=4, Hkv=1, Nq=130, d=64, dv=64), kw=dict(lambda_=0.3)),
+}
+
+
+@needs_cuda
+@pytest.mark.parametrize("name", list(BF16_CASES))
+def test_bf16_cuda(name):
+    case = BF16_CASES[name]
+    check(make_inputs(dtype=torch.bfloat16, **case["shape"]), tol=2e-2, **case["kw"])
+
+
+@needs_cuda
+def test_bf16_cuda_mask_and_gate():
+    B, H, N = 2, 4, 190
+    qkv = make_inputs(B=B, H=H, Nq=N, d=64, dtype=torch.bfloat16)
+    mask = torch.ones(B, 1, 1, N, dtype=torch.bool, device=DEVICE)
+    mask[0, ..., 150:] = False
+    gate = torch.rand(B, H, N, 1, device=DEVICE).requires_grad_()
+    check(qkv, 1.0 - gate, weight1=gate, attn_mask=mask, is_causal=True, tol=2e-2)
+    lam = torch.rand(1, H, 1, 1, device=DEVICE).requires_grad_()
+    check(qkv, lam, attn_mask=mask, tol=2e-2)
+
+
+@needs_cuda
+def test_functional_triton_backend_matches_sdpa():
+    from diffattn.functional import diff_attention
+
+    qkv = [t.detach() for t in make_inputs(B=2, H=4, Hkv=2, Nq=130, d=64, dtype=torch.bfloat16)]
+    a = diff_attention(*qkv, 0.8, is_causal=True, backend="triton")
+    b = diff_attention(*qkv, 0.8, is_causal=True, backend="sdpa")
+    assert rel_err(a, b) <= 2e-2
