@@ -1,12 +1,18 @@
 """diffattn: differential attention for PyTorch.
 
-Layers and the operator (Ye et al. 2024; DiffCLIP; M-DGSA), O(N)-memory backends, retrofits of pretrained models,
-models, training and evaluation. See README.md.
+Differential attention computes two softmax maps and subtracts one from the other, O = (A1 − λ A2) V, to cancel
+attention noise (Ye et al. 2024). This package has every variant of the seed papers as drop-in layers with O(N)
+memory backends and a fused Triton kernel, retrofits of pretrained Hugging Face, timm and open_clip models, and
+models (DiffCLIP, DiffViT/DGViT, text classifiers, causal LMs). See README.md.
+
+Importing ``diffattn`` registers its vision models with timm (``timm.create_model("diff_vit_tiny_patch16_224")``).
 """
 
-from . import functional, lambdas, layers
+from . import functional, lambdas, layers, layouts, models
+from .adapters import load_adapter, retrofit, save_adapter
 from .functional import AttentionWeights, attention, diff_attention
-from .layers import Attention, DiffAttention, GatedDiffAttention, KVCache, SwiGLU
+from .layers import Attention, DiffAttention, GatedDiffAttention, KVCache, SwiGLU, attention_class
+from .models import create_model, from_pretrained, list_models
 
 __version__ = "0.1.0"
 
@@ -14,6 +20,8 @@ __all__ = [
     "functional",
     "lambdas",
     "layers",
+    "layouts",
+    "models",
     "AttentionWeights",
     "attention",
     "diff_attention",
@@ -22,5 +30,12 @@ __all__ = [
     "GatedDiffAttention",
     "KVCache",
     "SwiGLU",
+    "attention_class",
+    "retrofit",
+    "save_adapter",
+    "load_adapter",
+    "create_model",
+    "list_models",
+    "from_pretrained",
     "__version__",
 ]
