@@ -178,28 +178,24 @@ def _expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------- backends
 
 
+def _probs(q, k, mask, row_ok, scale, dropout_p):
+    """softmax(Q Kᵀ s + M) in ≥ float32, (B, H, Nq, Nk); rows the caller fully masked are set to 0."""
+    s = _upcast(torch.matmul(q, k.transpose(-2, -1))) * scale
+    if mask is not None:
+        s = s.masked_fill(~mask, torch.finfo(s.dtype).min) if mask.dtype == torch.bool else s + mask.to(s.dtype)
+    p = torch.softmax(s, dim=-1)
+    if row_ok is not None:
+        p = p * row_ok
+    return F.dropout(p, p=dropout_p, training=True) if dropout_p > 0.0 else p
+
+
 def _math(q1, k1, q2, k2, v, lambda_, weight1, mask, row_ok, is_causal, scale, dropout_p):
     groups = q1.shape[1] // k1.shape[1]
     k1, k2, v = (_expand_kv(t, groups) for t in (k1, k2, v))
-    nq, nk = q1.shape[2], k1.shape[2]
     if is_causal:  # only reached with mask None and nq == nk
-        mask = causal_mask(nq, nk, q1.device)
-
-    def probs(q, k):
-        s = _upcast(torch.matmul(q, k.transpose(-2, -1))) * scale  # (B, H, Nq, Nk), fp32 or fp64
-        if mask is not None:
-            if mask.dtype == torch.bool:
-                s = s.masked_fill(~mask, torch.finfo(s.dtype).min)
-            else:
-                s = s + mask.to(s.dtype)
-        p = torch.softmax(s, dim=-1)
-        if row_ok is not None:
-            p = p * row_ok
-        if dropout_p > 0.0:
-            p = F.dropout(p, p=dropout_p, training=True)
-        return p
-
-    a1, a2 = probs(q1, k1), probs(q2, k2)
+        mask = causal_mask(q1.shape[2], k1.shape[2], q1.device)
+    a1 = _probs(q1, k1, mask, row_ok, scale, dropout_p)
+    a2 = _probs(q2, k2, mask, row_ok, scale, dropout_p)
     w1 = _upcast(weight1) if isinstance(weight1, torch.Tensor) else weight1
     lam = _upcast(lambda_) if isinstance(lambda_, torch.Tensor) else lambda_
     a = _combine(a1, a2, w1, lam)  # (B, H, Nq, Nk)
@@ -356,12 +352,7 @@ def attention(
         k, v = _expand_kv(k, groups), _expand_kv(v, groups)
         if sdpa_causal:
             mask = causal_mask(nq, nk, q.device)
-        s = _upcast(torch.matmul(q, k.transpose(-2, -1))) * scale  # (B, H, Nq, Nk)
-        if mask is not None:
-            s = s.masked_fill(~mask, torch.finfo(s.dtype).min) if mask.dtype == torch.bool else s + mask.to(s.dtype)
-        p = torch.softmax(s, dim=-1)
-        if row_ok is not None:
-            p = p * row_ok
+        p = _probs(q, k, mask, row_ok, scale, 0.0)
         pd = F.dropout(p, p=dropout_p, training=True) if dropout_p > 0.0 else p
         out = torch.matmul(pd.to(v.dtype), v)
         return (out, p) if return_weights else out
