@@ -58,6 +58,7 @@ def _accuracy(model, x, y, noise: float = 0.0, seed: int = 0) -> float:
     return correct / len(y)
 
 
+@torch.no_grad()
 def _lambda_values(model) -> list[float]:
     """Mean λ per differential layer (for the gate: mean of 1 − g is input dependent, so not reported)."""
     from .layers import DiffAttention, GatedDiffAttention
