@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -28,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from diffattn import Attention, DiffAttention
-from diffattn.utils import MALLOC_ENV, peak_memory_mb
+from diffattn.utils import MALLOC_ENV, cpu_name, peak_memory_mb, write_markdown_section
 
 
 class NaiveDiffAttention(nn.Module):
@@ -128,13 +127,7 @@ def available_bytes(device: str) -> int:
 def machine(device: str) -> str:
     if device == "cuda":
         return f"{torch.cuda.get_device_name()} (torch {torch.__version__})"
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return f"{cpu}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
+    return f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch threads (torch {torch.__version__})"
 
 
 def attention_sweep(args, device, dtype) -> list[dict]:
@@ -207,19 +200,6 @@ def markdown(rows: list[dict], args, device: str, title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, key: str, text: str) -> None:
-    """Replace the text between ``<!-- key:begin -->`` and ``<!-- key:end -->`` in ``path`` (or append it)."""
-    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
-    block = f"{begin}\n{text}{end}\n"
-    old = path.read_text() if path.exists() else "# Benchmarks\n\n"
-    if begin in old and end in old:
-        new = old[: old.index(begin)] + block + old[old.index(end) + len(end) + 1:]
-    else:
-        new = old.rstrip("\n") + "\n\n" + block
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(new)
-
-
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seq", type=int, nargs="+", default=[256, 1024, 4096, 16384])
@@ -271,7 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     text = markdown(rows, args, device, f"Attention layers, {device}")
     print(text)
     if args.markdown:
-        write_section(args.markdown, f"attention-{device}", text)
+        write_markdown_section(args.markdown, f"attention-{device}", text)
 
 
 if __name__ == "__main__":

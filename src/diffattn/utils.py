@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import platform
 from collections.abc import Callable
+from pathlib import Path
 
-__all__ = ["peak_memory_mb", "MALLOC_ENV"]
+__all__ = ["peak_memory_mb", "MALLOC_ENV", "cpu_name", "write_markdown_section"]
 
 # glibc keeps freed blocks resident once its dynamic mmap threshold has grown, which hides later peaks from the
 # RSS high-water mark; a fixed threshold returns every large block to the OS on free. Set it before the process
@@ -40,3 +42,27 @@ def peak_memory_mb(fn: Callable[[], object]) -> float | None:
     peak = _status_kb("VmHWM")
     del out
     return max(peak - before, 0) / 1024
+
+
+def cpu_name() -> str:
+    """The CPU model (Linux /proc/cpuinfo), or what ``platform`` knows."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def write_markdown_section(path: str | Path, key: str, text: str) -> None:
+    """Replace the text between ``<!-- key:begin -->`` and ``<!-- key:end -->`` in ``path``; append the marked
+    section if it is absent. Results docs are rewritten by the scripts that measure them, never by hand."""
+    path = Path(path)
+    begin, end = f"<!-- {key}:begin -->", f"<!-- {key}:end -->"
+    block = f"{begin}\n{text.rstrip(chr(10))}\n{end}"
+    old = path.read_text() if path.exists() else ""
+    if begin in old and end in old and old.index(begin) < old.index(end):
+        new = old[: old.index(begin)] + block + old[old.index(end) + len(end):]
+    else:
+        new = old.rstrip("\n") + ("\n\n" if old else "") + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(new)
