@@ -5,7 +5,7 @@ import torch
 
 from diffattn.layers import Attention, DiffAttention, GatedDiffAttention
 from diffattn.models import create_model
-from diffattn.models.summary import ModelSummary, count_parameters, summary
+from diffattn.models.summary import ModelSummary, parameter_count, summary
 
 # seed 004 App. B.4 Table 9, CIFAR-10 and CIFAR-100 (width 256, 8 layers, 8 differential heads, patch 4)
 TABLE9 = {10: {"vit_cifar": 6_591_626, "diff_vit_cifar_x4": 5_543_818, "dg_vit_cifar_x4": 5_559_754},
@@ -15,7 +15,7 @@ TABLE9 = {10: {"vit_cifar": 6_591_626, "diff_vit_cifar_x4": 5_543_818, "dg_vit_c
 @pytest.mark.parametrize("classes", [10, 100])
 def test_dvit_dgvit_counts_follow_seed004_table9(classes):
     with torch.device("meta"):
-        n = {name: count_parameters(create_model(name, num_classes=classes)) for name in TABLE9[classes]}
+        n = {name: parameter_count(create_model(name, num_classes=classes)) for name in TABLE9[classes]}
     table = TABLE9[classes]
     # the blocks match the table exactly: DGViTx4 − DViTx4 and (at 10 classes, where the seed's heads agree)
     # ViTx4 − DViTx4 = 8 × (GELU ×4 − SwiGLU ×4 − λ − sub-norm) = 8 × (131,072 − 96)
@@ -39,7 +39,7 @@ def test_dvit_dgvit_counts_follow_seed004_table9(classes):
 
 def test_swiglu_expansions_param_counts():
     with torch.device("meta"):
-        n = {r: count_parameters(create_model(f"diff_vit_cifar_{r}")) for r in ("x2", "x4", "x16_3")}
+        n = {r: parameter_count(create_model(f"diff_vit_cifar_{r}")) for r in ("x2", "x4", "x16_3")}
     D, L = 256, 8  # SwiGLU hidden ⌊r·D/2⌋: 256, 512, 682; 3 matrices + biases per layer
     per = {r: 3 * D * h + 2 * h + D for r, h in (("x2", 256), ("x4", 512), ("x16_3", 682))}
     assert n["x4"] - n["x2"] == L * (per["x4"] - per["x2"])
@@ -48,7 +48,7 @@ def test_swiglu_expansions_param_counts():
 
 def test_diffclip_parameter_overhead_over_clip():
     with torch.device("meta"):
-        n = {name: count_parameters(create_model(name)) for name in
+        n = {name: parameter_count(create_model(name)) for name in
              ("clip_vit_b16", "diffclip_vit_b16", "diffclip_star_vit_b16", "diffclip_dagger_vit_b16",
               "dgclip_vit_b16")}
     base = n["clip_vit_b16"]
@@ -80,7 +80,7 @@ def test_summary_of_models_per_sample():
     m = create_model("vit_nano")
     s1 = summary(m, torch.randn(1, 3, 32, 32))
     s4 = summary(m, torch.randn(4, 3, 32, 32))
-    assert isinstance(s1, ModelSummary) and s1.params == s4.params == count_parameters(m)
+    assert isinstance(s1, ModelSummary) and s1.params == s4.params == parameter_count(m)
     assert s1.flops_per_sample == s4.flops_per_sample > 0
     assert s1.activation_bytes_per_sample > 0 and s4.batch_size == 4
     assert abs(s4.activation_bytes_per_sample / s1.activation_bytes_per_sample - 1) < 0.05

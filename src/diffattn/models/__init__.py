@@ -22,9 +22,9 @@ from .convert import (  # noqa: E402
     load_timm_vit,
     read_checkpoint,
 )
-from .summary import ModelSummary, count_parameters, summary  # noqa: E402
+from .summary import ModelSummary, parameter_count, summary  # noqa: E402
 from .vit import VisionTransformer  # noqa: E402  (importing it registers the vision models with timm)
 
 __all__ += ["CLIP", "TextTransformer", "clip_loss", "image_transform", "load_diffclip", "load_open_clip",
-            "load_openai_clip", "load_timm_vit", "read_checkpoint", "ModelSummary", "count_parameters",
+            "load_openai_clip", "load_timm_vit", "read_checkpoint", "ModelSummary", "parameter_count",
             "summary", "VisionTransformer"]

@@ -22,7 +22,7 @@ import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
-__all__ = ["ModelSummary", "summary", "count_parameters"]
+__all__ = ["ModelSummary", "summary", "parameter_count"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class ModelSummary:
         return ", ".join(parts)
 
 
-def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+def parameter_count(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of parameters (each shared tensor once)."""
     seen, n = set(), 0
     for p in model.parameters():
@@ -67,7 +67,7 @@ def _as_args(inputs) -> tuple:
 def summary(model: nn.Module, inputs: torch.Tensor | tuple | None = None) -> ModelSummary:
     """Parameters; with ``inputs`` (a tensor, or a tuple passed as ``model(*inputs)``, batch first) also FLOPs
     and saved-activation bytes per sample of one forward pass in the model's current train/eval mode."""
-    params, trainable = count_parameters(model), count_parameters(model, trainable_only=True)
+    params, trainable = parameter_count(model), parameter_count(model, trainable_only=True)
     if inputs is None:
         return ModelSummary(params, trainable)
     args = _as_args(inputs)
