@@ -23,7 +23,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-__all__ = ["diff_attention", "attention", "causal_mask", "AttentionWeights", "BACKENDS"]
+__all__ = ["diff_attention", "attention", "causal_mask", "restrict_mask", "AttentionWeights", "BACKENDS"]
 
 BACKENDS = ("auto", "math", "sdpa", "triton")
 
@@ -121,6 +121,15 @@ def causal_mask(nq: int, nk: int, device: torch.device | None = None) -> torch.T
     return j <= i + (nk - nq)
 
 
+def restrict_mask(mask: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
+    """``mask`` (bool, True = attend, or additive float; or None) further limited to where bool ``keep`` is True."""
+    if mask is None:
+        return keep
+    if mask.dtype == torch.bool:
+        return mask & keep
+    return mask.masked_fill(~keep, torch.finfo(mask.dtype).min)
+
+
 def _masked(mask: torch.Tensor) -> torch.Tensor:
     """True where a mask entry blocks attention (bool False, float −inf or ≤ finfo.min / 2)."""
     if mask.dtype == torch.bool:
@@ -138,15 +147,7 @@ def _prepare_mask(attn_mask, is_causal, nq, nk, device):
     """
     if is_causal and attn_mask is None and nq == nk:
         return None, None, True
-    mask = attn_mask
-    if is_causal:
-        c = causal_mask(nq, nk, device)
-        if mask is None:
-            mask = c
-        elif mask.dtype == torch.bool:
-            mask = mask & c
-        else:
-            mask = mask.masked_fill(~c, torch.finfo(mask.dtype).min)
+    mask = restrict_mask(attn_mask, causal_mask(nq, nk, device)) if is_causal else attn_mask
     if mask is None:
         return None, None, False
     row_ok = ~_masked(mask).all(dim=-1, keepdim=True)  # (..., Nq, 1)

@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..functional import restrict_mask
 from .core import ADAPTER_ATTR, Candidate, register_binding
 from .methods import INPUT_METHODS, RetrofitAdapter, eager_branch, run_method, sdpa_branch
 
@@ -69,13 +70,7 @@ class DiffMultiheadAttention(nn.Module):
             if mask.dim() == 3:
                 mask = mask.view(B, self.num_heads, N, N)
         if key_padding_mask is not None:
-            keep = ~key_padding_mask.bool()[:, None, None, :]  # (B, 1, 1, N)
-            if mask is None:
-                mask = keep
-            elif mask.dtype == torch.bool:
-                mask = mask & keep
-            else:
-                mask = mask.masked_fill(~keep, torch.finfo(mask.dtype).min)
+            mask = restrict_mask(mask, ~key_padding_mask.bool()[:, None, None, :])  # keep: (B, 1, 1, N)
         branch = eager_branch if need_weights else sdpa_branch
         out, maps = run_method(ad, branch, q, k, v, q2=q2, k2=k2, v2=v2, scale=self.head_dim**-0.5, mask=mask,
                                dropout=self.dropout if self.training else 0.0, training=self.training,
