@@ -35,7 +35,7 @@ from ..lambdas import resolve_lambda_init
 from ..layers import KVCache, RMSNorm, SwiGLU, attention_class
 from ..layers.norm import head_rms_norm
 from .base import DiffattnModel
-from .registry import register_model
+from .registry import register_builder
 
 __all__ = ["CausalLM", "LMBlock", "llama_mlp_hidden", "to_diffllama", "to_diffllama_state_dict",
            "from_diffllama"]
@@ -337,23 +337,18 @@ _SIZES = {
 _FAMILIES = {"lm": "standard", "diff_lm": "diff", "dg_lm": "gated"}
 
 
-def _make_builder(family: str, size: str):
+def _register(family: str, size: str):
     cfg = {**_SIZES[size], "attention": _FAMILIES[family]}
     if family == "dg_lm":
         cfg["lambda_init"] = 0.8  # seed 004 App. B.5: λ_init fixed at 0.8 was best for M-DGSA
-
-    def builder(**overrides) -> CausalLM:
-        return CausalLM(**{**cfg, **overrides})
-
-    builder.__name__ = builder.__qualname__ = f"{family}_{size}"
     kind = {"standard": "standard attention (Llama)", "diff": "differential attention (Diff Transformer)",
             "gated": "gated differential attention (M-DGSA)"}[cfg["attention"]]
-    builder.__doc__ = f"Causal LM, {kind}, size {size!r}: {_SIZES[size]}."
-    return builder
+    return register_builder(f"{family}_{size}", lambda overrides: CausalLM(**{**cfg, **overrides}),
+                            f"Causal LM, {kind}, size {size!r}: {_SIZES[size]}.", __name__)
 
 
 for _family in _FAMILIES:
     for _size in _SIZES:
-        _b = register_model(_make_builder(_family, _size))
+        _b = _register(_family, _size)
         globals()[_b.__name__] = _b
         __all__.append(_b.__name__)

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ..lambdas import resolve_lambda_init
 from ..layers import attention_class
 from .base import DiffattnModel
-from .registry import register_model
+from .registry import register_builder
 from .vit import Block, VisionTransformer
 
 __all__ = ["CLIP", "TextTransformer", "clip_loss", "image_transform", "IMAGENET_MEAN", "IMAGENET_STD"]
@@ -301,18 +301,9 @@ def _create(name: str, overrides: dict) -> CLIP:
     return CLIP(**cfg)
 
 
-def _make_builder(name: str):
-    def builder(**overrides) -> CLIP:
-        return _create(name, overrides)
-
-    builder.__name__ = builder.__qualname__ = name
-    builder.__module__ = __name__
-    builder.__doc__ = f"{name}: CLIP({clip_config(name)!r})."
-    return builder
-
-
 CLIP_NAMES = [f"{v}_{s}" for v in _VARIANTS for s in _SIZES]
 for _name in CLIP_NAMES:
-    globals()[_name] = register_model(_make_builder(_name))
+    globals()[_name] = register_builder(_name, lambda overrides, n=_name: _create(n, overrides),
+                                        f"{_name}: CLIP({clip_config(_name)!r}).", __name__)
     __all__.append(_name)
 del _name

@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch.nn as nn
 
-__all__ = ["register_model", "create_model", "list_models", "is_model", "model_builder"]
+__all__ = ["register_model", "register_builder", "create_model", "list_models", "is_model", "model_builder"]
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
 
@@ -23,6 +23,22 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
         raise ValueError(f"a model named {name!r} is already registered")
     _BUILDERS[name] = fn
     return fn
+
+
+def register_builder(name: str, build: Callable[[dict], nn.Module], doc: str, module: str
+                     ) -> Callable[..., nn.Module]:
+    """Register ``name(**overrides) = build(overrides)``, for model families generated from config tables.
+
+    ``module`` is the defining module's ``__name__`` (so the builder reads as that module's function).
+    """
+
+    def builder(**overrides) -> nn.Module:
+        return build(overrides)
+
+    builder.__name__ = builder.__qualname__ = name
+    builder.__module__ = module
+    builder.__doc__ = doc
+    return register_model(builder)
 
 
 def is_model(name: str) -> bool:

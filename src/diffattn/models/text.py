@@ -50,7 +50,7 @@ import torch.nn as nn
 from ..lambdas import resolve_lambda_init
 from ..layers import attention_class
 from .base import DiffattnModel
-from .registry import register_model
+from .registry import register_builder
 from .vit import MLP_TYPES, Block
 
 __all__ = ["Vocabulary", "TextClassifier", "POOLS"]
@@ -313,17 +313,12 @@ for _size, _cfg in _SIZES.items():
             _CONFIGS[f"{_fam}_{_size}_{_tag}"] = {**diff_cfg, "mlp_ratio": _r}
 
 
-def _make_builder(name: str):
+def _register(name: str):
     cfg = _CONFIGS[name]
-
-    def builder(**overrides) -> TextClassifier:
-        return TextClassifier(**{**cfg, **overrides})
-
-    builder.__name__ = builder.__qualname__ = name
-    builder.__doc__ = f"Text classifier {name} (seed 004 App. B.3): {cfg}."
-    return builder
+    return register_builder(name, lambda overrides: TextClassifier(**{**cfg, **overrides}),
+                            f"Text classifier {name} (seed 004 App. B.3): {cfg}.", __name__)
 
 
 for _name in _CONFIGS:
-    globals()[_name] = register_model(_make_builder(_name))
+    globals()[_name] = _register(_name)
     __all__.append(_name)

@@ -51,7 +51,7 @@ import torch.nn as nn
 from ..lambdas import resolve_lambda_init
 from ..layers import Mlp, SwiGLU, attention_class
 from .base import DiffattnModel
-from .registry import model_builder, register_model
+from .registry import model_builder, register_builder
 
 __all__ = ["VisionTransformer", "Block", "PatchEmbed", "QuickGELU", "DropPath", "MLP_TYPES", "build_mlp"]
 
@@ -317,20 +317,10 @@ def _create(name: str, overrides: dict) -> VisionTransformer:
     return VisionTransformer(**{**_CONFIGS[name], **overrides})
 
 
-def _make_builder(name: str):
-    cfg = _CONFIGS[name]
-
-    def builder(**overrides) -> VisionTransformer:
-        return _create(name, overrides)
-
-    builder.__name__ = builder.__qualname__ = name
-    builder.__module__ = __name__
-    builder.__doc__ = f"{name}: VisionTransformer({', '.join(f'{k}={v!r}' for k, v in cfg.items())})."
-    return builder
-
-
 for _name in _CONFIGS:
-    globals()[_name] = register_model(_make_builder(_name))
+    globals()[_name] = register_builder(
+        _name, lambda overrides, n=_name: _create(n, overrides),
+        f"{_name}: VisionTransformer({', '.join(f'{k}={v!r}' for k, v in _CONFIGS[_name].items())}).", __name__)
     __all__.append(_name)
 
 
