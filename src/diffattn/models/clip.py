@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from ..lambdas import resolve_lambda_init
 from ..layers import attention_class
+from ..losses import clip_loss
 from .base import DiffattnModel
 from .registry import register_builder
 from .vit import Block, VisionTransformer
@@ -137,14 +138,6 @@ def image_transform(img_size: int = 224, train: bool = False, *, mean=IMAGENET_M
     else:
         ops = [T.Resize(img_size, interpolation=T.InterpolationMode.BICUBIC), T.CenterCrop(img_size)]
     return T.Compose([_ToRGB(), *ops, T.ToTensor(), T.Normalize(mean, std)])
-
-
-def clip_loss(logits_per_image: torch.Tensor) -> torch.Tensor:
-    """L_CLIP = ½ (L_it + L_ti), matching pairs on the diagonal (seed 000 §3.3). logits (B, B) → scalar."""
-    if logits_per_image.dim() != 2 or logits_per_image.shape[0] != logits_per_image.shape[1]:
-        raise ValueError(f"logits_per_image must be square (B, B), got {tuple(logits_per_image.shape)}")
-    target = torch.arange(logits_per_image.shape[0], device=logits_per_image.device)
-    return 0.5 * (F.cross_entropy(logits_per_image, target) + F.cross_entropy(logits_per_image.t(), target))
 
 
 _VISION_ARGS = tuple(inspect.signature(VisionTransformer.__init__).parameters)[1:]
