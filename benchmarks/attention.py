@@ -3,7 +3,8 @@
 For N from 256 to 16384 at a fixed number of tokens B·N, times forward+backward and measures peak memory of
 - ``standard``: ``diffattn.Attention`` (PyTorch's fused SDPA kernels), the baseline of every ratio;
 - ``diff[<backend>]``: ``diffattn.DiffAttention`` on the ``auto``, ``sdpa`` and ``math`` backends;
-- ``naive``: a module in the style of seed 003 (DiffCLIP's code), which materialises the (B, 2H, N, N) maps;
+- ``naive``: a module in the style of DiffCLIP's reference DiffAttention (Hammoud & Ghanem 2025, released
+  code), which materialises the (B, 2H, N, N) maps;
 then one pre-norm transformer block (attention + MLP) both ways at N = 197 and N = 1024. Every ratio is taken in
 the same run against the baseline. Peak memory is the process's resident-set high-water mark above its level
 before the call (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA).

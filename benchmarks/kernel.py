@@ -9,7 +9,7 @@ Compares, at a fixed number of tokens B·N and fixed model width D = h·d (h sta
 
 Throughput counts useful FLOPs: standard attention does 4·B·h·N²·d in the forward (two matmuls), halved when
 causal, and 2.5× that in the backward; differential attention at equal parameters does 1.5× the standard
-attention FLOPs (QKᵀ the same, PV doubled because V is 2d wide; DESIGN.md §3.5). diff_flash4 really does 2×
+attention FLOPs (QKᵀ the same, PV doubled because V is 2d wide; docs/design.md, "Cost"). diff_flash4 really does 2×
 (it splits V), but is credited 1.5×, the work the operator needs.
 
     python benchmarks/kernel.py --markdown --out kernel.json

@@ -1,5 +1,5 @@
 """Retrofit the real all-MiniLM-L6-v2 weights with DAA and DEX and fine-tune them on SpamAssassin ham/spam, against
-plain fine-tuning of the same model with the same budget (issue 3, item 8; DESIGN.md §3.4, §5).
+plain fine-tuning of the same model with the same budget (DAA (2025), §4; docs/retrofit.md).
 
 Setup (once, from the repository root):
 
@@ -19,11 +19,11 @@ optimizer, learning-rate schedule, number of steps and trainable set):
 2. Classifier: mean pooling over non-padding tokens (as sentence-transformers' ``Pooling`` layer does for this
    model) followed by a linear layer on the 384-d embedding.
 3. Trains the attention modules (q, k, v and the attention output dense of every layer) and the head; the rest is
-   frozen, as seed 001 trains. For ``plain`` the trainable set is the retrofitted one minus the new adapter
+   frozen, as DAA (2025) trains. For ``plain`` the trainable set is the retrofitted one minus the new adapter
    weights, so the only difference between the runs is differential attention (W_DAA / W_DEX and λ).
-4. AdamW, linear warm-up then cosine decay (seed 001 E.1's schedule shape); the λ(t) schedule advances once per
+4. AdamW, linear warm-up then cosine decay (DAA (2025) App. E.1's schedule shape); the λ(t) schedule advances once per
    optimizer step through ``diffattn.adapters.attach_to_optimizer``; T = ``--anneal-steps`` (default: half the
-   optimizer steps, so λ(t) ramps up and hands over to λ_learn within the run, seed 001 eq. 3).
+   optimizer steps, so λ(t) ramps up and hands over to λ_learn within the run, DAA (2025) eq. 3).
 5. Reports accuracy and F1 (spam = positive class) on the held-out stratified test split, trainable parameters,
    wall-clock seconds and the final λ (mean over layers, from ``lambda_summary``).
 
@@ -266,7 +266,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--eval-batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=1e-4, help="encoder learning rate (seed 001 E.1 uses 3e-5 / 1e-4)")
+    p.add_argument("--lr", type=float, default=1e-4,
+                   help="encoder learning rate (DAA (2025) App. E.1 uses 3e-5 / 1e-4)")
     p.add_argument("--head-lr", type=float, default=1e-3, help="learning rate of the fresh linear head")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--warmup", type=float, default=0.1, help="warm-up fraction of the optimizer steps")

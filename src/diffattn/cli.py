@@ -3,10 +3,10 @@
     diffattn demo      # the main job on its embedded data: standard vs differential vs gated ViT on real digits
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
 
-``demo`` trains three vision transformers that differ only in their attention (ViT, DiffViT, DGViT; seed 004
+``demo`` trains three vision transformers that differ only in their attention (ViT, DiffViT, DGViT; M-DGSA (2025)
 §4.3) with the same budget and seed on scikit-learn's bundled handwritten digits (1,797 real 8×8 scans, UCI
 "Optical Recognition of Handwritten Digits"), then reports clean test accuracy and accuracy under additive
-Gaussian input noise at several levels (seed 004 §5.1's noise-injection protocol), parameters, time and λ.
+Gaussian input noise at several levels (M-DGSA (2025) §5.1's noise-injection protocol), parameters, time and λ.
 """
 
 from __future__ import annotations
