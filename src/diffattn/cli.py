@@ -132,7 +132,35 @@ def _table(rows: list[dict], noise_levels) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
+#: Modules that add subcommands: each defines ``register(subparsers)``, which adds its parsers and sets
+#: ``func`` (called with the parsed args, returns the exit code) through ``set_defaults``. Imported lazily so that
+#: ``diffattn models`` does not pay for the training and evaluation imports.
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def _demo_command(args: argparse.Namespace) -> int:
+    if args.epochs < 1:
+        raise SystemExit(f"diffattn demo: --epochs must be >= 1, got {args.epochs}")
+    torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
+    rows = demo(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                noise_levels=tuple(args.noise), out_dir=args.out, attentions=tuple(args.attention))
+    print()
+    print(_table(rows, args.noise))
+    print(f"\nSaved models and results.json under {args.out}/ (load with diffattn.models.from_pretrained).")
+    return 0
+
+
+def _models_command(args: argparse.Namespace) -> int:
+    from .models import list_models
+
+    print("\n".join(list_models(args.pattern)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``diffattn`` argument parser with every subcommand registered."""
+    import importlib
+
     p = argparse.ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="train ViT / DiffViT / DGViT on real digits (embedded data) and compare")
@@ -143,23 +171,18 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--noise", type=float, nargs="*", default=[0.5, 1.0], help="Gaussian input-noise levels σ")
     d.add_argument("--out", default="runs/demo", help="folder for the saved models and results.json")
     d.add_argument("--attention", nargs="+", default=["standard", "diff", "gated"], choices=list(DEMO_MODELS))
+    d.set_defaults(func=_demo_command)
     m = sub.add_parser("models", help="list registered models")
     m.add_argument("pattern", nargs="?", default="*")
-    args = p.parse_args(argv)
-    if args.command == "models":
-        from .models import list_models
+    m.set_defaults(func=_models_command)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return p
 
-        print("\n".join(list_models(args.pattern)))
-        return 0
-    if args.epochs < 1:
-        p.error(f"--epochs must be >= 1, got {args.epochs}")
-    torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
-    rows = demo(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
-                noise_levels=tuple(args.noise), out_dir=args.out, attentions=tuple(args.attention))
-    print()
-    print(_table(rows, args.noise))
-    print(f"\nSaved models and results.json under {args.out}/ (load with diffattn.models.from_pretrained).")
-    return 0
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
 
 
 if __name__ == "__main__":
