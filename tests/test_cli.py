@@ -31,7 +31,25 @@ def test_models_lists_registry(capsys):
     assert "diffclip_vit_b16" in names and all(n.startswith("diffclip") for n in names)
 
 
-def test_bad_epochs_is_a_clear_error(capsys):
-    with pytest.raises(SystemExit):
-        cli.main(["demo", "--epochs", "0"])
-    assert "--epochs must be >= 1" in capsys.readouterr().err
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["demo", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+    (["demo", "--batch-size", "-1"], "argument --batch-size: must be >= 1, got -1"),
+    (["demo", "--lr", "nan"], "argument --lr: needs a finite number"),
+    (["demo", "--lr", "0"], "argument --lr: must be > 0.0, got 0"),
+    (["demo", "--epochs", "two"], "argument --epochs: needs int, got 'two'"),
+])
+def test_bad_numbers_are_usage_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_version(capsys):
+    import diffattn
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"diffattn {diffattn.__version__}"

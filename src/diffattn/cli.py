@@ -138,9 +138,26 @@ def _table(rows: list[dict], noise_levels) -> str:
 COMMAND_MODULES: tuple[str, ...] = ()
 
 
+def bounded(kind: type, minimum: float | None = None, *, strict: bool = False):
+    """An argparse ``type`` that parses ``kind`` and rejects values below ``minimum`` (or equal, if ``strict``),
+    so a bad number is a one-line usage error naming the option instead of a traceback later."""
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"needs {kind.__name__}, got {text!r}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"needs a finite number, got {text!r}")
+        if minimum is not None and (value <= minimum if strict else value < minimum):
+            raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {minimum}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
 def _demo_command(args: argparse.Namespace) -> int:
-    if args.epochs < 1:
-        raise SystemExit(f"diffattn demo: --epochs must be >= 1, got {args.epochs}")
     torch.set_num_threads(min(torch.get_num_threads(), os.cpu_count() or 1))
     rows = demo(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
                 noise_levels=tuple(args.noise), out_dir=args.out, attentions=tuple(args.attention))
@@ -161,14 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``diffattn`` argument parser with every subcommand registered."""
     import importlib
 
+    from . import __version__
+
     p = argparse.ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
+    p.add_argument("--version", action="version", version=f"diffattn {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="train ViT / DiffViT / DGViT on real digits (embedded data) and compare")
-    d.add_argument("--epochs", type=int, default=30)
-    d.add_argument("--batch-size", type=int, default=32)
-    d.add_argument("--lr", type=float, default=3e-3)
-    d.add_argument("--seed", type=int, default=0)
-    d.add_argument("--noise", type=float, nargs="*", default=[0.5, 1.0], help="Gaussian input-noise levels σ")
+    d.add_argument("--epochs", type=bounded(int, 1), default=30)
+    d.add_argument("--batch-size", type=bounded(int, 1), default=32)
+    d.add_argument("--lr", type=bounded(float, 0.0, strict=True), default=3e-3)
+    d.add_argument("--seed", type=bounded(int, 0), default=0)
+    d.add_argument("--noise", type=bounded(float, 0.0), nargs="*", default=[0.5, 1.0],
+                   help="Gaussian input-noise levels σ")
     d.add_argument("--out", default="runs/demo", help="folder for the saved models and results.json")
     d.add_argument("--attention", nargs="+", default=["standard", "diff", "gated"], choices=list(DEMO_MODELS))
     d.set_defaults(func=_demo_command)
