@@ -111,7 +111,7 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
         from . import formats
 
         if name == "webdataset":
-            return formats.WebDatasetPairs(root, transform=transform, **kwargs)
+            return formats.webdataset_pairs(root, transform=transform, **kwargs)
         if name == "csv":
             return formats.CsvPairs(root, transform=transform, **kwargs)
         if name == "imagefolder":
