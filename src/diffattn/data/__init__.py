@@ -8,10 +8,12 @@
 from ._common import SETUP_COMMAND, DatasetNotInstalledError, default_root, hash_split
 from .catalog import DATASETS, USER_FORMATS, DatasetInfo, dataset_info, get_dataset, list_datasets
 from .corpora import TextDocuments
+from .formats import CsvPairs, export_webdataset, image_folder, webdataset_pairs
 from .images import FASHION_MNIST_CLASSES, CaptionImages, Digits, FashionMNIST, read_idx
 from .text import FETCH_COMMAND, email_to_text, load_spam_assassin, stratified_split
 from .tokenizers import GPT2_EOT, TextTokenizer, clip_tokenizer, get_tokenizer, gpt2_tokenizer
 from .tokens import TokenMemmap, read_token_meta, tokenize_documents, write_token_memmap
+from .transforms import IMAGENET_MEAN, IMAGENET_STD, Corruption, classifier_transform, clip_transform, corruption_names
 
 __all__ = [
     "SETUP_COMMAND", "DatasetNotInstalledError", "default_root", "hash_split",
@@ -20,4 +22,6 @@ __all__ = [
     "FETCH_COMMAND", "email_to_text", "load_spam_assassin", "stratified_split",
     "GPT2_EOT", "TextTokenizer", "clip_tokenizer", "get_tokenizer", "gpt2_tokenizer",
     "TokenMemmap", "read_token_meta", "tokenize_documents", "write_token_memmap",
+    "CsvPairs", "export_webdataset", "image_folder", "webdataset_pairs",
+    "IMAGENET_MEAN", "IMAGENET_STD", "Corruption", "classifier_transform", "clip_transform", "corruption_names",
 ]
