@@ -77,11 +77,14 @@ class FashionMNIST(Dataset):
             idx = np.sort(perm[:self.n_val] if split == "val" else perm[self.n_val:])
             self.images, self.labels = images[idx], labels[idx].astype(np.int64)
         elif len(parts) == 1:
+            idx = np.arange(len(parts[0][2]))
             self.images, self.labels = parts[0][1], parts[0][2].astype(np.int64)
         else:
+            idx = np.arange(sum(len(p[2]) for p in parts))
             self.images = np.concatenate([p[1] for p in parts])
             self.labels = np.concatenate([p[2] for p in parts]).astype(np.int64)
-        # (N, 28, 28) uint8, (N,) int64
+        self.indices = idx  # (N,) positions in the source files (training file, then test file for "all")
+        # images (N, 28, 28) uint8, labels (N,) int64
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -120,6 +123,7 @@ class Digits(Dataset):
             rest, test = stratified_split(list(idx), list(labels), test_fraction=0.2, seed=0)
             train, val = stratified_split(rest, list(labels[rest]), test_fraction=0.125, seed=0)
             idx = np.sort(np.asarray({"train": train, "val": val, "test": test}[split]))
+        self.indices = idx  # (N,) positions in scikit-learn's order
         self.images, self.labels = images[idx], labels[idx]
 
     def __len__(self) -> int:

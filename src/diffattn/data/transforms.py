@@ -17,6 +17,8 @@ __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "clip_transform", "classifier_transf
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+#: the smallest side ImageNet-C's corruption functions accept
+MIN_SIZE = 32
 
 
 def _to_rgb(image):
@@ -59,8 +61,9 @@ def corruption_names() -> list[str]:
 class Corruption:
     """``Corruption(name, severity)(image)`` → the corrupted PIL RGB image (Hendrycks & Dietterich 2019, §3).
 
-    Deterministic for a given ``seed`` (the noise corruptions draw from NumPy's global generator, reseeded per
-    call from ``seed`` and a call counter).
+    Images smaller than 32 px (Fashion-MNIST's 28×28) are corrupted at a bicubic upscale to 32 px and scaled
+    back, since the corruption functions need 32 px. Deterministic for a given ``seed``: the noise corruptions
+    draw from NumPy's global generator, reseeded per call from ``seed`` and a call counter (and restored after).
     """
 
     def __init__(self, name: str, severity: int = 3, seed: int | None = 0) -> None:
@@ -81,6 +84,12 @@ class Corruption:
         if arr.ndim != 3 or arr.shape[-1] != 3 or arr.dtype != np.uint8:
             raise ValueError(f"image must be a PIL image or an (H, W, 3) uint8 array, got shape {arr.shape} "
                              f"dtype {arr.dtype}")
+        h, w = arr.shape[:2]
+        small = min(h, w) < MIN_SIZE
+        if small:  # ImageNet-C's corruptions need 32 px: corrupt a bicubic upscale, then scale back
+            k = MIN_SIZE / min(h, w)
+            arr = np.asarray(Image.fromarray(arr).resize((max(MIN_SIZE, round(w * k)), max(MIN_SIZE, round(h * k))),
+                                                         Image.Resampling.BICUBIC))
         state = None
         if self.seed is not None:
             state = np.random.get_state()
@@ -91,7 +100,8 @@ class Corruption:
         finally:
             if state is not None:
                 np.random.set_state(state)
-        return Image.fromarray(np.uint8(np.clip(out, 0, 255))[..., :3])
+        out = Image.fromarray(np.uint8(np.clip(out, 0, 255))[..., :3])
+        return out.resize((w, h), Image.Resampling.BICUBIC) if small else out
 
     def __repr__(self) -> str:
         return f"Corruption({self.name!r}, severity={self.severity})"
