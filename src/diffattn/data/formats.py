@@ -132,8 +132,9 @@ def _samples(ds) -> Iterator[tuple[str, dict[str, bytes]]]:
                                "mask.png": (ds.folder / row["mask"]).read_bytes(),
                                "json": json.dumps(meta, ensure_ascii=False).encode()}
     elif isinstance(ds, TextDocuments):
-        for i, doc in enumerate(ds.documents):
-            meta = {k: v for k, v in doc.items() if k != "text"}
+        for i in range(len(ds)):
+            doc = ds[i]
+            meta = {k: v for k, v in doc.items() if k not in ("text", "path")}
             yield f"{i:06d}", {"txt": doc["text"].encode(), "json": json.dumps(meta, ensure_ascii=False).encode()}
     else:  # classification: images + labels arrays
         from PIL import Image

@@ -9,6 +9,7 @@ channel (``alpha >= 128``), a bool tensor of the prepared image's size, untouche
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from collections.abc import Callable
@@ -94,6 +95,20 @@ class FashionMNIST(Dataset):
         return (self.transform(image) if self.transform else image), int(self.labels[i])
 
 
+@functools.lru_cache(maxsize=1)
+def _digits_arrays() -> tuple[np.ndarray, np.ndarray]:
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError as e:  # pragma: no cover - scikit-learn is in the data extra
+        raise ImportError("the digits dataset needs scikit-learn: pip install 'diffattn[data]'") from e
+    data = load_digits()
+    images = np.rint(data.images * (255.0 / 16.0)).astype(np.uint8)  # (1797, 8, 8)
+    images.flags.writeable = False
+    labels = data.target.astype(np.int64)
+    labels.flags.writeable = False
+    return images, labels
+
+
 class Digits(Dataset):
     """scikit-learn's handwritten digits (UCI "Optical Recognition of Handwritten Digits"): 1,797 real 8×8 scans,
     grey levels 0–16 (scaled to 0–255 here), 10 classes, bundled with scikit-learn (BSD-3).
@@ -111,17 +126,11 @@ class Digits(Dataset):
 
         self.split = check_split(split, self.splits)
         self.transform = transform
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError as e:  # pragma: no cover - scikit-learn is in the data extra
-            raise ImportError("the digits dataset needs scikit-learn: pip install 'diffattn[data]'") from e
-        data = load_digits()
-        images = np.rint(data.images * (255.0 / 16.0)).astype(np.uint8)  # (1797, 8, 8)
-        labels = data.target.astype(np.int64)
+        images, labels = _digits_arrays()
         idx = np.arange(len(labels))
         if split != "all":
-            rest, test = stratified_split(list(idx), list(labels), test_fraction=0.2, seed=0)
-            train, val = stratified_split(rest, list(labels[rest]), test_fraction=0.125, seed=0)
+            rest, test = stratified_split(idx.tolist(), labels.tolist(), test_fraction=0.2, seed=0)
+            train, val = stratified_split(rest, labels[rest].tolist(), test_fraction=0.125, seed=0)
             idx = np.sort(np.asarray({"train": train, "val": val, "test": test}[split]))
         self.indices = idx  # (N,) positions in scikit-learn's order
         self.images, self.labels = images[idx], labels[idx]
