@@ -1,7 +1,7 @@
 """The package's import rules (docs/design.md, "Layering"), checked on the source with the AST.
 
 - the library (ops, λ, layers, losses, adapters, convert, models, data, kernels) never imports ``train``, ``eval``,
-  ``diagnostics`` or ``cli``;
+  ``diagnostics`` or ``cli`` (``python -m diffattn`` is the CLI);
 - ``eval`` and ``diagnostics`` never import ``train`` or ``cli``; ``train`` never imports ``cli``;
 - no module-level import cycle inside the package.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "diffattn"
-APPLICATION = ("train", "eval", "diagnostics", "cli")
+APPLICATION = ("train", "eval", "diagnostics", "cli", "__main__")
 FORBIDDEN = {"eval": ("train", "cli"), "diagnostics": ("train", "cli"), "train": ("cli",)}
 
 
