@@ -49,7 +49,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from ..functional import attention, diff_attention
+from .. import functional
 from ..lambdas import AnnealedLambda, ReparamLambda, resolve_lambda_init
 from ..layers.norm import head_rms_norm
 
@@ -226,16 +226,16 @@ def split_channels(head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tens
 def _attn(q, k, v, weights: bool, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
     """softmax(Q Kᵀ s + M) V through :func:`diffattn.functional.attention`, with the map when ``weights``."""
     if weights:
-        return attention(q, k, v, return_weights=True, **kw)
-    return attention(q, k, v, **kw), None
+        return functional.attention(q, k, v, return_weights=True, **kw)
+    return functional.attention(q, k, v, **kw), None
 
 
 def _diff(q1, k1, q2, k2, v, lam, weights: bool, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(A1 − λ A2) V through :func:`diffattn.functional.diff_attention`, with the combined map when ``weights``."""
     if weights:
-        out, maps = diff_attention(q1, k1, q2, k2, v, lam, return_weights=True, **kw)
+        out, maps = functional.diff_attention(q1, k1, q2, k2, v, lam, return_weights=True, **kw)
         return out, maps.combined
-    return diff_attention(q1, k1, q2, k2, v, lam, **kw), None
+    return functional.diff_attention(q1, k1, q2, k2, v, lam, **kw), None
 
 
 def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
