@@ -54,6 +54,9 @@ def test_config_and_keyword_forms_are_the_same_retrofit():
     a = A.retrofit(tiny_gpt2(), RetrofitConfig("daa", lambda_init=0.5, anneal_steps=10, layers=[1], train="all"))
     b = A.retrofit(tiny_gpt2(), "daa", lambda_init=0.5, anneal_steps=10, layers=[1], train="all")
     assert A.retrofit_config(a) == A.retrofit_config(b) == RetrofitConfig("daa", 0.5, 10, [1], "all")
+    import numpy as np
+
+    assert RetrofitConfig("daa", lambda_init=np.float32(0.5)).lambda_init == 0.5  # any real number, as a float
     assert A.lambda_summary(a) == A.lambda_summary(b)
     assert torch.equal(logits(trained(a)), logits(trained(b)))
     with pytest.raises(ValueError, match=r"takes its settings from the config; got \['anneal_steps'\]"):

@@ -4,6 +4,7 @@ peft's ``LoraConfig`` is saved with a LoRA adapter)."""
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
@@ -52,9 +53,9 @@ class RetrofitConfig:
         if isinstance(li, str):
             if li != "ye":
                 raise ValueError(f"lambda_init must be a finite float or 'ye', got {li!r}")
-        elif isinstance(li, bool) or not isinstance(li, (int, float)):
+        elif isinstance(li, bool) or not isinstance(li, numbers.Real):
             raise TypeError(f"lambda_init must be a finite float or 'ye', got {type(li).__name__} {li!r}")
-        elif not math.isfinite(li):
+        elif not math.isfinite(float(li)):
             raise ValueError(f"lambda_init must be a finite float or 'ye', got {li!r}")
         else:
             self.lambda_init = float(li)
