@@ -1,4 +1,4 @@
-"""Every transformers binding (issue 3, items 2–3): identity at step 0 under eager and sdpa, masks (None / bool /
+"""Every transformers binding: identity at step 0 under eager and sdpa, masks (None / bool /
 additive float), the KV cache, eager ≡ sdpa off identity, attention maps; and the real all-MiniLM-L6-v2 weights."""
 
 import copy
@@ -82,6 +82,22 @@ def tensors(out):
     return [t for t in out.to_tuple() if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
+def max_error(ref, got, x):
+    """max |ref − got| over the positions a padded batch specifies: a query position whose every key is padding
+    (left padding under a causal mask) outputs 0 in the operator, while transformers' eager path averages every
+    value there; no other position reads it. Outputs without the sequence axis are compared on the unpadded row."""
+    am = x.get("attention_mask")
+    err = 0.0
+    for r, o in zip(ref, got, strict=True):
+        if am is not None and not bool(am.all()):
+            if r.dim() >= 2 and r.shape[:2] == am.shape:
+                r, o = r[am.bool()], o[am.bool()]
+            else:
+                r, o = r[1:], o[1:]
+        err = max(err, (r - o).abs().max().item())
+    return err
+
+
 FAMILIES = ["gpt2", "llama", "qwen2", "mistral", "gemma", "gemma2", "bert", "clip", "siglip", "vit", "paligemma"]
 CASES = [(f, impl) for f in FAMILIES for impl in ("eager", "sdpa") if not (f == "gemma2" and impl == "sdpa")]
 
@@ -98,8 +114,8 @@ def test_identity_at_step0_every_method(family, impl):
             with torch.no_grad():
                 got = tensors(model(**x))
             tol = 1e-6 if impl == "eager" else 1e-5
-            for r, o in zip(ref, got, strict=True):
-                assert (r - o).abs().max().item() <= tol, (family, impl, method, pad)
+            assert max_error(ref, got, x) <= tol, (family, impl, method, pad)
+            assert all(bool(t.isfinite().all()) for t in got), (family, impl, method, pad)
 
 
 @pytest.mark.parametrize("family", [f for f in FAMILIES if f not in ("gemma2", "paligemma")])

@@ -1,4 +1,4 @@
-"""timm VisionTransformer and open_clip bindings (issue 3, item 2): identity at step 0, masks, maps, save/load."""
+"""timm VisionTransformer and open_clip bindings: identity at step 0, masks, maps, save/load."""
 
 import copy
 

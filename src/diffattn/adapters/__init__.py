@@ -1,49 +1,55 @@
 """Retrofit: turn the attention of pretrained transformers, timm and open_clip models into differential attention.
 
-Methods (DESIGN.md §3.4): DAA, DEX, DiffQ, DiffK, DiffV (seed 001, annealed λ(t) of eq. 3) and shared-QK,
-split-heads (seed 002, re-parameterised λ, per-head RMSNorm × (1 − λ_init)).
+Methods (docs/retrofit.md): DAA, DEX, DiffQ, DiffK, DiffV (DAA (2025), annealed λ(t) of eq. 3; DEX after Kong et al.
+2025) and shared-QK, split-heads (Li et al. 2025, re-parameterised λ, per-head RMSNorm × (1 − λ_init)).
 
     import diffattn
     model = diffattn.retrofit(model, "daa", lambda_init=0.8, anneal_steps=1000)
+    # or: diffattn.retrofit(model, diffattn.adapters.RetrofitConfig("daa", anneal_steps=1000))
     ...  # train; call diffattn.adapters.step(model) once per optimizer step
     diffattn.save_adapter(model, "out/")
     model = diffattn.load_adapter(fresh_base_model, "out/")
+
+Layout: :mod:`.methods` (the math, :class:`RetrofitAdapter`), :mod:`.binding` (the :class:`Binding` protocol),
+:mod:`.bindings` (transformers, timm, open_clip, and the ``BINDINGS`` list), :mod:`.config`
+(:class:`RetrofitConfig`), :mod:`.core` (``retrofit`` and reports), :mod:`.schedule` (``step``), :mod:`.saving`.
 """
 
-from .core import (
-    adapters,
-    attach_to_optimizer,
-    count_parameters,
-    lambda_summary,
-    load_adapter,
-    retrofit,
-    save_adapter,
-    step,
-    supported_families,
-)
+from .binding import Binding, Candidate
+from .config import TRAIN_MODES, RetrofitConfig
+from .core import count_parameters, lambda_summary, plan_retrofit, retrofit, retrofit_config, supported_families
 from .methods import METHODS, SEED001_METHODS, SEED002_METHODS, RetrofitAdapter
+from .saving import load_adapter, read_adapter, save_adapter
+from .schedule import adapters, attach_to_optimizer, step
 
 __all__ = [
     "METHODS",
     "SEED001_METHODS",
     "SEED002_METHODS",
+    "TRAIN_MODES",
+    "Binding",
+    "Candidate",
     "RetrofitAdapter",
+    "RetrofitConfig",
     "retrofit",
+    "retrofit_config",
+    "plan_retrofit",
     "step",
     "attach_to_optimizer",
     "count_parameters",
     "lambda_summary",
     "save_adapter",
     "load_adapter",
+    "read_adapter",
     "adapters",
     "supported_families",
     "DiffAttnCallback",
 ]
 
 
-def __getattr__(name):
-    if name == "DiffAttnCallback":
-        from .hf import DiffAttnCallback
+def __getattr__(name: str):
+    if name == "DiffAttnCallback":  # needs transformers: built on first use
+        from . import schedule
 
-        return DiffAttnCallback
+        return schedule.DiffAttnCallback
     raise AttributeError(f"module 'diffattn.adapters' has no attribute {name!r}")

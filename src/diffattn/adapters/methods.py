@@ -1,39 +1,44 @@
-"""The math of every retrofit (DESIGN.md §3.4): one adapter module per retrofitted attention layer.
+"""The math of every retrofit: one adapter module per retrofitted attention layer.
 
 Per standard head of width d (h query heads, model width D), with the pretrained W_q, W_k, W_v, W_o kept:
 
-| method        | second branch                          | output                                    | new params |
-|---------------|----------------------------------------|-------------------------------------------|------------|
-| ``daa``       | A2 = A(Q W_daa, K), W_daa (h, d, d)     | (A1 − λ(t) A2) V                          | D²/h (+1)  |
-| ``dex``       | none                                   | (A1 V)(I − λ(t) W_dex), W_dex (h, d, d)   | D²/h (+1)  |
-| ``diffq``     | Q2 = (X W_dq) W_q, W_dq (D, D)          | (A(Q1, K) − λ(t) A(Q2, K)) V              | D² (+1)    |
-| ``diffk``     | K2 = (X W_dk) W_k, W_dk (D, D)          | (A(Q, K1) − λ(t) A(Q, K2)) V              | D² (+1)    |
-| ``diffv``     | V2 = (X W_dv) W_v, W_dv (D, D)          | A (V1 − λ(t) V2)                          | D² (+1)    |
-| ``shared_qk`` | A2 = A1                                | (1 − λ_init)·RMSNorm((A1 − λ A1) V)        | 4d + d     |
-| ``split_heads`` | Q/K channels of a head in 2 groups  | (1 − λ_init)·RMSNorm((A1 − λ A2) V)       | 2d + d     |
+| method          | second branch                        | output                                    | new params |
+|-----------------|--------------------------------------|-------------------------------------------|------------|
+| ``daa``         | A2 = A(Q W_daa, K), W_daa (h, d, d)  | (A1 − λ(t) A2) V                          | D²/h (+1)  |
+| ``dex``         | none                                 | (A1 V)(I − λ(t) W_dex), W_dex (h, d, d)   | D²/h (+1)  |
+| ``diffq``       | Q2 = (X W_dq) W_q, W_dq (D, D)       | (A(Q1, K) − λ(t) A(Q2, K)) V              | D² (+1)    |
+| ``diffk``       | K2 = (X W_dk) W_k, W_dk (D, D)       | (A(Q, K1) − λ(t) A(Q, K2)) V              | D² (+1)    |
+| ``diffv``       | V2 = (X W_dv) W_v, W_dv (D, D)       | A (V1 − λ(t) V2)                          | D² (+1)    |
+| ``shared_qk``   | A2 = A1                              | (1 − λ_init)·RMSNorm((A1 − λ A1) V)        | 4d + d     |
+| ``split_heads`` | Q/K channels of a head in 2 groups   | (1 − λ_init)·RMSNorm((A1 − λ A2) V)       | 2d + d     |
 
-Seed 001 (DAA, DEX, DiffQ/K/V): eq. 3 for λ(t), eq. 4 for DAA, eq. 11 for DEX, App. B for the parameter counts,
-App. D for the pseudocode (every new matrix is the identity at init). λ(t) is
+DAA (2025): eq. 3 for λ(t), eq. 4 for DAA, eq. 11 for DEX (after Kong et al. 2025), App. B for the parameter
+counts, App. D for the pseudocode (every new matrix is the identity at init). λ(t) is
 :class:`diffattn.lambdas.AnnealedLambda`: λ(0) = 0, so at step 0 the layer computes the pretrained function exactly,
 and the (t/T)·λ_init ramp moves it off that point even while every new matrix is still the identity.
 
-Seed 002 (§3.2 "original" = ``split_heads``, §3.3 "proposed" = ``shared_qk``): λ is re-parameterised (Ye et al.
-eq. 2, :class:`~diffattn.lambdas.ReparamLambda`), each head output goes through an RMSNorm of the head width and is
-scaled by (1 − λ_init). These layers do **not** compute the pretrained function (the RMSNorm alone changes it), so
+Li et al. 2025 (§3.2 "original" = ``split_heads``, §3.3 "proposed" = ``shared_qk``): λ is re-parameterised (Ye et al.
+2024 eq. 2, :class:`~diffattn.lambdas.ReparamLambda`), each head output goes through an RMSNorm of the head width and
+is scaled by (1 − λ_init). These layers do **not** compute the pretrained function (the RMSNorm alone changes it), so
 to keep the library's promise that a retrofit starts from the pretrained model, their output is blended in over the
-annealing window: O = (1 − β) O_pretrained + β O_seed002, β(t) = min(1, t/T). From t = T on the layer is exactly
-seed 002's. This blend is our addition, not the paper's.
+annealing window: O = (1 − β) O_pretrained + β O_diff, β(t) = min(1, t/T). From t = T on the layer is exactly
+Li et al.'s. This blend is our addition, not the paper's.
 
 shared-QK is degenerate, faithfully so: (A1 − λ A1) V = (1 − λ) A1 V, and the RMSNorm that follows removes every
-dependence on λ except its sign (the public code of seed 002 has the same property). We implement it as published.
+dependence on λ except its sign (Li et al.'s public code has the same property). We implement it as published.
 
 split-heads splits the d channels of each pretrained Q/K head into two groups of d/2 that keep rotary pairs
 (channel i and i + d/2 under ``rotate_half`` RoPE) together: G1 = [0, d/4) ∪ [d/2, 3d/4), G2 = the rest, so each
 branch's scores stay functions of relative position. Scale: the model's scale × √2 (the width halves); λ vectors
-have the branch width d/2 (Ye et al.); V keeps width d.
+have the branch width d/2 (Ye et al. 2024); V keeps width d.
 
 DAA applies W_daa to the query **before** rotary embedding (when the model has one), so A2 stays a function of
 relative positions; at init both orders agree.
+
+Every method computes its attention with :func:`diffattn.functional.diff_attention` or
+:func:`diffattn.functional.attention` (:func:`run_method`), so masks, grouped-query attention, fully masked rows and
+the backends (SDPA, the fused Triton kernel on CUDA) have one implementation. A float64 model computes in float64
+throughout, λ included; lower precisions keep λ in float32.
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
+from .. import functional
 from ..lambdas import AnnealedLambda, ReparamLambda, resolve_lambda_init
 from ..layers.norm import head_rms_norm
 
@@ -52,19 +57,30 @@ __all__ = [
     "METHODS",
     "SEED001_METHODS",
     "SEED002_METHODS",
+    "INPUT_METHODS",
+    "MAX_STEP",
     "RetrofitAdapter",
-    "eager_branch",
-    "sdpa_branch",
     "run_method",
+    "second_branch",
     "split_channels",
 ]
 
+#: methods of DAA (2025) (DEX: Kong et al. 2025), annealed λ(t); the names are kept for compatibility
 SEED001_METHODS = ("daa", "dex", "diffq", "diffk", "diffv")
+#: methods of Li et al. 2025, re-parameterised λ and per-head RMSNorm
 SEED002_METHODS = ("shared_qk", "split_heads")
 METHODS = SEED001_METHODS + SEED002_METHODS
 
-#: which projection input a method transforms: X' = X W_d{q,k,v} (seed 001 App. D.2)
+#: which projection input a method transforms: X' = X W_d{q,k,v} (DAA (2025) App. D.2)
 INPUT_METHODS = {"diffq": "q", "diffk": "k", "diffv": "v"}
+
+#: the largest schedule step t a layer can hold (its ``step`` buffer is an int64)
+MAX_STEP = 2**63 - 1
+
+
+def _lambda_dtype(dtype: torch.dtype | None) -> torch.dtype:
+    """λ in float32, or float64 for a float64 model."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 class RetrofitAdapter(nn.Module):
@@ -72,16 +88,17 @@ class RetrofitAdapter(nn.Module):
 
     A plain ``nn.Module`` (peft's ``modules_to_save`` can wrap it). Attributes, by method:
     ``W_daa`` / ``W_dex`` (h, d, d); ``W_dq`` / ``W_dk`` / ``W_dv`` (D, D), all identity at init;
-    ``lam``: :class:`AnnealedLambda` (seed 001, holds ``lambda_learn`` and the ``step`` buffer) or
-    :class:`ReparamLambda` (seed 002); seed 002 also has ``diff_norm`` (RMSNorm of width d) and its own ``step``.
+    ``lam``: :class:`AnnealedLambda` (DAA (2025) methods, holds ``lambda_learn`` and the ``step`` buffer) or
+    :class:`ReparamLambda` (Li et al. 2025 methods, which also have ``diff_norm``, an RMSNorm of width d, and their
+    own ``step``).
 
     Args:
         method: one of :data:`METHODS`.
         dim: D, the width of the layer input.
         num_heads: h, the query head count of the pretrained layer.
         head_dim: d, the pretrained head width.
-        lambda_init: λ_init, a float or ``"ye"`` (0.8 − 0.6·exp(−0.3·l) with ``layer_index`` l, 0-based).
-        anneal_steps: T of seed 001 eq. 3 (and of the seed 002 blend).
+        lambda_init: λ_init, a finite float or ``"ye"`` (0.8 − 0.6·exp(−0.3·l) with ``layer_index`` l, 0-based).
+        anneal_steps: T of DAA (2025) eq. 3 (and of the blend).
         layer_index: 0-based index of this layer among the retrofitted model's attention layers.
     """
 
@@ -90,7 +107,7 @@ class RetrofitAdapter(nn.Module):
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
-        if not isinstance(anneal_steps, int) or anneal_steps <= 0:
+        if isinstance(anneal_steps, bool) or not isinstance(anneal_steps, int) or anneal_steps <= 0:
             raise ValueError(f"anneal_steps must be a positive int, got {anneal_steps!r}")
         if method == "split_heads" and head_dim % 4 != 0:
             raise ValueError(f"method 'split_heads' needs a head width divisible by 4 (to split rotary pairs "
@@ -99,8 +116,11 @@ class RetrofitAdapter(nn.Module):
         self.dim, self.num_heads, self.head_dim = int(dim), int(num_heads), int(head_dim)
         self.layer_index = int(layer_index)
         self.lambda_init = resolve_lambda_init(lambda_init, layer_index)
+        if not math.isfinite(self.lambda_init):
+            raise ValueError(f"lambda_init must be finite, got {self.lambda_init!r}")
         self.anneal_steps = int(anneal_steps)
         f = {"device": device, "dtype": dtype}
+        lam_f = {"device": device, "dtype": _lambda_dtype(dtype)}
         h, d, D = self.num_heads, self.head_dim, self.dim
         if method == "daa":
             self.W_daa = nn.Parameter(torch.eye(d, **f).repeat(h, 1, 1))  # (h, d, d)
@@ -109,20 +129,12 @@ class RetrofitAdapter(nn.Module):
         elif method in INPUT_METHODS:
             setattr(self, f"W_d{INPUT_METHODS[method]}", nn.Parameter(torch.eye(D, **f)))  # (D, D)
         if method in SEED001_METHODS:
-            self.lam = AnnealedLambda(self.lambda_init, self.anneal_steps)
-            if device is not None:
-                self.lam.to(device)
+            self.lam = AnnealedLambda(self.lambda_init, self.anneal_steps).to(**lam_f)
         else:
             width = d if method == "shared_qk" else d // 2
-            self.lam = ReparamLambda(width, self.lambda_init)
-            self.diff_norm = head_rms_norm(d)
-            self.register_buffer("step", torch.zeros((), dtype=torch.long))
-            if device is not None:
-                self.lam.to(device)
-                self.diff_norm.to(device)
-                self.step = self.step.to(device)
-            if dtype is not None:
-                self.diff_norm.to(dtype)
+            self.lam = ReparamLambda(width, self.lambda_init).to(**lam_f)
+            self.diff_norm = head_rms_norm(d).to(**f)
+            self.register_buffer("step", torch.zeros((), dtype=torch.long, device=device))
 
     # ------------------------------------------------------------------------------------------ schedule
 
@@ -133,26 +145,41 @@ class RetrofitAdapter(nn.Module):
 
     @torch.no_grad()
     def advance(self, n: int = 1) -> None:
-        """t ← t + n; call once per optimizer step (:func:`diffattn.adapters.step` does it for a model)."""
+        """t ← t + n; call once per optimizer step (:func:`diffattn.adapters.step` does it for a model).
+
+        Raises ValueError when t + n would not fit the int64 step buffer (t ≤ :data:`MAX_STEP`)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"n must be a non-negative int (optimizer steps), got {n!r}")
+        t = int(self.step_buffer)
+        if n > self.max_advance():
+            raise ValueError(f"n={n} would take the schedule step from {t} past {MAX_STEP} (the int64 step "
+                             f"counter); λ(t) is constant for t ≥ anneal_steps={self.anneal_steps}, so advance by "
+                             f"at most {MAX_STEP - t}")
         self.step_buffer.add_(n)
 
+    def max_advance(self) -> int:
+        """The largest n :meth:`advance` accepts now (t + n ≤ :data:`MAX_STEP`)."""
+        return MAX_STEP - int(self.step_buffer)
+
     def lambda_value(self) -> torch.Tensor:
-        """λ(t) (seed 001 eq. 3) or the re-parameterised λ (seed 002 eq. 3): a 0-d float32 tensor."""
+        """λ(t) (DAA (2025) eq. 3) or the re-parameterised λ (Ye et al. 2024 eq. 2): a 0-d tensor in float32
+        (float64 for a float64 model)."""
         return self.lam.value().reshape(())
 
     def blend(self) -> torch.Tensor:
-        """β(t) = min(1, t/T) for seed 002 methods (weight of the seed 002 output); 1 is "fully differential"."""
-        return torch.clamp(self.step_buffer.float() / self.anneal_steps, max=1.0)
+        """β(t) = min(1, t/T) for the Li et al. 2025 methods (weight of their output); 1 is "fully differential"."""
+        dtype = self.lam.lambda_q1.dtype if self.method in SEED002_METHODS else self.lam.lambda_learn.dtype
+        return torch.clamp(self.step_buffer.to(dtype) / self.anneal_steps, max=1.0)
 
     # --------------------------------------------------------------------------------------- transforms
 
     def transform_input(self, x: torch.Tensor) -> torch.Tensor:
-        """X' = X W_d for DiffQ / DiffK / DiffV (seed 001 App. D.2). x: (B, N, D)."""
+        """X' = X W_d for DiffQ / DiffK / DiffV (DAA (2025) App. D.2). x: (B, N, D)."""
         w = getattr(self, f"W_d{INPUT_METHODS[self.method]}")
         return torch.matmul(x, w.to(x.dtype))  # (B, N, D)
 
     def transform_query(self, q: torch.Tensor) -> torch.Tensor:
-        """Q W_daa per head (seed 001 eq. 4). q: (B, h, N, d) → (B, h, N, d)."""
+        """Q W_daa per head (DAA (2025) eq. 4). q: (B, h, N, d) → (B, h, N, d)."""
         return torch.einsum("bhnd,hde->bhne", q, self.W_daa.to(q.dtype))
 
     def extra_repr(self) -> str:
@@ -160,84 +187,31 @@ class RetrofitAdapter(nn.Module):
                 f"lambda_init={self.lambda_init:.4g}, anneal_steps={self.anneal_steps}")
 
 
-# ------------------------------------------------------------------------------------ attention branches
+# ------------------------------------------------------------------------------------ the second branch
+
+Project = Callable[[torch.Tensor, str], torch.Tensor]
 
 
-def _repeat_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
-    """(B, Hkv, N, w) → (B, Hkv·groups, N, w): key/value head j serves query heads j·groups … (j+1)·groups − 1."""
-    if groups == 1:
-        return t
-    B, H, N, w = t.shape
-    return t[:, :, None].expand(B, H, groups, N, w).reshape(B, H * groups, N, w)
+def second_branch(adapter: RetrofitAdapter, x: torch.Tensor, q: torch.Tensor,
+                  project: Project) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """The second-branch tensors (q2, k2, v2) of a retrofitted layer, None where the branch reuses the first.
 
-
-def _end_aligned_causal(nq: int, nk: int, device) -> torch.Tensor:
-    i = torch.arange(nq, device=device)[:, None]
-    j = torch.arange(nk, device=device)[None, :]
-    return j <= i + (nk - nq)  # (Nq, Nk) bool, True = attend
-
-
-def _window(nq: int, nk: int, window: int, device) -> torch.Tensor:
-    """End-aligned causal sliding-window bool mask: query i sees keys in (i + Nk − Nq − window, i + Nk − Nq]."""
-    i = torch.arange(nq, device=device)[:, None] + (nk - nq)
-    j = torch.arange(nk, device=device)[None, :]
-    return (j <= i) & (j > i - window)
-
-
-def eager_branch(q, k, v, mask, *, scale: float, dropout: float = 0.0, training: bool = False,
-                 softcap: float | None = None, is_causal: bool = False, sliding_window: int | None = None):
-    """softmax(softcap(Q Kᵀ s) + M) V with the map, mirroring transformers' ``eager_attention_forward``.
-
-    q: (B, H, Nq, d); k: (B, Hkv, Nk, d); v: (B, Hkv, Nk, dv); mask: None, bool (True = attend, filled with
-    finfo.min) or additive float (B|1, 1|H, Nq, ≥Nk). The causal (and sliding-window) mask is added only when
-    ``mask`` is None. Softcap (Gemma 2) is tanh(S/c)·c on the logits, before the mask. Returns (B, H, Nq, dv) and
-    the (B, H, Nq, Nk) map in q's dtype.
+    ``x`` (B, N, D) is the layer input and ``q`` (B, h, N, d) the first-branch query (before any rotary embedding);
+    ``project(x', which)`` runs the pretrained projection ``which`` ("q", "k" or "v") on x' and returns its heads
+    (B, heads, N, d), with whatever per-head step the family applies to that projection (timm's q/k norm).
+    DiffQ / DiffK / DiffV project X W_d (DAA (2025) App. D.2); DAA rotates the query, Q W_daa (eq. 4); the other
+    methods have no second projection.
     """
-    groups = q.shape[1] // k.shape[1]
-    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
-    nq, nk = q.shape[2], k.shape[2]
-    s = torch.matmul(q, k.transpose(2, 3)) * scale  # (B, H, Nq, Nk)
-    if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
-    if mask is None and (is_causal or sliding_window) and nq > 1:
-        mask = _window(nq, nk, sliding_window, q.device) if sliding_window else _end_aligned_causal(nq, nk, q.device)
-    if mask is not None:
-        mask = mask[..., :nk]
-        s = s.masked_fill(~mask, torch.finfo(s.dtype).min) if mask.dtype == torch.bool else s + mask
-    p = torch.softmax(s, dim=-1, dtype=torch.float32).to(q.dtype)
-    pd = F.dropout(p, p=dropout, training=training) if dropout > 0.0 else p
-    return torch.matmul(pd, v), p  # (B, H, Nq, dv), (B, H, Nq, Nk)
+    which = INPUT_METHODS.get(adapter.method)
+    if which is not None:
+        t = project(adapter.transform_input(x), which)  # (B, heads, N, d)
+        return tuple(t if w == which else None for w in "qkv")  # type: ignore[return-value]
+    if adapter.method == "daa":
+        return adapter.transform_query(q), None, None
+    return None, None, None
 
 
-def sdpa_branch(q, k, v, mask, *, scale: float, dropout: float = 0.0, training: bool = False,
-                softcap: float | None = None, is_causal: bool = False, sliding_window: int | None = None):
-    """Ordinary attention through ``F.scaled_dot_product_attention`` (O(N) memory), mirroring transformers'
-    ``sdpa_attention_forward``: the causal flag is used only when no mask is given and Nq > 1; with Nk > Nq it
-    becomes an end-aligned bool mask. Softcap cannot run here (it acts before the softmax): it goes to
-    :func:`eager_branch`. Returns (B, H, Nq, dv) and None.
-    """
-    if softcap is not None:
-        return eager_branch(q, k, v, mask, scale=scale, dropout=dropout, training=training, softcap=softcap,
-                            is_causal=is_causal, sliding_window=sliding_window)
-    groups = q.shape[1] // k.shape[1]
-    nq, nk = q.shape[2], k.shape[2]
-    causal = False
-    if mask is None and nq > 1:
-        if sliding_window and nk > sliding_window:
-            mask = _window(nq, nk, sliding_window, q.device)
-        elif is_causal and nk == nq:
-            causal = True
-        elif is_causal:
-            mask = _end_aligned_causal(nq, nk, q.device)
-    if mask is not None:
-        mask = mask[..., :nk]
-    k, v = _repeat_kv(k, groups), _repeat_kv(v, groups)
-    o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout if training else 0.0,
-                                       is_causal=causal, scale=scale)
-    return o, None
-
-
-Branch = Callable[..., tuple[torch.Tensor, torch.Tensor | None]]
+# ------------------------------------------------------------------------------------------- attention
 
 
 def split_channels(head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,52 +223,70 @@ def split_channels(head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tens
     return g1, g2
 
 
-def run_method(adapter: RetrofitAdapter, branch: Branch, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+def _attn(q, k, v, weights: bool, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(Q Kᵀ s + M) V through :func:`diffattn.functional.attention`, with the map when ``weights``."""
+    if weights:
+        return functional.attention(q, k, v, return_weights=True, **kw)
+    return functional.attention(q, k, v, **kw), None
+
+
+def _diff(q1, k1, q2, k2, v, lam, weights: bool, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(A1 − λ A2) V through :func:`diffattn.functional.diff_attention`, with the combined map when ``weights``."""
+    if weights:
+        out, maps = functional.diff_attention(q1, k1, q2, k2, v, lam, return_weights=True, **kw)
+        return out, maps.combined
+    return functional.diff_attention(q1, k1, q2, k2, v, lam, **kw), None
+
+
+def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                q2: torch.Tensor | None = None, k2: torch.Tensor | None = None, v2: torch.Tensor | None = None,
-               scale: float, need_weights: bool = False, **branch_kwargs) -> tuple[torch.Tensor,
-                                                                                   torch.Tensor | None]:
+               scale: float, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
+               dropout_p: float = 0.0, softcap: float | None = None, need_weights: bool = False,
+               backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention core of a retrofitted layer, after projection, rotary embedding and cache.
 
-    q, q2: (B, h, Nq, d); k, k2: (B, Hkv, Nk, d); v, v2: (B, Hkv, Nk, d). ``q2`` (DAA, DiffQ), ``k2`` (DiffK),
-    ``v2`` (DiffV) are the second-branch tensors. ``branch`` is :func:`eager_branch` or :func:`sdpa_branch`.
-    Returns the (B, h, Nq, d) output before the output projection and, with ``need_weights`` (and a branch that
-    returns maps), the combined map: A1 − λ A2 (DAA, DiffQ, DiffK), A (DiffV, DEX), (1 − λ) A1 (shared-QK), or
-    A1 − λ A2 on the halves (split-heads); for seed 002 methods blended as the output is.
+    q, q2: (B, h, Nq, d); k, k2: (B, Hkv, Nk, d); v, v2: (B, Hkv, Nk, d) (h a multiple of Hkv: grouped-query
+    attention). ``q2`` (DAA, DiffQ), ``k2`` (DiffK), ``v2`` (DiffV) are the second-branch tensors from
+    :func:`second_branch`. ``attn_mask`` (bool, True = attend, or additive float, broadcastable to
+    (B, h, Nq, Nk)), ``is_causal`` (end-aligned), ``dropout_p`` (on each map) and ``softcap`` (tanh(S/c)·c on the
+    logits, Gemma 2) go to the operator unchanged. A query row whose every key is masked gives 0.
+
+    Returns the (B, h, Nq, d) output before the output projection and, with ``need_weights``, the (B, h, Nq, Nk)
+    combined map in q's dtype: A1 − λ A2 (DAA, DiffQ, DiffK), A (DiffV, DEX), (1 − λ) A1 (shared-QK), or A1 − λ A2
+    on the halves (split-heads); for the Li et al. 2025 methods blended as the output is.
     """
     m = adapter.method
-    kw = dict(branch_kwargs, scale=scale)
-    if m in ("daa", "diffq", "diffk", "diffv"):
-        lam = adapter.lambda_value()
-        o1, p1 = branch(q, k, v, **kw)
-        o2, p2 = branch(q if q2 is None else q2, k if k2 is None else k2, v if v2 is None else v2, **kw)
-        out = o1 - lam.to(o1.dtype) * o2  # seed 001 eq. 4 / App. D: (A1 − λ A2) V, or A (V1 − λ V2)
-        if p1 is None or not need_weights:
-            return out, None
-        return out, (p1 if m == "diffv" else p1 - lam.to(p1.dtype) * p2)
-    if m == "dex":
-        lam = adapter.lambda_value()
-        o1, p1 = branch(q, k, v, **kw)
+    kw = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale, "dropout_p": dropout_p,
+          "backend": backend}
+    if softcap is not None:
+        kw["softcap"] = softcap
+    w = need_weights
+    lam = adapter.lambda_value()  # 0-d, float32 (float64 for a float64 model)
+    if m in ("daa", "diffq", "diffk"):  # DAA (2025) eq. 4 / App. D: (A1 − λ A2) V
+        out, p = _diff(q, k, q if q2 is None else q2, k if k2 is None else k2, v, lam, w, **kw)
+    elif m == "diffv":  # A (V1 − λ V2) = A V1 − λ A V2
+        out, p = _attn(q, k, v - lam.to(v.dtype) * v2, w, **kw)
+    elif m == "dex":  # DAA (2025) eq. 11: (A1 V)(I − λ W_dex)
+        o1, p = _attn(q, k, v, w, **kw)
         o_w = torch.einsum("bhnd,hde->bhne", o1, adapter.W_dex.to(o1.dtype))  # (B, h, Nq, d)
-        return o1 - lam.to(o1.dtype) * o_w, p1  # seed 001 eq. 11: (A1 V)(I − λ W_dex)
-    beta = adapter.blend()
-    full = bool(beta >= 1.0)
-    lam = adapter.lambda_value()
-    if m == "shared_qk":
-        o1, p1 = branch(q, k, v, **kw)
-        od = (1.0 - lam).to(o1.dtype) * o1  # (A1 − λ A1) V, seed 002 §3.3
-        pd = None if p1 is None else (1.0 - lam).to(p1.dtype) * p1
+        out = o1 - lam.to(o1.dtype) * o_w
     else:
-        g1, g2 = split_channels(q.shape[-1], q.device)
-        kw2 = dict(kw, scale=scale * math.sqrt(2.0))
-        oa, pa = branch(q[..., g1], k[..., g1], v, **kw2)
-        ob, pb = branch(q[..., g2], k[..., g2], v, **kw2)
-        od = oa - lam.to(oa.dtype) * ob  # Ye et al. eq. 1 on the two channel groups (seed 002 §3.2)
-        pd = None if pa is None else pa - lam.to(pa.dtype) * pb
-        o1, p1 = (None, None) if full else branch(q, k, v, **kw)
-    od = adapter.diff_norm(od) * (1.0 - adapter.lambda_init)  # per-head RMSNorm × (1 − λ_init), seed 002 eq. 6
-    if full:
-        return od, (pd if need_weights else None)
-    b = beta.to(od.dtype)
-    out = (1.0 - b) * o1 + b * od
-    p = None if (pd is None or not need_weights) else (1.0 - b) * p1 + b * pd
-    return out, p
+        beta = adapter.blend()
+        full = bool(beta >= 1.0)
+        if m == "shared_qk":  # (A1 − λ A1) V = (1 − λ) A1 V, Li et al. 2025 §3.3
+            o1, p1 = _attn(q, k, v, w, **kw)
+            od = (1.0 - lam).to(o1.dtype) * o1
+            pd = None if p1 is None else (1.0 - lam).to(p1.dtype) * p1
+        else:  # Ye et al. 2024 eq. 1 on the two channel groups, Li et al. 2025 §3.2
+            g1, g2 = split_channels(q.shape[-1], q.device)
+            od, pd = _diff(q[..., g1], k[..., g1], q[..., g2], k[..., g2], v, lam, w,
+                           **dict(kw, scale=scale * math.sqrt(2.0)))
+            o1, p1 = (None, None) if full else _attn(q, k, v, w, **kw)
+        od = adapter.diff_norm(od) * (1.0 - adapter.lambda_init)  # per-head RMSNorm × (1 − λ_init)
+        if full:
+            out, p = od, pd
+        else:
+            b = beta.to(od.dtype)
+            out = (1.0 - b) * o1 + b * od  # β(t) blend from the pretrained output
+            p = None if pd is None else (1.0 - beta) * p1 + beta * pd
+    return out, (None if p is None or not need_weights else p.to(q.dtype))

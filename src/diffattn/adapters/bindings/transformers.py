@@ -9,11 +9,12 @@ update, attention, output projection) with the retrofit's second branch added:
 
 - the second-branch keys (DiffK) or values (DiffV) go into the cache next to the first (concatenated along the head
   axis), so ``generate()`` with the cache equals ``generate()`` without it;
-- masks: None (pure causal under sdpa), bool (True = attend, filled with ``finfo.min``) or additive float, sliced to
+- masks: None (pure causal under sdpa), bool (True = attend) or additive float (``finfo.min`` = blocked), sliced to
   the key length; ``is_causal`` and ``sliding_window`` are honoured when no mask is given;
-- attention implementation: ``eager`` (and ``output_attentions``) run a path that mirrors transformers'
-  ``eager_attention_forward`` and returns the maps; anything else runs ``F.scaled_dot_product_attention``;
-- Gemma 2's logit softcap tanh(S/c)·c is applied to the logits before the softmax (eager path).
+- attention runs through :func:`diffattn.functional.diff_attention` / ``attention`` (backend ``auto``); the
+  ``eager`` implementation and ``output_attentions`` ask the operator for the maps, as transformers' eager path
+  returns them;
+- Gemma 2's logit softcap tanh(S/c)·c goes to the operator's ``softcap``.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from __future__ import annotations
 import inspect
 import sys
 
+import torch
 import torch.nn as nn
 
-from .core import ADAPTER_ATTR, Candidate, register_binding
-from .methods import INPUT_METHODS, RetrofitAdapter, eager_branch, run_method, sdpa_branch
+from ..binding import ADAPTER_ATTR, Candidate, parent_of
+from ..methods import RetrofitAdapter, run_method, second_branch
 
-__all__ = ["HF_ATTENTION_CLASSES"]  # DiffAttnCallback: built lazily by __getattr__ below
+__all__ = ["HF_ATTENTION_CLASSES", "TransformersBinding"]
 
 #: class name → family, for the self-attention classes this binding converts
 HF_ATTENTION_CLASSES = {
@@ -61,7 +63,7 @@ def _proj_names(m: nn.Module) -> tuple[str, str, str] | None:
     return None
 
 
-def _project(m: nn.Module, x, which: str | None = None):
+def _project(m: nn.Module, x: torch.Tensor, which: str | None = None):
     """(q, k, v), each (B, N, heads·d), or only one of them when ``which`` is "q", "k" or "v"."""
     names = _proj_names(m)
     if names is None:  # GPT-2: fused Conv1D c_attn, split into q | k | v
@@ -93,6 +95,14 @@ def _dropout(m: nn.Module) -> float:
     return 0.0
 
 
+def _cat(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return a if b is None else torch.cat([a, b], dim=1)  # along the head axis
+
+
+def _split(t: torch.Tensor, n: int, second: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return (t[:, :n], t[:, n:]) if second else (t, None)
+
+
 def _forward(self, *args, **kwargs):
     """Retrofitted forward: the family's projection / RoPE / cache steps plus the method's second branch."""
     bound = self._diffattn_sig.bind(self, *args, **kwargs)
@@ -114,48 +124,47 @@ def _forward(self, *args, **kwargs):
         return t.view(shape).transpose(1, 2)  # (B, heads, N, d)
 
     q, k, v = (heads(t) for t in _project(self, x))
-    q2 = k2 = v2 = None
-    which = INPUT_METHODS.get(ad.method)
-    if which is not None:  # seed 001 App. D.2: X' = X W_d, then the pretrained projection
-        t2 = heads(_project(self, ad.transform_input(x), which))
-        q2, k2, v2 = (t2 if w == which else None for w in "qkv")
-    elif ad.method == "daa":  # Q W_daa per head, before RoPE
-        q2 = ad.transform_query(q)
+    q2, k2, v2 = second_branch(ad, x, q, lambda xx, which: heads(_project(self, xx, which)))
 
     pos = a.get("position_embeddings")
-    if pos is not None:
+    if pos is not None:  # RoPE on both branches at once (DAA's W_daa acts before it)
         cos, sin = pos
         rope = sys.modules[self._diffattn_base.__module__].apply_rotary_pos_emb
-        hq, hk = q.shape[1], k.shape[1]
-        qq = q if q2 is None else torch_cat(q, q2)
-        kk = k if k2 is None else torch_cat(k, k2)
-        qq, kk = rope(qq, kk, cos, sin)
-        q, q2 = (qq, None) if q2 is None else (qq[:, :hq], qq[:, hq:])
-        k, k2 = (kk, None) if k2 is None else (kk[:, :hk], kk[:, hk:])
+        qq, kk = rope(_cat(q, q2), _cat(k, k2), cos, sin)
+        q, q2 = _split(qq, q.shape[1], q2 is not None)
+        k, k2 = _split(kk, k.shape[1], k2 is not None)
 
     cache = a.get("past_key_values")
     if cache is not None:
         cache = getattr(cache, "self_attention_cache", cache)  # EncoderDecoderCache (GPT-2, BERT)
         hk = k.shape[1]
-        kk = k if k2 is None else torch_cat(k, k2)  # (B, Hkv or 2·Hkv, N, d): any head layout caches
-        vv = v if v2 is None else torch_cat(v, v2)
+        kk, vv = _cat(k, k2), _cat(v, v2)  # (B, Hkv or 2·Hkv, N, d): any head layout caches
         if "cache_position" in a and pos is not None:
             kk, vv = cache.update(kk, vv, self.layer_idx, {"sin": pos[1], "cos": pos[0],
                                                           "cache_position": a["cache_position"]})
         else:
             kk, vv = cache.update(kk, vv, self.layer_idx)
-        k, k2 = (kk, None) if k2 is None else (kk[:, :hk], kk[:, hk:])
-        v, v2 = (vv, None) if v2 is None else (vv[:, :hk], vv[:, hk:])
+        k, k2 = _split(kk, hk, k2 is not None)
+        v, v2 = _split(vv, hk, v2 is not None)
 
-    want_maps = bool(a.get("output_attentions", False))
-    eager = getattr(self.config, "_attn_implementation", "eager") == "eager" or want_maps
+    nq, nk = q.shape[2], k.shape[2]
+    is_causal = False
+    if mask is not None:
+        mask = mask[..., :nk]  # a static cache's mask can be longer than the keys
+    elif nq > 1:
+        window = getattr(self, "sliding_window", None)
+        if window and nk > window:
+            from ...functional import sliding_window_mask
+
+            mask = sliding_window_mask(nq, nk, window, q.device)  # (Nq, Nk), causal inside the window
+        else:
+            is_causal = bool(a.get("is_causal", getattr(self, "is_causal", False)))
+    want_maps = bool(a.get("output_attentions", False)) or getattr(self.config, "_attn_implementation",
+                                                                   "eager") == "eager"
     out, maps = run_method(
-        ad, eager_branch if eager else sdpa_branch, q, k, v, q2=q2, k2=k2, v2=v2,
-        scale=_scaling(self, d), need_weights=eager, mask=mask,
-        dropout=_dropout(self) if self.training else 0.0, training=self.training,
-        softcap=getattr(self, "attn_logit_softcapping", None),
-        is_causal=bool(a.get("is_causal", getattr(self, "is_causal", False))),
-        sliding_window=getattr(self, "sliding_window", None))
+        ad, q, k, v, q2=q2, k2=k2, v2=v2, scale=_scaling(self, d), attn_mask=mask, is_causal=is_causal,
+        dropout_p=_dropout(self) if self.training else 0.0, softcap=getattr(self, "attn_logit_softcapping", None),
+        need_weights=want_maps)
     out = out.transpose(1, 2).reshape(*x.shape[:-1], -1).contiguous()  # (B, N, h·d)
     for n in _OUT_NAMES:
         if hasattr(self, n):
@@ -164,12 +173,6 @@ def _forward(self, *args, **kwargs):
     if hasattr(self, "resid_dropout"):
         out = self.resid_dropout(out)
     return out, maps
-
-
-def torch_cat(a, b):
-    import torch
-
-    return torch.cat([a, b], dim=1)
 
 
 _SUBCLASSES: dict[type, type] = {}
@@ -186,9 +189,11 @@ def _subclass(cls: type) -> type:
     return _SUBCLASSES[cls]
 
 
-class _HFBinding:
-    families = [f"transformers {f}" for f in dict.fromkeys(HF_ATTENTION_CLASSES.values())] + [
-        "transformers PaliGemma (SigLIP + Gemma/Gemma2)"]
+class TransformersBinding:
+    """Converts the self-attention modules of :data:`HF_ATTENTION_CLASSES` (matched by class name and module)."""
+
+    families = tuple(f"transformers {f}" for f in dict.fromkeys(HF_ATTENTION_CLASSES.values())) + (
+        "transformers PaliGemma (SigLIP + Gemma/Gemma2)",)
 
     @staticmethod
     def _matches(m: nn.Module) -> bool:
@@ -200,15 +205,10 @@ class _HFBinding:
         return _proj_names(m) is not None or hasattr(m, "c_attn")
 
     def find(self, model: nn.Module) -> list[Candidate]:
-        out = []
-        for name, m in model.named_modules():
-            if self._matches(m):
-                parent = model.get_submodule(name.rsplit(".", 1)[0]) if "." in name else model
-                out.append(Candidate(name, m, parent, name.rsplit(".", 1)[-1], self))
-        return out
+        return [Candidate(name, m, *parent_of(model, name), self) for name, m in model.named_modules()
+                if self._matches(m)]
 
-    @staticmethod
-    def dims(m: nn.Module) -> tuple[int, int, int]:
+    def dims(self, m: nn.Module) -> tuple[int, int, int]:
         d = _head_dim(m)
         names = _proj_names(m)
         if names is None:
@@ -216,41 +216,15 @@ class _HFBinding:
         q = getattr(m, names[0])
         return int(q.in_features), int(q.out_features) // d, d
 
-    @staticmethod
-    def convert(c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
+    def extra_trainable(self, c: Candidate) -> list[nn.Module]:
+        """BERT / ViT: the attention's output projection lives in the parent (``<parent>.output.dense``)."""
+        if any(hasattr(c.module, n) for n in _OUT_NAMES):
+            return []
+        dense = getattr(getattr(c.parent, "output", None), "dense", None)
+        return [dense] if isinstance(dense, nn.Module) else []
+
+    def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
         m = c.module
         m.__class__ = _subclass(type(m))
         setattr(m, ADAPTER_ATTR, adapter)
-        if not any(hasattr(m, n) for n in _OUT_NAMES):  # BERT / old ViT: output dense lives in the parent
-            dense = getattr(getattr(c.parent, "output", None), "dense", None)
-            if isinstance(dense, nn.Module):
-                m.__dict__["_diffattn_out_proj"] = dense  # not registered: no duplicate in the state dict
         return m
-
-
-register_binding(_HFBinding())
-
-
-def _callback_class():
-    from transformers import TrainerCallback
-
-    from .core import step
-
-    class DiffAttnCallback(TrainerCallback):
-        """transformers ``Trainer`` callback: advances the retrofit schedule once per optimizer step
-        (``on_step_end`` runs after each optimizer step, gradient accumulation included)."""
-
-        def on_step_end(self, args, state, control, model=None, **kwargs):
-            if model is not None:
-                step(model)
-            return control
-
-    return DiffAttnCallback
-
-
-def __getattr__(name):
-    if name == "DiffAttnCallback":
-        cls = _callback_class()
-        globals()["DiffAttnCallback"] = cls
-        return cls
-    raise AttributeError(name)

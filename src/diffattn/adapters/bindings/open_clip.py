@@ -10,11 +10,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..functional import restrict_mask
-from .core import ADAPTER_ATTR, Candidate, register_binding
-from .methods import INPUT_METHODS, RetrofitAdapter, eager_branch, run_method, sdpa_branch
+from ...functional import restrict_mask
+from ..binding import ADAPTER_ATTR, Candidate
+from ..methods import RetrofitAdapter, run_method, second_branch
 
-__all__ = ["DiffMultiheadAttention"]
+__all__ = ["DiffMultiheadAttention", "OpenClipBinding"]
 
 
 class DiffMultiheadAttention(nn.Module):
@@ -57,13 +57,7 @@ class DiffMultiheadAttention(nn.Module):
             return t.view(B, N, self.num_heads, self.head_dim).transpose(1, 2)  # (B, h, N, d)
 
         q, k, v = (heads(self._proj(x, i)) for i in range(3))
-        q2 = k2 = v2 = None
-        which = INPUT_METHODS.get(ad.method)
-        if which is not None:
-            t = heads(self._proj(ad.transform_input(x), "qkv".index(which)))
-            q2, k2, v2 = (t if w == which else None for w in "qkv")
-        elif ad.method == "daa":
-            q2 = ad.transform_query(q)
+        q2, k2, v2 = second_branch(ad, x, q, lambda xx, which: heads(self._proj(xx, "qkv".index(which))))
         mask = None
         if attn_mask is not None:
             mask = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask  # → True = attend
@@ -71,10 +65,9 @@ class DiffMultiheadAttention(nn.Module):
                 mask = mask.view(B, self.num_heads, N, N)
         if key_padding_mask is not None:
             mask = restrict_mask(mask, ~key_padding_mask.bool()[:, None, None, :])  # keep: (B, 1, 1, N)
-        branch = eager_branch if need_weights else sdpa_branch
-        out, maps = run_method(ad, branch, q, k, v, q2=q2, k2=k2, v2=v2, scale=self.head_dim**-0.5, mask=mask,
-                               dropout=self.dropout if self.training else 0.0, training=self.training,
-                               is_causal=is_causal, need_weights=need_weights)
+        out, maps = run_method(ad, q, k, v, q2=q2, k2=k2, v2=v2, scale=self.head_dim**-0.5, attn_mask=mask,
+                               is_causal=is_causal, dropout_p=self.dropout if self.training else 0.0,
+                               need_weights=need_weights)
         out = self.out_proj(out.transpose(1, 2).reshape(B, N, self.embed_dim))
         if not self.batch_first:
             out = out.transpose(0, 1)
@@ -83,8 +76,10 @@ class DiffMultiheadAttention(nn.Module):
         return out, maps
 
 
-class _OpenClipBinding:
-    families = ["open_clip (ResidualAttentionBlock with nn.MultiheadAttention)"]
+class OpenClipBinding:
+    """Replaces the ``nn.MultiheadAttention`` of every open_clip ``ResidualAttentionBlock``."""
+
+    families = ("open_clip (ResidualAttentionBlock with nn.MultiheadAttention)",)
 
     def find(self, model: nn.Module) -> list[Candidate]:
         out = []
@@ -94,15 +89,14 @@ class _OpenClipBinding:
                 out.append(Candidate(f"{name}.attn" if name else "attn", m.attn, m, "attn", self))
         return out
 
-    @staticmethod
-    def dims(m: nn.MultiheadAttention) -> tuple[int, int, int]:
+    def dims(self, m: nn.MultiheadAttention) -> tuple[int, int, int]:
         return int(m.embed_dim), int(m.num_heads), int(m.head_dim)
 
-    @staticmethod
-    def convert(c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
+    def extra_trainable(self, c: Candidate) -> list[nn.Module]:
+        return []
+
+    def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
         new = DiffMultiheadAttention(c.module, adapter)
         setattr(c.parent, c.attr, new)
         return new
 
-
-register_binding(_OpenClipBinding())

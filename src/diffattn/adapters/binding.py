@@ -1,0 +1,66 @@
+"""The contract between :func:`diffattn.retrofit` and a model library: the :class:`Binding` protocol.
+
+A binding knows one library's attention modules. It finds them (:meth:`Binding.find`), reads their sizes
+(:meth:`Binding.dims`) and swaps each for a module that runs :func:`diffattn.adapters.methods.run_method`
+(:meth:`Binding.convert`). Bindings import this module and :mod:`~diffattn.adapters.methods` only; the list of
+bindings :func:`~diffattn.adapters.retrofit` consults is ``diffattn.adapters.bindings.BINDINGS``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+import torch.nn as nn
+
+from .methods import RetrofitAdapter
+
+__all__ = ["ADAPTER_ATTR", "Binding", "Candidate", "parent_of"]
+
+#: attribute of a converted attention module that holds its :class:`RetrofitAdapter`
+ADAPTER_ATTR = "diff_adapter"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """An attention module a binding can convert: ``parent.<attr>`` is ``module``, ``name`` its qualified name."""
+
+    name: str
+    module: nn.Module
+    parent: nn.Module
+    attr: str
+    binding: Binding
+
+
+@runtime_checkable
+class Binding(Protocol):
+    """What a model library's binding provides."""
+
+    #: human-readable families it converts (shown in errors and by :func:`diffattn.adapters.supported_families`)
+    families: tuple[str, ...]
+
+    def find(self, model: nn.Module) -> list[Candidate]:
+        """Every attention module of ``model`` this binding can convert, in module order."""
+        ...
+
+    def dims(self, module: nn.Module) -> tuple[int, int, int]:
+        """(D, h, d): the width of the layer input, the query head count and the head width."""
+        ...
+
+    def extra_trainable(self, candidate: Candidate) -> list[nn.Module]:
+        """Modules outside ``candidate.module`` that belong to the attention (BERT's output projection lives in
+        the parent): trainable with ``train="attention"``."""
+        ...
+
+    def convert(self, candidate: Candidate, adapter: RetrofitAdapter) -> nn.Module:
+        """Retrofit ``candidate.module`` in place (or replace it in its parent); returns the module now in place,
+        which holds ``adapter`` as its attribute :data:`ADAPTER_ATTR`."""
+        ...
+
+
+def parent_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:
+    """(parent module, attribute) of the submodule called ``name`` in ``model``."""
+    if "." not in name:
+        return model, name
+    owner, attr = name.rsplit(".", 1)
+    return model.get_submodule(owner), attr
