@@ -4,8 +4,9 @@ import pytest
 import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
 
+from diffattn.convert import from_diffllama, to_diffllama
 from diffattn.models import create_model, from_pretrained, list_models
-from diffattn.models.causal_lm import CausalLM, from_diffllama, to_diffllama
+from diffattn.models.causal_lm import CausalLM
 
 TINY = dict(vocab_size=64, dim=32, depth=2, num_heads=4)
 

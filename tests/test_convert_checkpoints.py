@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffattn.models import convert
+from diffattn import convert
 
 # ---------------------------------------------------------------------------- DiffCLIP release format
 
