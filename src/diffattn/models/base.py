@@ -104,6 +104,19 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         return None
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs):
+        """Load a checkpoint of this class saved with :meth:`save_pretrained` (strict; module docstring)."""
+        path = str(pretrained_model_name_or_path)
+        if os.path.exists(path) or os.path.exists(path.rstrip("/") + ".old"):
+            recover_dir(path)
+        if os.path.isdir(path):
+            cfg_file = os.path.join(path, CONFIG_NAME)
+            if not os.path.isfile(cfg_file):
+                raise FileNotFoundError(f"{path} has no {CONFIG_NAME}; was it written by save_pretrained?")
+            _read_config(cfg_file, cls)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
     def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download: bool, local_files_only: bool,
                          token, map_location: str = "cpu", strict: bool = True, **model_kwargs):
         """Build the model from its config (sizes bounded first) and load ``model.safetensors`` strictly."""
@@ -126,6 +139,29 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         model = cls(**model_kwargs)
         load_state_dict_exact(model, sd, what)
         return model.to(map_location) if map_location not in (None, "cpu") else model
+
+
+def _read_config(cfg_file: str, cls: type[DiffattnModel] | None = None) -> dict:
+    """The JSON object of ``cfg_file``, checked: an ``architecture`` entry (that of ``cls`` when given) and no entry
+    that is not an argument of that class."""
+    try:
+        with open(cfg_file, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{cfg_file} is not valid JSON: {e}") from e
+    if not isinstance(cfg, dict) or "architecture" not in cfg:
+        raise ValueError(f"{cfg_file} must be a JSON object with an 'architecture' entry (written by diffattn's "
+                         f"save_pretrained), got {type(cfg).__name__}")
+    arch = model_class(cfg["architecture"])
+    if cls is not None and arch is not cls:
+        raise ValueError(f"{cfg_file} holds a {cfg['architecture']} checkpoint, not a {cls.__name__}; load it with "
+                         f"diffattn.models.from_pretrained")
+    allowed = set(arch._hub_mixin_init_parameters) | set(_META_KEYS)
+    unknown = sorted(set(cfg) - allowed)
+    if unknown:
+        raise ValueError(f"{cfg_file} has entries that are not arguments of {arch.__name__}: {unknown}; it takes "
+                         f"{sorted(arch._hub_mixin_init_parameters)}")
+    return cfg
 
 
 def model_class(name: str) -> type[DiffattnModel]:
@@ -153,20 +189,8 @@ def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
         cfg_file = hf_hub_download(path, CONFIG_NAME, **{k: v for k, v in kwargs.items()
                                                          if k in ("revision", "cache_dir", "token",
                                                                   "local_files_only")})
-    try:
-        with open(cfg_file, encoding="utf-8") as f:
-            cfg = json.load(f)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{cfg_file} is not valid JSON: {e}") from e
-    if not isinstance(cfg, dict) or "architecture" not in cfg:
-        raise ValueError(f"{cfg_file} must be a JSON object with an 'architecture' entry (written by diffattn's "
-                         f"save_pretrained), got {type(cfg).__name__}")
+    cfg = _read_config(cfg_file)
     cls = model_class(cfg["architecture"])
-    allowed = set(cls._hub_mixin_init_parameters) | set(_META_KEYS)
-    unknown = sorted(set(cfg) - allowed)
-    if unknown:
-        raise ValueError(f"{cfg_file} has entries that are not arguments of {cls.__name__}: {unknown}; it takes "
-                         f"{sorted(cls._hub_mixin_init_parameters)}")
     model = cls.from_pretrained(path, **kwargs)
     model.model_name = cfg.get("model_name")
     return model
