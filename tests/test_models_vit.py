@@ -35,7 +35,7 @@ def test_every_name_forward_backward_tiny(name):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-def test_named_configs_follow_the_seeds():
+def test_named_configs_follow_the_papers():
     assert vit_config("vit_cifar") == dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=8,
                                            num_classes=10, drop_rate=0.05)
     dg = vit_config("dg_vit_cifar_x16_3")

@@ -63,7 +63,7 @@ def _unknown(keys, what: str) -> None:
 def convert_diffclip_state_dict(state_dict: StateDict) -> dict[str, torch.Tensor]:
     """DiffCLIP release keys (SLIP lineage; ``module.`` already removed) → :class:`CLIP` keys.
 
-    ``visual.*`` is a timm ViT whose attention has seed 003's names: kept as is. The text tower
+    ``visual.*`` is a timm ViT whose attention has DiffCLIP's module names: kept as is. The text tower
     (``token_embedding``, ``positional_embedding``, ``transformer.resblocks.i.{ln_1, attn, ln_2, mlp.c_fc,
     mlp.c_proj}``, ``ln_final``) goes under ``text.``; a standard text tower's ``attn.in_proj_*`` (DiffCLIP†,
     SLIP's CLIP) is split into q/k/v. ``image_projection``, ``text_projection``, ``logit_scale`` keep their
