@@ -4,8 +4,10 @@ import pytest
 import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
 
+import diffattn
+from diffattn.convert import from_diffllama, to_diffllama
 from diffattn.models import create_model, from_pretrained, list_models
-from diffattn.models.causal_lm import CausalLM, from_diffllama, to_diffllama
+from diffattn.models.causal_lm import CausalLM
 
 TINY = dict(vocab_size=64, dim=32, depth=2, num_heads=4)
 
@@ -148,3 +150,33 @@ def test_diffllama_export_from_scratch_and_refusals():
         m(torch.randn(2, 3))
     with pytest.raises(ValueError, match="attention_mask"):
         m(ids, torch.ones(2, 3))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_diffllama_model_converters_keep_the_source_dtype(dtype):
+    """from_diffllama / to_diffllama return a model of the source's dtype with bit-identical tensors (the 0.1.0
+    converters always returned float32: float64 rounded, bf16 upcast)."""
+    hf = _hf_tiny(tie_word_embeddings=True).to(dtype)
+    ours = from_diffllama(hf).eval()
+    assert {p.dtype for p in ours.parameters()} == {dtype}
+    assert ours.lm_head.weight is ours.tok_embed.weight  # the tie survives
+    q_hf = hf.model.layers[1].self_attn.q_proj.weight
+    perm = diffattn.convert.halves_to_adjacent_perm(4)
+    assert torch.equal(ours.blocks[1].attn.q_proj.weight, diffattn.convert.permute_heads(q_hf, perm, 8))
+    back = to_diffllama(ours).eval()
+    assert {p.dtype for p in back.parameters()} == {dtype}
+    sd, sd2 = hf.state_dict(), back.state_dict()
+    assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
+    if dtype == torch.float64:  # transformers computes RoPE tables in float32, hence 1e-6 rather than 1e-12
+        ids = torch.randint(0, 64, (2, 9))
+        with torch.no_grad():
+            y = ours(ids)
+            assert y.dtype == torch.float64 and (y - hf(ids).logits).abs().max().item() <= 1e-6
+
+
+def test_diffllama_missing_or_empty_tensor_is_a_clear_error():
+    with pytest.raises(ValueError, match=r"DiffLlama attention state dict has no 'q_proj.weight'"):
+        diffattn.convert.diffllama_to_diffattn_state_dict({}, num_heads=4, num_kv_heads=2, head_dim=8)
+    with pytest.raises(ValueError, match="is empty"):
+        diffattn.convert.diffllama_to_diffattn_state_dict(
+            {"q_proj.weight": torch.zeros(0, 32)}, num_heads=4, num_kv_heads=2, head_dim=8)

@@ -8,7 +8,10 @@ import torch
 
 from diffattn.layers import Attention, DiffAttention, GatedDiffAttention
 from diffattn.models import create_model, from_pretrained
-from diffattn.models.clip import CLIP, CLIP_NAMES, clip_config, clip_loss
+from diffattn.models import model_config as clip_config
+from diffattn.models.clip import CLIP, CLIP_CONFIGS, clip_loss
+
+CLIP_NAMES = list(CLIP_CONFIGS)
 
 TINY = dict(embed_dim=16, vision_img_size=16, vision_patch_size=8, vision_embed_dim=32, vision_depth=2,
             vision_num_heads=4, text_embed_dim=32, text_depth=2, text_num_heads=4, text_context_length=12,
@@ -144,7 +147,7 @@ def test_tiny_trains_on_cpu():
 
 
 def test_bad_input_raises_value_error():
-    with pytest.raises(ValueError, match="override 'width' is not understood"):
+    with pytest.raises(ValueError, match=r"override 'width' is not an argument of CLIP"):
         create_model("clip_tiny", width=3)
     with pytest.raises(ValueError, match="vision has unknown arguments"):
         CLIP(vision={"width": 3})

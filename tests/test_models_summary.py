@@ -1,4 +1,4 @@
-"""summary(): parameter counts against seed 000 and seed 004, exact FLOP counts, activation memory."""
+"""summary(): parameter counts against DiffCLIP and M-DGSA (2025), exact FLOP counts, activation memory."""
 
 import pytest
 import torch
@@ -7,17 +7,17 @@ from diffattn.layers import Attention, DiffAttention, GatedDiffAttention
 from diffattn.models import create_model
 from diffattn.models.summary import ModelSummary, parameter_count, summary
 
-# seed 004 App. B.4 Table 9, CIFAR-10 and CIFAR-100 (width 256, 8 layers, 8 differential heads, patch 4)
+# M-DGSA (2025) App. B.4 Table 9, CIFAR-10 and CIFAR-100 (width 256, 8 layers, 8 differential heads, patch 4)
 TABLE9 = {10: {"vit_cifar": 6_591_626, "diff_vit_cifar_x4": 5_543_818, "dg_vit_cifar_x4": 5_559_754},
           100: {"vit_cifar": 6_611_428, "diff_vit_cifar_x4": 5_555_428, "dg_vit_cifar_x4": 5_571_364}}
 
 
 @pytest.mark.parametrize("classes", [10, 100])
-def test_dvit_dgvit_counts_follow_seed004_table9(classes):
+def test_dvit_dgvit_counts_follow_mdgsa_table9(classes):
     with torch.device("meta"):
         n = {name: parameter_count(create_model(name, num_classes=classes)) for name in TABLE9[classes]}
     table = TABLE9[classes]
-    # the blocks match the table exactly: DGViTx4 − DViTx4 and (at 10 classes, where the seed's heads agree)
+    # the blocks match the table exactly: DGViTx4 − DViTx4 and (at 10 classes, where the paper's heads agree)
     # ViTx4 − DViTx4 = 8 × (GELU ×4 − SwiGLU ×4 − λ − sub-norm) = 8 × (131,072 − 96)
     assert n["vit_cifar"] - n["diff_vit_cifar_x4"] == 1_047_808 == 8 * (131_072 - 96)
     if classes == 10:
@@ -28,7 +28,7 @@ def test_dvit_dgvit_counts_follow_seed004_table9(classes):
     assert 8 * (256 * 8 + 8 - 4 * 16) == 15_936
     # absolute counts: ours are the ViT of App. B Table 4 (patch embedding, CLS, 65 positions, LayerNorm,
     # linear
-    # head); the seed's code has 241,024 more parameters outside the blocks at 10 classes (its embedding/head
+    # head); the paper's code has 241,024 more parameters outside the blocks at 10 classes (its embedding/head
     # are not described), a DViT head of 129 parameters per class and a ViT head of about 220 (not 257).
     if classes == 10:
         assert {k: table[k] - v for k, v in n.items()} == dict.fromkeys(n, 241_024)
@@ -57,7 +57,7 @@ def test_diffclip_parameter_overhead_over_clip():
     assert n["diffclip_vit_b16"] - base == 24 * per_layer == 9_216
     assert n["diffclip_star_vit_b16"] == n["diffclip_vit_b16"]
     assert n["diffclip_dagger_vit_b16"] - base == 12 * per_layer == 4_608
-    # seed 000 §4.1: "roughly 0.003%". One tower's overhead is 0.0031%; both towers' is 0.0062%.
+    # Hammoud & Ghanem 2025 §4.1: "roughly 0.003%". One tower's overhead is 0.0031%; both towers' is 0.0062%.
     assert round(100 * 4_608 / base, 3) == 0.003
     assert round(100 * 9_216 / base, 4) == 0.0062
     # gated: per layer + gate (D·H + H) − λ vectors; vision H = 6 (D 768), text H = 4 (D 512)

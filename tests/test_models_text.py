@@ -1,4 +1,4 @@
-"""Text classifiers (Transformer / DT / DGT, seed 004) and the word vocabulary."""
+"""Text classifiers (Transformer / DT / DGT, M-DGSA 2025) and the word vocabulary."""
 
 import pytest
 import torch
@@ -52,7 +52,7 @@ def test_registry_names_build_forward_backward():
     assert create_model("t_mnli", vocab_size=10).num_classes == 3
 
 
-def test_parameter_differences_follow_seed004_table7():
+def test_parameter_differences_follow_mdgsa_table7():
     """Table 7 (Rotten Tomatoes, 4 layers × 256): Transformer 5.1M, DT/DGT ×2 3.8M, ×4 4.6M, ×16/3 5.1M."""
     with torch.device("meta"):  # counts only; no memory, no init
         n = {k: sum(p.numel() for p in create_model(k, vocab_size=10).parameters())

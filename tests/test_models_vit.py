@@ -8,7 +8,8 @@ import torch
 import diffattn.models as dm
 from diffattn.layers import Attention, DiffAttention, GatedDiffAttention
 from diffattn.models import create_model, from_pretrained, list_models
-from diffattn.models.vit import VisionTransformer, vit_config
+from diffattn.models import model_config as vit_config
+from diffattn.models.vit import VisionTransformer
 
 TINY = dict(img_size=16, patch_size=8, embed_dim=32, depth=2, num_heads=4, num_classes=3)
 VISION_NAMES = sorted(
@@ -20,7 +21,7 @@ VISION_NAMES = sorted(
 def test_registry_lists_the_vision_family():
     from diffattn.models import vit
 
-    assert sorted(vit._CONFIGS) == VISION_NAMES
+    assert sorted(vit.VIT_CONFIGS) == VISION_NAMES
     assert set(VISION_NAMES) <= set(list_models("*vit*"))
 
 
@@ -34,7 +35,7 @@ def test_every_name_forward_backward_tiny(name):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
-def test_named_configs_follow_the_seeds():
+def test_named_configs_follow_the_papers():
     assert vit_config("vit_cifar") == dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=8,
                                            num_classes=10, drop_rate=0.05)
     dg = vit_config("dg_vit_cifar_x16_3")
@@ -123,7 +124,7 @@ def test_bad_input_raises_value_error():
         create_model("diff_vit_nano", lambda_init="linear")
     with pytest.raises(ValueError, match="q_residual"):
         create_model("vit_nano", q_residual=True)
-    with pytest.raises(ValueError, match=r"overrides \['width'\]"):
+    with pytest.raises(ValueError, match=r"override 'width' is not an argument of VisionTransformer"):
         create_model("vit_nano", width=3)
     with pytest.raises(ValueError, match=r"images must have shape \(B, 3, 32, 32\), got \(1, 3, 16, 16\)"):
         create_model("vit_nano")(torch.randn(1, 3, 16, 16))

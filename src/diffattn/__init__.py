@@ -8,7 +8,7 @@ models (DiffCLIP, DiffViT/DGViT, text classifiers, causal LMs). See README.md.
 Importing ``diffattn`` registers its vision models with timm (``timm.create_model("diff_vit_tiny_patch16_224")``).
 """
 
-from . import functional, lambdas, layers, layouts, models
+from . import convert, functional, lambdas, layers, models
 from .adapters import load_adapter, retrofit, save_adapter
 from .data import get_dataset, list_datasets
 from .functional import AttentionWeights, attention, diff_attention
@@ -21,7 +21,7 @@ __all__ = [
     "functional",
     "lambdas",
     "layers",
-    "layouts",
+    "convert",
     "models",
     "AttentionWeights",
     "attention",

@@ -1,8 +1,9 @@
-"""Layers: attention (standard, differential, gated), rotary embedding, KV cache, MLPs, norms."""
+"""Layers: attention (standard, differential, gated), rotary embedding, KV cache, MLPs, norms, shared blocks."""
 
 from .attention import ATTENTION_TYPES, Attention, DiffAttention, GatedDiffAttention, attention_class
+from .blocks import Block, DropPath, PatchEmbed
 from .kv_cache import KVCache
-from .mlp import Mlp, SwiGLU
+from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 
@@ -15,6 +16,12 @@ __all__ = [
     "KVCache",
     "Mlp",
     "SwiGLU",
+    "QuickGELU",
+    "MLP_TYPES",
+    "build_mlp",
+    "Block",
+    "DropPath",
+    "PatchEmbed",
     "RMSNorm",
     "head_rms_norm",
     "ROPE_STYLES",

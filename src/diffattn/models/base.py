@@ -1,8 +1,18 @@
-"""Save and load for every diffattn model, through huggingface_hub's ``PyTorchModelHubMixin``.
+"""Save and load for every diffattn model, through huggingface_hub's ``PyTorchModelHubMixin``, strictly and atomically.
 
 ``model.save_pretrained(dir)`` writes ``model.safetensors`` and ``config.json`` (the constructor's arguments plus
-``architecture``, the class name); ``diffattn.models.from_pretrained(dir_or_repo_id)`` reads the class from the
-config, so no model name is needed. A hub repo id works wherever a hub is reachable.
+``architecture``, the class name, and ``model_name``) into a temporary directory beside ``dir`` and swaps it into
+place with :func:`diffattn.io.atomic_write_dir`: a process killed at any point leaves either the previous checkpoint
+or the new one, never a mix. ``diffattn.models.from_pretrained(dir_or_repo_id)`` reads the class from the config, so
+no model name is needed; ``SomeModel.from_pretrained(dir)`` works too. Both load strictly:
+
+- ``config.json`` must name a diffattn architecture and hold only its constructor's arguments; sizes are checked
+  against :data:`diffattn.models.config.SIZE_BOUNDS` before anything is allocated;
+- ``model.safetensors`` must hold exactly the model's tensors with the model's shapes: missing, unexpected and
+  mismatched keys are all named in one ``ValueError``, raised before any model is returned. Weights are read with
+  safetensors only (no pickle).
+
+A hub repo id works wherever a hub is reachable.
 """
 
 from __future__ import annotations
@@ -11,12 +21,61 @@ import json
 import os
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 
-__all__ = ["DiffattnModel", "from_pretrained", "model_class"]
+from ..io import atomic_write_dir, recover_dir
 
+__all__ = ["DiffattnModel", "from_pretrained", "model_class", "load_state_dict_exact", "check_state_dict",
+           "WEIGHTS_NAME",
+           "CONFIG_NAME"]
+
+WEIGHTS_NAME = "model.safetensors"
+CONFIG_NAME = "config.json"
+_META_KEYS = ("architecture", "model_name")  # written by save_pretrained beside the constructor's arguments
 _CLASSES: dict[str, type[DiffattnModel]] = {}
+
+
+def _names(keys, limit: int = 10) -> str:
+    keys = sorted(keys)
+    return f"{keys[:limit]}" + (f" (+{len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+def check_state_dict(model: nn.Module, state_dict: dict[str, torch.Tensor], what: str) -> None:
+    """ValueError naming every missing, unexpected and mis-shaped key unless ``state_dict`` holds exactly the tensors
+    of ``model`` (which may live on the meta device). Tied parameters (one tensor under two names, e.g.
+    ``lm_head.weight`` = ``tok_embed.weight``) need only one of their names."""
+    expected = model.state_dict(keep_vars=True)  # the Parameter objects themselves: a tie is one object
+    groups: dict[int, list[str]] = {}
+    for k, t in expected.items():
+        groups.setdefault(id(t), []).append(k)
+    missing = [g[0] if len(g) == 1 else " | ".join(g) for g in groups.values() if not any(k in state_dict for k in g)]
+    unexpected = [k for k in state_dict if k not in expected]
+    mismatched = [f"{k}: file {tuple(state_dict[k].shape)} vs model {tuple(expected[k].shape)}"
+                  for k in state_dict if k in expected and tuple(state_dict[k].shape) != tuple(expected[k].shape)]
+    if missing or unexpected or mismatched:
+        parts = [f"{label} {len(keys)} key(s): {_names(keys)}" for label, keys in
+                 (("missing", missing), ("unexpected", unexpected), ("shape mismatch in", mismatched)) if keys]
+        raise ValueError(f"{what} does not match {type(model).__name__}: " + "; ".join(parts))
+
+
+def load_state_dict_exact(model: nn.Module, state_dict: dict[str, torch.Tensor], what: str) -> nn.Module:
+    """Load ``state_dict`` into ``model`` after :func:`check_state_dict`; on any mismatch ``model`` is untouched."""
+    check_state_dict(model, state_dict, what)
+    model.load_state_dict(state_dict, strict=False)  # every model tensor is covered (ties through one name)
+    return model
+
+
+def _read_weights(path: str, what: str) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"{what}: {path} does not exist; was the model saved with save_pretrained?")
+    try:
+        return load_file(path)
+    except Exception as e:  # safetensors raises its own error types (e.g. HeaderTooSmall for an empty file)
+        raise ValueError(f"{what}: {path} is not a readable safetensors file ({type(e).__name__}: {e})") from e
 
 
 class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
@@ -29,37 +88,109 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         super().__init_subclass__(**kwargs)
         _CLASSES[cls.__name__] = cls
 
-    def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, **kwargs):
+    def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
+                        push_to_hub: bool = False, model_card_kwargs: dict | None = None, **push_to_hub_kwargs):
+        """Write ``model.safetensors``, ``config.json`` and a model card to ``save_directory``, atomically: the
+        directory is replaced as a whole (files that this save does not write are not kept)."""
         cfg = dict(self._hub_mixin_config or {}) if config is None else dict(config)
         cfg["architecture"] = type(self).__name__
         if self.model_name is not None:
             cfg["model_name"] = self.model_name
-        return super().save_pretrained(save_directory, config=cfg, **kwargs)
+        with atomic_write_dir(save_directory) as tmp:
+            super().save_pretrained(tmp, config=cfg, model_card_kwargs=model_card_kwargs)
+        if push_to_hub:
+            return self.push_to_hub(repo_id=repo_id or Path(save_directory).name, config=cfg,
+                                    model_card_kwargs=model_card_kwargs, **push_to_hub_kwargs)
+        return None
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs):
+        """Load a checkpoint of this class saved with :meth:`save_pretrained` (strict; module docstring)."""
+        path = str(pretrained_model_name_or_path)
+        if os.path.exists(path) or os.path.exists(path.rstrip("/") + ".old"):
+            recover_dir(path)
+        if os.path.isdir(path):
+            cfg_file = os.path.join(path, CONFIG_NAME)
+            if not os.path.isfile(cfg_file):
+                raise FileNotFoundError(f"{path} has no {CONFIG_NAME}; was it written by save_pretrained?")
+            _read_config(cfg_file, cls)
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download: bool, local_files_only: bool,
+                         token, map_location: str = "cpu", strict: bool = True, **model_kwargs):
+        """Build the model from its config (sizes bounded first) and load ``model.safetensors`` strictly."""
+        if not strict:
+            raise ValueError("strict=False: diffattn loads checkpoints strictly; load the state dict yourself "
+                             "with model.load_state_dict(..., strict=False) if a partial load is what you want")
+        for k in _META_KEYS:
+            model_kwargs.pop(k, None)
+        if os.path.isdir(model_id):
+            weights = os.path.join(recover_dir(model_id), WEIGHTS_NAME)
+        else:
+            weights = hf_hub_download(repo_id=model_id, filename=WEIGHTS_NAME, revision=revision,
+                                      cache_dir=cache_dir, force_download=force_download, token=token,
+                                      local_files_only=local_files_only)
+        what = f"checkpoint {model_id}"
+        sd = _read_weights(weights, what)
+        with torch.device("meta"):  # shapes only: the real tensors come from the file
+            probe = cls(**model_kwargs)
+        check_state_dict(probe, sd, what)  # raises before any real model exists
+        model = cls(**model_kwargs)
+        load_state_dict_exact(model, sd, what)
+        return model.to(map_location) if map_location not in (None, "cpu") else model
+
+
+def _read_config(cfg_file: str, cls: type[DiffattnModel] | None = None) -> dict:
+    """The JSON object of ``cfg_file``, checked: an ``architecture`` entry (that of ``cls`` when given) and no entry
+    that is not an argument of that class."""
+    try:
+        with open(cfg_file, encoding="utf-8") as f:
+            cfg = json.load(f)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{cfg_file} is not valid JSON: {e}") from e
+    if not isinstance(cfg, dict) or "architecture" not in cfg:
+        raise ValueError(f"{cfg_file} must be a JSON object with an 'architecture' entry (written by diffattn's "
+                         f"save_pretrained), got {type(cfg).__name__}")
+    arch = model_class(cfg["architecture"])
+    if cls is not None and arch is not cls:
+        raise ValueError(f"{cfg_file} holds a {cfg['architecture']} checkpoint, not a {cls.__name__}; load it with "
+                         f"diffattn.models.from_pretrained")
+    allowed = set(arch._hub_mixin_init_parameters) | set(_META_KEYS)
+    unknown = sorted(set(cfg) - allowed)
+    if unknown:
+        raise ValueError(f"{cfg_file} has entries that are not arguments of {arch.__name__}: {unknown}; it takes "
+                         f"{sorted(arch._hub_mixin_init_parameters)}")
+    return cfg
 
 
 def model_class(name: str) -> type[DiffattnModel]:
     from . import _load_all  # noqa: F401
 
     if name not in _CLASSES:
-        raise ValueError(f"unknown architecture {name!r} in config.json; known: {sorted(_CLASSES)}")
+        raise ValueError(f"architecture in config.json must be one of {sorted(_CLASSES)}, got {name!r}")
     return _CLASSES[name]
 
 
 def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
-    """Load a model saved with ``save_pretrained`` from a folder or a hub repo id; the config names the class."""
+    """Load a model saved with ``save_pretrained`` from a folder or a hub repo id; the config names the class.
+
+    Strict (module docstring): a config with unknown entries, a weights file with missing, unexpected or
+    mis-shaped tensors, or sizes beyond the bounds raise ValueError and no model is returned.
+    """
     path = str(path_or_repo_id)
+    if os.path.exists(path) or os.path.exists(path.rstrip("/") + ".old"):
+        recover_dir(path)  # finish a swap that a killed save left half done
     if os.path.isdir(path):
-        cfg_file = os.path.join(path, "config.json")
+        cfg_file = os.path.join(path, CONFIG_NAME)
         if not os.path.exists(cfg_file):
-            raise FileNotFoundError(f"{path} has no config.json; was it written by save_pretrained?")
+            raise FileNotFoundError(f"{path} has no {CONFIG_NAME}; was it written by save_pretrained?")
     else:
-        cfg_file = hf_hub_download(path, "config.json", **{k: v for k, v in kwargs.items()
-                                                           if k in ("revision", "cache_dir", "token",
-                                                                    "local_files_only")})
-    with open(cfg_file, encoding="utf-8") as f:
-        cfg = json.load(f)
-    if "architecture" not in cfg:
-        raise ValueError(f"{cfg_file} has no 'architecture' entry; it was not written by diffattn")
-    model = model_class(cfg["architecture"]).from_pretrained(path, **kwargs)
+        cfg_file = hf_hub_download(path, CONFIG_NAME, **{k: v for k, v in kwargs.items()
+                                                         if k in ("revision", "cache_dir", "token",
+                                                                  "local_files_only")})
+    cfg = _read_config(cfg_file)
+    cls = model_class(cfg["architecture"])
+    model = cls.from_pretrained(path, **kwargs)
     model.model_name = cfg.get("model_name")
     return model

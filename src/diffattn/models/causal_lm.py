@@ -5,7 +5,7 @@
 
 One class, :class:`CausalLM`, serves the three families: ``attention="standard"`` (a Llama), ``"diff"`` (the
 Diff Transformer, Ye et al. 2024 §2–3: differential attention, λ_init = 0.8 − 0.6·exp(−0.3·l) with the 0-based
-layer index l, per-head RMSNorm) and ``"gated"`` (M-DGSA, seed 004 §4, in a decoder). All three keep
+layer index l, per-head RMSNorm) and ``"gated"`` (M-DGSA 2025, §4, in a decoder). All three keep
 ``num_heads`` = the standard head count h, so the differential model has h/2 heads of width 2d and the same
 parameter count as the standard one plus 4d λ values and 2d norm weights per layer (Ye et al. 2024 §3.1 matches
 sizes the same way). Everything outside ``blocks.*.attn`` is shared, so the switch changes only attention.
@@ -17,9 +17,10 @@ tokens either way).
 
 transformers' ``DiffLlama`` (halves layout, no sub-norm weight, ``rms_norm_eps`` everywhere, λ_init by layer
 index) is exactly ``attention="diff", lambda_init="ye", diff_norm_affine=False, diff_norm_eps=norm_eps`` with no
-MLP bias: :func:`to_diffllama` and :func:`from_diffllama` convert through :mod:`diffattn.layouts`.
+MLP bias: :func:`diffattn.convert.to_diffllama` and :func:`diffattn.convert.from_diffllama` convert exactly.
 
-Registered: ``lm_{tiny,small,base}``, ``diff_lm_{tiny,small,base}``, ``dg_lm_{tiny,small,base}``.
+Registered: the literal table :data:`LM_CONFIGS`: ``lm_{tiny,small,base}``, ``diff_lm_{tiny,small,base}``,
+``dg_lm_{tiny,small,base}``.
 """
 
 from __future__ import annotations
@@ -30,15 +31,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .. import layouts
 from ..lambdas import resolve_lambda_init
 from ..layers import KVCache, RMSNorm, SwiGLU, attention_class
 from ..layers.norm import head_rms_norm
 from .base import DiffattnModel
-from .registry import register_builder
+from .config import check_args, is_int
+from .registry import ModelFamily, register_family
 
-__all__ = ["CausalLM", "LMBlock", "llama_mlp_hidden", "to_diffllama", "to_diffllama_state_dict",
-           "from_diffllama"]
+__all__ = ["CausalLM", "LMBlock", "llama_mlp_hidden", "LM_CONFIGS"]
 
 
 def llama_mlp_hidden(dim: int, multiple_of: int = 64) -> int:
@@ -46,15 +46,6 @@ def llama_mlp_hidden(dim: int, multiple_of: int = 64) -> int:
     Diff Transformer uses 8/3·d_model as well)."""
     hidden = int(2 * 4 * dim / 3)
     return multiple_of * math.ceil(hidden / multiple_of)
-
-
-def _check(name: str, ok: bool, got, need: str) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {need}, got {got!r}")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 class LMBlock(nn.Module):
@@ -107,12 +98,9 @@ class CausalLM(DiffattnModel):
                  diff_norm_affine: bool = True, qkv_bias: bool = False, out_bias: bool = False,
                  mlp_bias: bool = False, drop_rate: float = 0.0, backend: str = "auto"):
         super().__init__()
-        for name, v in (("vocab_size", vocab_size), ("dim", dim), ("depth", depth), ("num_heads", num_heads),
-                        ("max_seq_len", max_seq_len)):
-            _check(name, _is_int(v) and v >= 1, v, "an integer >= 1")
-        _check("mlp_hidden", mlp_hidden is None or (_is_int(mlp_hidden) and mlp_hidden >= 1), mlp_hidden,
-               "None or an integer >= 1")
-        _check("drop_rate", isinstance(drop_rate, (int, float)) and 0.0 <= drop_rate < 1.0, drop_rate, "in [0, 1)")
+        check_args("CausalLM", vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
+                   num_kv_heads=num_kv_heads, mlp_hidden=mlp_hidden, max_seq_len=max_seq_len, norm_eps=norm_eps,
+                   diff_norm_eps=diff_norm_eps, rope_theta=rope_theta, drop_rate=drop_rate)
         attention_class(attention)  # validates the name
         resolve_lambda_init(lambda_init, 0)  # validates the value
         self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, attention
@@ -190,9 +178,12 @@ class CausalLM(DiffattnModel):
         count real tokens only. Rows that emitted ``eos_token_id`` keep emitting it; decoding stops when all did.
         With ``use_cache=False`` every step recomputes the whole prefix (same tokens, slower).
         """
-        _check("max_new_tokens", _is_int(max_new_tokens) and max_new_tokens >= 0, max_new_tokens, "an integer >= 0")
-        _check("temperature", isinstance(temperature, (int, float)) and temperature >= 0, temperature, ">= 0")
-        _check("top_k", top_k is None or (_is_int(top_k) and top_k >= 1), top_k, "None or an integer >= 1")
+        if not is_int(max_new_tokens) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
+            raise ValueError(f"temperature must be a number >= 0, got {temperature!r}")
+        if top_k is not None and (not is_int(top_k) or top_k < 1):
+            raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
         ids = input_ids
         mask = attention_mask.long() if attention_mask is not None else None
         caches = self.new_kv_caches() if use_cache else None
@@ -224,131 +215,25 @@ class CausalLM(DiffattnModel):
         return ids
 
 
-# ------------------------------------------------------------------------------------------- DiffLlama
-
-
-def _diffllama_config(model: CausalLM):
-    from transformers import DiffLlamaConfig
-
-    if model.attention != "diff":
-        raise ValueError(f"DiffLlama is differential attention; model has attention={model.attention!r}")
-    blk = model.blocks[0]
-    attn = blk.attn
-    eps = blk.norm1.eps
-    if attn.diff_norm.eps != eps:
-        raise ValueError(f"DiffLlama uses one rms_norm_eps for every norm; model has norm_eps={eps} and "
-                         f"diff_norm_eps={attn.diff_norm.eps}")
-    if blk.mlp.gate_proj.bias is not None:
-        raise ValueError("DiffLlama's MLP has no bias; model has mlp_bias=True")
-    bias = any(getattr(attn, p).bias is not None for p in ("q_proj", "k_proj", "v_proj", "out_proj"))
-    return DiffLlamaConfig(vocab_size=model.vocab_size, hidden_size=model.dim, intermediate_size=model.mlp_hidden,
-                           num_hidden_layers=model.depth, num_attention_heads=attn.num_heads,
-                           num_key_value_heads=attn.num_kv_heads, head_dim=attn.head_dim, hidden_act="silu",
-                           max_position_embeddings=model.max_seq_len, rms_norm_eps=eps,
-                           tie_word_embeddings=model.tie_embeddings, attention_bias=bias, attention_dropout=0.0,
-                           rope_parameters={"rope_type": "default", "rope_theta": float(attn.rotary.base)})
-
-
-def to_diffllama_state_dict(model: CausalLM, *, fold_norm: bool = False) -> tuple[object, dict]:
-    """(``DiffLlamaConfig``, ``DiffLlamaForCausalLM`` state dict) for ``model`` (``attention="diff"``).
-
-    Needs λ_init = 0.8 − 0.6·exp(−0.3·l) in block l (``lambda_init="ye"``), one eps for all norms and no MLP
-    bias. Sub-norm weights that are not ones raise unless ``fold_norm=True`` (folded into ``o_proj``; see
-    :func:`diffattn.layouts.diffattn_to_diffllama_state_dict`).
-    """
-    from transformers.models.diffllama.modeling_diffllama import lambda_init_fn
-
-    cfg = _diffllama_config(model)
-    sd = {"model.embed_tokens.weight": model.tok_embed.weight.detach().clone(),
-          "model.norm.weight": model.norm.weight.detach().clone(),
-          "lm_head.weight": model.lm_head.weight.detach().clone()}
-    for i, blk in enumerate(model.blocks):
-        if not math.isclose(blk.attn.lambda_init, lambda_init_fn(i), rel_tol=0.0, abs_tol=1e-12):
-            raise ValueError(f"block {i} has lambda_init={blk.attn.lambda_init}, DiffLlama fixes "
-                             f"{lambda_init_fn(i)} (build the model with lambda_init='ye')")
-        attn_sd = layouts.diffattn_to_diffllama_state_dict(
-            {k: v.detach() for k, v in blk.attn.state_dict().items()}, num_heads=cfg.num_attention_heads,
-            num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, fold_norm=fold_norm,
-            attention_bias=cfg.attention_bias)
-        p = f"model.layers.{i}."
-        sd.update({p + "self_attn." + k: v for k, v in attn_sd.items()})
-        sd[p + "input_layernorm.weight"] = blk.norm1.weight.detach().clone()
-        sd[p + "post_attention_layernorm.weight"] = blk.norm2.weight.detach().clone()
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            sd[p + f"mlp.{name}.weight"] = getattr(blk.mlp, name).weight.detach().clone()
-    return cfg, sd
-
-
-def to_diffllama(model: CausalLM, *, fold_norm: bool = False) -> nn.Module:
-    """An equivalent ``transformers.DiffLlamaForCausalLM`` (same logits; see :func:`to_diffllama_state_dict`)."""
-    from transformers import DiffLlamaForCausalLM
-
-    cfg, sd = to_diffllama_state_dict(model, fold_norm=fold_norm)
-    hf = DiffLlamaForCausalLM(cfg)
-    hf.load_state_dict(sd, strict=True)
-    return hf.to(model.lm_head.weight.device).train(model.training)
-
-
-def from_diffllama(hf_model, *, diff_norm_affine: bool = False, backend: str = "auto") -> CausalLM:
-    """A ``transformers.DiffLlamaForCausalLM`` (or a folder/repo id to load one from) → an equivalent
-    :class:`CausalLM` with ``attention="diff", lambda_init="ye"``, sub-norm eps = ``rms_norm_eps`` and no
-    sub-norm weight (``diff_norm_affine=True``: a weight of ones, to train it)."""
-    from transformers import DiffLlamaForCausalLM
-
-    if isinstance(hf_model, str):
-        hf_model = DiffLlamaForCausalLM.from_pretrained(hf_model)
-    if not isinstance(hf_model, DiffLlamaForCausalLM):
-        raise ValueError(f"hf_model must be a DiffLlamaForCausalLM or a path to one, got {type(hf_model).__name__}")
-    c = hf_model.config
-    if c.hidden_act != "silu":
-        raise ValueError(f"config.hidden_act must be 'silu' (SwiGLU), got {c.hidden_act!r}")
-    theta = layouts._diffllama_rope_theta(c)
-    model = CausalLM(c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-                     num_kv_heads=c.num_key_value_heads, mlp_hidden=c.intermediate_size, attention="diff",
-                     lambda_init="ye", rope_theta=theta, max_seq_len=c.max_position_embeddings,
-                     tie_embeddings=bool(c.tie_word_embeddings), norm_eps=c.rms_norm_eps,
-                     diff_norm_eps=c.rms_norm_eps, diff_norm_affine=diff_norm_affine,
-                     qkv_bias=bool(c.attention_bias), out_bias=bool(c.attention_bias), backend=backend)
-    src = hf_model.state_dict()
-    sd = {"tok_embed.weight": src["model.embed_tokens.weight"], "norm.weight": src["model.norm.weight"],
-          "lm_head.weight": src["lm_head.weight"]}
-    for i in range(c.num_hidden_layers):
-        p = f"model.layers.{i}."
-        attn = {k[len(p) + 10:]: v for k, v in src.items() if k.startswith(p + "self_attn.")}
-        ours = layouts.diffllama_to_diffattn_state_dict(attn, num_heads=c.num_attention_heads,
-                                                        num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
-                                                        diff_norm_affine=diff_norm_affine)
-        sd.update({f"blocks.{i}.attn.{k}": v for k, v in ours.items()})
-        sd[f"blocks.{i}.norm1.weight"] = src[p + "input_layernorm.weight"]
-        sd[f"blocks.{i}.norm2.weight"] = src[p + "post_attention_layernorm.weight"]
-        for name in ("gate_proj", "up_proj", "down_proj"):
-            sd[f"blocks.{i}.mlp.{name}.weight"] = src[p + f"mlp.{name}.weight"]
-    model.load_state_dict(sd, strict=True)
-    return model.to(hf_model.lm_head.weight.device).train(hf_model.training)
-
-
 # --------------------------------------------------------------------------------------------- registry
 
-_SIZES = {
-    "tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256),
-    "small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024),
-    "base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048),
+# tiny is a CPU size (GQA with 2 key/value heads); small and base are GPT-2-small-like widths. M-DGSA's λ_init is
+# fixed at 0.8 (M-DGSA 2025, App. B.5: best for M-DGSA); the differential models use the depth schedule "ye".
+LM_CONFIGS: dict[str, dict] = {
+    "lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
+                    attention="standard"),
+    "lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024, attention="standard"),
+    "lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048, attention="standard"),
+    "diff_lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
+                         attention="diff"),
+    "diff_lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024, attention="diff"),
+    "diff_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048, attention="diff"),
+    "dg_lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
+                       attention="gated", lambda_init=0.8),
+    "dg_lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024, attention="gated",
+                        lambda_init=0.8),
+    "dg_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048, attention="gated",
+                       lambda_init=0.8),
 }
-_FAMILIES = {"lm": "standard", "diff_lm": "diff", "dg_lm": "gated"}
 
-
-def _register(family: str, size: str):
-    cfg = {**_SIZES[size], "attention": _FAMILIES[family]}
-    if family == "dg_lm":
-        cfg["lambda_init"] = 0.8  # seed 004 App. B.5: λ_init fixed at 0.8 was best for M-DGSA
-    kind = {"standard": "standard attention (Llama)", "diff": "differential attention (Diff Transformer)",
-            "gated": "gated differential attention (M-DGSA)"}[cfg["attention"]]
-    return register_builder(f"{family}_{size}", lambda overrides: CausalLM(**{**cfg, **overrides}),
-                            f"Causal LM, {kind}, size {size!r}: {_SIZES[size]}.", __name__)
-
-
-for _family in _FAMILIES:
-    for _size in _SIZES:
-        _b = _register(_family, _size)
-        globals()[_b.__name__] = _b
-        __all__.append(_b.__name__)
+register_family(ModelFamily(CausalLM, LM_CONFIGS, __name__, "Llama-style causal LM."))

@@ -1,4 +1,4 @@
-"""CLIP and DiffCLIP: two towers with a per-tower attention switch (seed 000 §3.3, §4; SLIP/DiffCLIP lineage).
+"""CLIP and DiffCLIP: two towers with a per-tower attention switch (Hammoud & Ghanem 2025, §3.3, §4).
 
     u = normalize(visual(I)[CLS] · P_img),   v = normalize(text(T)[EOT] · P_txt),   S = exp(t) · u vᵀ
     L_CLIP = ½ (CE(S, diag) + CE(Sᵀ, diag)),  exp(t) clamped at 100, t initialised to log(1/0.07)
@@ -8,13 +8,13 @@ Text tower: :class:`TextTransformer`, causal pre-norm blocks (width 512, 12 laye
 vocabulary 49408), pooled at the EOT token (the largest token id, as in CLIP), QuickGELU MLPs like the
 SLIP/DiffCLIP code. Both towers take ``attention="standard" | "diff" | "gated"`` and ``lambda_init``.
 
-Registered names (``{size}`` is ``vit_b16``, ``vit_s16``, ``vit_ti16`` or ``tiny``):
+Registered: the literal table :data:`CLIP_CONFIGS` (``{size}`` is ``vit_b16``, ``vit_s16``, ``vit_ti16`` or ``tiny``):
 
-- ``clip_{size}``: standard attention in both towers (seed 000's baseline).
-- ``diffclip_{size}``: differential attention in both towers, λ_init = 0.8 (seed 000 §4.1).
-- ``diffclip_star_{size}``: DiffCLIP*, λ_init = 0.8 − 0.6·exp(−0.3·l), l the 0-based layer (seed 000 §4.5).
-- ``diffclip_dagger_{size}``: DiffCLIP†, differential attention in the vision tower only (seed 000 §4.6).
-- ``dgclip_{size}``: gated differential attention (M-DGSA, seed 004) in both towers, λ_init 0.8, no
+- ``clip_{size}``: standard attention in both towers (Radford et al. 2021; DiffCLIP's baseline).
+- ``diffclip_{size}``: differential attention in both towers, λ_init = 0.8 (Hammoud & Ghanem 2025, §4.1).
+- ``diffclip_star_{size}``: DiffCLIP*, λ_init = 0.8 − 0.6·exp(−0.3·l), l the 0-based layer (§4.5).
+- ``diffclip_dagger_{size}``: DiffCLIP†, differential attention in the vision tower only (§4.6).
+- ``dgclip_{size}``: gated differential attention (M-DGSA 2025) in both towers, λ_init 0.8, no
   [Q⁺; Q⁻] residual (``vision_q_residual=True`` adds DGViT's).
 
 ViT-S/16 and ViT-Ti/16 change the image tower only (text 512/12/8, embedding 512). ViT-Ti's 3 heads cannot
@@ -22,14 +22,14 @@ pair, so its differential and gated towers use 6 standard heads (3 differential 
 ``tiny`` (32×32 images, patch 4, width 64, 2 layers; text width 64, 2 layers, context 32) trains on a CPU
 in minutes.
 
-Overrides: ``attention=`` and ``lambda_init=`` set both towers; ``vision_<arg>=`` / ``text_<arg>=`` set one
-argument of one tower (``vision_depth=2``, ``text_embed_dim=64``, ``vision_attention="diff"``); ``embed_dim``
-is the shared space. Vision LayerNorms use eps 1e-5 as the DiffCLIP release, OpenAI CLIP and open_clip do.
+Overrides (:mod:`diffattn.models.registry`): ``attention=`` and ``lambda_init=`` set both towers;
+``vision_<arg>=`` / ``text_<arg>=`` set one argument of one tower (``vision_depth=2``, ``text_embed_dim=64``,
+``vision_attention="diff"``); ``embed_dim`` is the shared space. Vision LayerNorms use eps 1e-5 as the DiffCLIP
+release, OpenAI CLIP and open_clip do.
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 from functools import cached_property
 
@@ -38,13 +38,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..lambdas import resolve_lambda_init
-from ..layers import attention_class
+from ..layers import Block, attention_class
 from ..losses import clip_loss
 from .base import DiffattnModel
-from .registry import register_builder
-from .vit import Block, VisionTransformer
+from .config import check_args, check_size
+from .registry import ModelFamily, inspect_args, register_family
+from .vit import VisionTransformer
 
-__all__ = ["CLIP", "TextTransformer", "clip_loss", "image_transform", "IMAGENET_MEAN", "IMAGENET_STD"]
+__all__ = ["CLIP", "TextTransformer", "CLIP_CONFIGS", "clip_loss", "image_transform", "IMAGENET_MEAN",
+           "IMAGENET_STD"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -65,10 +67,9 @@ class TextTransformer(nn.Module):
                  qkv_bias: bool = True, q_residual: bool = False, norm_eps: float = 1e-5,
                  drop_rate: float = 0.0, attn_drop_rate: float = 0.0, backend: str = "auto"):
         super().__init__()
-        for name, v in (("vocab_size", vocab_size), ("context_length", context_length),
-                        ("embed_dim", embed_dim), ("depth", depth), ("num_heads", num_heads)):
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}")
+        check_args("TextTransformer", vocab_size=vocab_size, context_length=context_length, embed_dim=embed_dim,
+                   depth=depth, num_heads=num_heads, norm_eps=norm_eps, drop_rate=drop_rate,
+                   attn_drop_rate=attn_drop_rate)
         attention_class(attention)
         resolve_lambda_init(lambda_init, 0)
         self.vocab_size, self.context_length = vocab_size, context_length
@@ -127,8 +128,8 @@ class _ToRGB:
 
 
 def image_transform(img_size: int = 224, train: bool = False, *, mean=IMAGENET_MEAN, std=IMAGENET_STD):
-    """Seed 000's image transforms (SLIP recipe): train = RandomResizedCrop(scale 0.5–1) → tensor → normalise;
-    eval = Resize(shorter side) → CenterCrop → tensor → normalise. ImageNet mean/std."""
+    """DiffCLIP's image transforms (the SLIP recipe; Hammoud & Ghanem 2025, §4.1): train = RandomResizedCrop(scale
+    0.5–1) → tensor → normalise; eval = Resize(shorter side) → CenterCrop → tensor → normalise. ImageNet mean/std."""
     from torchvision import transforms as T
 
     if not isinstance(img_size, int) or img_size < 1:
@@ -140,12 +141,11 @@ def image_transform(img_size: int = 224, train: bool = False, *, mean=IMAGENET_M
     return T.Compose([_ToRGB(), *ops, T.ToTensor(), T.Normalize(mean, std)])
 
 
-_VISION_ARGS = tuple(inspect.signature(VisionTransformer.__init__).parameters)[1:]
-_TEXT_ARGS = tuple(inspect.signature(TextTransformer.__init__).parameters)[1:]
+_TOWERS = {"vision": VisionTransformer, "text": TextTransformer}
 
 
 class CLIP(DiffattnModel):
-    """Contrastive image–text model with per-tower attention (seed 000 §3.3).
+    """Contrastive image–text model with per-tower attention (Hammoud & Ghanem 2025, §3.3).
 
     ``vision`` and ``text`` are the keyword arguments of :class:`VisionTransformer` (``num_classes`` is forced
     to 0) and :class:`TextTransformer`; ``embed_dim`` is the width of the shared space. The projections are
@@ -157,17 +157,16 @@ class CLIP(DiffattnModel):
     def __init__(self, embed_dim: int = 512, vision: dict | None = None, text: dict | None = None,
                  init_logit_scale: float = math.log(1 / 0.07), max_logit_scale: float = 100.0):
         super().__init__()
-        if not isinstance(embed_dim, int) or isinstance(embed_dim, bool) or embed_dim < 1:
-            raise ValueError(f"embed_dim must be an integer >= 1, got {embed_dim!r}")
-        for name, cfg, allowed in (("vision", vision, _VISION_ARGS), ("text", text, _TEXT_ARGS)):
+        check_size("embed_dim", embed_dim, owner="CLIP")
+        check_args("CLIP", max_logit_scale=max_logit_scale)
+        for name, cfg in (("vision", vision), ("text", text)):
             if cfg is not None and not isinstance(cfg, dict):
                 raise ValueError(f"{name} must be a dict of tower arguments or None, "
                                  f"got {type(cfg).__name__}")
-            unknown = sorted(set(cfg or {}) - set(allowed) - ({"num_classes"} if name == "vision" else set()))
+            allowed = inspect_args(_TOWERS[name])
+            unknown = sorted(set(cfg or {}) - set(allowed))
             if unknown:
                 raise ValueError(f"{name} has unknown arguments {unknown}; allowed: {list(allowed)}")
-        if not max_logit_scale > 0:
-            raise ValueError(f"max_logit_scale must be > 0, got {max_logit_scale!r}")
         self.max_logit_scale = float(max_logit_scale)
         self.visual = VisionTransformer(**{**(vision or {}), "num_classes": 0})
         self.text = TextTransformer(**(text or {}))
@@ -228,7 +227,7 @@ class CLIP(DiffattnModel):
         return self.tokenizer(texts)
 
     def image_transform(self, train: bool = False):
-        """Seed 000's train (RandomResizedCrop 0.5–1) or eval (Resize + CenterCrop) transform at this size."""
+        """DiffCLIP's train (RandomResizedCrop 0.5–1) or eval (Resize + CenterCrop) transform at this size."""
         return image_transform(self.img_size, train)
 
     @property
@@ -242,61 +241,63 @@ class CLIP(DiffattnModel):
 
 # --------------------------------------------------------------------------------------------- registry
 
+# Towers of the CLIP sizes: ViT-B/16, ViT-S/16, ViT-Ti/16 image towers (224², patch 16, vision LayerNorm eps 1e-5 as
+# the DiffCLIP release, OpenAI CLIP and open_clip) with CLIP's text tower (512 wide, 12 layers, 8 heads, context 77,
+# QuickGELU); "tiny" is a CPU size. ViT-Ti's 3 heads cannot pair: its differential and gated towers use 6.
+_B16 = dict(img_size=224, patch_size=16, mlp="gelu", norm_eps=1e-5, embed_dim=768, depth=12, num_heads=12)
+_S16 = dict(img_size=224, patch_size=16, mlp="gelu", norm_eps=1e-5, embed_dim=384, depth=12, num_heads=6)
+_TI16 = dict(img_size=224, patch_size=16, mlp="gelu", norm_eps=1e-5, embed_dim=192, depth=12, num_heads=3)
+_TI16_PAIRED = dict(_TI16, num_heads=6)
+_TINY = dict(img_size=32, patch_size=4, mlp="gelu", norm_eps=1e-5, embed_dim=64, depth=2, num_heads=4)
 _TEXT = dict(vocab_size=49408, context_length=77, embed_dim=512, depth=12, num_heads=8, mlp="quick_gelu")
-_VISION = dict(img_size=224, patch_size=16, mlp="gelu", norm_eps=1e-5)
-_SIZES = {
-    "vit_b16": (dict(_VISION, embed_dim=768, depth=12, num_heads=12), dict(_TEXT), 512),
-    "vit_s16": (dict(_VISION, embed_dim=384, depth=12, num_heads=6), dict(_TEXT), 512),
-    "vit_ti16": (dict(_VISION, embed_dim=192, depth=12, num_heads=3), dict(_TEXT), 512),
-    "tiny": (dict(_VISION, img_size=32, patch_size=4, embed_dim=64, depth=2, num_heads=4),
-             dict(_TEXT, context_length=32, embed_dim=64, depth=2, num_heads=4), 64),
+_TEXT_TINY = dict(vocab_size=49408, context_length=32, embed_dim=64, depth=2, num_heads=4, mlp="quick_gelu")
+
+CLIP_CONFIGS: dict[str, dict] = {
+    # CLIP: standard attention in both towers
+    "clip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="standard", lambda_init=0.8),
+                         text=dict(_TEXT, attention="standard", lambda_init=0.8)),
+    "clip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="standard", lambda_init=0.8),
+                         text=dict(_TEXT, attention="standard", lambda_init=0.8)),
+    "clip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16, attention="standard", lambda_init=0.8),
+                          text=dict(_TEXT, attention="standard", lambda_init=0.8)),
+    "clip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="standard", lambda_init=0.8),
+                      text=dict(_TEXT_TINY, attention="standard", lambda_init=0.8)),
+    # DiffCLIP: differential attention in both towers, λ_init 0.8
+    "diffclip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="diff", lambda_init=0.8),
+                             text=dict(_TEXT, attention="diff", lambda_init=0.8)),
+    "diffclip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="diff", lambda_init=0.8),
+                             text=dict(_TEXT, attention="diff", lambda_init=0.8)),
+    "diffclip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention="diff", lambda_init=0.8),
+                              text=dict(_TEXT, attention="diff", lambda_init=0.8)),
+    "diffclip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="diff", lambda_init=0.8),
+                          text=dict(_TEXT_TINY, attention="diff", lambda_init=0.8)),
+    # DiffCLIP*: the depth schedule λ_init = 0.8 − 0.6·exp(−0.3·l)
+    "diffclip_star_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="diff", lambda_init="ye"),
+                                  text=dict(_TEXT, attention="diff", lambda_init="ye")),
+    "diffclip_star_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="diff", lambda_init="ye"),
+                                  text=dict(_TEXT, attention="diff", lambda_init="ye")),
+    "diffclip_star_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention="diff", lambda_init="ye"),
+                                   text=dict(_TEXT, attention="diff", lambda_init="ye")),
+    "diffclip_star_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="diff", lambda_init="ye"),
+                               text=dict(_TEXT_TINY, attention="diff", lambda_init="ye")),
+    # DiffCLIP†: differential attention in the vision tower only
+    "diffclip_dagger_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="diff", lambda_init=0.8),
+                                    text=dict(_TEXT, attention="standard", lambda_init=0.8)),
+    "diffclip_dagger_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="diff", lambda_init=0.8),
+                                    text=dict(_TEXT, attention="standard", lambda_init=0.8)),
+    "diffclip_dagger_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention="diff", lambda_init=0.8),
+                                     text=dict(_TEXT, attention="standard", lambda_init=0.8)),
+    "diffclip_dagger_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="diff", lambda_init=0.8),
+                                 text=dict(_TEXT_TINY, attention="standard", lambda_init=0.8)),
+    # DGCLIP: M-DGSA in both towers, λ_init 0.8, no [Q⁺; Q⁻] residual
+    "dgclip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="gated", lambda_init=0.8),
+                           text=dict(_TEXT, attention="gated", lambda_init=0.8)),
+    "dgclip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="gated", lambda_init=0.8),
+                           text=dict(_TEXT, attention="gated", lambda_init=0.8)),
+    "dgclip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention="gated", lambda_init=0.8),
+                            text=dict(_TEXT, attention="gated", lambda_init=0.8)),
+    "dgclip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="gated", lambda_init=0.8),
+                        text=dict(_TEXT_TINY, attention="gated", lambda_init=0.8)),
 }
-# variant: (vision attention, text attention, lambda_init)
-_VARIANTS = {
-    "clip": ("standard", "standard", 0.8),
-    "diffclip": ("diff", "diff", 0.8),
-    "diffclip_star": ("diff", "diff", "ye"),
-    "diffclip_dagger": ("diff", "standard", 0.8),
-    "dgclip": ("gated", "gated", 0.8),
-}
-_TOP = ("embed_dim", "init_logit_scale", "max_logit_scale")
 
-
-def clip_config(name: str) -> dict:
-    """The CLIP constructor arguments of registered model ``name`` (``{variant}_{size}``)."""
-    for variant, (va, ta, lam) in _VARIANTS.items():
-        for size, (vcfg, tcfg, dim) in _SIZES.items():
-            if name == f"{variant}_{size}":
-                vision = {**vcfg, "attention": va, "lambda_init": lam}
-                if va != "standard" and vision["num_heads"] % 2:
-                    vision["num_heads"] *= 2  # ViT-Ti: 3 heads cannot pair (module docstring)
-                text = {**tcfg, "attention": ta, "lambda_init": lam}
-                return {"embed_dim": dim, "vision": vision, "text": text}
-    raise ValueError(f"name must be a registered CLIP model, got {name!r}")
-
-
-def _create(name: str, overrides: dict) -> CLIP:
-    cfg = clip_config(name)
-    both = {k: overrides.pop(k) for k in ("attention", "lambda_init") if k in overrides}
-    cfg["vision"].update(both)
-    cfg["text"].update(both)
-    for key, value in overrides.items():
-        if key in _TOP:
-            cfg[key] = value
-        elif key.startswith("vision_") and key[7:] in _VISION_ARGS:
-            cfg["vision"][key[7:]] = value
-        elif key.startswith("text_") and key[5:] in _TEXT_ARGS:
-            cfg["text"][key[5:]] = value
-        else:
-            raise ValueError(f"override {key!r} is not understood: use {list(_TOP)}, attention, lambda_init, "
-                             f"vision_<arg> (arg in {list(_VISION_ARGS)}) or "
-                             f"text_<arg> (arg in {list(_TEXT_ARGS)})")
-    return CLIP(**cfg)
-
-
-CLIP_NAMES = [f"{v}_{s}" for v in _VARIANTS for s in _SIZES]
-for _name in CLIP_NAMES:
-    globals()[_name] = register_builder(_name, lambda overrides, n=_name: _create(n, overrides),
-                                        f"{_name}: CLIP({clip_config(_name)!r}).", __name__)
-    __all__.append(_name)
-del _name
+register_family(ModelFamily(CLIP, CLIP_CONFIGS, __name__, "CLIP (Hammoud & Ghanem 2025).", towers=_TOWERS))

@@ -1,23 +1,78 @@
 """Model registry: ``create_model(name, **overrides)`` and ``list_models()``, in the manner of timm.
 
-A model is registered by decorating a builder function ``name(**overrides) -> nn.Module``; its docstring becomes the
-model's description. Model classes that can be saved register themselves through :class:`DiffattnModel`.
+Each family declares ONE literal table of configurations keyed by the full registered name (like timm's
+``default_cfgs`` or open_clip's model configs) and registers it with :func:`register_family`; every model of every
+family is built by the same :func:`build_model`, which applies overrides one way:
+
+- ``key=value`` where ``key`` is an argument of the family's class replaces that argument;
+- for families with towers (CLIP: ``vision`` and ``text`` are dicts of tower arguments), ``<tower>_<arg>=value``
+  sets one argument of one tower (``vision_depth=2``) and ``<arg>=value`` that every tower takes but the class
+  does not (``attention``, ``lambda_init``) sets it in all towers;
+- anything else is a ValueError that lists what is accepted. ``pretrained=True`` is refused (diffattn ships no
+  weights); timm's ``pretrained_cfg*``/``cache_dir`` keywords are ignored.
 """
 
 from __future__ import annotations
 
+import copy
 import fnmatch
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 import torch.nn as nn
 
-__all__ = ["register_model", "register_builder", "create_model", "list_models", "is_model", "model_builder"]
+__all__ = ["ModelFamily", "register_family", "register_model", "build_model", "create_model", "list_models",
+           "is_model", "model_builder", "model_config", "inspect_args"]
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
+_FAMILY_OF: dict[str, ModelFamily] = {}
+_TIMM_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
+
+
+def inspect_args(cls: type) -> tuple[str, ...]:
+    """The constructor's argument names of ``cls`` (without ``self``)."""
+    return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
+
+
+@dataclass(frozen=True)
+class ModelFamily:
+    """A model class, its literal config table (name → constructor arguments) and, for multi-tower models, the
+    classes that take each tower's dict of arguments (``towers={"vision": VisionTransformer, ...}``)."""
+
+    cls: type
+    configs: Mapping[str, dict]
+    module: str
+    description: str
+    towers: Mapping[str, type] = field(default_factory=dict)
+
+    def apply_overrides(self, name: str, overrides: dict) -> dict:
+        """The configuration of ``name`` with ``overrides`` applied (module docstring)."""
+        cfg = copy.deepcopy(dict(self.configs[name]))
+        top = inspect_args(self.cls)
+        tower_args = {t: inspect_args(c) for t, c in self.towers.items()}
+        shared = [k for k in overrides if k not in top and self.towers and all(k in a for a in tower_args.values())]
+        ordered = shared + [k for k in overrides if k not in shared]  # "all towers" first, one tower's after
+        for key in ordered:
+            value = overrides[key]
+            tower = next((t for t in self.towers if key.startswith(t + "_") and key[len(t) + 1:] in tower_args[t]),
+                         None)
+            if key in top:
+                cfg[key] = value
+            elif tower is not None:
+                cfg.setdefault(tower, {})[key[len(tower) + 1:]] = value
+            elif self.towers and all(key in a for a in tower_args.values()):
+                for t in self.towers:
+                    cfg.setdefault(t, {})[key] = value
+            else:
+                towers = "".join(f", {t}_<arg> (arg in {list(a)})" for t, a in tower_args.items())
+                raise ValueError(f"override {key!r} is not an argument of {self.cls.__name__} ({name!r}); it "
+                                 f"takes {list(top)}{towers}")
+        return cfg
 
 
 def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-    """Register ``fn`` under its own name; raises if the name is taken."""
+    """Register ``fn`` (``fn(**overrides) -> nn.Module``) under its own name; raises if the name is taken."""
     name = fn.__name__
     if name in _BUILDERS and _BUILDERS[name] is not fn:
         raise ValueError(f"a model named {name!r} is already registered")
@@ -25,20 +80,42 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
     return fn
 
 
-def register_builder(name: str, build: Callable[[dict], nn.Module], doc: str, module: str
-                     ) -> Callable[..., nn.Module]:
-    """Register ``name(**overrides) = build(overrides)``, for model families generated from config tables.
+def build_model(family: ModelFamily, name: str, overrides: dict) -> nn.Module:
+    """The one builder of every registered family: ``family.cls(**config of name with overrides)``."""
+    overrides = dict(overrides)
+    if overrides.pop("pretrained", False):
+        raise ValueError(f"pretrained=True: diffattn ships no weights for {name!r}; load yours with "
+                         "diffattn.models.from_pretrained(dir) or a loader in diffattn.convert")
+    for k in _TIMM_KWARGS:  # passed by timm.create_model; diffattn models have no pretrained configs
+        overrides.pop(k, None)
+    return family.cls(**family.apply_overrides(name, overrides))
 
-    ``module`` is the defining module's ``__name__`` (so the builder reads as that module's function).
-    """
 
-    def builder(**overrides) -> nn.Module:
-        return build(overrides)
+def register_family(family: ModelFamily) -> list[Callable[..., nn.Module]]:
+    """Register every name of ``family.configs``; returns the builders (one per name, in table order)."""
+    builders = []
+    for name, cfg in family.configs.items():
+        def builder(_name: str = name, **overrides) -> nn.Module:
+            return build_model(family, _name, overrides)
 
-    builder.__name__ = builder.__qualname__ = name
-    builder.__module__ = module
-    builder.__doc__ = doc
-    return register_model(builder)
+        builder.__name__ = builder.__qualname__ = name
+        builder.__module__ = family.module
+        builder.__doc__ = f"{name}: {family.description} {family.cls.__name__}({_fmt(cfg)})."
+        builders.append(register_model(builder))
+        _FAMILY_OF[name] = family
+    return builders
+
+
+def _fmt(cfg: Mapping) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in cfg.items())
+
+
+def model_config(name: str) -> dict:
+    """A copy of the registered configuration (constructor arguments) of model ``name``."""
+    _ensure_loaded()
+    if name not in _FAMILY_OF:
+        raise ValueError(f"name must be a registered model (see diffattn.models.list_models()), got {name!r}")
+    return copy.deepcopy(dict(_FAMILY_OF[name].configs[name]))
 
 
 def is_model(name: str) -> bool:
@@ -49,7 +126,7 @@ def is_model(name: str) -> bool:
 def model_builder(name: str) -> Callable[..., nn.Module]:
     _ensure_loaded()
     if name not in _BUILDERS:
-        close = fnmatch.filter(_BUILDERS, f"*{name.split('_')[0]}*")[:10]
+        close = fnmatch.filter(_BUILDERS, f"*{str(name).split('_')[0]}*")[:10]
         raise ValueError(f"unknown model {name!r}; see diffattn.models.list_models()"
                          + (f" (similar: {close})" if close else ""))
     return _BUILDERS[name]

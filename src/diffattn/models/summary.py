@@ -5,12 +5,12 @@
   divided by the batch size. SDPA calls run under PyTorch's math backend while counting (the fused CPU kernels
   report none). The count is that of the layer's own ``backend``: per layer and sample, standard attention's
   core is 4N²D; differential attention's is 4N²D on ``backend="math"`` (one product with the combined map)
-  and 8N²D on ``"sdpa"`` (two O(N) calls with Q/K padded to V's width 2d; DESIGN.md §3.5).
+  and 8N²D on ``"sdpa"`` (two O(N) calls with Q/K padded to V's width 2d; docs/design.md).
 - Activation memory: bytes of the tensors autograd saves for the backward pass (each storage once, parameters
   excluded), per sample: the memory a training step holds between forward and backward.
 
-Seed 004 App. B.4 reports the same three quantities (Table 9); DiffCLIP (seed 000 §4.1) the parameter
-overhead.
+M-DGSA (2025, App. B.4) reports the same three quantities (Table 9); DiffCLIP (Hammoud & Ghanem 2025, §4.1)
+the parameter overhead.
 """
 
 from __future__ import annotations

@@ -1,17 +1,17 @@
-"""Text encoder classifiers with a switchable attention: Transformer, DT and DGT (seed 004 §4.3, §5.2, App. B.3).
+"""Text encoder classifiers with a switchable attention: Transformer, DT and DGT (M-DGSA 2025, §4.3, §5.2, App. B.3).
 
     ids (B, N) ─ tok_embed ─ [CLS; tokens] + pos_embed ─ blocks ─ norm ─ pool ─ head ─ logits (B, C)
     block:  x = x + attn(norm1(x), padding mask);   x = x + mlp(norm2(x))          (pre-norm, LayerNorm)
 
 One class, :class:`TextClassifier`; ``attention="standard" | "diff" | "gated"`` picks the layer and everything
-else is shared (the blocks are :class:`diffattn.models.vit.Block`), so the switch changes only ``blocks.*.attn``.
+else is shared (the blocks are :class:`diffattn.layers.Block`), so the switch changes only ``blocks.*.attn``.
 Padding never leaks: the padding mask (B, 1, 1, N) is passed to every attention layer and mean pooling averages
-real tokens only. Words come from a :class:`Vocabulary` built from the training texts (seed 004 Tables 5–6:
+real tokens only. Words come from a :class:`Vocabulary` built from the training texts (M-DGSA 2025, Tables 5–6:
 minimum frequency 2, at most 60,000 words; 30,000 for MNLI; sequences truncated to 256 tokens).
 
-Registered (``diffattn.models.create_model(name, vocab_size=len(vocab), num_classes=C)``):
+Registered: the literal table :data:`TEXT_CONFIGS` (``create_model(name, vocab_size=len(vocab), num_classes=C)``):
 
-- ``t_{tiny,rt,base,mnli}``: the Transformer baseline, GELU MLP ×4 (seed 004 App. B.4: "GeLU over the full
+- ``t_{tiny,rt,base,mnli}``: the Transformer baseline, GELU MLP ×4 (M-DGSA 2025, App. B.4: "GeLU over the full
   hidden dimension").
 - ``dt_{size}_x{2,4,16_3}``: DT, differential attention + SwiGLU; ``dgt_{size}_x{2,4,16_3}``: DGT, M-DGSA
   without the [Q⁺; Q⁻] residual (§4.3: "did not improve convergence so we omit it in DGT") + SwiGLU.
@@ -22,15 +22,15 @@ Sizes (App. B.3): ``rt`` Rotten Tomatoes, 4 layers × 256; ``base`` AG News / IM
 
 Choices (said, never guessed):
 
-- Heads: seed 004 counts *differential* heads, so its "8 heads" are ``num_heads=16`` (h, the standard count;
+- Heads: M-DGSA (2025) counts *differential* heads, so its "8 heads" are ``num_heads=16`` (h, the standard count;
   head width d = 16 at width 256) for DT/DGT and 8 for the Transformer, as in ``diffattn.models.vit`` (whose
-  docstring derives it from seed 004 Table 9). Attention parameter counts do not depend on h.
+  docstring derives it from M-DGSA (2025) Table 9). Attention parameter counts do not depend on h.
 - SwiGLU expansion r is the width of the fused first projection (gate and up halves of r·D/2 each), which is
   what reproduces Table 7's differences: ×2 → ×4 adds 4 layers × 1.5·2·256² ≈ 0.8M for Rotten Tomatoes, and
   Transformer − DT×2 = 6 × (8 − 3)·256² ≈ 1.9M for AG News (15.1M − 13.2M).
 - λ_init is 0.8 for DT and DGT (App. B.5: "holding it fixed at 0.8 outperforms"); pass ``lambda_init="ye"``
   for the depth schedule (0-based layer index).
-- Pooling: the seed does not say how its text models pool; we use a learnable CLS token (as its DGViT, and
+- Pooling: the paper does not say how its text models pool; we use a learnable CLS token (as its DGViT, and
   BERT) and offer ``pool="mean"`` (masked mean over real tokens). Positions: learned absolute embeddings.
 - Dropout 0.1 (App. B.3) after the embeddings, on the attention output and in the MLP; attention-map dropout
   is ``attn_drop_rate`` (default 0, which keeps the O(N) kernels).
@@ -48,12 +48,12 @@ import torch
 import torch.nn as nn
 
 from ..lambdas import resolve_lambda_init
-from ..layers import attention_class
+from ..layers import MLP_TYPES, Block, attention_class
 from .base import DiffattnModel
-from .registry import register_builder
-from .vit import MLP_TYPES, Block
+from .config import check_args, check_choice
+from .registry import ModelFamily, register_family
 
-__all__ = ["Vocabulary", "TextClassifier", "POOLS"]
+__all__ = ["Vocabulary", "TextClassifier", "POOLS", "TEXT_CONFIGS"]
 
 POOLS = ("cls", "mean")
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
@@ -63,7 +63,7 @@ _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
 class Vocabulary:
-    """Word-level vocabulary built from data (seed 004 App. B.3: minimum frequency, maximum size).
+    """Word-level vocabulary built from data (M-DGSA 2025, App. B.3: minimum frequency, maximum size).
 
     Tokens are lower-cased (``lowercase=True``) words ``\\w+`` and single punctuation marks. Id 0 is ``<pad>``,
     id 1 is ``<unk>``; the other ids go to words by decreasing count, ties broken alphabetically (deterministic).
@@ -167,15 +167,6 @@ class Vocabulary:
 # ---------------------------------------------------------------------------------------------- model
 
 
-def _check(name: str, ok: bool, got, need: str) -> None:
-    if not ok:
-        raise ValueError(f"{name} must be {need}, got {got!r}")
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 class TextClassifier(DiffattnModel):
     """Transformer encoder classifier with ``attention="standard" | "diff" | "gated"`` (module docstring).
 
@@ -189,14 +180,15 @@ class TextClassifier(DiffattnModel):
                  qkv_bias: bool = True, q_residual: bool = False, pool: str = "cls", drop_rate: float = 0.1,
                  attn_drop_rate: float = 0.0, norm_eps: float = 1e-5, pad_id: int = 0, backend: str = "auto"):
         super().__init__()
-        for name, v in (("vocab_size", vocab_size), ("max_len", max_len), ("embed_dim", embed_dim),
-                        ("depth", depth), ("num_heads", num_heads)):
-            _check(name, _is_int(v) and v >= 1, v, "an integer >= 1")
-        _check("num_classes", _is_int(num_classes) and num_classes >= 1, num_classes, "an integer >= 1")
-        _check("pool", pool in POOLS, pool, f"one of {POOLS}")
-        _check("mlp", mlp in MLP_TYPES, mlp, f"one of {MLP_TYPES}")
-        _check("pad_id", _is_int(pad_id) and 0 <= pad_id < vocab_size, pad_id, f"an id in [0, {vocab_size})")
-        _check("drop_rate", isinstance(drop_rate, (int, float)) and 0 <= drop_rate < 1, drop_rate, "in [0, 1)")
+        check_args("TextClassifier", vocab_size=vocab_size, num_classes=num_classes, max_len=max_len,
+                   embed_dim=embed_dim, depth=depth, num_heads=num_heads, norm_eps=norm_eps, drop_rate=drop_rate,
+                   attn_drop_rate=attn_drop_rate, pad_id=pad_id)
+        if num_classes < 1:
+            raise ValueError(f"TextClassifier: num_classes must be an integer >= 1, got {num_classes!r}")
+        if pad_id >= vocab_size:
+            raise ValueError(f"TextClassifier: pad_id must be an id in [0, {vocab_size}), got {pad_id!r}")
+        check_choice("pool", pool, POOLS)
+        check_choice("mlp", mlp, MLP_TYPES)
         attention_class(attention)  # validates the name
         resolve_lambda_init(lambda_init, 0)  # validates the value
         self.vocab_size, self.num_classes, self.max_len = vocab_size, num_classes, max_len
@@ -218,7 +210,7 @@ class TextClassifier(DiffattnModel):
     @torch.no_grad()
     def init_weights(self) -> None:
         """Truncated normal (std 0.02) for linear layers, embeddings and positions; zero biases and padding row;
-        λ vectors and sub-norms keep their own init (DESIGN.md §3.1)."""
+        λ vectors and sub-norms keep their own init (docs/design.md)."""
         if self.pos_embed.device.type == "meta":
             return
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
@@ -278,7 +270,7 @@ class TextClassifier(DiffattnModel):
     @torch.no_grad()
     def attention_maps(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list:
         """Per block :class:`~diffattn.functional.AttentionWeights` (A1, A2, combined; (B, heads, P+N, P+N)),
-        for rollout (seed 004 §5.3) and attention-noise diagnostics."""
+        for rollout (M-DGSA 2025, §5.3) and attention-noise diagnostics."""
         x, keep = self._embed(input_ids, attention_mask)
         maps = []
         for blk in self.blocks:
@@ -289,36 +281,58 @@ class TextClassifier(DiffattnModel):
 
 # --------------------------------------------------------------------------------------------- registry
 
-_SIZES = {
-    "tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=4, max_len=128),
-    "rt": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=8, max_len=256),  # Rotten Tomatoes
-    "base": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=8, max_len=256),  # AG News, IMDB, 20NG
-    "mnli": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=8, max_len=256, num_classes=3),
+_X16_3 = 16 / 3  # M-DGSA (2025)'s ×16/3 SwiGLU expansion
+# Sizes (M-DGSA 2025, App. B.3): rt = Rotten Tomatoes 4 × 256; base = AG News / IMDB / 20 Newsgroups 6 × 256;
+# mnli 6 × 512, 3 classes, 30,000 words; tiny for tests. DT/DGT: the paper's "8 heads" are differential (h = 16).
+TEXT_CONFIGS: dict[str, dict] = {
+    "t_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=4, max_len=128, attention="standard",
+                   mlp="gelu", mlp_ratio=4.0),
+    "dt_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=8, max_len=128, attention="diff",
+                    mlp="swiglu", mlp_ratio=4.0),
+    "dgt_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=8, max_len=128, attention="gated",
+                     mlp="swiglu", q_residual=False, mlp_ratio=4.0),
+    "t_rt": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=8, max_len=256, attention="standard",
+                 mlp="gelu", mlp_ratio=4.0),
+    "dt_rt_x2": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="diff",
+                     mlp="swiglu", mlp_ratio=2.0),
+    "dt_rt_x4": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="diff",
+                     mlp="swiglu", mlp_ratio=4.0),
+    "dt_rt_x16_3": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="diff",
+                        mlp="swiglu", mlp_ratio=_X16_3),
+    "dgt_rt_x2": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="gated",
+                      mlp="swiglu", q_residual=False, mlp_ratio=2.0),
+    "dgt_rt_x4": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="gated",
+                      mlp="swiglu", q_residual=False, mlp_ratio=4.0),
+    "dgt_rt_x16_3": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="gated",
+                         mlp="swiglu", q_residual=False, mlp_ratio=_X16_3),
+    "t_base": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=8, max_len=256, attention="standard",
+                   mlp="gelu", mlp_ratio=4.0),
+    "dt_base_x2": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="diff",
+                       mlp="swiglu", mlp_ratio=2.0),
+    "dt_base_x4": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="diff",
+                       mlp="swiglu", mlp_ratio=4.0),
+    "dt_base_x16_3": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="diff",
+                          mlp="swiglu", mlp_ratio=_X16_3),
+    "dgt_base_x2": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="gated",
+                        mlp="swiglu", q_residual=False, mlp_ratio=2.0),
+    "dgt_base_x4": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="gated",
+                        mlp="swiglu", q_residual=False, mlp_ratio=4.0),
+    "dgt_base_x16_3": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="gated",
+                           mlp="swiglu", q_residual=False, mlp_ratio=_X16_3),
+    "t_mnli": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=8, max_len=256, num_classes=3,
+                   attention="standard", mlp="gelu", mlp_ratio=4.0),
+    "dt_mnli_x2": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
+                       attention="diff", mlp="swiglu", mlp_ratio=2.0),
+    "dt_mnli_x4": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
+                       attention="diff", mlp="swiglu", mlp_ratio=4.0),
+    "dt_mnli_x16_3": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
+                          attention="diff", mlp="swiglu", mlp_ratio=_X16_3),
+    "dgt_mnli_x2": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
+                        attention="gated", mlp="swiglu", q_residual=False, mlp_ratio=2.0),
+    "dgt_mnli_x4": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
+                        attention="gated", mlp="swiglu", q_residual=False, mlp_ratio=4.0),
+    "dgt_mnli_x16_3": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
+                           attention="gated", mlp="swiglu", q_residual=False, mlp_ratio=_X16_3),
 }
-_EXPANSIONS = {"x2": 2.0, "x4": 4.0, "x16_3": 16 / 3}
-_FAMILY = {
-    "t": dict(attention="standard", mlp="gelu", mlp_ratio=4.0),
-    "dt": dict(attention="diff", mlp="swiglu"),
-    "dgt": dict(attention="gated", mlp="swiglu", q_residual=False),
-}
-_CONFIGS: dict[str, dict] = {}
-for _size, _cfg in _SIZES.items():
-    _CONFIGS[f"t_{_size}"] = {**_cfg, **_FAMILY["t"]}
-    for _fam in ("dt", "dgt"):
-        diff_cfg = {**_cfg, **_FAMILY[_fam], "num_heads": 2 * _cfg["num_heads"]}  # seed 004 counts diff heads
-        if _size == "tiny":
-            _CONFIGS[f"{_fam}_tiny"] = {**diff_cfg, "mlp_ratio": 4.0}
-            continue
-        for _tag, _r in _EXPANSIONS.items():
-            _CONFIGS[f"{_fam}_{_size}_{_tag}"] = {**diff_cfg, "mlp_ratio": _r}
 
-
-def _register(name: str):
-    cfg = _CONFIGS[name]
-    return register_builder(name, lambda overrides: TextClassifier(**{**cfg, **overrides}),
-                            f"Text classifier {name} (seed 004 App. B.3): {cfg}.", __name__)
-
-
-for _name in _CONFIGS:
-    globals()[_name] = _register(_name)
-    __all__.append(_name)
+register_family(ModelFamily(TextClassifier, TEXT_CONFIGS, __name__, "text classifier (M-DGSA 2025, App. B.3)."))

@@ -2,7 +2,7 @@
 outputs match.
 
 The DiffCLIP reference below is written from the DiffCLIP code's published semantics (SLIP-style keys, timm
-ViT with seed 003's attention names, QuickGELU text tower, λ_init 0.8, sub-norm eps 1e-5, block LayerNorm
+ViT with DiffCLIP's attention names, QuickGELU text tower, λ_init 0.8, sub-norm eps 1e-5, block LayerNorm
 eps 1e-5) as plain tensor algebra on the raw state dict, independent of diffattn's modules.
 """
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from diffattn.models import convert
+from diffattn import convert
 
 # ---------------------------------------------------------------------------- DiffCLIP release format
 
@@ -213,3 +213,129 @@ def test_timm_vit_unsupported_keys_raise():
     ref = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1, init_values=1e-5)
     with pytest.raises(ValueError, match="ls1"):
         convert.load_timm_vit(ref)
+
+
+def test_timm_vit_depth_is_bounded_before_building():
+    """A small file whose one block key claims index 100000 must not make the loader build 100,001 blocks."""
+    timm = pytest.importorskip("timm")
+    sd = timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1, img_size=32).state_dict()
+    sd["blocks.100000.norm1.weight"] = torch.ones(192)
+    with pytest.raises(ValueError, match=r"depth = 100001; depth must be an integer in \[1, 1024\]"):
+        convert.load_timm_vit(sd)
+    sd.pop("blocks.100000.norm1.weight")
+    sd["blocks.3.norm1.weight"] = torch.ones(192)  # a hole: blocks 1 and 2 are absent
+    with pytest.raises(ValueError, match=r"none for indices \[1, 2\]"):
+        convert.load_timm_vit(sd)
+
+
+def _timm_sd():
+    timm = pytest.importorskip("timm")
+    return timm.create_model("vit_tiny_patch16_224", pretrained=False, depth=1, img_size=32).state_dict()
+
+
+@pytest.mark.parametrize("case", ["empty", "no_patch_embed", "empty_pos_embed", "no_fc1", "no_blocks"])
+def test_timm_vit_missing_or_empty_keys_are_clear_errors(case):
+    """The 0.1.0 loaders raised KeyError (missing key) or ZeroDivisionError (empty tensor) here."""
+    sd = _timm_sd()
+    if case == "empty":
+        sd, match = {}, "holds an empty state dict"
+    elif case == "no_patch_embed":
+        del sd["patch_embed.proj.weight"]
+        match = r"timm ViT state dict has no 'patch_embed.proj.weight'"
+    elif case == "empty_pos_embed":
+        sd["pos_embed"] = torch.zeros(1, 0, 192)
+        match = r"entry 'pos_embed' is empty"
+    elif case == "no_fc1":
+        del sd["blocks.0.mlp.fc1.weight"]
+        match = r"has no 'blocks.0.mlp.fc1.weight'"
+    else:
+        sd = {k: v for k, v in sd.items() if not k.startswith("blocks.")}
+        match = r"has no blocks under 'blocks.'"
+    with pytest.raises(ValueError, match=match):
+        convert.load_timm_vit(sd)
+
+
+@pytest.mark.parametrize("case", ["no_projection", "empty_lambda", "lambda_width"])
+def test_diffclip_missing_or_empty_keys_are_clear_errors(case):
+    sd = _diffclip_state_dict()
+    if case == "no_projection":
+        del sd["image_projection"]
+        match = r"has no 'image_projection'"
+    elif case == "empty_lambda":
+        sd["visual.blocks.0.attn.lambda_q1"] = torch.zeros(0)
+        match = r"'visual.blocks.0.attn.lambda_q1' is empty"
+    else:
+        sd["visual.blocks.0.attn.lambda_q1"] = torch.zeros(5)
+        match = r"lambda_q1 has 5 values, which does not divide the width 32"
+    with pytest.raises(ValueError, match=match):
+        convert.load_diffclip(sd)
+
+
+def test_layer_converters_missing_keys_are_clear_errors():
+    with pytest.raises(ValueError, match=r"timm state dict has no 'qkv.weight'"):
+        convert.timm_to_diffattn_state_dict({"proj.weight": torch.zeros(4, 4)})
+    with pytest.raises(ValueError, match=r"DiffAttention state dict has no 'q_proj.weight'"):
+        convert.diffattn_to_timm_state_dict({})
+    with pytest.raises(ValueError, match=r"DiffAttention state dict has no 'out_proj.weight'"):
+        convert.diffattn_to_diffllama_state_dict({"q_proj.weight": torch.zeros(8, 8)}, num_heads=2, num_kv_heads=2,
+                                                 head_dim=4)
+
+
+def test_read_checkpoint_empty_files(tmp_path):
+    from safetensors.torch import save_file
+
+    save_file({}, str(tmp_path / "empty.safetensors"))
+    with pytest.raises(ValueError, match="holds an empty state dict"):
+        convert.read_checkpoint(tmp_path / "empty.safetensors")
+    (tmp_path / "zero.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="is not a readable safetensors file"):
+        convert.read_checkpoint(tmp_path / "zero.safetensors")
+
+
+# ------------------------------------------------------------------------- TorchScript (OpenAI's .pt)
+
+
+def test_openai_torchscript_archive_loads_without_executing_code(open_clip_tiny, tmp_path, monkeypatch):
+    """OpenAI's released CLIP files are TorchScript archives. A tiny open_clip CLIP in OpenAI's format is scripted
+    and saved with torch.jit.save; the loader reads its tensors with a restricted unpickler (torch.jit.load, which
+    would compile and run the archive's code, is made to fail) and the model computes what the original does."""
+    import warnings
+
+    ref = open_clip_tiny.create_model("diffattn-test-tiny", pretrained=None, force_quick_gelu=True).eval()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.jit.script is deprecated upstream; OpenAI's files were made with it
+        torch.jit.save(torch.jit.script(ref), str(tmp_path / "ViT-tiny.pt"))
+
+    def no_jit(*a, **k):
+        raise AssertionError("torch.jit.load must not be used")
+
+    monkeypatch.setattr(torch.jit, "load", no_jit)
+    sd = convert.read_checkpoint(tmp_path / "ViT-tiny.pt")
+    ref_sd = ref.state_dict()
+    assert set(sd) == set(ref_sd) | {"attn_mask"}  # open_clip's non-persistent causal mask is an attribute too
+    assert all(torch.equal(sd[k], ref_sd[k]) for k in ref_sd)
+    model = convert.load_openai_clip(tmp_path / "ViT-tiny.pt", vision_num_heads=2, text_num_heads=2).eval()
+    images, tokens = _inputs()
+    with torch.no_grad():
+        torch.testing.assert_close(model.encode_image(images), ref.encode_image(images), atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(model.encode_text(tokens), ref.encode_text(tokens), atol=2e-5, rtol=1e-5)
+
+
+class _Shout:
+    def __reduce__(self):
+        return (print, ("archive code ran",))
+
+
+def test_torchscript_reader_refuses_foreign_globals(tmp_path, capsys):
+    """An archive shaped like TorchScript whose data.pkl calls a function: refused, and the function never runs."""
+    import pickle
+    import zipfile
+
+    path = tmp_path / "evil.pt"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", pickle.dumps({"w": _Shout()}, protocol=2))
+        z.writestr("archive/constants.pkl", pickle.dumps((), protocol=2))
+        z.writestr("archive/version", "3\n")
+    with pytest.raises(ValueError, match=r"refers to __builtin__.print, which is not a tensor or container"):
+        convert.read_checkpoint(path)
+    assert "archive code ran" not in capsys.readouterr().out

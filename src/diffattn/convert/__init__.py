@@ -1,0 +1,69 @@
+"""Exact conversion between diffattn and the formats users have weights in, one module per source format.
+
+- :mod:`diffattn.convert.diffllama`: transformers' DiffLlama (halves layout) ↔ diffattn (adjacent layout), layer
+  and model level (``from_diffllama``, ``to_diffllama``), keeping the source dtype.
+- :mod:`diffattn.convert.timm`: ``timm.layers.DiffAttention`` ↔ ``diffattn.DiffAttention``; timm ViT checkpoints
+  → ``VisionTransformer`` (``load_timm_vit``).
+- :mod:`diffattn.convert.clip`: the DiffCLIP release, OpenAI CLIP and open_clip checkpoints → ``CLIP``.
+- :mod:`diffattn.convert.checkpoint`: reading files without executing code (safetensors, ``weights_only`` pickles,
+  TorchScript archives such as OpenAI's released CLIP ``.pt`` files).
+
+Every converter checks each key and shape and raises ``ValueError`` naming what is missing, empty, unexpected or
+inexpressible; every loader bounds sizes before building anything and loads strictly.
+"""
+
+from .checkpoint import read_checkpoint, read_torchscript, state_dict_of
+from .clip import (
+    convert_diffclip_state_dict,
+    convert_openai_clip_state_dict,
+    load_diffclip,
+    load_open_clip,
+    load_openai_clip,
+)
+from .diffllama import (
+    adjacent_to_halves_perm,
+    diffattn_to_diffllama_state_dict,
+    diffllama_to_diffattn_state_dict,
+    from_diffllama,
+    from_diffllama_attention,
+    halves_to_adjacent_perm,
+    permute_heads,
+    to_diffllama,
+    to_diffllama_attention,
+    to_diffllama_state_dict,
+)
+from .timm import (
+    convert_timm_vit_state_dict,
+    diffattn_to_timm_state_dict,
+    from_timm_diff_attention,
+    load_timm_vit,
+    timm_to_diffattn_state_dict,
+    to_timm_diff_attention,
+)
+
+__all__ = [
+    "read_checkpoint",
+    "read_torchscript",
+    "state_dict_of",
+    "convert_diffclip_state_dict",
+    "convert_openai_clip_state_dict",
+    "load_diffclip",
+    "load_open_clip",
+    "load_openai_clip",
+    "adjacent_to_halves_perm",
+    "halves_to_adjacent_perm",
+    "permute_heads",
+    "diffllama_to_diffattn_state_dict",
+    "diffattn_to_diffllama_state_dict",
+    "from_diffllama_attention",
+    "to_diffllama_attention",
+    "from_diffllama",
+    "to_diffllama",
+    "to_diffllama_state_dict",
+    "timm_to_diffattn_state_dict",
+    "diffattn_to_timm_state_dict",
+    "from_timm_diff_attention",
+    "to_timm_diff_attention",
+    "convert_timm_vit_state_dict",
+    "load_timm_vit",
+]

@@ -1,0 +1,190 @@
+"""CLIP checkpoints users already have → diffattn's :class:`~diffattn.models.CLIP`, exactly.
+
+- DiffCLIP release (``hammh0a/DiffCLIP_ViTB16_CC3M`` / ``_CC12M``, ``checkpoint_best.pt``; SLIP keys
+  ``module.visual.blocks.i.attn.q_proj``, ``module.transformer.resblocks.i.attn.lambda_q1``, ``diff_norm``,
+  ``ln_1``, ``mlp.c_fc``, ``image_projection``; Hammoud & Ghanem 2025) → :func:`load_diffclip` →
+  ``diffclip_vit_b16``.
+- OpenAI CLIP (``visual.conv1``, ``visual.class_embedding``, ``attn.in_proj_weight``, ``visual.proj``; Radford et al.
+  2021), including the released TorchScript ``.pt`` archives (read without executing them,
+  :func:`diffattn.convert.read_checkpoint`) → :func:`load_openai_clip` → ``clip_vit_b16`` with QuickGELU.
+- open_clip ``ViT-B-16`` (the same keys) → :func:`load_open_clip` → ``clip_vit_b16`` with GELU.
+
+Each loader infers the architecture from the tensors' shapes (missing or empty tensors and absurd sizes are refused
+with a ValueError before anything is built), builds the registered model with those sizes, renames the keys and
+loads strictly: the result computes the same function as the source model.
+
+Head counts are not stored in weights: differential towers reveal them through the width d of ``lambda_q1``
+(h = width / d); otherwise the default is width / 64 (the rule of OpenAI CLIP, open_clip and timm ViTs) and
+``vision_num_heads`` / ``text_num_heads`` override it. Neither is λ_init: pass ``lambda_init="ye"`` for a
+DiffCLIP* checkpoint.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.nn as nn
+
+from ..models.base import load_state_dict_exact
+from ..models.clip import CLIP
+from ..models.registry import create_model
+from ._common import StateDict, block_count, heads_of, take, vision_args
+from .checkpoint import source_state_dict
+
+__all__ = ["convert_diffclip_state_dict", "convert_openai_clip_state_dict", "load_diffclip", "load_openai_clip",
+           "load_open_clip"]
+
+
+_OPENAI_BLOCK = {"ln_1": "norm1", "ln_2": "norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
+
+
+def _map_block(rest: str, value: torch.Tensor, out: dict, prefix: str) -> None:
+    """One block's key (after ``resblocks.i.``) in OpenAI/SLIP/DiffCLIP naming → ours."""
+    if rest in ("attn.in_proj_weight", "attn.in_proj_bias"):  # nn.MultiheadAttention: rows [q; k; v]
+        q, k, v = value.chunk(3, dim=0)
+        kind = rest.rsplit("_", 1)[1]
+        for name, t in (("q_proj", q), ("k_proj", k), ("v_proj", v)):
+            out[f"{prefix}attn.{name}.{kind}"] = t
+        return
+    for old, new in _OPENAI_BLOCK.items():
+        if rest.startswith(old + "."):
+            out[prefix + new + rest[len(old):]] = value
+            return
+    out[prefix + rest] = value  # attn.q_proj / out_proj / diff_norm / lambda_* keep their names
+
+
+def _unknown(keys, what: str) -> None:
+    if keys:
+        raise ValueError(f"{what} has keys diffattn cannot map: {sorted(keys)[:10]}"
+                         + (f" (+{len(keys) - 10} more)" if len(keys) > 10 else ""))
+
+
+def convert_diffclip_state_dict(state_dict: StateDict) -> dict[str, torch.Tensor]:
+    """DiffCLIP release keys (SLIP lineage; ``module.`` already removed) → :class:`CLIP` keys.
+
+    ``visual.*`` is a timm ViT whose attention has DiffCLIP's module names: kept as is. The text tower
+    (``token_embedding``, ``positional_embedding``, ``transformer.resblocks.i.{ln_1, attn, ln_2, mlp.c_fc,
+    mlp.c_proj}``, ``ln_final``) goes under ``text.``; a standard text tower's ``attn.in_proj_*`` (DiffCLIP†,
+    SLIP's CLIP) is split into q/k/v. ``image_projection``, ``text_projection``, ``logit_scale`` keep their
+    names.
+    """
+    out, bad = {}, []
+    for key, v in state_dict.items():
+        if key.startswith("visual."):
+            if key.startswith(("visual.head.", "visual.fc_norm.")) or "ls1" in key or "ls2" in key:
+                bad.append(key)
+            else:
+                out[key] = v
+        elif key == "token_embedding.weight":
+            out["text.token_embedding.weight"] = v
+        elif key == "positional_embedding":
+            out["text.pos_embed"] = v
+        elif key.startswith("ln_final."):
+            out["text.norm." + key.split(".", 1)[1]] = v
+        elif m := re.match(r"transformer\.resblocks\.(\d+)\.(.+)$", key):
+            _map_block(m.group(2), v, out, f"text.blocks.{m.group(1)}.")
+        elif key in ("image_projection", "text_projection", "logit_scale"):
+            out[key] = v
+        else:
+            bad.append(key)
+    _unknown(bad, "the DiffCLIP state dict")
+    return out
+
+
+def convert_openai_clip_state_dict(state_dict: StateDict) -> dict[str, torch.Tensor]:
+    """OpenAI CLIP / open_clip ViT keys → :class:`CLIP` keys.
+
+    ``visual.conv1`` → ``visual.patch_embed.proj``; ``visual.class_embedding`` (D,) → ``visual.cls_token``
+    (1, 1, D); ``visual.positional_embedding`` (N, D) → ``visual.pos_embed`` (1, N, D); ``ln_pre`` →
+    ``norm_pre``; ``ln_post`` → ``norm``; ``visual.proj`` → ``image_projection``; blocks as
+    :func:`convert_diffclip_state_dict`. The JIT archive's ``input_resolution``, ``context_length``,
+    ``vocab_size`` and ``attn_mask`` buffers are dropped.
+    """
+    out, bad = {}, []
+    simple = {"visual.conv1.weight": "visual.patch_embed.proj.weight", "visual.proj": "image_projection",
+              "token_embedding.weight": "text.token_embedding.weight",
+              "positional_embedding": "text.pos_embed",
+              "text_projection": "text_projection", "logit_scale": "logit_scale"}
+    for key, v in state_dict.items():
+        if key in ("input_resolution", "context_length", "vocab_size") or key.endswith("attn_mask"):
+            continue
+        if key in simple:
+            out[simple[key]] = v
+        elif key == "visual.class_embedding":
+            out["visual.cls_token"] = v.reshape(1, 1, -1)
+        elif key == "visual.positional_embedding":
+            out["visual.pos_embed"] = v.unsqueeze(0)
+        elif m := re.match(r"visual\.(ln_pre|ln_post)\.(weight|bias)$", key):
+            out[f"visual.{'norm_pre' if m.group(1) == 'ln_pre' else 'norm'}.{m.group(2)}"] = v
+        elif key.startswith("ln_final."):
+            out["text.norm." + key.split(".", 1)[1]] = v
+        elif m := re.match(r"(visual\.)?transformer\.resblocks\.(\d+)\.(.+)$", key):
+            tower = "visual" if m.group(1) else "text"
+            _map_block(m.group(3), v, out, f"{tower}.blocks.{m.group(2)}.")
+        else:
+            bad.append(key)
+    _unknown(bad, "the OpenAI/open_clip state dict")
+    return out
+
+
+
+def _text_args(sd: StateDict, where: str) -> dict:
+    vocab, d = take(sd, "text.token_embedding.weight", where, ndim=2).shape
+    depth = block_count(sd, "text.blocks.", where)
+    attention, heads = heads_of(sd, "text.blocks.", d, where)
+    return dict(vocab_size=vocab, context_length=take(sd, "text.pos_embed", where, ndim=2).shape[0], embed_dim=d,
+                depth=depth, num_heads=heads, attention=attention,
+                mlp_ratio=take(sd, "text.blocks.0.mlp.fc1.weight", where, ndim=2).shape[0] / d)
+
+
+def _clip_from(sd: dict, name: str, fixed: dict, overrides: dict, what: str) -> CLIP:
+    args = {"embed_dim": take(sd, "image_projection", what, ndim=2).shape[1]}
+    args.update({f"vision_{k}": v for k, v in vision_args(sd, "visual.", what).items()})
+    args.update({f"text_{k}": v for k, v in _text_args(sd, what).items()})
+    args.update(fixed)
+    args.update(overrides)
+    return load_state_dict_exact(create_model(name, **args), sd, what)
+
+
+# ---------------------------------------------------------------------------------------------- loaders
+
+
+def load_diffclip(src, name: str = "diffclip_vit_b16", **overrides) -> CLIP:
+    """The DiffCLIP release (a SLIP-style ``checkpoint_best.pt`` path, its dict or its ``state_dict``) as
+    ``name`` (default ``diffclip_vit_b16``). Architecture as the DiffCLIP code: vision LayerNorm eps 1e-5,
+    GELU; text QuickGELU; sizes and per-tower attention inferred (a DiffCLIP† checkpoint loads too)."""
+    sd = convert_diffclip_state_dict(source_state_dict(src, "the DiffCLIP checkpoint"))
+    fixed = dict(vision_norm_eps=1e-5, vision_mlp="gelu", text_mlp="quick_gelu", text_norm_eps=1e-5)
+    return _clip_from(sd, name, fixed, overrides, "the DiffCLIP checkpoint")
+
+
+def load_openai_clip(src, name: str = "clip_vit_b16", **overrides) -> CLIP:
+    """OpenAI CLIP ViT weights (state dict, path, or an OpenAI/open_clip model object) as ``name``:
+    QuickGELU in both towers, ``ln_pre``, bias-free patch convolution, LayerNorm eps 1e-5."""
+    return _load_openai_format(src, name, "quick_gelu", overrides)
+
+
+def load_open_clip(src, name: str = "clip_vit_b16", *, quick_gelu: bool | None = None, **overrides) -> CLIP:
+    """open_clip ViT weights (``ViT-B-16`` and friends; a model object, state dict or path) as ``name``.
+    open_clip uses GELU unless the config ends in ``-quickgelu``; a model object tells it, a state dict needs
+    ``quick_gelu=True`` for those. Head counts are read from a model object."""
+    if quick_gelu is None:
+        quick_gelu = _uses_quick_gelu(src) if isinstance(src, nn.Module) else False
+    return _load_openai_format(src, name, "quick_gelu" if quick_gelu else "gelu", overrides)
+
+
+def _uses_quick_gelu(model: nn.Module) -> bool:
+    return any(type(m).__name__ == "QuickGELU" for m in model.modules())
+
+
+def _load_openai_format(src, name: str, act: str, overrides: dict) -> CLIP:
+    if isinstance(src, nn.Module):  # open_clip / OpenAI model objects know their head counts
+        for tower, mod in (("vision", getattr(src, "visual", None)), ("text", src)):
+            blocks = getattr(getattr(mod, "transformer", None), "resblocks", None)
+            if blocks is not None and isinstance(getattr(blocks[0], "attn", None), nn.MultiheadAttention):
+                overrides.setdefault(f"{tower}_num_heads", blocks[0].attn.num_heads)
+    sd = convert_openai_clip_state_dict(source_state_dict(src, "the CLIP state dict"))
+    fixed = dict(vision_norm_eps=1e-5, text_norm_eps=1e-5, vision_mlp=act, text_mlp=act,
+                 vision_attention="standard", text_attention="standard")
+    return _clip_from(sd, name, fixed, overrides, "the CLIP state dict")
