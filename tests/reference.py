@@ -90,3 +90,36 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "
         a, b = x[..., 0::2], x[..., 1::2]
         rot = torch.stack([-b, a], -1).flatten(-2)
     return x * cos + rot * sin
+
+
+def ref_diff_v2(x, wq, wk, wv, wl, wo, num_heads, num_kv_heads, bq=None, bk=None, bv=None, bo=None, allowed=None,
+                causal=False):
+    """Diff Transformer V2 from its equation, float64, from raw weights (no library code):
+
+    Q = x W_qᵀ: 2h heads of width d; K = x W_kᵀ, V = x W_vᵀ: h_kv heads of width d; query head j reads kv head
+    j // (2h / h_kv); O_i = A_{2i} V − σ(x W_λᵀ)_i ⊙ A_{2i+1} V per token; out = concat_i O_i W_oᵀ.
+    ``allowed``: bool (B, N, N) or None.
+    """
+    def lin(t, w, b):
+        y = t @ w.to(F64).T
+        return y if b is None else y + b.to(F64)
+
+    x = x.to(F64)
+    B, N, _ = x.shape
+    h, hkv = num_heads, num_kv_heads
+    d = wq.shape[0] // (2 * h)
+    q = lin(x, wq, bq).view(B, N, 2 * h, d)
+    k = lin(x, wk, bk).view(B, N, hkv, d)
+    v = lin(x, wv, bv).view(B, N, hkv, d)
+    lam = torch.sigmoid(x @ wl.to(F64).T)  # (B, N, h)
+    ok = torch.ones(B, N, N, dtype=torch.bool) if allowed is None else allowed.clone()
+    if causal:
+        ok &= torch.ones(N, N, dtype=torch.bool).tril()
+    per_group = 2 * h // hkv
+    heads = []
+    for i in range(h):
+        j1, j2 = (2 * i) // per_group, (2 * i + 1) // per_group
+        a1 = ref_softmax_rows(q[:, :, 2 * i] @ k[:, :, j1].transpose(1, 2) / math.sqrt(d), ok)
+        a2 = ref_softmax_rows(q[:, :, 2 * i + 1] @ k[:, :, j2].transpose(1, 2) / math.sqrt(d), ok)
+        heads.append(a1 @ v[:, :, j1] - lam[:, :, i:i + 1] * (a2 @ v[:, :, j2]))
+    return lin(torch.cat(heads, -1), wo, bo)

@@ -350,3 +350,103 @@ def test_prepare_mask_is_the_one_conversion():
     # causal with nq > nk leaves rows with no key: reported, and opened so kernels stay finite
     pm = prepare_mask(None, is_causal=True, nq=4, nk=2, dtype=torch.float32, device=torch.device("cpu"))
     assert pm.row_ok.flatten().tolist() == [False, False, True, True] and pm.keep.all(-1).flatten()[:2].all()
+
+
+# ------------------------------------------------------------------------------ reliability regressions
+
+
+@pytest.mark.parametrize("qdtype,mdtype", [(torch.float32, torch.float16), (torch.float32, torch.float64),
+                                           (torch.float64, torch.float32), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "math"])
+def test_float_mask_of_another_dtype_is_converted(qdtype, mdtype, backend):
+    """A float mask in another dtype than q used to pass validation and crash SDPA, or (float64 q with a float32
+    mask, Nk ≥ 16) give silently wrong results on CPU."""
+    q1, k1, q2, k2, v = make(2, 2, 2, 6, 20, 8, 16, dtype=qdtype)
+    bias = torch.randn(2, 1, 6, 20).to(mdtype)
+    zero = torch.zeros(2, 1, 6, 20, dtype=mdtype)
+    out = diff_attention(q1, k1, q2, k2, v, 0.4, attn_mask=bias, backend=backend)
+    torch.testing.assert_close(out.double(), reference(q1, k1, q2, k2, v, 0.4, bias=bias), **TOLERANCES[qdtype])
+    plain = diff_attention(q1, k1, q2, k2, v, 0.4, backend=backend)
+    torch.testing.assert_close(diff_attention(q1, k1, q2, k2, v, 0.4, attn_mask=zero, backend=backend), plain,
+                               rtol=0, atol=1e-6 if qdtype != torch.bfloat16 else 1e-2)
+
+
+@pytest.mark.parametrize("shape", [(), (20,), (6, 20), (1, 6, 20)])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "math"])
+def test_low_dimensional_masks_broadcast(shape, backend):
+    q1, k1, q2, k2, v = make(2, 2, 2, 6, 20, 8, 16, dtype=F64)
+    keep = torch.rand(shape) > 0.3 if shape else torch.tensor(True)
+    out = diff_attention(q1, k1, q2, k2, v, 0.4, attn_mask=keep, backend=backend)
+    assert (out - reference(q1, k1, q2, k2, v, 0.4, allowed=keep)).abs().max().item() < 1e-12
+    out = attention(q1, k1, v, attn_mask=keep, backend=backend)
+    assert (out - reference(q1, k1, q1, k1, v, 0.0, allowed=keep)).abs().max().item() < 1e-12
+
+
+def test_zero_width_and_zero_kv_heads_are_clear_errors():
+    q = torch.randn(1, 2, 3, 0)
+    with pytest.raises(ValueError, match="head width"):
+        diff_attention(q, q, q, q, torch.randn(1, 2, 3, 4), 0.5)
+    with pytest.raises(ValueError, match="head width"):
+        attention(q, q, torch.randn(1, 2, 3, 4))
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 0, 3, 4)
+    with pytest.raises(ValueError, match="head"):
+        diff_attention(q, k, q, k, torch.randn(1, 0, 3, 4), 0.5)
+
+
+@pytest.mark.parametrize("scale", [0.0, -0.5])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "math"])
+def test_causal_with_non_positive_scale(scale, backend):
+    q1, k1, q2, k2, v = make(1, 2, 2, 20, 20, 8, 16, dtype=torch.float32)
+    out = diff_attention(q1, k1, q2, k2, v, 0.4, is_causal=True, scale=scale, backend=backend)
+    ref = reference(q1, k1, q2, k2, v, 0.4, causal=True, scale=scale)
+    torch.testing.assert_close(out.double(), ref, **TOLERANCES[torch.float32])
+    out = attention(q1, k1, v, is_causal=True, scale=scale, backend=backend)
+    torch.testing.assert_close(out.double(), reference(q1, k1, q1, k1, v, 0.0, causal=True, scale=scale),
+                               **TOLERANCES[torch.float32])
+
+
+@pytest.mark.parametrize("dtype,mult", [(torch.float16, 100.0), (torch.bfloat16, 10.0)])
+def test_maps_compute_scores_in_float32(dtype, mult):
+    """Q Kᵀ of large half-precision inputs overflows (fp16) or rounds (bf16) when formed in the input dtype."""
+    q1, k1, q2, k2, v = make(1, 2, 2, 8, 8, 16, 16, dtype=torch.float32)
+    q1, k1, q2, k2 = (t * mult for t in (q1, k1, q2, k2))
+    q1, k1, q2, k2, v = (t.to(dtype).requires_grad_(True) for t in (q1, k1, q2, k2, v))
+    out, maps = diff_attention(q1, k1, q2, k2, v, 0.4, return_weights=True)
+    ref = reference(q1, k1, q2, k2, v, 0.4)
+    assert torch.isfinite(out).all()
+    err = (out.double() - ref).abs().max().item() / ref.abs().max().item()
+    assert err < 2e-2
+    out.float().sum().backward()
+    assert all(torch.isfinite(t.grad).all() for t in (q1, k1, q2, k2, v))
+    assert maps.first.dtype == torch.float32
+    _, p = attention(q1.detach(), k1.detach(), v.detach(), return_weights=True)
+    assert torch.isfinite(p).all()
+
+
+def test_standard_attention_weights_need_math_like_diff_attention():
+    q1, k1, q2, k2, v = make()
+    for fn in (lambda: attention(q1, k1, v, return_weights=True, backend="sdpa"),
+               lambda: diff_attention(q1, k1, q2, k2, v, 0.5, return_weights=True, backend="sdpa")):
+        with pytest.raises(ValueError, match="return_weights"):
+            fn()
+
+
+def test_numpy_scalar_lambda_is_accepted():
+    np = pytest.importorskip("numpy")
+    q1, k1, q2, k2, v = make(dtype=F64)
+    ref = diff_attention(q1, k1, q2, k2, v, 0.25)
+    for lam in (np.float32(0.25), np.float64(0.25), np.float16(0.25)):
+        assert torch.equal(diff_attention(q1, k1, q2, k2, v, lam), ref)
+    for bad in (float("nan"), float("inf"), True, "0.5", None):
+        with pytest.raises(ValueError, match="lambda_"):
+            diff_attention(q1, k1, q2, k2, v, bad)
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "math"])
+def test_empty_batch_and_sequences(backend):
+    for B, nq, nk in ((0, 4, 4), (2, 0, 4), (2, 4, 0)):
+        q1, k1, q2, k2, v = make(B, 2, 2, nq, nk, 8, 16, grad=True)
+        out = diff_attention(q1, k1, q2, k2, v, 0.4, backend=backend, is_causal=nq == nk)
+        assert out.shape == (B, 2, nq, 16) and (out == 0).all()
+        out.sum().backward()
+        assert attention(q1, k1, v, backend=backend).shape == (B, 2, nq, 16)
