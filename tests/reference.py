@@ -19,6 +19,8 @@ TOLERANCES = {
 
 def ref_softmax_rows(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
     """Row softmax over allowed keys only; a row with no allowed key is all zeros."""
+    if scores.numel() == 0:
+        return torch.zeros_like(scores)
     s = scores.masked_fill(~allowed, -math.inf)
     mx = s.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
     e = torch.exp(s - mx) * allowed
