@@ -12,7 +12,7 @@ from . import convert, functional, lambdas, layers, models
 from .adapters import load_adapter, retrofit, save_adapter
 from .data import get_dataset, list_datasets
 from .functional import AttentionWeights, attention, diff_attention
-from .layers import Attention, DiffAttention, GatedDiffAttention, KVCache, SwiGLU, attention_class
+from .layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, KVCache, SwiGLU, attention_class
 from .models import create_model, from_pretrained, list_models
 
 __version__ = "0.1.0"
@@ -29,6 +29,7 @@ __all__ = [
     "Attention",
     "DiffAttention",
     "GatedDiffAttention",
+    "DiffAttentionV2",
     "KVCache",
     "SwiGLU",
     "attention_class",
