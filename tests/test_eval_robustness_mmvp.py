@@ -51,6 +51,10 @@ def test_corrupt_images_grey_and_checks():
     out = corrupt_images(g, "gaussian_noise", 3, seed=1)
     assert out.shape == g.shape and out.dtype == np.uint8 and not np.array_equal(out, g)
     np.testing.assert_array_equal(out, corrupt_images(g, "gaussian_noise", 3, seed=1))  # seeded
+    small = (np.random.default_rng(1).random((3, 8, 8)) * 255).astype(np.uint8)  # upsampled ×4 and back
+    for c in ("gaussian_noise", "zoom_blur", "frost"):
+        out = corrupt_images(small, c, 2)
+        assert out.shape == (3, 8, 8) and not np.array_equal(out, small)
     with pytest.raises(ValueError, match="severity must be"):
         corrupt_images(g, "fog", 6)
     with pytest.raises(ValueError, match="corruption must be one of"):

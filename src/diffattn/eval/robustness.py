@@ -32,8 +32,10 @@ COMMON_CORRUPTIONS: tuple[str, ...] = (
 def corrupt_images(images: np.ndarray, corruption: str, severity: int, *, seed: int = 0) -> np.ndarray:
     """Corrupt uint8 images (N, H, W) or (N, H, W, C) with C ∈ {1, 3}; returns the same shape and dtype.
 
-    Grey images are corrupted as RGB (the grey value in all three channels) and averaged back. ``seed`` seeds
-    numpy's global generator, which ``imagecorruptions`` draws from, so a table is reproducible.
+    Grey images are corrupted as RGB (the grey value in all three channels) and averaged back. ``imagecorruptions``
+    needs at least 32×32 pixels: smaller images are upsampled by pixel replication with the smallest integer factor
+    f that reaches 32, corrupted, and averaged back over f×f blocks (a clean image round-trips exactly). ``seed``
+    seeds numpy's global generator, which ``imagecorruptions`` draws from, so a table is reproducible.
     """
     from imagecorruptions import corrupt, get_corruption_names
 
@@ -47,9 +49,16 @@ def corrupt_images(images: np.ndarray, corruption: str, severity: int, *, seed: 
                          f"{images.shape}")
     grey = images.ndim == 3 or images.shape[-1] == 1
     rgb = np.repeat(images.reshape(*images.shape[:3], 1), 3, axis=-1) if grey else images
+    N, H, W, _ = rgb.shape
+    f = -(-32 // min(H, W))  # ceil(32 / min side)
+    if f > 1:
+        rgb = rgb.repeat(f, axis=1).repeat(f, axis=2)  # (N, fH, fW, 3)
     np.random.seed(seed)
     out = np.stack([np.asarray(corrupt(im, corruption_name=corruption, severity=severity)) for im in rgb])
-    out = np.clip(out, 0, 255).astype(np.uint8)
+    out = np.clip(out.astype(np.float64), 0, 255)
+    if f > 1:
+        out = out.reshape(N, H, f, W, f, 3).mean(axis=(2, 4))
+    out = out.round().astype(np.uint8)
     if grey:
         out = out.astype(np.float32).mean(-1).round().astype(np.uint8).reshape(images.shape)
     return out
