@@ -87,12 +87,11 @@ def zero_shot_classifier(model, classnames: Sequence[str], templates: Sequence[s
         raise ValueError(f"templates must be a non-empty sequence of strings each holding '{{}}', got {templates!r}")
     tokenizer = tokenizer if tokenizer is not None else model.tokenizer
     device = device if device is not None else next(model.parameters()).device
-    weights = []
-    for name in classnames:
-        tokens = tokenizer([t.format(name) for t in templates]).to(device)
-        emb = F.normalize(model.encode_text(tokens).float(), dim=-1)  # (T, E)
-        weights.append(F.normalize(emb.mean(dim=0), dim=-1))
-    return torch.stack(weights)  # (C, E)
+    prompts = [t.format(name) for name in classnames for t in templates]  # class-major: C blocks of T prompts
+    emb = torch.cat([model.encode_text(tokenizer(prompts[i:i + 256]).to(device)).float()
+                     for i in range(0, len(prompts), 256)])  # (C·T, E)
+    emb = F.normalize(emb, dim=-1).view(len(classnames), len(templates), -1)  # (C, T, E)
+    return F.normalize(emb.mean(dim=1), dim=-1)  # (C, E)
 
 
 def zero_shot_logits(image_features: torch.Tensor, classifier: torch.Tensor) -> torch.Tensor:
