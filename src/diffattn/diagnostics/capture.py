@@ -115,6 +115,8 @@ class AttentionCapture:
 
     # -- library layers: forward(x, attn_mask=None, need_weights=False, ...)
     def _pre_layer(self, name: str):
+        from ..layers import GatedDiffAttention
+
         def hook(module, args, kwargs):
             asked = bool(args[2]) if len(args) > 2 else bool(kwargs.get("need_weights", False))
             x = args[0] if args else kwargs["x"]
@@ -123,8 +125,8 @@ class AttentionCapture:
             if callable(lw):
                 with torch.no_grad():
                     w1, lam = lw(x)
-                if getattr(module, "_gated", False) or isinstance(w1, torch.Tensor):
-                    gate = torch.as_tensor(w1)
+                if isinstance(module, GatedDiffAttention):
+                    gate = torch.as_tensor(w1)  # M-DGSA: w1 = g, λ = 1 − g
                 lam = torch.as_tensor(lam, dtype=torch.float32)
                 if lam.dim() == 0:  # one λ per layer: repeat it per differential head
                     lam = lam.expand(getattr(module, "diff_heads", 1)).clone()
