@@ -73,6 +73,12 @@ def _dataset_name(cfg: dict) -> str | None:
     return None
 
 
+def _run_seed(cfg: dict):
+    """The training seed a run's config.yaml records (``run.seed`` or ``seed``), for ``diffattn compare``."""
+    run = cfg.get("run")
+    return run.get("seed") if isinstance(run, dict) and "seed" in run else cfg.get("seed")
+
+
 def _kind(model) -> str:
     if hasattr(model, "encode_image") and hasattr(model, "encode_text"):
         return "clip"
@@ -353,8 +359,7 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
     results: dict[str, Any] = {
         "model": {"path": str(model_dir), "name": getattr(model, "model_name", None), "architecture":
                   type(model).__name__, "kind": kind, "params": _params(model),
-                  "seed": run_cfg.get("seed", run_cfg.get("train", {}).get("seed") if isinstance(
-                      run_cfg.get("train"), dict) else None)},
+                  "seed": _run_seed(run_cfg)},
         "protocol": "quick" if quick else "full", "eval_seed": seed, "skipped": {}}
     try:
         if kind == "vit":

@@ -9,7 +9,8 @@ Tokenizers (``tokenizer=``):
 - ``"bytes"``: UTF-8 bytes as ids 0–255 (always available; any model with ``vocab_size >= 256``);
 - a folder or name a ``transformers.AutoTokenizer`` can load offline.
 
-When none is given: the run's ``config.yaml`` key ``tokenizer`` (top level or under ``data``), then the Hugging
+When none is given: the run's ``config.yaml`` (``bytes`` for the byte-level ``text`` / ``sklearn_text`` data, else
+the key ``tokenizer``, top level or under ``data``), then the Hugging
 Face tokenizer saved beside the model, then ``"gpt2"`` for a vocabulary of at least 50,257 ids, else ``"bytes"``.
 """
 
@@ -71,7 +72,10 @@ def _tokenizer_from_run(path: Path) -> str | None:
             import yaml
 
             data = yaml.safe_load(cfg.read_text()) or {}
-            tok = data.get("tokenizer") or (data.get("data") or {}).get("tokenizer")
+            section = data.get("data") if isinstance(data.get("data"), dict) else {}
+            if section.get("name") in ("text", "sklearn_text"):  # the training recipes' byte-level text sets
+                return "bytes"
+            tok = data.get("tokenizer") or section.get("tokenizer")
             if isinstance(tok, str):
                 return tok
     for d in (path,):
