@@ -1,2 +1,14 @@
 """Attention diagnostics: captured maps (A1, A2, combined, λ, gate), entropy, attention noise, rollout, plots.
-It may import the library; never ``train``."""
+It may import the library; never ``train``.
+
+    from diffattn.diagnostics import capture_attention, answer_attention, rollout
+    with capture_attention(model) as cap:
+        model(x)
+    rollout(cap.combined())
+"""
+
+from .capture import AttentionCapture, LayerMaps, attention_modules, capture_attention
+from .noise import MODES, answer_attention, branch_entropy, foreground_attention, patch_mask, rollout, transform
+
+__all__ = ["AttentionCapture", "LayerMaps", "attention_modules", "capture_attention", "MODES", "answer_attention",
+           "branch_entropy", "foreground_attention", "patch_mask", "rollout", "transform"]

@@ -1,0 +1,179 @@
+"""Capture attention maps from a model with hooks, without changing what it computes.
+
+    with capture_attention(model) as cap:
+        logits = model(x)                      # the same logits as without the context
+    cap.layers[0].first, .second, .combined    # A1, A2, w1 ⊙ A1 − λ ⊙ A2, each (B, heads, Nq, Nk)
+    cap.layers[0].lambda_, .gate               # λ per head (differential) or the gate g (B, H, N, 1) (gated)
+
+Which modules are captured:
+
+- the library's attention layers (:class:`~diffattn.layers.Attention`, :class:`~diffattn.layers.DiffAttention`,
+  :class:`~diffattn.layers.GatedDiffAttention`, and anything else whose ``forward`` takes ``need_weights``): a
+  forward pre-hook asks the layer for its weights (``need_weights=True``) and a forward hook takes them out of the
+  result again, so the caller sees exactly the tensor type it asked for. λ and the gate come from the layer's
+  public ``lambda_weights(x)`` (w1, λ): for Ye et al. 2024 eq. 2 λ is one scalar per layer, repeated per head;
+  for M-DGSA (2025) eq. 3 the gate is g = w1 and λ = 1 − g per token and head.
+- attention modules converted by :func:`diffattn.retrofit` (they carry a ``diff_adapter``): the pre-hook passes
+  ``output_attentions=True`` and the forward hook records the map the module returns (the combined map only:
+  A1 − λA2 for DAA / DiffQ / DiffK, see :func:`diffattn.adapters.methods.run_method`); λ comes from the adapter.
+
+Outputs are unchanged up to floating-point rounding: asking for the weights routes the layer through the ``math``
+backend (it materialises the maps) instead of the fused SDPA kernel; both compute the same equation.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+
+__all__ = ["LayerMaps", "AttentionCapture", "capture_attention", "attention_modules"]
+
+
+@dataclass
+class LayerMaps:
+    """The maps of one attention module for one forward call (float32, on ``AttentionCapture.device``).
+
+    first: A1 (B, heads, Nq, Nk); second: A2 or None (standard attention, retrofits); combined: the signed map the
+    layer applies to V; lambda_: λ as (heads,) or (B, heads, Nq, 1) or None; gate: g (B, heads, Nq, 1) or None.
+    """
+
+    name: str
+    first: torch.Tensor | None
+    second: torch.Tensor | None
+    combined: torch.Tensor
+    lambda_: torch.Tensor | None = None
+    gate: torch.Tensor | None = None
+    kind: str = "standard"  # "standard" | "diff" | "gated" | "retrofit"
+
+
+def _takes_need_weights(m: nn.Module) -> bool:
+    try:
+        return "need_weights" in inspect.signature(m.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - builtins without a signature
+        return False
+
+
+def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
+    """(name, module, how) for every capturable attention module in ``model``, in module order; ``how`` is
+    ``"layer"`` (a library layer with ``need_weights``) or ``"retrofit"`` (a module converted by retrofit).
+    Containers that merely forward ``need_weights`` to an inner attention layer (blocks) are skipped."""
+    from ..layers import Attention, DiffAttention
+
+    out = []
+    for name, m in model.named_modules():
+        if hasattr(m, "diff_adapter"):
+            out.append((name, m, "retrofit"))
+        elif isinstance(m, (Attention, DiffAttention)) or (
+                _takes_need_weights(m) and hasattr(m, "q_proj") and not isinstance(m, nn.MultiheadAttention)):
+            out.append((name, m, "layer"))
+    return out
+
+
+@dataclass
+class AttentionCapture:
+    """Collects :class:`LayerMaps` while active; ``layers`` holds one entry per captured module call, in call
+    order (a model called twice inside the context records every module twice)."""
+
+    model: nn.Module
+    device: torch.device | str = "cpu"
+    names: list[str] | None = None
+    layers: list[LayerMaps] = field(default_factory=list)
+    _handles: list = field(default_factory=list, repr=False)
+    _pending: dict = field(default_factory=dict, repr=False)
+
+    def __enter__(self) -> AttentionCapture:
+        mods = attention_modules(self.model)
+        if self.names is not None:
+            unknown = set(self.names) - {n for n, _, _ in mods}
+            if unknown:
+                raise ValueError(f"names must be attention modules of the model; {sorted(unknown)} are not (known: "
+                                 f"{[n for n, _, _ in mods]})")
+            mods = [t for t in mods if t[0] in self.names]
+        if not mods:
+            raise ValueError(f"model ({type(self.model).__name__}) has no attention module that capture_attention "
+                             f"can hook: it needs diffattn layers or a model converted by diffattn.retrofit")
+        for name, m, how in mods:
+            if how == "layer":
+                self._handles.append(m.register_forward_pre_hook(self._pre_layer(name), with_kwargs=True))
+                self._handles.append(m.register_forward_hook(self._post_layer(name), with_kwargs=True))
+            else:
+                self._handles.append(m.register_forward_pre_hook(self._pre_retrofit(name), with_kwargs=True))
+                self._handles.append(m.register_forward_hook(self._post_retrofit(name), with_kwargs=True))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+        self._pending.clear()
+
+    def _store(self, t):
+        return None if t is None else t.detach().to(self.device, torch.float32)
+
+    # -- library layers: forward(x, attn_mask=None, need_weights=False, ...)
+    def _pre_layer(self, name: str):
+        from ..layers import GatedDiffAttention
+
+        def hook(module, args, kwargs):
+            asked = bool(args[2]) if len(args) > 2 else bool(kwargs.get("need_weights", False))
+            x = args[0] if args else kwargs["x"]
+            lam = gate = None
+            lw = getattr(module, "lambda_weights", None)
+            if callable(lw):
+                with torch.no_grad():
+                    w1, lam = lw(x)
+                if isinstance(module, GatedDiffAttention):
+                    gate = torch.as_tensor(w1)  # M-DGSA: w1 = g, λ = 1 − g
+                lam = torch.as_tensor(lam, dtype=torch.float32)
+                if lam.dim() == 0:  # one λ per layer: repeat it per differential head
+                    lam = lam.expand(getattr(module, "diff_heads", 1)).clone()
+            self._pending[id(module)] = (asked, lam, gate)
+            if len(args) > 2:
+                args = (*args[:2], True, *args[3:])
+            else:
+                kwargs = dict(kwargs, need_weights=True)
+            return args, kwargs
+        return hook
+
+    def _post_layer(self, name: str):
+        def hook(module, args, kwargs, output):
+            asked, lam, gate = self._pending.pop(id(module), (False, None, None))
+            out, w = output
+            kind = "gated" if gate is not None else ("diff" if w.second is not None else "standard")
+            self.layers.append(LayerMaps(name, self._store(w.first), self._store(w.second),
+                                         self._store(w.combined), self._store(lam), self._store(gate), kind))
+            return output if asked else out
+        return hook
+
+    # -- retrofitted Hugging Face modules: forward(hidden_states, ..., **kwargs) -> (out, maps)
+    def _pre_retrofit(self, name: str):
+        def hook(module, args, kwargs):
+            return args, dict(kwargs, output_attentions=True)
+        return hook
+
+    def _post_retrofit(self, name: str):
+        def hook(module, args, kwargs, output):
+            maps = output[1] if isinstance(output, tuple) and len(output) > 1 else None
+            if isinstance(maps, torch.Tensor):
+                lam = module.diff_adapter.lambda_value().detach().float().reshape(-1)
+                self.layers.append(LayerMaps(name, None, None, self._store(maps), self._store(lam), None,
+                                             "retrofit"))
+            return output
+        return hook
+
+    # -- views
+    def combined(self) -> list[torch.Tensor]:
+        """The combined (signed) map of every captured call, in order."""
+        return [m.combined for m in self.layers]
+
+
+def capture_attention(model: nn.Module, *, names: list[str] | None = None,
+                      device: torch.device | str = "cpu") -> AttentionCapture:
+    """Context manager that records the attention maps of ``model`` (module docstring). ``names`` restricts it
+    to those module names (see :func:`attention_modules`); maps are stored as float32 on ``device``."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return AttentionCapture(model, device=device, names=names)

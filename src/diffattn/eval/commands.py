@@ -1,0 +1,58 @@
+"""The ``diffattn eval`` and ``diffattn compare`` subcommands (registered through ``diffattn.cli.COMMAND_MODULES``).
+
+    diffattn eval runs/diff_vit --quick            # results.json + report.md + plots in runs/diff_vit/eval/
+    diffattn eval eval.yaml                        # model:, dataset:, text:, mmvp:, quick:, seed:, out:
+    diffattn compare runs/vit runs/diff_vit        # side by side; a folder with several seeds gives mean ± std
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+__all__ = ["register"]
+
+
+def _eval_command(args: argparse.Namespace) -> int:
+    from .runner import evaluate
+
+    res = evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp, quick=args.quick,
+                   seed=args.seed, progress=not args.no_progress)
+    summary = {k: v for k, v in res.items() if k in ("model", "skipped", "seconds")}
+    print(json.dumps(summary, indent=1, default=str))
+    for suite in ("vision", "clip", "language"):
+        if suite in res:
+            headline = {k: v for k, v in res[suite].items() if isinstance(v, dict) and k not in ("diagnostics",)
+                        and all(isinstance(x, (int, float)) for x in v.values())}
+            print(f"{suite}: " + json.dumps(headline, default=float))
+    print(f"wrote results.json and report.md to {res['output_dir']}")
+    return 0 if not res["skipped"] else 2
+
+
+def _compare_command(args: argparse.Namespace) -> int:
+    from .runner import compare
+
+    print(compare(args.runs, args.out, labels=args.labels), end="")
+    if args.out:
+        print(f"\nwrote {args.out} and its .json")
+    return 0
+
+
+def register(subparsers) -> None:
+    e = subparsers.add_parser("eval", help="evaluate a saved model / run: results.json, report.md and plots")
+    e.add_argument("target", help="run directory, folder saved with save_pretrained, or a YAML file")
+    e.add_argument("--out", default=None, help="output folder (default <target>/eval)")
+    e.add_argument("--dataset", default=None, help="dataset name for diffattn.data.get_dataset (default: from "
+                   "the run's config.yaml, else by model type)")
+    e.add_argument("--text", default=None, help="a text file for the language-model evaluations")
+    e.add_argument("--mmvp", default=None, help="an MMVP-VLM folder (Questions.csv + 'MLLM_VLM Images/')")
+    e.add_argument("--quick", action="store_true", help="small protocol (subsets, fewer episodes and trials)")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    e.set_defaults(func=_eval_command)
+    c = subparsers.add_parser("compare", help="compare evaluated runs side by side (mean ± std over seeds)")
+    c.add_argument("runs", nargs="+", help="results.json files or run folders (a folder holding several seeds' "
+                   "results is one column)")
+    c.add_argument("--labels", nargs="+", default=None, help="column names (default: folder names)")
+    c.add_argument("--out", default=None, help="write the markdown table here (and a .json beside it)")
+    c.set_defaults(func=_compare_command)

@@ -1,0 +1,522 @@
+"""``diffattn eval``: evaluate a saved model or a training run, write ``results.json`` and ``report.md`` with plots;
+``diffattn compare``: runs side by side, mean ± std over seeds.
+
+What runs depends on the model:
+
+- vision transformer (logits): top-1 / top-5 / mean per-class recall on the test split; Gaussian input-noise levels
+  (M-DGSA (2025) §5.1); a corruption × severity table and mCE (Hendrycks & Dietterich 2019); attention diagnostics.
+- CLIP / DiffCLIP (``encode_image`` / ``encode_text``): zero-shot with a prompt ensemble, image–text retrieval,
+  linear probe, few-shot (Hammoud & Ghanem 2025 §4); MMVP-VLM when a folder is given; CLS attention inside vs
+  outside the foreground masks (Tux Paint stamps' alpha channel); attention diagnostics.
+- causal LM: sliding-window perplexity and last-word accuracy on held-out text (DAA (2025) §5), multi-needle
+  retrieval over depth × length and the attention mass on the needle vs the context (Ye et al. 2024 §3.3, §3.4).
+
+Attention diagnostics: per-layer mean λ (or gate), per-branch entropy, heat maps of A1, A2 and the combined map,
+rollout (signed; :func:`diffattn.diagnostics.rollout`). A suite whose data is missing is skipped and the reason is
+written into ``results.json`` (``"skipped"``) and the report; nothing is silently left out.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..io import atomic_write_file
+
+__all__ = ["evaluate", "write_report", "compare", "load_results", "flatten"]
+
+QUICK = {"noise_levels": (0.0, 0.25, 0.5, 1.0), "corruptions": ("gaussian_noise", "motion_blur", "contrast"),
+         "severities": (1, 3, 5), "episodes": 200, "max_images": 256, "ppl_tokens": 2048, "lambada": 20,
+         "needle_lengths": (128, 256), "needle_depths": (0.0, 0.5, 1.0), "needle_trials": 2,
+         "probe_max_iter": 200, "probe_fine_steps": 5}
+FULL = {"noise_levels": (0.0, 0.1, 0.25, 0.5, 1.0), "corruptions": None, "severities": (1, 2, 3, 4, 5),
+        "episodes": 5000, "max_images": None, "ppl_tokens": 65536, "lambada": 500,
+        "needle_lengths": (256, 512, 1024, 2048), "needle_depths": (0.0, 0.25, 0.5, 0.75, 1.0), "needle_trials": 10,
+        "probe_max_iter": 1000, "probe_fine_steps": 17}
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def _read_yaml(path: Path) -> dict:
+    import yaml
+
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a YAML mapping, got {type(data).__name__}")
+    return data
+
+
+def _run_config(model_dir: Path) -> dict:
+    for d in (model_dir, *list(model_dir.parents)[:2]):
+        if (d / "config.yaml").is_file():
+            return _read_yaml(d / "config.yaml")
+    return {}
+
+
+def _dataset_name(cfg: dict) -> str | None:
+    for key in ("dataset", "data"):
+        v = cfg.get(key)
+        if isinstance(v, str):
+            return v
+        if isinstance(v, dict) and isinstance(v.get("name") or v.get("dataset"), str):
+            return v.get("name") or v.get("dataset")
+    return None
+
+
+def _run_seed(cfg: dict):
+    """The training seed a run's config.yaml records (``run.seed`` or ``seed``), for ``diffattn compare``."""
+    run = cfg.get("run")
+    return run.get("seed") if isinstance(run, dict) and "seed" in run else cfg.get("seed")
+
+
+def _kind(model) -> str:
+    if hasattr(model, "encode_image") and hasattr(model, "encode_text"):
+        return "clip"
+    if hasattr(model, "new_kv_caches"):
+        return "lm"
+    if hasattr(model, "patch_embed") and hasattr(model, "forward_features"):
+        return "vit"
+    raise ValueError(f"diffattn eval supports CLIP models, vision transformers and causal LMs, got "
+                     f"{type(model).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+
+
+def _params(model) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=None) -> tuple[dict, list]:
+    """Capture maps for one batch; λ / gate per layer, entropy per branch, plots, CLS rollout (images)."""
+    from ..diagnostics import branch_entropy, capture_attention, rollout
+    from ..diagnostics.plots import plot_cls_maps, plot_lambdas, plot_maps
+
+    with torch.no_grad(), capture_attention(model) as cap:
+        run(inputs)
+    layers = cap.layers
+    res: dict[str, Any] = {"layers": len(layers), "kind": layers[0].kind if layers else None}
+    lam = [m.gate.mean().item() if m.gate is not None else (m.lambda_.mean().item() if m.lambda_ is not None
+                                                             else None) for m in layers]
+    res["lambda_per_layer" if layers and layers[0].gate is None else "gate_per_layer"] = lam
+    res["entropy_first"] = [float(branch_entropy(m.first).mean()) for m in layers if m.first is not None]
+    res["entropy_second"] = [float(branch_entropy(m.second).mean()) for m in layers if m.second is not None]
+    plots = []
+    for i in sorted({0, len(layers) - 1}):
+        m = layers[i]
+        plots.append(plot_maps(m.first, m.second, m.combined, out / f"{tag}_maps_layer{i}.png",
+                               title=f"{tag}: layer {i} ({m.kind})", tokens=tokens).name)
+    if any(v is not None for v in lam):
+        vals = [(m.gate if m.gate is not None else m.lambda_) for m in layers if
+                (m.gate is not None or m.lambda_ is not None)]
+        plots.append(plot_lambdas(vals, out / f"{tag}_lambda.png", label="gate g" if layers[0].gate is not None
+                                  else "λ", title=f"{tag}: per layer").name)
+    if grid is not None:
+        maps = [m.combined for m in layers]
+        r = rollout(maps)  # (B, N, N)
+        plots.append(plot_cls_maps({"A1 (last layer)": layers[-1].first, "combined (last layer)": maps[-1][:1],
+                                    "rollout": r[:1, None]}, grid, out / f"{tag}_cls.png",
+                                   image=inputs[0], title=f"{tag}: CLS attention").name)
+    res["plots"] = plots
+    return res, layers
+
+
+def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torch.Tensor:
+    """uint8 (N, H, W[, C]) → float (N, C, size, size): /255, standardised with the train split's mean and std."""
+    mean, std = float(x_tr.mean() / 255.0), float(x_tr.std() / 255.0) or 1.0
+    t = torch.tensor(x, dtype=torch.float32) / 255.0
+    t = t[:, None] if t.dim() == 3 else t.permute(0, 3, 1, 2)
+    if t.shape[1] == 1 and chans == 3:
+        t = t.expand(-1, 3, -1, -1)
+    elif t.shape[1] == 3 and chans == 1:
+        t = t.mean(1, keepdim=True)
+    if t.shape[-1] != size:
+        t = F.interpolate(t, size=(size, size), mode="bilinear", align_corners=False)
+    return (t - mean) / std
+
+
+# ------------------------------------------------------------------------------------------------- suites
+
+
+def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progress: bool) -> dict:
+    from ..data import get_dataset
+    from ..diagnostics.plots import plot_corruption_curves
+    from .classification import classification_metrics
+    from .robustness import COMMON_CORRUPTIONS, corruption_table, noise_robustness
+
+    size, chans = model.patch_embed.img_size, model.patch_embed.proj.in_channels
+    if dataset is None:
+        dataset = {(1, 8): "digits", (1, 28): "fashion_mnist"}.get((chans, size))
+        if dataset is None:
+            raise LookupError(f"no default dataset for {chans}-channel {size}×{size} images: pass --dataset")
+    tr, te = get_dataset(dataset, split="train"), get_dataset(dataset, split="test")
+    x_tr, x_te, y_te = np.asarray(tr.images), np.asarray(te.images), torch.as_tensor(np.asarray(te.labels))
+    if p["max_images"]:
+        x_te, y_te = x_te[:p["max_images"]], y_te[:p["max_images"]]
+
+    def transform(imgs):
+        return _standardise(x_tr, imgs, size, chans)
+
+    def predict(x):
+        return model(x)
+
+    x = transform(x_te)
+    with torch.no_grad():
+        logits = torch.cat([model(x[i:i + 256]) for i in range(0, len(x), 256)])
+    res: dict[str, Any] = {"dataset": dataset, "split": "test", "images": len(y_te),
+                           "preprocessing": "pixels/255, standardised with the train split's mean and std"}
+    res["classification"] = classification_metrics(logits, y_te)
+    res["noise"] = {str(k): v for k, v in noise_robustness(predict, x, y_te, p["noise_levels"], seed=seed).items()}
+    table = corruption_table(predict, x_te, y_te, transform, corruptions=p["corruptions"] or COMMON_CORRUPTIONS,
+                             severities=p["severities"], seed=seed, progress=progress)
+    res["corruptions"] = {"clean": table["clean"], "mce": table["mce"], "mean_accuracy": table["mean_accuracy"],
+                          "table": {c: {str(s): a for s, a in row.items()} for c, row in table["table"].items()}}
+    plots = [plot_corruption_curves(table["table"], out / "corruptions.png", clean=table["clean"]).name]
+    grid = (size // model.patch_embed.patch_size,) * 2
+    diag, _ = _diagnostics(model, model, x[:8], out, "vision", grid=grid)
+    res["diagnostics"] = diag
+    res["plots"] = plots + diag.pop("plots")
+    return res
+
+
+def _clip_features(model, images: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([model.encode_image(images[i:i + 128]).float() for i in range(0, len(images), 128)])
+
+
+def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp: str | None,
+                progress: bool) -> dict:
+    from ..data import get_dataset
+    from ..diagnostics import capture_attention, foreground_attention
+    from .classification import classification_metrics, zero_shot_classifier, zero_shot_logits
+    from .probe import few_shot, linear_probe
+    from .retrieval import recall_at_k
+
+    dataset = dataset or "tuxpaint_captions"
+    tf = model.eval_transform
+    tr, te = get_dataset(dataset, split="train"), get_dataset(dataset, split="test")
+    n_te = len(te) if not p["max_images"] else min(len(te), p["max_images"])
+    n_tr = len(tr) if not p["max_images"] else min(len(tr), 4 * p["max_images"])
+    imgs_te = torch.stack([tf(te.load_image(i)) for i in range(n_te)])
+    imgs_tr = torch.stack([tf(tr.load_image(i)) for i in range(n_tr)])
+    y_te, y_tr = torch.as_tensor(te.labels[:n_te]), torch.as_tensor(tr.labels[:n_tr])
+    f_te, f_tr = _clip_features(model, imgs_te), _clip_features(model, imgs_tr)
+    res: dict[str, Any] = {"dataset": dataset, "images": n_te, "skipped": {}}
+    classes = [c.replace("_", " ") for c in te.categories]
+    w = zero_shot_classifier(model, classes)
+    res["zero_shot"] = classification_metrics(zero_shot_logits(f_te, w), y_te, num_classes=len(classes))
+    with torch.no_grad():
+        t_emb = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256])).float()
+                           for i in range(0, n_te, 256)])[:n_te]
+    res["retrieval"] = recall_at_k(f_te, t_emb, torch.arange(n_te))
+    try:
+        res["linear_probe"] = {k: v for k, v in linear_probe(f_tr, y_tr, f_te, y_te, seed=seed,
+                                                                max_iter=p["probe_max_iter"],
+                                                                fine_steps=p["probe_fine_steps"]).items()
+                               if k != "sweep"}
+    except ValueError as e:
+        res["skipped"]["linear_probe"] = str(e)
+    try:
+        res["few_shot"] = few_shot(F.normalize(f_te, dim=-1), y_te, episodes=p["episodes"], seed=seed)
+    except ValueError as e:
+        res["skipped"]["few_shot"] = str(e)
+    if mmvp:
+        from .mmvp import mmvp_eval
+
+        res["mmvp"] = mmvp_eval(model, mmvp, progress=progress)
+    # CLS attention inside vs outside the foreground masks, last layer and all layers
+    masks = torch.stack([te.load_mask(i) for i in range(min(16, n_te))])
+    grid = (model.img_size // model.visual.patch_embed.patch_size,) * 2
+    with torch.no_grad(), capture_attention(model.visual) as cap:
+        model.encode_image(imgs_te[:len(masks)])
+    maps = [m.combined for m in cap.layers]
+    res["foreground_attention"] = {mode: foreground_attention(maps, masks, grid, mode=mode)
+                                   for mode in ("signed", "relu")}
+    diag, _ = _diagnostics(model.visual, model.encode_image, imgs_te[:8], out, "vision", grid=grid)
+    res["diagnostics"] = diag
+    res["plots"] = diag.pop("plots")
+    return res
+
+
+def _lm_text(text: str | None, dataset: str | None) -> tuple[str, str]:
+    if text:
+        return Path(text).read_text(encoding="utf-8"), str(text)
+    from ..data import get_dataset
+
+    name = dataset or "moby_dick"
+    ds = get_dataset(name, split="test")
+    return "\n\n".join(ds[i]["text"] for i in range(len(ds))), f"{name} (test split)"
+
+
+def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: dict, out: Path, seed: int,
+              progress: bool) -> dict:
+    from ..diagnostics import answer_attention, capture_attention
+    from ..diagnostics.plots import plot_needle_grid
+    from .language import lambada_accuracy, needle_grid, needle_prompt, perplexity
+    from .text_models import get_text_tokenizer
+
+    tok = get_text_tokenizer(None, model_dir=model_dir, vocab_size=model.vocab_size)
+    corpus, source = _lm_text(text, dataset)
+    ids = torch.tensor(tok.encode(corpus)[:p["ppl_tokens"]])
+    ctx = min(model.max_seq_len, 1024)
+    res: dict[str, Any] = {"text": source, "tokenizer": tok.name}
+    res["perplexity"] = perplexity(model, ids, context_length=ctx)
+    passages = [s.strip() for s in corpus.replace("\n", " ").split(". ") if len(s.split()) >= 12]
+    rng = random.Random(seed)
+    passages = rng.sample(passages, min(p["lambada"], len(passages)))
+    res["last_word"] = lambada_accuracy(model, tok, passages, max_context=ctx, progress=progress)
+    lengths = [n for n in p["needle_lengths"] if n <= model.max_seq_len]
+    grid = needle_grid(model, tok, corpus[:20000], lengths=lengths, depths=p["needle_depths"],
+                       trials=p["needle_trials"], seed=seed, progress=progress)
+    res["needle"] = {str(n): {str(d): a for d, a in row.items()} for n, row in grid.items()}
+    plots = [plot_needle_grid(grid, out / "needle_grid.png").name]
+    # attention on the needle's number vs the rest of the context (Ye et al. 2024 Table 3), signed and ReLU
+    filler = tok.encode(corpus[:20000])
+    noise = {"signed": [], "relu": []}
+    for _ in range(4):
+        prompt, answer = needle_prompt(tok, filler, length=min(lengths), depth=rng.random(), rng=rng)
+        pos = _find(prompt, answer)  # the needle's number inside the prompt
+        a_mask = torch.zeros(len(prompt), dtype=torch.bool)
+        a_mask[pos:pos + len(answer)] = True
+        c_mask = torch.ones(len(prompt), dtype=torch.bool)
+        with torch.no_grad(), capture_attention(model) as cap:
+            model(torch.tensor([prompt]))
+        maps = [m.combined for m in cap.layers]
+        for mode in noise:
+            noise[mode].append(answer_attention(maps, a_mask, c_mask, mode=mode))
+    res["attention_noise"] = {mode: {k: float(np.mean([r[k] for r in v])) for k in ("answer", "noise")}
+                              for mode, v in noise.items()}
+    for v in res["attention_noise"].values():
+        v["ratio"] = v["answer"] / v["noise"] if v["noise"] else math.inf
+    sample = torch.tensor([tok.encode(corpus[:200])[:32]])
+    diag, _ = _diagnostics(model, model, sample, out, "lm", tokens=None)
+    res["diagnostics"] = diag
+    res["plots"] = plots + diag.pop("plots")
+    return res
+
+
+def _find(seq: list[int], sub: list[int]) -> int:
+    """Start of the last occurrence of ``sub`` in ``seq``."""
+    for i in range(len(seq) - len(sub), -1, -1):
+        if seq[i:i + len(sub)] == sub:
+            return i
+    raise ValueError("the needle's number was not found in the prompt")
+
+
+# ------------------------------------------------------------------------------------------------- driver
+
+
+def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: str | None = None,
+             text: str | None = None, mmvp: str | None = None, quick: bool = False, seed: int = 0,
+             progress: bool = True, protocol: dict | None = None) -> dict:
+    """Evaluate the model in ``target``: a saved model, a run directory, or a YAML file with ``model:`` and any
+    of ``dataset``, ``text``, ``mmvp``, ``quick``, ``seed``, ``out`` (paths relative to the YAML file).
+
+    Writes ``results.json`` and ``report.md`` with the plots into ``out_dir`` (default ``<run>/eval``) and returns
+    the results. ``protocol`` overrides entries of :data:`QUICK` / :data:`FULL` (sizes, corruption list,
+    episodes, needle grid)."""
+    from ..models import from_pretrained
+    from .text_models import find_saved_model
+
+    target = Path(target)
+    if target.is_file() and target.suffix in (".yaml", ".yml"):
+        cfg = _read_yaml(target)
+        if "model" not in cfg:
+            raise ValueError(f"{target} must name the model to evaluate under 'model:'")
+        model_path = (target.parent / cfg["model"]).resolve()
+        def rel(key):  # paths in the YAML are relative to the YAML file
+            return str((target.parent / cfg[key]).resolve()) if cfg.get(key) else None
+
+        dataset, text, mmvp = dataset or cfg.get("dataset"), text or rel("text"), mmvp or rel("mmvp")
+        quick, seed = quick or bool(cfg.get("quick", False)), int(cfg.get("seed", seed))
+        out_dir = out_dir or rel("out")
+    else:
+        model_path = target
+    model_dir = find_saved_model(model_path)
+    run_cfg = _run_config(model_dir)
+    dataset = dataset or _dataset_name(run_cfg)
+    out = Path(out_dir) if out_dir else (Path(model_path) / "eval")
+    out.mkdir(parents=True, exist_ok=True)
+    torch.manual_seed(seed)
+    model = from_pretrained(model_dir).eval()
+    kind = _kind(model)
+    p = dict(QUICK if quick else FULL)
+    unknown = set(protocol or {}) - set(p)
+    if unknown:
+        raise ValueError(f"protocol keys must be among {sorted(p)}, got {sorted(unknown)}")
+    p.update(protocol or {})
+    t0 = time.perf_counter()
+    results: dict[str, Any] = {
+        "model": {"path": str(model_dir), "name": getattr(model, "model_name", None), "architecture":
+                  type(model).__name__, "kind": kind, "params": _params(model),
+                  "seed": _run_seed(run_cfg)},
+        "protocol": "quick" if quick else "full", "eval_seed": seed, "skipped": {}}
+    try:
+        if kind == "vit":
+            results["vision"] = _vit_suite(model, dataset, p, out, seed, progress)
+        elif kind == "clip":
+            results["clip"] = _clip_suite(model, dataset, p, out, seed, mmvp, progress)
+        else:
+            results["language"] = _lm_suite(model, model_dir, dataset, text, p, out, seed, progress)
+    except (LookupError, FileNotFoundError, ImportError) as e:  # missing data: recorded, never silent
+        results["skipped"][kind] = f"{type(e).__name__}: {e}"
+    results["seconds"] = round(time.perf_counter() - t0, 1)
+    results["output_dir"] = str(out)
+    with atomic_write_file(out / "results.json", "w") as f:
+        json.dump(results, f, indent=1, default=float)
+    write_report(results, out / "report.md")
+    return results
+
+
+# ------------------------------------------------------------------------------------------------- report
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4f}" if abs(v) < 1e4 else f"{v:.4g}"
+    return str(v)
+
+
+def _table(rows: dict, head=("metric", "value")) -> list[str]:
+    lines = [f"| {head[0]} | {head[1]} |", "|---|---:|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows.items()]
+    return lines + [""]
+
+
+def write_report(results: dict, path: str | Path) -> Path:
+    """``report.md``: the model, one table per metric group, the plots (relative links) and skipped suites."""
+    m = results["model"]
+    lines = [f"# Evaluation: {m.get('name') or m['architecture']}", "",
+             f"`{m['path']}` · {m['architecture']} ({m['kind']}) · {m['params']:,} parameters · protocol "
+             f"{results['protocol']} · {results.get('seconds', '?')} s", ""]
+    for suite in ("vision", "clip", "language"):
+        r = results.get(suite)
+        if r is None:
+            continue
+        lines += [f"## {suite}", ""]
+        for key, val in r.items():
+            if key in ("plots", "diagnostics", "skipped"):
+                continue
+            if key == "corruptions":
+                sev = sorted({s for row in val["table"].values() for s in row})
+                lines += ["### corruptions (accuracy)", "", "| corruption | " + " | ".join(f"s{s}" for s in sev)
+                          + " |", "|---|" + "---:|" * len(sev)]
+                lines += [f"| {c} | " + " | ".join(_fmt(row.get(s, "")) for s in sev) + " |"
+                          for c, row in val["table"].items()]
+                lines += ["", f"clean {_fmt(val['clean'])} · mean {_fmt(val['mean_accuracy'])} · mCE "
+                          f"{val['mce']:.2f}", ""]
+            elif key == "needle":
+                lengths = list(val)
+                depths = list(next(iter(val.values())))
+                lines += ["### needle retrieval (rows: depth, columns: context length)", "",
+                          "| depth | " + " | ".join(lengths) + " |", "|---|" + "---:|" * len(lengths)]
+                lines += [f"| {d} | " + " | ".join(_fmt(val[n].get(d)) for n in lengths) + " |" for d in depths]
+                lines += [""]
+            elif isinstance(val, dict) and all(not isinstance(v, dict) for v in val.values()):
+                lines += [f"### {key.replace('_', ' ')}", ""] + _table(val)
+            elif isinstance(val, dict):
+                lines += [f"### {key.replace('_', ' ')}", ""]
+                for sub, sv in val.items():
+                    lines += [f"{sub}:", ""] + (_table(sv) if isinstance(sv, dict) else [_fmt(sv), ""])
+            else:
+                lines += [f"- {key}: {_fmt(val)}"]
+        lines += [""]
+        d = r.get("diagnostics")
+        if d:
+            lines += ["### attention diagnostics", ""]
+            lam_key = "gate_per_layer" if "gate_per_layer" in d else "lambda_per_layer"
+            rows = {"layers": d["layers"], "layer kind": d["kind"]}
+            rows[lam_key.replace("_", " ")] = ", ".join("—" if v is None else f"{v:.3f}" for v in d[lam_key])
+            rows["entropy A1 per layer (nats)"] = ", ".join(f"{v:.3f}" for v in d["entropy_first"])
+            if d["entropy_second"]:
+                rows["entropy A2 per layer (nats)"] = ", ".join(f"{v:.3f}" for v in d["entropy_second"])
+            lines += [f"- {k}: {v}" for k, v in rows.items()] + [""]
+        for plot in r.get("plots", []):
+            lines += [f"![{plot}]({plot})", ""]
+        if r.get("skipped"):
+            lines += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in r["skipped"].items()), ""]
+    if results.get("skipped"):
+        lines += ["## skipped", ""] + [f"- {k}: {v}" for k, v in results["skipped"].items()] + [""]
+    path = Path(path)
+    with atomic_write_file(path, "w") as f:
+        f.write("\n".join(lines))
+    return path
+
+
+# ------------------------------------------------------------------------------------------------ compare
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, float]:
+    """Numeric leaves of nested results as ``{"suite.group.metric": value}`` (plots, paths and lists left out)."""
+    out: dict[str, float] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            if k in ("model", "skipped", "diagnostics", "sweep"):
+                continue
+            out.update(flatten(v, key))
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("seconds", "eval_seed",
+                                                                                    "images", "episodes"):
+            out[key] = float(v)
+    return out
+
+
+def load_results(path: str | Path) -> list[dict]:
+    """Every ``results.json`` for one run argument: the file itself, ``<dir>/results.json``,
+    ``<dir>/eval/results.json``, else all of them below ``<dir>`` (one per seed)."""
+    path = Path(path)
+    if path.is_file():
+        return [json.loads(path.read_text())]
+    for p in (path / "results.json", path / "eval" / "results.json"):
+        if p.is_file():
+            return [json.loads(p.read_text())]
+    found = sorted(path.rglob("results.json"))
+    if not found:
+        raise FileNotFoundError(f"no results.json under {str(path)!r}; run `diffattn eval {path}` first")
+    return [json.loads(p.read_text()) for p in found]
+
+
+def compare(runs: Sequence[str | Path], out: str | Path | None = None,
+            labels: Sequence[str] | None = None) -> str:
+    """A markdown table with one column per run argument: mean ± std (population, over the seeds found under it)
+    of every metric the runs share; written to ``out`` (and ``out`` with ``.json``) when given."""
+    if len(runs) < 1:
+        raise ValueError("runs must name at least one run")
+    labels = list(labels) if labels else [Path(r).name for r in runs]
+    if len(labels) != len(runs):
+        raise ValueError(f"labels must have one entry per run ({len(runs)}), got {len(labels)}")
+    cols = []
+    for r in runs:
+        flat = [flatten(x) for x in load_results(r)]
+        keys = sorted(set.intersection(*(set(f) for f in flat)))
+        cols.append({k: (float(np.mean([f[k] for f in flat])), float(np.std([f[k] for f in flat])), len(flat))
+                     for k in keys})
+    keys = [k for k in cols[0] if all(k in c for c in cols[1:])]
+    head = "| metric | " + " | ".join(f"{lab} (n={next(iter(c.values()))[2] if c else 0})"
+                                       for lab, c in zip(labels, cols)) + " |"
+    lines = [head, "|---|" + "---:|" * len(cols)]
+    for k in keys:
+        cells = []
+        for c in cols:
+            mean, std, n = c[k]
+            cells.append(f"{mean:.4f} ± {std:.4f}" if n > 1 else f"{mean:.4f}")
+        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines) + "\n"
+    if out is not None:
+        out = Path(out)
+        with atomic_write_file(out, "w") as f:
+            f.write(table)
+        with atomic_write_file(out.with_suffix(".json"), "w") as f:
+            json.dump({lab: {k: {"mean": v[0], "std": v[1], "n": v[2]} for k, v in c.items()}
+                       for lab, c in zip(labels, cols)}, f, indent=1)
+    return table

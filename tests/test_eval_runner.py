@@ -1,0 +1,188 @@
+"""``diffattn eval`` on tiny saved ViT, CLIP and LM models (results.json, report.md, plots) and ``diffattn compare``."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from diffattn.eval.runner import compare, evaluate, flatten
+
+TINY = {"noise_levels": (0.0, 1.0), "corruptions": ("contrast",), "severities": (1,), "episodes": 20,
+        "max_images": 48, "ppl_tokens": 256, "lambada": 4, "needle_lengths": (128,), "needle_depths": (0.0, 1.0),
+        "needle_trials": 1,
+        "probe_max_iter": 50, "probe_fine_steps": 3}
+
+# Real prose (Melville, Moby-Dick, 1851, ch. 1; public domain) as the language suites' text.
+PROSE = ("Call me Ishmael. Some years ago, never mind how long precisely, having little or no money in my purse, and "
+         "nothing particular to interest me on shore, I thought I would sail about a little and see the watery part "
+         "of the world. It is a way I have of driving off the spleen and regulating the circulation. Whenever I find "
+         "myself growing grim about the mouth; whenever it is a damp, drizzly November in my soul; whenever I find "
+         "myself involuntarily pausing before coffin warehouses, and bringing up the rear of every funeral I meet; "
+         "and especially whenever my hypos get such an upper hand of me, that it requires a strong moral principle "
+         "to prevent me from deliberately stepping into the street, and methodically knocking people's hats off, "
+         "then, I account it high time to get to sea as soon as I can. This is my substitute for pistol and ball. ")
+
+
+def _png(path):
+    return path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.slow
+def test_eval_vit_run_on_digits(tmp_path):
+    from diffattn.models import create_model
+
+    model = create_model("dg_vit_nano", img_size=8, patch_size=2, in_chans=1, num_classes=10, depth=2)
+    model.save_pretrained(tmp_path / "run" / "model")
+    res = evaluate(tmp_path / "run", quick=True, protocol=TINY, progress=False)
+    out = tmp_path / "run" / "eval"
+    on_disk = json.loads((out / "results.json").read_text())
+    assert on_disk["vision"]["classification"]["top1"] == pytest.approx(res["vision"]["classification"]["top1"])
+    v = res["vision"]
+    assert v["dataset"] == "digits" and v["images"] == 48 and not res["skipped"]
+    assert 0 <= v["classification"]["top1"] <= v["classification"]["top5"] <= 1
+    assert v["noise"]["0.0"] == pytest.approx(v["classification"]["top1"])  # σ = 0 is the clean input
+    assert v["corruptions"]["mce"] == pytest.approx(100 - 100 * v["corruptions"]["table"]["contrast"]["1"])
+    d = v["diagnostics"]
+    assert d["kind"] == "gated" and len(d["gate_per_layer"]) == 2 and all(0 < g < 1 for g in d["gate_per_layer"])
+    report = (out / "report.md").read_text()
+    assert "### classification" in report and "mCE" in report and "gate per layer" in report
+    for name in v["plots"]:
+        assert f"]({name})" in report and _png(out / name)
+
+
+@pytest.mark.slow
+def test_eval_lm_with_text_file_and_yaml_config(tmp_path):
+    from diffattn.models import create_model
+
+    create_model("diff_lm_tiny", vocab_size=256, dim=32, depth=2, num_heads=4, max_seq_len=128).save_pretrained(
+        tmp_path / "lm")
+    (tmp_path / "prose.txt").write_text(PROSE * 3)
+    (tmp_path / "eval.yaml").write_text("model: lm\ntext: prose.txt\nquick: true\nout: report\n")
+    res = evaluate(tmp_path / "eval.yaml", protocol=TINY, progress=False)
+    lang = res["language"]
+    assert lang["tokenizer"] == "bytes" and lang["perplexity"]["tokens"] == 255
+    assert lang["perplexity"]["ppl"] == pytest.approx(np.exp(lang["perplexity"]["nll"]))
+    assert set(lang["needle"]) == {"128"} and set(lang["needle"]["128"]) == {"0.0", "1.0"}
+    assert {"answer", "noise", "ratio"} <= set(lang["attention_noise"]["signed"])
+    assert len(lang["diagnostics"]["lambda_per_layer"]) == 2
+    out = tmp_path / "report"
+    assert (out / "report.md").is_file() and _png(out / "needle_grid.png")
+
+
+class _Captions:
+    """A stand-in for a caption dataset with the CaptionImages interface: 5 colour classes × 12 images."""
+
+    COLOURS = {"red": (220, 30, 30), "green": (30, 200, 30), "blue": (30, 30, 220), "yellow": (230, 230, 20),
+               "purple": (150, 30, 160)}
+
+    def __init__(self, split):
+        self.categories = tuple(self.COLOURS)
+        self.rows = [(c, k) for c in self.categories for k in range(12)]
+        self.seed = 0 if split == "train" else 1
+
+    def __len__(self):
+        return len(self.rows)
+
+    @property
+    def captions(self):
+        return [f"a {c} square number {k}" for c, k in self.rows]
+
+    @property
+    def labels(self):
+        return np.array([self.categories.index(c) for c, _ in self.rows])
+
+    def load_image(self, i):
+        from PIL import Image
+
+        c, k = self.rows[i]
+        rng = np.random.default_rng(1000 * self.seed + i)
+        img = np.full((32, 32, 3), 255, np.uint8)
+        img[8:24, 8:24] = np.clip(np.array(self.COLOURS[c]) + rng.integers(-20, 20, 3), 0, 255)
+        return Image.fromarray(img)
+
+    def load_mask(self, i):
+        m = torch.zeros(32, 32, dtype=torch.bool)
+        m[8:24, 8:24] = True
+        return m
+
+
+@pytest.mark.slow
+def test_eval_clip_suite_with_caption_data(tmp_path, monkeypatch):
+    import diffattn.data
+    from diffattn.models import create_model
+
+    monkeypatch.setattr(diffattn.data, "get_dataset", lambda name, split="train", **kw: _Captions(split))
+    create_model("diffclip_tiny").save_pretrained(tmp_path / "clip")
+    res = evaluate(tmp_path / "clip", quick=True, protocol=dict(TINY, max_images=None), dataset="colours",
+                   progress=False)
+    c = res["clip"]
+    assert c["images"] == 60 and not c["skipped"]
+    assert set(c["zero_shot"]) == {"top1", "top5", "mean_per_class_recall"} and c["zero_shot"]["top5"] == 1.0
+    assert set(c["retrieval"]) == {f"{d}@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)}
+    assert 0 <= c["linear_probe"]["accuracy"] <= 1 and c["few_shot"]["episodes"] == 20
+    fg = c["foreground_attention"]["relu"]
+    assert fg["inside"] >= 0 and fg["outside"] >= 0 and fg["density_ratio"] > 0
+    assert (tmp_path / "clip" / "eval" / "report.md").read_text().count("![") == len(c["plots"])
+
+
+def test_eval_records_missing_data_instead_of_failing(tmp_path, monkeypatch):
+    from diffattn.models import create_model
+
+    monkeypatch.setenv("DIFFATTN_DATA", str(tmp_path / "no-data"))
+    create_model("diff_lm_tiny", vocab_size=256, dim=32, depth=1, num_heads=4).save_pretrained(tmp_path / "lm")
+    res = evaluate(tmp_path / "lm", quick=True, protocol=TINY, progress=False)
+    assert "language" not in res and "not installed" in res["skipped"]["lm"]
+    assert "## skipped" in (tmp_path / "lm" / "eval" / "report.md").read_text()
+    with pytest.raises(ValueError, match="protocol keys must be among"):
+        evaluate(tmp_path / "lm", protocol={"episodes_": 1})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no model saved"):
+        evaluate(tmp_path / "empty")
+
+
+def _fake_results(path, top1, ppl):
+    path.mkdir(parents=True)
+    (path / "results.json").write_text(json.dumps({
+        "model": {"path": str(path)}, "seconds": 3.0,
+        "vision": {"classification": {"top1": top1}, "plots": ["a.png"], "diagnostics": {"layers": 2}},
+        "language": {"perplexity": {"ppl": ppl}}}))
+
+
+def test_compare_mean_std_over_seeds(tmp_path, capsys):
+    from diffattn.cli import main
+
+    _fake_results(tmp_path / "diff" / "seed0" / "eval", 0.8, 10.0)
+    _fake_results(tmp_path / "diff" / "seed1" / "eval", 0.6, 14.0)
+    _fake_results(tmp_path / "std", 0.5, 20.0)
+    table = compare([tmp_path / "diff", tmp_path / "std"], tmp_path / "cmp.md")
+    assert "| vision.classification.top1 | 0.7000 ± 0.1000 | 0.5000 |" in table
+    assert "| language.perplexity.ppl | 12.0000 ± 2.0000 | 20.0000 |" in table
+    assert "seconds" not in table and "layers" not in table
+    data = json.loads((tmp_path / "cmp.json").read_text())
+    assert data["diff"]["vision.classification.top1"] == {"mean": 0.7, "std": pytest.approx(0.1), "n": 2}
+    assert main(["compare", str(tmp_path / "diff"), str(tmp_path / "std"), "--labels", "A", "B"]) == 0
+    assert "A (n=2)" in capsys.readouterr().out
+    with pytest.raises(FileNotFoundError, match="diffattn eval"):
+        compare([tmp_path / "nothing-here"])
+
+
+def test_flatten_keeps_numbers_only():
+    flat = flatten({"a": {"b": 1, "c": "x", "plots": [1]}, "skipped": {"z": 1.0}, "d": True, "e": 2.5})
+    assert flat == {"a.b": 1.0, "e": 2.5}
+
+
+@pytest.mark.slow
+def test_cli_eval_command(tmp_path, capsys):
+    from diffattn.cli import main
+    from diffattn.models import create_model
+
+    create_model("diff_lm_tiny", vocab_size=256, dim=32, depth=1, num_heads=4, max_seq_len=128).save_pretrained(
+        tmp_path / "lm")
+    (tmp_path / "t.txt").write_text(PROSE)
+    rc = main(["eval", str(tmp_path / "lm"), "--text", str(tmp_path / "t.txt"), "--quick", "--no-progress",
+               "--out", str(tmp_path / "o")])
+    assert rc == 0 and (tmp_path / "o" / "results.json").is_file()
+    assert "wrote results.json and report.md to" in capsys.readouterr().out
