@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -138,7 +139,17 @@ def _section(name: str, values: Any) -> Any:
     for key in values:
         if key not in valid:
             raise ValueError(f"unknown config key {name}.{key}; valid keys in {name!r}: {', '.join(valid)}")
+    types = {f.name: str(f.type) for f in fields(cls)}
+    values = {k: _number(v) if "float" in types[k] else v for k, v in values.items()}
     return cls(**values)
+
+
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _number(v: Any) -> Any:
+    """YAML 1.1 reads ``3e-4`` (no dot) as a string: turn such strings into floats for float-typed keys."""
+    return float(v) if isinstance(v, str) and _FLOAT.match(v.strip()) else v
 
 
 def _check(ok: bool, key: str, got: Any, need: str) -> None:

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-__all__ = ["DistEnv", "init_distributed", "wrap_model", "all_reduce_mean", "barrier"]
+__all__ = ["DistEnv", "init_distributed", "wrap_model", "all_reduce_mean", "reduce_ignored_grads", "barrier"]
 
 
 @dataclass
@@ -50,14 +50,15 @@ def wrap_model(model: nn.Module, env: DistEnv, strategy: str) -> nn.Module:
     if strategy == "fsdp2":
         from torch.distributed.fsdp import fully_shard
 
+        # FSDP2 cannot shard 0-d parameters (CLIP's logit_scale): they stay replicated and their gradients are
+        # averaged by :func:`reduce_ignored_grads`
+        ignored = {p for p in model.parameters() if p.ndim == 0}
         for m in list(model.modules()):
-            if m is not model and isinstance(getattr(m, "blocks", None), nn.ModuleList):
+            if isinstance(getattr(m, "blocks", None), nn.ModuleList):
                 for blk in m.blocks:
                     fully_shard(blk)
-        if isinstance(getattr(model, "blocks", None), nn.ModuleList):
-            for blk in model.blocks:
-                fully_shard(blk)
-        fully_shard(model)
+        fully_shard(model, ignored_params=ignored or None)
+        model._diffattn_fsdp_ignored = sorted(ignored, key=id)
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -72,6 +73,14 @@ def all_reduce_mean(x: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(x, op=dist.ReduceOp.SUM)
         x /= dist.get_world_size()
     return x
+
+
+def reduce_ignored_grads(model: nn.Module) -> None:
+    """Average over ranks the gradients of the parameters FSDP2 left replicated (see :func:`wrap_model`)."""
+    for p in getattr(model, "_diffattn_fsdp_ignored", ()):
+        if p.grad is not None:
+            dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+            p.grad /= dist.get_world_size()
 
 
 def barrier() -> None:

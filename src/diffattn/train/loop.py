@@ -29,7 +29,7 @@ from ..io import atomic_write_file
 from .checkpoint import load_checkpoint, resolve_resume, rng_state, save_checkpoint, set_rng_state
 from .config import TrainConfig, config_digest, digest_hash
 from .data import StepBatchSampler, steps_for
-from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, wrap_model
+from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler
 from .tasks import build_task, mean_lambdas
 
@@ -197,6 +197,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
                                              f"raise optim.warmup_steps")
                 scaler.scale(loss / A).backward()
             loss_sum += loss.detach()
+        reduce_ignored_grads(model)
         scaler.unscale_(optimizer)
         grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
                      if cfg.optim.grad_clip else torch.zeros(()))

@@ -12,8 +12,9 @@ from .config import OptimConfig
 __all__ = ["NO_DECAY_KEYWORDS", "param_groups", "build_optimizer", "warmup_cosine", "build_scheduler", "EMA"]
 
 #: parameters whose name contains one of these get no weight decay (besides every parameter with ndim < 2):
-#: λ parameters, gates, norms, biases, the CLIP temperature and the position / class embeddings (as timm)
-NO_DECAY_KEYWORDS = ("lambda", "gate", "norm", "bias", "logit_scale", "pos_embed", "cls_token", "ln_")
+#: λ parameters, attention gates (not the SwiGLU MLP gate), norms, biases, the CLIP temperature and the
+#: position / class embeddings (as timm)
+NO_DECAY_KEYWORDS = ("lambda", "attn.gate", "norm", "bias", "logit_scale", "pos_embed", "cls_token", "ln_")
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
