@@ -20,9 +20,10 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# Real offline data for the retrofit example and its tests (SpamAssassin from the npm registry, into data/).
-data:
-	bash scripts/fetch_data.sh
+# Real offline data into data/ (git-ignored): Debian packages (apt-get as root), npm text corpora, the GPT-2 ranks
+# from the openai-whisper sdist, then the images rendered locally. Idempotent; docs/data.md has the dataset cards.
+data: $(STAMP)
+	PYTHON=$(PY) bash scripts/fetch_data.sh
 
 test: $(STAMP)
 	@bash scripts/fetch_data.sh || echo "data fetch failed: the tests that need data/ will skip with the reason"

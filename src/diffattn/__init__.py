@@ -10,6 +10,7 @@ Importing ``diffattn`` registers its vision models with timm (``timm.create_mode
 
 from . import functional, lambdas, layers, layouts, models
 from .adapters import load_adapter, retrofit, save_adapter
+from .data import get_dataset, list_datasets
 from .functional import AttentionWeights, attention, diff_attention
 from .layers import Attention, DiffAttention, GatedDiffAttention, KVCache, SwiGLU, attention_class
 from .models import create_model, from_pretrained, list_models
@@ -37,5 +38,8 @@ __all__ = [
     "create_model",
     "list_models",
     "from_pretrained",
+    "data",
+    "get_dataset",
+    "list_datasets",
     "__version__",
 ]

@@ -1,5 +1,27 @@
-"""Real offline data loaders (DESIGN.md §5). Fetch the data first with ``scripts/fetch_data.sh``."""
+"""Real offline datasets, the formats users bring, tokenizers and transforms.
 
+``make data`` (``scripts/fetch_data.sh``) installs and prepares the built-in sets into ``./data`` (or
+``$DIFFATTN_DATA``); :func:`list_datasets` names them and :func:`get_dataset` reads any of them or a user format
+(webdataset shards, CSV, image folder, token memmap). docs/data.md is the card for each set.
+"""
+
+from ._common import SETUP_COMMAND, DatasetNotInstalledError, default_root, hash_split
+from .catalog import DATASETS, USER_FORMATS, DatasetInfo, dataset_info, get_dataset, list_datasets
+from .corpora import TextDocuments
+from .formats import CsvPairs, export_webdataset, image_folder, webdataset_pairs
+from .images import FASHION_MNIST_CLASSES, CaptionImages, Digits, FashionMNIST, read_idx
 from .text import FETCH_COMMAND, email_to_text, load_spam_assassin, stratified_split
+from .tokenizers import GPT2_EOT, TextTokenizer, clip_tokenizer, get_tokenizer, gpt2_tokenizer
+from .tokens import TokenMemmap, read_token_meta, tokenize_documents, write_token_memmap
+from .transforms import IMAGENET_MEAN, IMAGENET_STD, Corruption, classifier_transform, clip_transform, corruption_names
 
-__all__ = ["FETCH_COMMAND", "email_to_text", "load_spam_assassin", "stratified_split"]
+__all__ = [
+    "SETUP_COMMAND", "DatasetNotInstalledError", "default_root", "hash_split",
+    "DATASETS", "USER_FORMATS", "DatasetInfo", "dataset_info", "get_dataset", "list_datasets",
+    "TextDocuments", "FASHION_MNIST_CLASSES", "CaptionImages", "Digits", "FashionMNIST", "read_idx",
+    "FETCH_COMMAND", "email_to_text", "load_spam_assassin", "stratified_split",
+    "GPT2_EOT", "TextTokenizer", "clip_tokenizer", "get_tokenizer", "gpt2_tokenizer",
+    "TokenMemmap", "read_token_meta", "tokenize_documents", "write_token_memmap",
+    "CsvPairs", "export_webdataset", "image_folder", "webdataset_pairs",
+    "IMAGENET_MEAN", "IMAGENET_STD", "Corruption", "classifier_transform", "clip_transform", "corruption_names",
+]
