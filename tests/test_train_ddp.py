@@ -70,12 +70,17 @@ def test_clip_global_negatives_two_processes_equal_one(tmp_path):
     assert ref["logit_scale"].abs() > 0
 
 
+#: the tiny CLIP recipe on scikit-learn's digits (always installed) instead of the emoji set
+DIGITS = ["--set", "data.name=digits", "--set", "model.overrides.vision_img_size=8", "--set",
+          "model.overrides.vision_patch_size=2", "--set", "model.overrides.vision_in_chans=1"]
+
+
 def _run(args: list[str], nproc: int, out: Path) -> list[float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)] if nproc > 1 else \
         [sys.executable]
     cmd = base + ["-m", "diffattn", "train", str(ROOT / "configs/tiny/clip.yaml"), "--out", str(out),
-                  "--set", "run.steps=3", "--set", "run.log_every=1", "--set", "run.progress=false"] + args
+                  "--set", "run.steps=3", "--set", "run.log_every=1", "--set", "run.progress=false"] + DIGITS + args
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     return [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]

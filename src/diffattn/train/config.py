@@ -66,13 +66,16 @@ class ModelConfig:
 class DataConfig:
     """``name``: ``digits`` (scikit-learn, always offline), ``tokens`` (a nanoGPT-style memmap at ``path``),
     ``text`` (a UTF-8 file at ``path``, byte-level tokens), ``sklearn_text`` (byte-level tokens of the dataset
-    descriptions scikit-learn ships) or a name of ``diffattn.data.get_dataset``. ``block_size``: LM window length."""
+    descriptions scikit-learn ships) or a name of ``diffattn.data.get_dataset`` (``path`` is then its root;
+    text sets are tokenised with ``tokenizer``: ``gpt2``, ``clip`` or ``bytes``, UTF-8 bytes as ids < 256).
+    ``block_size``: LM window length."""
 
     name: str = "digits"
     path: str | None = None
     split: str = "train"
     block_size: int = 64
     dtype: str = "uint16"
+    tokenizer: str = "gpt2"
     num_workers: int = 0
     img_size: int | None = None
 

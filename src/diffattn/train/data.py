@@ -157,17 +157,12 @@ def steps_for(cfg_run, n: int) -> int:
 
 
 def external_dataset(cfg, task: str) -> Dataset:
-    """A dataset of ``diffattn.data.get_dataset(data.name, split=data.split)`` shaped for ``task``: image sets as
-    (image tensor, label), caption sets as (image tensor, tokens), token sets as LM windows."""
-    try:
-        from ..data import get_dataset
-    except ImportError:
-        get_dataset = None
-    builtin = {"classify": ["digits"], "clip": ["digits"], "lm": ["tokens", "text", "sklearn_text"]}[task]
-    if get_dataset is None:
-        raise ValueError(f"data.name {cfg.data.name!r} is not a built-in dataset for task {task!r} (built-in: "
-                         f"{builtin}) and this diffattn has no diffattn.data.get_dataset")
-    return _ExternalAdapter(get_dataset(cfg.data.name, split=cfg.data.split), cfg, task)
+    """``diffattn.data.get_dataset(data.name, split=data.split, root=data.path)`` shaped for ``task``: image sets as
+    (image tensor, label), caption sets as (image tensor, tokens), text sets as LM windows of their GPT-2 tokens."""
+    from ..data import get_dataset
+
+    base = get_dataset(cfg.data.name, split=cfg.data.split, root=cfg.data.path)
+    return _ExternalAdapter(base, cfg, task)
 
 
 def _image_transform(size: int, chans: int):
@@ -197,11 +192,16 @@ class _ExternalAdapter(Dataset):
                                               vit.patch_embed.proj.in_channels)
             self.tokenizer = probe.tokenizer if task == "clip" else None
         if task == "lm":
-            tokens = getattr(base, "tokens", None)
-            if tokens is None:
-                raise ValueError(f"data.name {cfg.data.name!r} is not a token stream (no .tokens); task 'lm' "
-                                 f"needs one")
-            self.windows = TokenWindows(np.asarray(tokens), cfg.data.block_size)
+            texts = getattr(base, "texts", None)
+            if texts is None:
+                raise ValueError(f"data.name {cfg.data.name!r} is not a text set (no .texts); task 'lm' needs one")
+            if cfg.data.tokenizer == "bytes":
+                tokens = byte_tokens("\n\n".join(texts))
+            else:
+                from ..data import tokenize_documents
+
+                tokens = np.asarray(tokenize_documents(texts, cfg.data.tokenizer))
+            self.windows = TokenWindows(tokens, cfg.data.block_size)
 
     def __len__(self) -> int:
         return len(self.windows) if self.task == "lm" else len(self.base)
