@@ -1,9 +1,9 @@
 """Retrofit fine-tuning: turn a pretrained transformers model's attention differential and fine-tune it.
 
-The λ schedule λ(t) of DAA/DEX (Gao et al. 2025, eq. 3) advances once per optimizer step (:meth:`after_step`).
-``task.train`` picks what trains: ``attention`` (the converted attention modules, the rest frozen: their App. E.1),
+The λ schedule λ(t) of DAA/DEX (DAA (2025), eq. 3) advances once per optimizer step (:meth:`after_step`).
+``task.train`` picks what trains: ``attention`` (the converted attention modules, rest frozen: DAA (2025), App. E.1),
 ``adapters`` (only the new weights and λ) or ``all``. ``task.lora`` adds peft LoRA (r 32, α 64 on the attention
-and MLP projections, as Differential PaliGemma fine-tunes: Kawsar et al. 2025, §4) on top of the adapters, which
+and MLP projections, as Differential PaliGemma fine-tunes: Li et al. 2025, §4) on top of the adapters, which
 then train with it. Only the adapters are saved (``adapter/``, plus ``lora/`` with LoRA); reload them with
 :func:`load_retrofit`.
 """
