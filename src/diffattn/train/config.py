@@ -1,0 +1,267 @@
+"""Training configuration: dataclasses loaded from YAML, with ``--set section.key=value`` overrides.
+
+A run is described by five sections::
+
+    task:  {name: clip | classify | lm | retrofit, ...task options}
+    model: {name: a registered model (``diffattn models``), overrides: {...create_model keyword arguments}}
+    data:  {name: a dataset, path: files a user supplies, ...}
+    optim: {lr, weight_decay, betas, warmup_steps, min_lr_ratio, grad_clip}
+    run:   {steps | epochs, batch_size (GLOBAL), accum_steps, seed, precision, distributed, checkpoints, logging}
+
+An unknown key is a ``ValueError`` naming the key and the valid ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+__all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "TrainConfig", "load_config",
+           "apply_overrides", "config_from_dict", "config_digest"]
+
+TASKS = ("clip", "classify", "lm", "retrofit")
+PRECISIONS = ("auto", "fp32", "bf16", "fp16")
+STRATEGIES = ("ddp", "fsdp2")
+
+
+@dataclass
+class TaskConfig:
+    """What is trained and how the loss is formed.
+
+    classify: ``label_smoothing``, ``mixup``/``cutmix`` (timm's α; 0 turns them off).
+    retrofit: ``base`` (a transformers model: ``{type: gpt2, config: {...}}`` built from its config, or
+    ``{type: gpt2, path: DIR}`` for pretrained weights a user has), ``method``, ``lambda_init``, ``anneal_steps``,
+    ``train`` (``attention`` | ``adapters`` | ``all``), ``lora`` with ``lora_r``/``lora_alpha``/``lora_targets``.
+    """
+
+    name: str = "classify"
+    label_smoothing: float = 0.0
+    mixup: float = 0.0
+    cutmix: float = 0.0
+    base: dict = field(default_factory=dict)
+    method: str = "daa"
+    lambda_init: float | str = 0.8
+    anneal_steps: int = 1000
+    train: str = "attention"
+    lora: bool = False
+    lora_r: int = 32
+    lora_alpha: int = 64
+    lora_targets: list = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
+
+
+@dataclass
+class ModelConfig:
+    """``name``: a registered diffattn model; ``overrides``: keyword arguments for ``create_model``."""
+
+    name: str = ""
+    overrides: dict = field(default_factory=dict)
+
+
+@dataclass
+class DataConfig:
+    """``name``: ``digits`` (scikit-learn, always offline), ``tokens`` (a nanoGPT-style memmap at ``path``),
+    ``text`` (a UTF-8 file at ``path``, byte-level tokens), ``sklearn_text`` (byte-level tokens of the dataset
+    descriptions scikit-learn ships) or a name of ``diffattn.data.get_dataset`` (``path`` is then its root;
+    text sets are tokenised with ``tokenizer``: ``gpt2``, ``clip`` or ``bytes``, UTF-8 bytes as ids < 256).
+    ``block_size``: LM window length."""
+
+    name: str = "digits"
+    path: str | None = None
+    split: str = "train"
+    block_size: int = 64
+    dtype: str = "uint16"
+    tokenizer: str = "gpt2"
+    num_workers: int = 0
+    img_size: int | None = None
+
+
+@dataclass
+class OptimConfig:
+    """AdamW (Loshchilov & Hutter 2019) with linear warm-up then cosine decay to ``min_lr_ratio · lr``."""
+
+    lr: float = 1e-3
+    weight_decay: float = 0.05
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    eps: float = 1e-8
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    grad_clip: float | None = 1.0
+
+
+@dataclass
+class RunConfig:
+    """``batch_size`` is the GLOBAL batch per optimizer step: split over ``world_size`` ranks and ``accum_steps``
+    micro-batches. Give ``steps`` (optimizer steps) or ``epochs``."""
+
+    steps: int | None = None
+    epochs: float | None = None
+    batch_size: int = 32
+    accum_steps: int = 1
+    seed: int = 0
+    precision: str = "auto"
+    compile: bool = False
+    ema_decay: float | None = None
+    distributed: str = "ddp"
+    log_every: int = 10
+    ckpt_every: int = 100
+    keep_last: int = 3
+    out: str = "runs/train"
+    progress: bool = True
+    threads: int | None = None
+
+
+@dataclass
+class TrainConfig:
+    task: TaskConfig = field(default_factory=TaskConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_SECTIONS = {f.name: f.type for f in fields(TrainConfig)}
+_SECTION_CLASSES = {"task": TaskConfig, "model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
+                    "run": RunConfig}
+
+
+def _section(name: str, values: Any) -> Any:
+    cls = _SECTION_CLASSES[name]
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise ValueError(f"config section {name!r} must be a mapping, got {type(values).__name__}")
+    valid = [f.name for f in fields(cls)]
+    for key in values:
+        if key not in valid:
+            raise ValueError(f"unknown config key {name}.{key}; valid keys in {name!r}: {', '.join(valid)}")
+    types = {f.name: str(f.type) for f in fields(cls)}
+    values = {k: _number(v) if "float" in types[k] else v for k, v in values.items()}
+    return cls(**values)
+
+
+_FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+
+
+def _number(v: Any) -> Any:
+    """YAML 1.1 reads ``3e-4`` (no dot) as a string: turn such strings into floats for float-typed keys."""
+    return float(v) if isinstance(v, str) and _FLOAT.match(v.strip()) else v
+
+
+def _check(ok: bool, key: str, got: Any, need: str) -> None:
+    if not ok:
+        raise ValueError(f"config {key} must be {need}, got {got!r}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def validate(cfg: TrainConfig) -> TrainConfig:
+    """Check values (types, ranges, choices); every error names the key, the value and what is allowed."""
+    t, r, o = cfg.task, cfg.run, cfg.optim
+    _check(t.name in TASKS, "task.name", t.name, f"one of {TASKS}")
+    _check(t.name == "retrofit" or bool(cfg.model.name), "model.name", cfg.model.name,
+           "a registered model name (list them with `diffattn models`)")
+    _check(isinstance(cfg.model.overrides, dict), "model.overrides", cfg.model.overrides, "a mapping")
+    _check(_is_int(r.batch_size) and r.batch_size >= 1, "run.batch_size", r.batch_size, "an integer >= 1")
+    _check(_is_int(r.accum_steps) and r.accum_steps >= 1, "run.accum_steps", r.accum_steps, "an integer >= 1")
+    _check((r.steps is None) != (r.epochs is None), "run.steps/run.epochs", (r.steps, r.epochs),
+           "exactly one of them set")
+    _check(r.steps is None or (_is_int(r.steps) and r.steps >= 1), "run.steps", r.steps, "an integer >= 1")
+    _check(r.epochs is None or (isinstance(r.epochs, (int, float)) and r.epochs > 0), "run.epochs", r.epochs, "> 0")
+    _check(r.precision in PRECISIONS, "run.precision", r.precision, f"one of {PRECISIONS}")
+    _check(r.distributed in STRATEGIES, "run.distributed", r.distributed, f"one of {STRATEGIES}")
+    _check(r.ema_decay is None or 0 < r.ema_decay < 1, "run.ema_decay", r.ema_decay, "None or in (0, 1)")
+    for key in ("log_every", "ckpt_every", "keep_last"):
+        v = getattr(r, key)
+        _check(_is_int(v) and v >= 1, f"run.{key}", v, "an integer >= 1")
+    _check(isinstance(o.lr, (int, float)) and o.lr > 0, "optim.lr", o.lr, "a number > 0")
+    _check(isinstance(o.weight_decay, (int, float)) and o.weight_decay >= 0, "optim.weight_decay", o.weight_decay,
+           "a number >= 0")
+    _check(_is_int(o.warmup_steps) and o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, "an integer >= 0")
+    _check(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "in [0, 1]")
+    _check(o.grad_clip is None or o.grad_clip > 0, "optim.grad_clip", o.grad_clip, "None or > 0")
+    _check(isinstance(o.betas, (list, tuple)) and len(o.betas) == 2, "optim.betas", o.betas, "two numbers")
+    _check(0 <= t.label_smoothing < 1, "task.label_smoothing", t.label_smoothing, "in [0, 1)")
+    _check(t.mixup >= 0 and t.cutmix >= 0, "task.mixup/task.cutmix", (t.mixup, t.cutmix), ">= 0")
+    if t.name == "retrofit":
+        _check(t.train in ("attention", "adapters", "all"), "task.train", t.train,
+               "one of ('attention', 'adapters', 'all')")
+        _check(isinstance(t.base, dict) and "type" in t.base, "task.base", t.base,
+               "a mapping with 'type' (e.g. gpt2) and 'config' or 'path'")
+        _check(_is_int(t.anneal_steps) and t.anneal_steps >= 1, "task.anneal_steps", t.anneal_steps,
+               "an integer >= 1")
+    _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
+           "an integer >= 2")
+    return cfg
+
+
+def config_from_dict(d: dict[str, Any]) -> TrainConfig:
+    """A :class:`TrainConfig` from a nested mapping; unknown sections or keys raise ``ValueError``."""
+    if not isinstance(d, dict):
+        raise ValueError(f"a config must be a mapping of sections {list(_SECTIONS)}, got {type(d).__name__}")
+    for key in d:
+        if key not in _SECTIONS:
+            raise ValueError(f"unknown config section {key!r}; valid sections: {', '.join(_SECTIONS)}")
+    return validate(TrainConfig(**{name: _section(name, d.get(name)) for name in _SECTIONS}))
+
+
+def apply_overrides(d: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
+    """Apply ``section.key=value`` (or ``section.key.sub=value`` inside a mapping) to the nested dict ``d``;
+    values are parsed as YAML (``3e-4``, ``true``, ``[1, 2]``)."""
+    import yaml
+
+    d = json.loads(json.dumps(d))  # deep copy of plain data
+    for item in overrides or []:
+        if "=" not in item:
+            raise ValueError(f"--set takes section.key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        parts = key.strip().split(".")
+        if len(parts) < 2:
+            raise ValueError(f"--set key must be section.key (e.g. optim.lr), got {key!r}; "
+                             f"sections: {', '.join(_SECTIONS)}")
+        node = d
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {key}: {p!r} is not a mapping")
+        node[parts[-1]] = yaml.safe_load(value)
+    return d
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read a YAML recipe (or start from the defaults when ``path`` is None) and apply ``--set`` overrides."""
+    import yaml
+
+    d: dict[str, Any] = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ValueError(f"config file {str(path)!r} does not exist")
+        d = yaml.safe_load(path.read_text()) or {}
+    return config_from_dict(apply_overrides(d, overrides))
+
+
+#: keys that may differ between a run and its resumption (they do not change the computation)
+RESUMABLE_KEYS = {("run", "out"), ("run", "progress"), ("run", "log_every"), ("run", "ckpt_every"),
+                  ("run", "keep_last"), ("data", "num_workers"), ("run", "threads")}
+
+
+def config_digest(cfg: TrainConfig) -> dict[str, Any]:
+    """The part of the config a checkpoint must match to be resumed (everything but logging/output keys)."""
+    d = dataclasses.asdict(cfg)
+    for section, key in RESUMABLE_KEYS:
+        d[section].pop(key, None)
+    return d
+
+
+def digest_hash(d: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -1,0 +1,221 @@
+"""Data for the trainer: a deterministic, resumable batch order and the datasets the recipes read.
+
+The batch order is a pure function of (seed, optimizer step): step s of epoch e = s // steps_per_epoch takes
+the s-th slice of ``randperm(n, seed + e)`` as its GLOBAL batch, then splits it into ``accum_steps`` micro-batches
+and each micro-batch over the ranks in rank order. So the same config gives the same global batches on 1 or N
+processes, and resuming at step s needs nothing but s (the data position of an exact resume).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler, TensorDataset
+
+__all__ = ["StepBatchSampler", "local_batch_size", "digits_dataset", "digit_caption_dataset", "TokenWindows",
+           "byte_tokens", "sklearn_text_tokens"]
+
+DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DIGIT_TEMPLATES = ("a photo of the digit {}.", "a handwritten {}.", "the number {}, written by hand.",
+                   "a scan of a {}.", "a small blurry {}.")
+
+
+def local_batch_size(batch_size: int, world_size: int, accum_steps: int) -> int:
+    """Global ``batch_size`` / (world_size · accum_steps); a remainder is a ``ValueError``."""
+    div = world_size * accum_steps
+    if batch_size % div:
+        raise ValueError(f"run.batch_size (the global batch) must be divisible by world_size × run.accum_steps = "
+                         f"{world_size} × {accum_steps} = {div}, got {batch_size}")
+    return batch_size // div
+
+
+class StepBatchSampler(Sampler[list[int]]):
+    """Yields this rank's micro-batches (lists of indices) for optimizer steps ``start_step`` … ``total_steps − 1``.
+
+    ``len(dataset) // batch_size`` steps make an epoch (the last partial batch is dropped)."""
+
+    def __init__(self, n: int, batch_size: int, *, world_size: int = 1, rank: int = 0, accum_steps: int = 1,
+                 seed: int = 0, start_step: int = 0, total_steps: int) -> None:
+        self.micro = local_batch_size(batch_size, world_size, accum_steps)
+        if n < batch_size:
+            raise ValueError(f"the dataset has {n} samples, fewer than run.batch_size = {batch_size}")
+        self.n, self.batch_size, self.world_size, self.rank = n, batch_size, world_size, rank
+        self.accum_steps, self.seed, self.start_step, self.total_steps = accum_steps, seed, start_step, total_steps
+        self.steps_per_epoch = n // batch_size
+
+    def global_batch(self, step: int) -> torch.Tensor:
+        """The indices of optimizer step ``step``'s global batch, (batch_size,)."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        perm = torch.randperm(self.n, generator=g)
+        return perm[i * self.batch_size:(i + 1) * self.batch_size]
+
+    def __iter__(self) -> Iterator[list[int]]:
+        for step in range(self.start_step, self.total_steps):
+            parts = self.global_batch(step).view(self.accum_steps, self.world_size, self.micro)  # (A, W, b)
+            for a in range(self.accum_steps):
+                yield parts[a, self.rank].tolist()
+
+    def __len__(self) -> int:
+        return (self.total_steps - self.start_step) * self.accum_steps
+
+
+# ------------------------------------------------------------------------------------------------ images
+
+
+def _digits_arrays(split: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """scikit-learn's 1,797 real 8×8 digit scans (UCI), standardised; ``train``/``test`` a fixed 75/25 split."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.images, dtype=torch.float32).unsqueeze(1) / 16.0  # (N, 1, 8, 8)
+    y = torch.tensor(data.target, dtype=torch.long)
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    cut = int(0.75 * len(y))
+    idx = {"train": perm[:cut], "test": perm[cut:], "all": perm}.get(split)
+    if idx is None:
+        raise ValueError(f"data.split for digits must be 'train', 'test' or 'all', got {split!r}")
+    x = (x - 0.3) / 0.4  # roughly standardised (mean ≈ 0.30, std ≈ 0.40 over the whole set)
+    return x[idx], y[idx]
+
+
+def digits_dataset(split: str = "train", img_size: int | None = None) -> TensorDataset:
+    """(image (1, S, S), label) pairs of the digits; ``img_size`` resizes from 8 (bilinear)."""
+    x, y = _digits_arrays(split)
+    if img_size and img_size != 8:
+        x = torch.nn.functional.interpolate(x, size=(img_size, img_size), mode="bilinear", align_corners=False)
+    return TensorDataset(x, y)
+
+
+def digit_caption_dataset(tokenizer, split: str = "train", img_size: int | None = None,
+                          in_chans: int = 1) -> TensorDataset:
+    """(image, tokens) pairs: each digit scan with a caption naming it ("a handwritten seven.", five templates)."""
+    x, y = digits_dataset(split, img_size).tensors
+    if in_chans != 1:
+        x = x.expand(-1, in_chans, -1, -1).contiguous()
+    captions = [DIGIT_TEMPLATES[i % len(DIGIT_TEMPLATES)].format(DIGIT_NAMES[int(c)]) for i, c in enumerate(y)]
+    tokens = torch.as_tensor(tokenizer(captions))
+    return TensorDataset(x, tokens)
+
+
+# ------------------------------------------------------------------------------------------------ tokens
+
+
+class TokenWindows(Dataset):
+    """Non-overlapping windows of ``block_size + 1`` tokens of a 1-D token stream (nanoGPT's memmap format:
+    a flat array of ids, e.g. ``uint16``); item i → (input (block_size,), target (block_size,)) shifted by one."""
+
+    def __init__(self, tokens: np.ndarray, block_size: int) -> None:
+        if tokens.ndim != 1:
+            raise ValueError(f"tokens must be a 1-D stream, got shape {tokens.shape}")
+        if len(tokens) < block_size + 1:
+            raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than data.block_size + 1 = "
+                             f"{block_size + 1}")
+        self.tokens, self.block_size = tokens, block_size
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, block_size: int, dtype: str = "uint16") -> TokenWindows:
+        if not Path(path).is_file():
+            raise ValueError(f"data.path {str(path)!r} does not exist (a token memmap: a flat {dtype} array)")
+        return cls(np.memmap(path, dtype=np.dtype(dtype), mode="r"), block_size)
+
+    def __len__(self) -> int:
+        return (len(self.tokens) - 1) // self.block_size
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        s = i * self.block_size
+        w = torch.from_numpy(np.asarray(self.tokens[s:s + self.block_size + 1]).astype(np.int64))
+        return w[:-1], w[1:]
+
+
+def byte_tokens(text: str) -> np.ndarray:
+    """UTF-8 bytes as token ids (vocabulary 256)."""
+    return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.uint16)
+
+
+def sklearn_text_tokens() -> np.ndarray:
+    """Byte-level tokens of the English dataset descriptions scikit-learn ships (≈100 kB of real prose)."""
+    import sklearn.datasets
+
+    folder = Path(sklearn.datasets.__file__).parent / "descr"
+    files = sorted(folder.glob("*.rst"))
+    if not files:
+        raise ValueError(f"no dataset descriptions under {folder}")
+    return byte_tokens("\n\n".join(f.read_text(encoding="utf-8") for f in files))
+
+
+def steps_for(cfg_run, n: int) -> int:
+    """Total optimizer steps: ``run.steps`` or ``ceil(run.epochs · (n // batch_size))``."""
+    if cfg_run.steps is not None:
+        return int(cfg_run.steps)
+    return max(1, math.ceil(cfg_run.epochs * (n // cfg_run.batch_size)))
+
+
+def external_dataset(cfg, task: str) -> Dataset:
+    """``diffattn.data.get_dataset(data.name, split=data.split, root=data.path)`` shaped for ``task``: image sets as
+    (image tensor, label), caption sets as (image tensor, tokens), text sets as LM windows of their GPT-2 tokens."""
+    from ..data import get_dataset
+
+    base = get_dataset(cfg.data.name, split=cfg.data.split, root=cfg.data.path)
+    return _ExternalAdapter(base, cfg, task)
+
+
+def _image_transform(size: int, chans: int):
+    """PIL image → (chans, size, size) tensor in [-1, 1]."""
+    from torchvision import transforms
+
+    return transforms.Compose([
+        transforms.Resize((size, size)),
+        transforms.Grayscale(1) if chans == 1 else transforms.Lambda(lambda im: im.convert("RGB")),
+        transforms.ToTensor(), transforms.Normalize([0.5] * chans, [0.5] * chans)])
+
+
+class _ExternalAdapter(Dataset):
+    """Maps ``diffattn.data`` samples to the tensors a recipe consumes."""
+
+    def __init__(self, base, cfg, task: str) -> None:
+        self.base, self.task, self.cfg = base, task, cfg
+        self.transform = None
+        self.tokenizer = None
+        if task in ("classify", "clip"):
+            from ..models import create_model
+
+            with torch.device("meta"):  # the image size, channels and tokenizer from the model config, no weights
+                probe = create_model(cfg.model.name, **cfg.model.overrides)
+            vit = probe.visual if task == "clip" else probe
+            self.transform = _image_transform(cfg.data.img_size or vit.patch_embed.img_size,
+                                              vit.patch_embed.proj.in_channels)
+            self.tokenizer = probe.tokenizer if task == "clip" else None
+        if task == "lm":
+            texts = getattr(base, "texts", None)
+            if texts is None:
+                raise ValueError(f"data.name {cfg.data.name!r} is not a text set (no .texts); task 'lm' needs one")
+            if cfg.data.tokenizer == "bytes":
+                tokens = byte_tokens("\n\n".join(texts))
+            else:
+                from ..data import tokenize_documents
+
+                tokens = np.asarray(tokenize_documents(texts, cfg.data.tokenizer))
+            self.windows = TokenWindows(tokens, cfg.data.block_size)
+
+    def __len__(self) -> int:
+        return len(self.windows) if self.task == "lm" else len(self.base)
+
+    def __getitem__(self, i: int):
+        if self.task == "lm":
+            return self.windows[i]
+        item = self.base[i]
+        if isinstance(item, dict):
+            image, target = item["image"], item.get("caption", item.get("category"))
+        else:
+            image, target = item
+        if not isinstance(image, torch.Tensor):
+            image = self.transform(image)
+        if self.task == "clip":
+            return image, torch.as_tensor(self.tokenizer([target]))[0]
+        return image, int(target)

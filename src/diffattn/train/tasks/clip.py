@@ -1,0 +1,46 @@
+"""CLIP / DiffCLIP contrastive training (Radford et al. 2021, §2.3; Hammoud & Ghanem 2025, DiffCLIP §3.3).
+
+Each rank scores its pairs against the embeddings of **all** ranks (global negatives, all-gather with gradient),
+so the loss and its gradient are those of one process holding the whole micro-batch. The temperature t is
+learnable and exp(t) is clamped at 100 (after every step t is clamped to [0, log 100]).
+
+With ``run.accum_steps`` > 1 the negatives of a step are those of one micro-batch across ranks, as in open_clip
+without its feature cache.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from ...losses import clip_loss_from_features
+from .base import Task
+
+
+class ClipTask(Task):
+    name = "clip"
+
+    def dataset(self) -> Dataset:
+        d = self.cfg.data
+        if d.name == "digits":
+            from ...models import create_model
+            from ..data import digit_caption_dataset
+
+            # the tokenizer and the tower sizes come from the model config, built on the meta device (no weights)
+            with torch.device("meta"):
+                probe = create_model(self.cfg.model.name, **self.cfg.model.overrides)
+            in_chans = probe.visual.patch_embed.proj.in_channels
+            return digit_caption_dataset(probe.tokenizer, d.split, probe.img_size, in_chans)
+        from ..data import external_dataset
+
+        return external_dataset(self.cfg, "clip")
+
+    def loss(self, model: nn.Module, batch) -> torch.Tensor:
+        images, tokens = batch
+        out = model(images, tokens)
+        return clip_loss_from_features(out["image_embed"].float(), out["text_embed"].float(),
+                                       out["logit_scale"].float())
+
+    def after_step(self, model: nn.Module) -> None:
+        model.clamp_logit_scale_()

@@ -1,0 +1,50 @@
+"""Causal language modelling on a token stream (nanoGPT's memmap of token ids): next-token cross-entropy
+(Ye et al. 2024, Differential Transformer §3 trains the same objective)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset
+
+from .base import Task
+
+
+def lm_dataset(cfg) -> Dataset:
+    """Token windows from ``data.name``: ``tokens`` (memmap at ``data.path``), ``text`` (a UTF-8 file at
+    ``data.path``, byte-level), ``sklearn_text`` (bundled prose, byte-level) or a ``diffattn.data`` token set."""
+    from ..data import TokenWindows, byte_tokens, sklearn_text_tokens
+
+    d = cfg.data
+    if d.name == "tokens":
+        if not d.path:
+            raise ValueError("data.path must name a token memmap file for data.name 'tokens', got None")
+        return TokenWindows.from_file(d.path, d.block_size, d.dtype)
+    if d.name == "text":
+        from pathlib import Path
+
+        if not d.path or not Path(d.path).is_file():
+            raise ValueError(f"data.path must name a UTF-8 text file for data.name 'text', got {d.path!r}")
+        return TokenWindows(byte_tokens(Path(d.path).read_text(encoding="utf-8")), d.block_size)
+    if d.name == "sklearn_text":
+        return TokenWindows(sklearn_text_tokens(), d.block_size)
+    from ..data import external_dataset
+
+    return external_dataset(cfg, "lm")
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy: logits (B, N, V), targets (B, N)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+
+class LMTask(Task):
+    name = "lm"
+
+    def dataset(self) -> Dataset:
+        return lm_dataset(self.cfg)
+
+    def loss(self, model: nn.Module, batch) -> torch.Tensor:
+        x, y = batch  # (B, N), (B, N)
+        return lm_loss(model(x), y)

@@ -1,0 +1,107 @@
+"""Config loading, overrides and the errors a user sees; the optimizer groups and the lr schedule."""
+
+import math
+
+import pytest
+import torch
+
+from diffattn.train.config import apply_overrides, config_from_dict, load_config
+from diffattn.train.data import StepBatchSampler, local_batch_size
+from diffattn.train.optim import EMA, param_groups, warmup_cosine
+
+BASE = {"task": {"name": "classify"}, "model": {"name": "vit_nano"}, "run": {"steps": 4}}
+
+
+def test_unknown_key_names_key_and_valid_ones():
+    with pytest.raises(ValueError, match=r"optim\.learning_rate.*valid keys in 'optim': lr, weight_decay"):
+        config_from_dict({**BASE, "optim": {"learning_rate": 1e-3}})
+    with pytest.raises(ValueError, match=r"unknown config section 'optimizer'.*task, model, data, optim, run"):
+        config_from_dict({**BASE, "optimizer": {}})
+
+
+@pytest.mark.parametrize("section,key,value,msg", [
+    ("task", "name", "regression", r"task\.name must be one of \('clip', 'classify', 'lm', 'retrofit'\)"),
+    ("run", "batch_size", 0, r"run\.batch_size must be an integer >= 1, got 0"),
+    ("run", "precision", "fp8", r"run\.precision must be one of"),
+    ("run", "distributed", "zero3", r"run\.distributed must be one of \('ddp', 'fsdp2'\)"),
+    ("optim", "lr", -1.0, r"optim\.lr must be a number > 0, got -1.0"),
+    ("run", "ema_decay", 1.5, r"run\.ema_decay must be None or in \(0, 1\)"),
+])
+def test_bad_values(section, key, value, msg):
+    d = {**BASE, section: {**BASE.get(section, {}), key: value}}
+    with pytest.raises(ValueError, match=msg):
+        config_from_dict(d)
+
+
+def test_steps_xor_epochs_and_missing_file(tmp_path):
+    with pytest.raises(ValueError, match=r"exactly one of them"):
+        config_from_dict({**BASE, "run": {"steps": 3, "epochs": 1}})
+    with pytest.raises(ValueError, match=r"config file .*nope\.yaml' does not exist"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_set_overrides_parse_yaml_values(tmp_path):
+    p = tmp_path / "c.yaml"
+    p.write_text("task: {name: classify}\nmodel: {name: vit_nano}\nrun: {steps: 4}\n")
+    cfg = load_config(p, ["optim.lr=3e-4", "run.ema_decay=0.99", "model.overrides.depth=1", "optim.betas=[0.9, 0.95]"])
+    assert cfg.optim.lr == 3e-4 and cfg.run.ema_decay == 0.99 and cfg.model.overrides == {"depth": 1}
+    assert cfg.optim.betas == [0.9, 0.95]
+    with pytest.raises(ValueError, match=r"--set takes section.key=value, got 'optim.lr'"):
+        apply_overrides({}, ["optim.lr"])
+    with pytest.raises(ValueError, match=r"unknown config key run\.stpes"):
+        load_config(p, ["run.stpes=3"])
+
+
+def test_world_size_must_divide_global_batch():
+    assert local_batch_size(32, 2, 4) == 4
+    with pytest.raises(ValueError, match=r"divisible by world_size × run.accum_steps = 3 × 1 = 3, got 32"):
+        local_batch_size(32, 3, 1)
+
+
+def test_sampler_global_batch_is_split_over_ranks_and_micro_batches():
+    one = list(StepBatchSampler(100, 8, seed=3, total_steps=5))
+    r0 = list(StepBatchSampler(100, 8, world_size=2, rank=0, accum_steps=2, seed=3, total_steps=5))
+    r1 = list(StepBatchSampler(100, 8, world_size=2, rank=1, accum_steps=2, seed=3, total_steps=5))
+    assert len(one) == 5 and len(r0) == 10 and all(len(b) == 2 for b in r0)
+    for s in range(5):  # micro-batch a of rank r = slice (a, r) of the same global batch
+        assert one[s] == r0[2 * s] + r1[2 * s] + r0[2 * s + 1] + r1[2 * s + 1]
+    resumed = list(StepBatchSampler(100, 8, seed=3, start_step=3, total_steps=5))
+    assert resumed == one[3:]
+    ep = StepBatchSampler(100, 8, seed=3, total_steps=13)  # 12 steps per epoch: a new permutation at step 12
+    assert sorted(sum((ep.global_batch(s).tolist() for s in range(12)), [])) == sorted(set(
+        sum((ep.global_batch(s).tolist() for s in range(12)), [])))
+
+
+def test_warmup_cosine_values():
+    assert warmup_cosine(0, 100, 10) == pytest.approx(0.1)
+    assert warmup_cosine(9, 100, 10) == pytest.approx(1.0)
+    assert warmup_cosine(10, 100, 10) == pytest.approx(1.0)
+    assert warmup_cosine(55, 100, 10, 0.1) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert warmup_cosine(100, 100, 10, 0.1) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("name", ["diff_vit_nano", "dg_vit_nano"])
+def test_no_weight_decay_on_lambdas_gates_norms_biases(name):
+    from diffattn.models import create_model
+
+    model = create_model(name, img_size=8, patch_size=2, in_chans=1, num_classes=10, depth=1)
+    decay, no_decay = param_groups(model, 0.05)
+    names = {id(p): n for n, p in model.named_parameters()}
+    nd = {names[id(p)] for p in no_decay["params"]}
+    d = {names[id(p)] for p in decay["params"]}
+    assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.05
+    special = "lambda" if name.startswith("diff") else "attn.gate_proj.weight"
+    assert any(special in n for n in nd) and not any(special in n for n in d)
+    assert any("norm" in n for n in nd) and not any(k in n for n in d for k in ("lambda", "norm", "bias"))
+    assert "blocks.0.attn.q_proj.weight" in d and "head.weight" in d
+    assert all(p.ndim >= 2 for p in decay["params"]) and len(d) + len(nd) == len(names)
+
+
+def test_ema_update_equation():
+    m = torch.nn.Linear(2, 1)
+    ema = EMA(m, 0.9)
+    w0 = m.weight.detach().clone()
+    with torch.no_grad():
+        m.weight.add_(1.0)
+    ema.update(m)
+    torch.testing.assert_close(ema.shadow["weight"], 0.9 * w0 + 0.1 * (w0 + 1.0))
