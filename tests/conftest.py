@@ -29,7 +29,7 @@ try:
     _quiet = [HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much]
     settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, suppress_health_check=_quiet,
                               print_blob=True)
-    settings.register_profile("long", max_examples=1200, deadline=None, suppress_health_check=_quiet,
+    settings.register_profile("long", max_examples=3000, deadline=None, suppress_health_check=_quiet,
                               print_blob=True)
     settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 except ImportError:  # pragma: no cover - hypothesis is a test dependency
