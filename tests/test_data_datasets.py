@@ -69,6 +69,8 @@ def test_unknown_name_and_split_are_value_errors(tmp_path):
         get_dataset("fashion_mnist", split="validation", root=tmp_path)
     with pytest.raises(ValueError, match=r"root must name the data"):
         get_dataset("csv")
+    with pytest.raises(TypeError, match=r"get_dataset\('digits'\) takes no reader options .*\['block_size'\]"):
+        get_dataset("digits", block_size=8)
 
 
 def test_hash_split_is_fixed_and_close_to_80_10_10():
