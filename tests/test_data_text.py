@@ -146,7 +146,7 @@ def test_retrofit_minilm_example_smoke(tmp_path):
     for m in ("daa", "dex"):
         assert res[m]["identity_max_abs_diff"] <= 1e-5  # step-0 identity on the real weights
         assert res[m]["schedule_step"] == 2 and len(res[m]["lambda_per_layer"]) == 6
-        assert res[m]["new"] == 6 * (384 * 384 // 12 + 1)  # D²/h + λ_learn per layer (seed 001 App. B)
+        assert res[m]["new"] == 6 * (384 * 384 // 12 + 1)  # D²/h + λ_learn per layer (DAA (2025), App. B)
         assert res[m]["trainable"] == res["plain"]["trainable"] + res[m]["new"]  # same pretrained trainable set
     text = doc.read_text()
     assert text.startswith("# guide\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old" not in text
