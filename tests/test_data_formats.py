@@ -178,6 +178,20 @@ def test_token_memmap_round_trip_and_windows(tmp_path):
         assert (np.all(windows[:, :100] == x, axis=1) & np.all(windows[:, 1:] == y, axis=1)).any()
 
 
+def test_token_memmap_pickles_without_copying_tokens(tmp_path):
+    import pickle
+
+    ids = np.arange(5000) % 300
+    ds = TokenMemmap(write_token_memmap(ids, tmp_path / "t.bin"), block_size=16)
+    blob = pickle.dumps(ds)
+    assert len(blob) < 2000  # the path, not the 10 kB of tokens
+    back = pickle.loads(blob)
+    assert isinstance(back.tokens, np.memmap) and back[7][0].tolist() == ids[112:128].tolist()
+    loader = torch.utils.data.DataLoader(ds, batch_size=4, num_workers=1)
+    x, y = next(iter(loader))
+    assert x.shape == (4, 16) and x[1].tolist() == ids[16:32].tolist() and torch.equal(x[:, 1:], y[:, :-1])
+
+
 def test_token_memmap_uint32_and_raw_nanogpt_files(tmp_path):
     ids = np.array([0, 70000, 5, 65536, 1, 2, 3])
     path = write_token_memmap(ids, tmp_path / "big.bin", vocab_size=100_000)

