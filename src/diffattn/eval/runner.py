@@ -409,7 +409,7 @@ def write_report(results: dict, path: str | Path) -> Path:
                 continue
             if key == "corruptions":
                 sev = sorted({s for row in val["table"].values() for s in row})
-                lines += ["### corruptions (accuracy)", "", "| corruption | " + " | ".join(f"s{s}" for s in sev)
+                lines += ["", "### corruptions (accuracy)", "", "| corruption | " + " | ".join(f"s{s}" for s in sev)
                           + " |", "|---|" + "---:|" * len(sev)]
                 lines += [f"| {c} | " + " | ".join(_fmt(row.get(s, "")) for s in sev) + " |"
                           for c, row in val["table"].items()]
@@ -418,14 +418,14 @@ def write_report(results: dict, path: str | Path) -> Path:
             elif key == "needle":
                 lengths = list(val)
                 depths = list(next(iter(val.values())))
-                lines += ["### needle retrieval (rows: depth, columns: context length)", "",
+                lines += ["", "### needle retrieval (rows: depth, columns: context length)", "",
                           "| depth | " + " | ".join(lengths) + " |", "|---|" + "---:|" * len(lengths)]
                 lines += [f"| {d} | " + " | ".join(_fmt(val[n].get(d)) for n in lengths) + " |" for d in depths]
                 lines += [""]
             elif isinstance(val, dict) and all(not isinstance(v, dict) for v in val.values()):
-                lines += [f"### {key.replace('_', ' ')}", ""] + _table(val)
+                lines += ["", f"### {key.replace('_', ' ')}", ""] + _table(val)
             elif isinstance(val, dict):
-                lines += [f"### {key.replace('_', ' ')}", ""]
+                lines += ["", f"### {key.replace('_', ' ')}", ""]
                 for sub, sv in val.items():
                     lines += [f"{sub}:", ""] + (_table(sv) if isinstance(sv, dict) else [_fmt(sv), ""])
             else:
