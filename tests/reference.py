@@ -8,6 +8,13 @@ import torch
 
 F64 = torch.float64
 
+# The one statement of how close each dtype must come to the float64 references: max |out − ref| ≤ atol + rtol·|ref|
+# element-wise, for inputs of unit scale. float16 is not listed: it is only checked against the other backends.
+TOLERANCES = {
+    torch.float64: dict(atol=1e-10, rtol=1e-10),
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.bfloat16: dict(atol=4e-2, rtol=4e-2),
+}
 
 
 def ref_softmax_rows(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -19,8 +26,11 @@ def ref_softmax_rows(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tenso
     return torch.where(den > 0, e / den.clamp_min(1e-300), torch.zeros_like(e))
 
 
-def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=False, scale=None):
-    """float64 (w1 A1 − λ A2) V written head by head, with GQA by index (head i reads kv head i // g)."""
+def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=False, scale=None, softcap=None):
+    """float64 (w1 A1 − λ A2) V written head by head, with GQA by index (head i reads kv head i // g).
+
+    A_b = softmax(cap(Q_b K_bᵀ s) + bias) over the allowed keys; cap(x) = c·tanh(x / c) when ``softcap`` = c.
+    """
     q1, k1, q2, k2, v = (t.to(F64) for t in (q1, k1, q2, k2, v))
     B, H, nq, d = q1.shape
     hkv, nk = k1.shape[1], k1.shape[2]
@@ -31,7 +41,9 @@ def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=Fa
         ok = ok & allowed.expand(B, H, nq, nk)
     if causal:
         for i in range(nq):
-            ok[:, :, i, i + (nk - nq) + 1:] = False
+            for j in range(nk):
+                if j > i + (nk - nq):
+                    ok[:, :, i, j] = False
     lam = torch.as_tensor(lam, dtype=F64).expand(B, H, nq, 1)
     w1 = torch.as_tensor(w1, dtype=F64).expand(B, H, nq, 1)
     out = torch.zeros(B, H, nq, v.shape[-1], dtype=F64)
@@ -39,6 +51,8 @@ def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=Fa
         j = h // g
         s1 = q1[:, h] @ k1[:, j].transpose(-1, -2) * scale
         s2 = q2[:, h] @ k2[:, j].transpose(-1, -2) * scale
+        if softcap is not None:
+            s1, s2 = softcap * torch.tanh(s1 / softcap), softcap * torch.tanh(s2 / softcap)
         if bias is not None:
             bb = bias.to(F64).expand(B, H, nq, nk)[:, h]
             s1, s2 = s1 + bb, s2 + bb
@@ -76,3 +90,36 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "
         a, b = x[..., 0::2], x[..., 1::2]
         rot = torch.stack([-b, a], -1).flatten(-2)
     return x * cos + rot * sin
+
+
+def ref_diff_v2(x, wq, wk, wv, wl, wo, num_heads, num_kv_heads, bq=None, bk=None, bv=None, bo=None, allowed=None,
+                causal=False):
+    """Diff Transformer V2 from its equation, float64, from raw weights (no library code):
+
+    Q = x W_qᵀ: 2h heads of width d; K = x W_kᵀ, V = x W_vᵀ: h_kv heads of width d; query head j reads kv head
+    j // (2h / h_kv); O_i = A_{2i} V − σ(x W_λᵀ)_i ⊙ A_{2i+1} V per token; out = concat_i O_i W_oᵀ.
+    ``allowed``: bool (B, N, N) or None.
+    """
+    def lin(t, w, b):
+        y = t @ w.to(F64).T
+        return y if b is None else y + b.to(F64)
+
+    x = x.to(F64)
+    B, N, _ = x.shape
+    h, hkv = num_heads, num_kv_heads
+    d = wq.shape[0] // (2 * h)
+    q = lin(x, wq, bq).view(B, N, 2 * h, d)
+    k = lin(x, wk, bk).view(B, N, hkv, d)
+    v = lin(x, wv, bv).view(B, N, hkv, d)
+    lam = torch.sigmoid(x @ wl.to(F64).T)  # (B, N, h)
+    ok = torch.ones(B, N, N, dtype=torch.bool) if allowed is None else allowed.clone()
+    if causal:
+        ok &= torch.ones(N, N, dtype=torch.bool).tril()
+    per_group = 2 * h // hkv
+    heads = []
+    for i in range(h):
+        j1, j2 = (2 * i) // per_group, (2 * i + 1) // per_group
+        a1 = ref_softmax_rows(q[:, :, 2 * i] @ k[:, :, j1].transpose(1, 2) / math.sqrt(d), ok)
+        a2 = ref_softmax_rows(q[:, :, 2 * i + 1] @ k[:, :, j2].transpose(1, 2) / math.sqrt(d), ok)
+        heads.append(a1 @ v[:, :, j1] - lam[:, :, i:i + 1] * (a2 @ v[:, :, j2]))
+    return lin(torch.cat(heads, -1), wo, bo)

@@ -10,7 +10,7 @@ import torch
 from diffattn import Attention, DiffAttention, GatedDiffAttention, KVCache
 from diffattn.layers import SwiGLU, attention_class
 
-from .reference import F64, ref_softmax_rows, rms_norm, rope_tables, rotate
+from .reference import F64, TOLERANCES, ref_softmax_rows, rms_norm, rope_tables, rotate
 
 
 def lin(m: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -179,12 +179,12 @@ def test_gated_layer_gate_is_per_token_and_head():
     assert m.gate_proj.out_features == 2 and m.lambda_form == "gate"
 
 
-def test_parameter_names_and_count_follow_seed_003():
+def test_state_dict_names_and_parameter_count_follow_diffclip():
     D, h = 64, 8
     d = D // h
     std = sum(p.numel() for p in Attention(D, h).parameters())
     diff = DiffAttention(D, h)
-    names = {n for n, _ in diff.named_parameters()}
+    names = set(diff.state_dict())
     assert {"q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "lambda_q1", "lambda_k1",
             "lambda_q2", "lambda_k2", "diff_norm.weight"} <= names
     assert sum(p.numel() for p in diff.parameters()) == std + 4 * d + 2 * d
@@ -194,10 +194,10 @@ def test_parameter_names_and_count_follow_seed_003():
 
 def test_other_lambda_forms_run():
     x = torch.randn(2, 5, 32)
-    for form in ("dual_scalar", "constant", "annealed", "token_sigmoid"):
+    for form in ("dual_scalar", "constant", "annealed", "token_sigmoid", "gate"):
         m = DiffAttention(32, 4, lambda_form=form)
         assert m(x).shape == x.shape
-    assert isinstance(DiffAttention(32, 4, lambda_form="token_sigmoid").diff_norm, torch.nn.Identity)
+    assert isinstance(DiffAttention(32, 4, lambda_form="token_sigmoid", sub_norm=False).diff_norm, torch.nn.Identity)
 
 
 def test_attention_class_switch():
@@ -214,7 +214,10 @@ def test_attention_class_switch():
         (dict(dim=32, num_heads=4, num_kv_heads=3), "num_kv_heads|divisible"),
         (dict(dim=32, num_heads=8, num_kv_heads=1), "num_kv_heads"),
         (dict(dim=32, num_heads=4, lambda_form="nope"), "lambda_form"),
-        (dict(dim=32, num_heads=4, lambda_form="gate"), "GatedDiffAttention"),
+        (dict(dim=32, num_heads=4, lambda_options={"nope": 1}), "lambda_options"),
+        (dict(dim=32, num_heads=4, lambda_init=float("nan")), "lambda_init"),
+        (dict(dim=32, num_heads=4, lambda_init=float("inf")), "lambda_init"),
+        (dict(dim=32, num_heads=4, sub_norm_eps=0.0), "sub_norm_eps"),
         (dict(dim=32, num_heads=4, lambda_init="schedule"), "lambda_init"),
         (dict(dim=32, num_heads=4, backend="xla"), "backend"),
         (dict(dim=32, num_heads=4, rope="alibi"), "rope"),
@@ -240,3 +243,121 @@ def test_swiglu_formula():
     g = lin(m.gate_proj, x)
     ref = lin(m.down_proj, g * torch.sigmoid(g) * lin(m.up_proj, x))
     assert torch.allclose(m(x), ref, atol=1e-12)
+
+
+# ------------------------------------------------------------------------------------- Diff Transformer V2
+
+
+@pytest.mark.parametrize("h,hkv", [(4, 4), (4, 2), (4, 1), (3, 3)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_diff_v2_matches_reference_forward_and_backward(h, hkv, causal):
+    from diffattn import DiffAttentionV2
+
+    from .reference import ref_diff_v2
+
+    D = 8 * h
+    m = DiffAttentionV2(D, h, num_kv_heads=hkv, causal=causal).double()
+    randomize(m)
+    assert attention_class("diff_v2") is DiffAttentionV2
+    assert m.q_proj.out_features == 2 * D and m.k_proj.out_features == hkv * 8 and m.out_proj.in_features == D
+    assert m.lambda_fn.lambda_proj.bias is None and isinstance(m.diff_norm, torch.nn.Identity)
+    x = torch.randn(2, 7, D, dtype=F64)
+    keep = torch.ones(2, 7, dtype=torch.bool)
+    keep[1, 5:] = False
+    mask = keep[:, None, None, :]
+    x_ref = x.clone().requires_grad_(True)
+    ws = [p.detach().clone().requires_grad_(True) for p in (m.q_proj.weight, m.k_proj.weight, m.v_proj.weight,
+                                                            m.lambda_fn.lambda_proj.weight, m.out_proj.weight)]
+    ref = ref_diff_v2(x_ref, *ws, h, hkv, bq=m.q_proj.bias.detach(), bk=m.k_proj.bias.detach(),
+                      bv=m.v_proj.bias.detach(), bo=m.out_proj.bias.detach(),
+                      allowed=allowed_mask(2, 7, 7, keep), causal=causal)
+    xx = x.clone().requires_grad_(True)
+    out = m(xx, attn_mask=mask)
+    torch.testing.assert_close(out, ref, **TOLERANCES[F64])
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    out.backward(g)
+    torch.testing.assert_close(xx.grad, x_ref.grad, **TOLERANCES[F64])
+    for p, w in zip((m.q_proj.weight, m.k_proj.weight, m.v_proj.weight, m.lambda_fn.lambda_proj.weight,
+                     m.out_proj.weight), ws):
+        torch.testing.assert_close(p.grad, w.grad, **TOLERANCES[F64])
+
+
+def test_diff_v2_float32_and_maps():
+    from diffattn import DiffAttentionV2
+
+    m = DiffAttentionV2(32, 4, num_kv_heads=2, causal=True)
+    x = torch.randn(2, 6, 32)
+    out, maps = m(x, need_weights=True)
+    ref = m.double()(x.double())
+    torch.testing.assert_close(out.double(), ref, **TOLERANCES[torch.float32])
+    assert maps.first.shape == (2, 4, 6, 6)
+
+
+# ------------------------------------------------------------------------ λ submodule, names, reliability
+
+
+def test_lambda_form_is_a_submodule_and_checkpoint_names_are_kept():
+    diff, gated = DiffAttention(32, 4), GatedDiffAttention(32, 4)
+    assert isinstance(diff.lambda_fn, torch.nn.Module) and diff.lambda_q1 is diff.lambda_fn.lambda_q1
+    assert gated.gate_proj is gated.lambda_fn.gate_proj
+    sd = diff.state_dict()
+    assert {"lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"} <= set(sd) and not any("lambda_fn" in k for k in sd)
+    assert {"gate_proj.weight", "gate_proj.bias"} <= set(gated.state_dict())
+    x = torch.randn(2, 5, 32)
+    for m, cls in ((diff, DiffAttention), (gated, GatedDiffAttention)):
+        fresh = cls(32, 4)
+        fresh.load_state_dict(m.state_dict())  # strict
+        torch.testing.assert_close(fresh(x), m(x), rtol=0, atol=0)
+    sd = diff.state_dict()
+    del sd["lambda_k2"]
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*\"lambda_k2\""):
+        DiffAttention(32, 4).load_state_dict(sd)
+    nested = torch.nn.Sequential(DiffAttention(32, 4))
+    assert "0.lambda_q1" in nested.state_dict()
+    missing = nested.load_state_dict({k: v for k, v in nested.state_dict().items() if k != "0.lambda_q1"},
+                                     strict=False).missing_keys
+    assert missing == ["0.lambda_q1"]
+
+
+def test_sub_norm_arguments_and_lambda_options():
+    m = DiffAttention(32, 4, sub_norm_eps=1e-6, sub_norm_affine=False)
+    assert m.diff_norm.eps == 1e-6 and not m.diff_norm.elementwise_affine
+    m = DiffAttention(32, 4, sub_norm=False).double()
+    x = torch.randn(2, 5, 32, dtype=F64)
+    lam = m.lambda_weights(x)[1]
+    o = m(x)  # no norm, no (1 − λ_init) scale
+    assert m.out_scale == 1.0 and isinstance(m.diff_norm, torch.nn.Identity) and torch.isfinite(o).all()
+    m = DiffAttention(32, 4, lambda_options={"per_head": True})
+    assert m.lambda_weights(x.float())[1].shape == (1, 2, 1, 1) and torch.isfinite(lam).all()
+    g = GatedDiffAttention(32, 4, gate_bias=False)
+    assert g.gate_proj.bias is None and "gate_proj.bias" not in g.state_dict()
+
+
+@pytest.mark.parametrize("cls", ["standard", "diff", "gated", "diff_v2"])
+def test_layers_take_empty_batch_and_sequence(cls):
+    m = attention_class(cls)(32, 4, causal=True, rope="half")
+    for B, N in ((0, 5), (2, 0)):
+        x = torch.randn(B, N, 32, requires_grad=True)
+        out = m(x)
+        assert out.shape == (B, N, 32)
+        out.sum().backward()
+
+
+@pytest.mark.parametrize("cls", ["standard", "diff", "gated", "diff_v2"])
+def test_x_of_another_dtype_than_the_weights_is_a_clear_error(cls):
+    m = attention_class(cls)(32, 4)
+    with pytest.raises(ValueError, match="x has dtype torch.float64"):
+        m(torch.randn(2, 5, 32, dtype=F64))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert m(torch.randn(2, 5, 32).bfloat16()).shape == (2, 5, 32)
+
+
+def test_float64_layer_with_float32_padding_mask():
+    """A float32 additive mask on a float64 layer used to reach CPU SDPA unconverted (wrong once Nk ≥ 16)."""
+    m = DiffAttention(32, 4).double()
+    x = torch.randn(2, 20, 32, dtype=F64)
+    keep = torch.ones(2, 20, dtype=torch.bool)
+    keep[0, 14:] = False
+    mask32 = torch.zeros(2, 1, 1, 20).masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
+    torch.testing.assert_close(m(x, attn_mask=mask32), ref_layer(m, x, keep=keep), **TOLERANCES[F64])

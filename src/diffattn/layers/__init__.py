@@ -1,6 +1,6 @@
 """Layers: attention (standard, differential, gated), rotary embedding, KV cache, MLPs, norms."""
 
-from .attention import ATTENTION_TYPES, Attention, DiffAttention, GatedDiffAttention, attention_class
+from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
 from .kv_cache import KVCache
 from .mlp import Mlp, SwiGLU
 from .norm import RMSNorm, head_rms_norm
@@ -10,6 +10,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "Attention",
     "DiffAttention",
+    "DiffAttentionV2",
     "GatedDiffAttention",
     "attention_class",
     "KVCache",
