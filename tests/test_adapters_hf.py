@@ -40,7 +40,8 @@ def _build(family, impl):
     if family == "bert":
         return T.BertModel._from_config(T.BertConfig(**TXT), attn_implementation=impl)
     if family == "clip":
-        cfg = T.CLIPConfig(text_config=dict(**TXT, max_position_embeddings=16), vision_config=VIS,
+        cfg = T.CLIPConfig(text_config=dict(**TXT, max_position_embeddings=16, bos_token_id=1, eos_token_id=2),
+                           vision_config=VIS,
                            projection_dim=16)
         return T.CLIPModel._from_config(cfg, attn_implementation=impl)
     if family == "siglip":
@@ -71,6 +72,7 @@ def inputs(family, pad=True):
     if family == "vit":
         return {"pixel_values": px}
     if family in ("clip", "siglip"):
+        ids[:, -1] = 127  # CLIP pools the text at argmax(ids): put it on a real token, never on padding
         return {"input_ids": ids, "pixel_values": px} | ({"attention_mask": am} if family == "clip" else {})
     if family == "paligemma":
         ids = torch.cat([torch.full((2, 4), 127), ids[:, :5]], 1)

@@ -257,9 +257,7 @@ def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: to
     """
     m = adapter.method
     kw = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale, "dropout_p": dropout_p,
-          "backend": backend}
-    if softcap is not None:
-        kw["softcap"] = softcap
+          "softcap": softcap, "backend": backend}
     w = need_weights
     lam = adapter.lambda_value()  # 0-d, float32 (float64 for a float64 model)
     if m in ("daa", "diffq", "diffk"):  # DAA (2025) eq. 4 / App. D: (A1 − λ A2) V
