@@ -8,6 +8,13 @@ import torch
 
 F64 = torch.float64
 
+# The one statement of how close each dtype must come to the float64 references: max |out − ref| ≤ atol + rtol·|ref|
+# element-wise, for inputs of unit scale. float16 is not listed: it is only checked against the other backends.
+TOLERANCES = {
+    torch.float64: dict(atol=1e-10, rtol=1e-10),
+    torch.float32: dict(atol=2e-5, rtol=2e-5),
+    torch.bfloat16: dict(atol=4e-2, rtol=4e-2),
+}
 
 
 def ref_softmax_rows(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
@@ -19,8 +26,11 @@ def ref_softmax_rows(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tenso
     return torch.where(den > 0, e / den.clamp_min(1e-300), torch.zeros_like(e))
 
 
-def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=False, scale=None):
-    """float64 (w1 A1 − λ A2) V written head by head, with GQA by index (head i reads kv head i // g)."""
+def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=False, scale=None, softcap=None):
+    """float64 (w1 A1 − λ A2) V written head by head, with GQA by index (head i reads kv head i // g).
+
+    A_b = softmax(cap(Q_b K_bᵀ s) + bias) over the allowed keys; cap(x) = c·tanh(x / c) when ``softcap`` = c.
+    """
     q1, k1, q2, k2, v = (t.to(F64) for t in (q1, k1, q2, k2, v))
     B, H, nq, d = q1.shape
     hkv, nk = k1.shape[1], k1.shape[2]
@@ -31,7 +41,9 @@ def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=Fa
         ok = ok & allowed.expand(B, H, nq, nk)
     if causal:
         for i in range(nq):
-            ok[:, :, i, i + (nk - nq) + 1:] = False
+            for j in range(nk):
+                if j > i + (nk - nq):
+                    ok[:, :, i, j] = False
     lam = torch.as_tensor(lam, dtype=F64).expand(B, H, nq, 1)
     w1 = torch.as_tensor(w1, dtype=F64).expand(B, H, nq, 1)
     out = torch.zeros(B, H, nq, v.shape[-1], dtype=F64)
@@ -39,6 +51,8 @@ def reference(q1, k1, q2, k2, v, lam, w1=1.0, allowed=None, bias=None, causal=Fa
         j = h // g
         s1 = q1[:, h] @ k1[:, j].transpose(-1, -2) * scale
         s2 = q2[:, h] @ k2[:, j].transpose(-1, -2) * scale
+        if softcap is not None:
+            s1, s2 = softcap * torch.tanh(s1 / softcap), softcap * torch.tanh(s2 / softcap)
         if bias is not None:
             bb = bias.to(F64).expand(B, H, nq, nk)[:, h]
             s1, s2 = s1 + bb, s2 + bb

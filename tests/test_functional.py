@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
-from diffattn.functional import attention, causal_mask, diff_attention
+from diffattn.functional import attention, causal_mask, diff_attention, prepare_mask, sliding_window_mask
 
-from .reference import F64, reference
+from .reference import F64, TOLERANCES, reference
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -245,3 +247,106 @@ def test_sdpa_peak_memory_is_a_small_fraction_of_math():
     maps_mib = 2 * 4096 * 4096 * 2 * 4 / 2**20  # two fp32 (B, H, N, N) maps
     assert peaks["math"] > 0.9 * maps_mib
     assert peaks["sdpa"] < 0.05 * peaks["math"], peaks
+
+
+# ------------------------------------------------------------------------------ soft-capping, windows, masks
+
+
+@pytest.mark.parametrize("fn", ["diff", "standard"])
+def test_softcap_matches_reference_and_auto_picks_math(fn):
+    q1, k1, q2, k2, v = make(2, 4, 2, 6, 9, 8, 16, dtype=F64)
+    q1, q2 = q1 * 6, q2 * 6  # logits well past the cap
+    keep = torch.rand(2, 1, 1, 9) > 0.3
+    c = 3.0
+    if fn == "diff":
+        ref = reference(q1, k1, q2, k2, v, 0.4, allowed=keep, causal=True, softcap=c)
+        for backend in ("auto", "math"):
+            out = diff_attention(q1, k1, q2, k2, v, 0.4, attn_mask=keep, is_causal=True, softcap=c, backend=backend)
+            assert (out - ref).abs().max().item() < 1e-12
+        uncapped = diff_attention(q1, k1, q2, k2, v, 0.4, attn_mask=keep, is_causal=True)
+        assert (uncapped - ref).abs().max().item() > 1e-3  # the cap changes the answer
+    else:
+        ref = reference(q1, k1, q1, k1, v, 0.0, allowed=keep, causal=True, softcap=c)
+        for backend in ("auto", "math"):
+            out = attention(q1, k1, v, attn_mask=keep, is_causal=True, softcap=c, backend=backend)
+            assert (out - ref).abs().max().item() < 1e-12
+        _, maps = attention(q1, k1, v, softcap=c, return_weights=True)
+        s = c * torch.tanh(q1 @ k1.repeat_interleave(2, 1).transpose(-1, -2) / 8**0.5 / c)
+        assert (maps - torch.softmax(s, -1)).abs().max().item() < 1e-12
+
+
+@pytest.mark.parametrize("backend", ["sdpa", "triton"])
+def test_softcap_on_a_kernel_backend_is_a_clear_error(backend):
+    q1, k1, q2, k2, v = make()
+    with pytest.raises(ValueError, match="softcap"):
+        diff_attention(q1, k1, q2, k2, v, 0.5, softcap=5.0, backend=backend)
+    if backend == "sdpa":
+        with pytest.raises(ValueError, match="softcap"):
+            attention(q1, k1, v, softcap=5.0, backend=backend)
+    for bad in (0.0, -1.0, float("inf"), float("nan"), "5"):
+        with pytest.raises(ValueError, match="softcap"):
+            diff_attention(q1, k1, q2, k2, v, 0.5, softcap=bad)
+
+
+def test_sliding_window_mask_convention():
+    m = sliding_window_mask(3, 6, 2)  # queries at key positions 3, 4, 5
+    expect = torch.tensor([[0, 0, 1, 1, 0, 0], [0, 0, 0, 1, 1, 0], [0, 0, 0, 0, 1, 1]], dtype=torch.bool)
+    assert m.dtype == torch.bool and torch.equal(m, expect)
+    for nq, nk, w in ((5, 5, 1), (4, 9, 3), (7, 7, 100), (6, 2, 2)):
+        m = sliding_window_mask(nq, nk, w)
+        for i in range(nq):
+            for j in range(nk):
+                assert bool(m[i, j]) == (0 <= i + nk - nq - j < w)
+    assert torch.equal(sliding_window_mask(6, 6, 6), causal_mask(6, 6))
+    for bad in (dict(window=0), dict(window=2.5), dict(nq=-1), dict(window=True)):
+        args = dict(nq=3, nk=3, window=2) | bad
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            sliding_window_mask(**args)
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_sliding_window_through_the_operator(backend):
+    q1, k1, q2, k2, v = make(1, 2, 2, 7, 7, 8, 16, dtype=F64)
+    w = sliding_window_mask(7, 7, 3)
+    out = diff_attention(q1, k1, q2, k2, v, 0.3, attn_mask=w, backend=backend)
+    assert (out - reference(q1, k1, q2, k2, v, 0.3, allowed=w)).abs().max().item() < 1e-12
+
+
+MASK_DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]
+
+
+@pytest.mark.parametrize("qdtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("mdtype", MASK_DTYPES)
+@pytest.mark.parametrize("backend", ["auto", "math", "sdpa"])
+def test_finfo_min_padding_mask_of_any_dtype_is_exact(qdtype, mdtype, backend):
+    """Hugging Face fills padding with finfo(dtype).min; in another dtype that may overflow to −inf (then NaN in a
+    fully masked row) or, unconverted, reach a kernel that misreads it. Every combination gives the reference."""
+    B, H, nq, nk = 2, 2, 5, 20
+    q1, k1, q2, k2, v = make(B, H, H, nq, nk, 8, 16, dtype=qdtype)
+    keep = torch.ones(B, 1, nq, nk, dtype=torch.bool)
+    keep[0, :, :, 15:] = False
+    keep[1, :, 2] = False  # a fully masked row
+    mask = torch.zeros(B, 1, nq, nk, dtype=mdtype).masked_fill(~keep, torch.finfo(mdtype).min)
+    out = diff_attention(q1, k1, q2, k2, v, 0.3, attn_mask=mask, backend=backend)
+    ref = reference(q1, k1, q2, k2, v, 0.3, allowed=keep)
+    assert out.dtype == qdtype and torch.isfinite(out).all()
+    assert torch.equal(out[1, :, 2], torch.zeros_like(out[1, :, 2]))
+    torch.testing.assert_close(out.double(), ref, **TOLERANCES[qdtype])
+    out_std = attention(q1, k1, v, attn_mask=mask, backend=backend)
+    ref_std = reference(q1, k1, q1, k1, v, 0.0, allowed=keep)
+    torch.testing.assert_close(out_std.double(), ref_std, **TOLERANCES[qdtype])
+
+
+def test_prepare_mask_is_the_one_conversion():
+    m64 = torch.tensor([0.0, -1.0, torch.finfo(F64).min, -math.inf], dtype=F64)
+    pm = prepare_mask(m64, is_causal=False, nq=1, nk=4, dtype=torch.float32, device=torch.device("cpu"))
+    assert pm.keep.shape == (1, 1, 1, 4) and pm.keep.tolist() == [[[[True, True, False, False]]]]
+    assert pm.bias.dtype == torch.float32 and pm.bias.flatten().tolist() == [0.0, -1.0, 0.0, 0.0]
+    assert pm.row_ok.all()
+    # a finite value beyond the target range is clamped, not turned into −inf
+    big = torch.tensor([-1e300, 0.0], dtype=F64)
+    pm = prepare_mask(big, is_causal=False, nq=1, nk=2, dtype=torch.float32, device=torch.device("cpu"))
+    assert pm.bias.flatten()[0].item() == torch.finfo(torch.float32).min
+    # causal with nq > nk leaves rows with no key: reported, and opened so kernels stay finite
+    pm = prepare_mask(None, is_causal=True, nq=4, nk=2, dtype=torch.float32, device=torch.device("cpu"))
+    assert pm.row_ok.flatten().tolist() == [False, False, True, True] and pm.keep.all(-1).flatten()[:2].all()

@@ -112,3 +112,38 @@ def test_build_lambda_and_errors():
         build_lambda("scalar", head_dim=8, dim=16, num_heads=2, lambda_init=0.8)
     with pytest.raises(ValueError, match="anneal_steps"):
         AnnealedLambda(0.8, 0)
+
+
+def test_registry_builds_every_form_once_with_one_signature():
+    from diffattn.lambdas import LambdaForm, available_lambdas, lambda_class, register_lambda
+
+    assert set(available_lambdas()) >= {"reparam", "dual_scalar", "constant", "gate", "token_sigmoid", "annealed"}
+    for name in available_lambdas():
+        m = build_lambda(name, dim=16, num_heads=2, head_dim=8, lambda_init=0.5)
+        assert isinstance(m, LambdaForm) and type(m) is lambda_class(name) and m.name == name
+        w1, lam = m(torch.randn(3, 4, 16))
+        lam = torch.as_tensor(lam)
+        assert torch.broadcast_shapes(lam.shape, (3, 2, 4, 1)) == (3, 2, 4, 1)
+    with pytest.raises(ValueError, match="already registered"):
+        register_lambda("reparam")(type("Again", (LambdaForm,), {}))
+    with pytest.raises(ValueError, match="lambda_options"):
+        build_lambda("gate", dim=16, num_heads=2, head_dim=8, lambda_init=0.5, std=0.1)
+    per_head = build_lambda("reparam", dim=16, num_heads=2, head_dim=8, lambda_init=0.5, per_head=True, std=0.0)
+    assert per_head(None)[1].shape == (1, 2, 1, 1) and torch.allclose(per_head(None)[1], torch.tensor(0.5))
+    assert build_lambda("token_sigmoid", dim=16, num_heads=2, head_dim=8, lambda_init=0.5).lambda_proj.bias is None
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), True, "0.8"])
+def test_lambda_init_must_be_finite(bad):
+    with pytest.raises(ValueError, match="lambda_init"):
+        resolve_lambda_init(bad)
+    with pytest.raises(ValueError, match="lambda_init"):
+        build_lambda("reparam", dim=16, num_heads=2, head_dim=8, lambda_init=bad)
+    with pytest.raises(ValueError, match="lambda_init"):
+        ReparamLambda(8, bad)
+
+
+def test_numpy_scalars_are_accepted():
+    np = pytest.importorskip("numpy")
+    assert resolve_lambda_init(np.float32(0.5)) == 0.5
+    assert ConstantLambda(np.float64(0.25)).lambda_init == 0.25

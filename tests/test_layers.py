@@ -179,12 +179,12 @@ def test_gated_layer_gate_is_per_token_and_head():
     assert m.gate_proj.out_features == 2 and m.lambda_form == "gate"
 
 
-def test_parameter_names_and_count_follow_seed_003():
+def test_state_dict_names_and_parameter_count_follow_diffclip():
     D, h = 64, 8
     d = D // h
     std = sum(p.numel() for p in Attention(D, h).parameters())
     diff = DiffAttention(D, h)
-    names = {n for n, _ in diff.named_parameters()}
+    names = set(diff.state_dict())
     assert {"q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", "lambda_q1", "lambda_k1",
             "lambda_q2", "lambda_k2", "diff_norm.weight"} <= names
     assert sum(p.numel() for p in diff.parameters()) == std + 4 * d + 2 * d
@@ -194,10 +194,10 @@ def test_parameter_names_and_count_follow_seed_003():
 
 def test_other_lambda_forms_run():
     x = torch.randn(2, 5, 32)
-    for form in ("dual_scalar", "constant", "annealed", "token_sigmoid"):
+    for form in ("dual_scalar", "constant", "annealed", "token_sigmoid", "gate"):
         m = DiffAttention(32, 4, lambda_form=form)
         assert m(x).shape == x.shape
-    assert isinstance(DiffAttention(32, 4, lambda_form="token_sigmoid").diff_norm, torch.nn.Identity)
+    assert isinstance(DiffAttention(32, 4, lambda_form="token_sigmoid", sub_norm=False).diff_norm, torch.nn.Identity)
 
 
 def test_attention_class_switch():
@@ -214,7 +214,10 @@ def test_attention_class_switch():
         (dict(dim=32, num_heads=4, num_kv_heads=3), "num_kv_heads|divisible"),
         (dict(dim=32, num_heads=8, num_kv_heads=1), "num_kv_heads"),
         (dict(dim=32, num_heads=4, lambda_form="nope"), "lambda_form"),
-        (dict(dim=32, num_heads=4, lambda_form="gate"), "GatedDiffAttention"),
+        (dict(dim=32, num_heads=4, lambda_options={"nope": 1}), "lambda_options"),
+        (dict(dim=32, num_heads=4, lambda_init=float("nan")), "lambda_init"),
+        (dict(dim=32, num_heads=4, lambda_init=float("inf")), "lambda_init"),
+        (dict(dim=32, num_heads=4, sub_norm_eps=0.0), "sub_norm_eps"),
         (dict(dim=32, num_heads=4, lambda_init="schedule"), "lambda_init"),
         (dict(dim=32, num_heads=4, backend="xla"), "backend"),
         (dict(dim=32, num_heads=4, rope="alibi"), "rope"),

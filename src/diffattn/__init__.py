@@ -11,7 +11,7 @@ Importing ``diffattn`` registers its vision models with timm (``timm.create_mode
 from . import convert, functional, lambdas, layers, models
 from .adapters import load_adapter, retrofit, save_adapter
 from .functional import AttentionWeights, attention, diff_attention
-from .layers import Attention, DiffAttention, GatedDiffAttention, KVCache, SwiGLU, attention_class
+from .layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, KVCache, SwiGLU, attention_class
 from .models import create_model, from_pretrained, list_models
 
 __version__ = "0.1.0"
@@ -28,6 +28,7 @@ __all__ = [
     "Attention",
     "DiffAttention",
     "GatedDiffAttention",
+    "DiffAttentionV2",
     "KVCache",
     "SwiGLU",
     "attention_class",

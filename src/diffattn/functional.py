@@ -1,29 +1,48 @@
 """The differential attention operator and its backends.
 
-    O = (w1 ⊙ A1 − λ ⊙ A2) V,   A1 = softmax(Q1 K1ᵀ · s + M),   A2 = softmax(Q2 K2ᵀ · s + M)
+    O = (w1 ⊙ A1 − λ ⊙ A2) V,   A_b = softmax(cap(Q_b K_bᵀ · s) + M)
 
-Ye et al. 2024 ("Differential Transformer", eq. 1) with w1 = 1 and one λ per layer; DiffCLIP (seed 000, §3.1) and
-seed 003's module use the same form. The M-DGSA gate (seed 004, §3) passes w1 = g and λ = 1 − g per token and head,
-which is why both weights broadcast to (B, H, Nq, 1): a weight that scales a whole query row commutes with the
-product by V, (g ⊙ A) V = g ⊙ (A V), so every O(N) backend serves the gate too.
+Ye et al. 2024 ("Differential Transformer", eq. 1) with w1 = 1 and one λ per layer; DiffCLIP (Hammoud et al.
+2025, §3.1) uses the same form. The M-DGSA gate (Lygizou & Kalamaras 2025, §3) passes w1 = g and λ = 1 − g per token
+and head, which is why both weights broadcast to (B, H, Nq, 1): a weight that scales a whole query row commutes with
+the product by V, (g ⊙ A) V = g ⊙ (A V), so every O(N) backend serves the gate too. ``cap`` is the identity, or
+Gemma-2's logit soft-capping cap(s) = c · tanh(s / c) (Gemma Team 2024, §2).
 
 Backends
-- ``math``: materialises A1 and A2 (softmax in float32); the only one that can return the maps.
+- ``math``: materialises A1 and A2 (Q Kᵀ and the softmax in float32, or float64 for float64 inputs); the only one
+  that can return the maps or soft-cap the logits.
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; never builds an N×N tensor of its own. Since
   (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts.
 - ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.kernels` (CUDA only).
-- ``auto``: ``triton`` on CUDA when the kernel applies, else ``sdpa``; ``math`` only when weights are asked for.
+- ``auto``: ``triton`` on CUDA when the kernel applies, else ``sdpa``; ``math`` when weights or soft-capping are
+  asked for.
+
+Masks: bool (True = attend) or additive float, broadcastable to (B, H, Nq, Nk), 0-D to 4-D. A float entry at or
+below half the most negative finite value of the mask's own dtype (``torch.finfo(mask.dtype).min``, what Hugging
+Face fills padding with) or −inf blocks its key, whatever the dtype the computation runs in. Every path converts the
+mask through :func:`prepare_mask`. A query row whose every key is blocked gives exactly 0.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ["diff_attention", "attention", "causal_mask", "restrict_mask", "AttentionWeights", "BACKENDS"]
+__all__ = [
+    "diff_attention",
+    "attention",
+    "causal_mask",
+    "sliding_window_mask",
+    "restrict_mask",
+    "prepare_mask",
+    "PreparedMask",
+    "AttentionWeights",
+    "BACKENDS",
+]
 
 BACKENDS = ("auto", "math", "sdpa", "triton")
 
@@ -41,6 +60,10 @@ class AttentionWeights(NamedTuple):
 # --------------------------------------------------------------------------------------------- validation
 
 
+def _is_real(x) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
 def _check_broadcast(name: str, t: torch.Tensor, target: tuple[int, ...], what: str) -> None:
     if t.dim() > len(target):
         raise ValueError(f"{name} must have at most {len(target)} dims broadcastable to {what} {target}, "
@@ -51,24 +74,59 @@ def _check_broadcast(name: str, t: torch.Tensor, target: tuple[int, ...], what: 
                              f"each dim must be 1 or match (right-aligned)")
 
 
-def _check_weight(name: str, w: Weight | None, shape: tuple[int, ...], device: torch.device) -> None:
-    if w is None or isinstance(w, (int, float)):
-        return
+def _check_weight(name: str, w, shape: tuple[int, ...], device: torch.device) -> Weight | None:
+    """A float or a floating tensor broadcastable to ``shape``; Python and NumPy scalars become ``float``."""
+    if w is None:
+        return None
+    if _is_real(w):
+        w = float(w)
+        if not math.isfinite(w):
+            raise ValueError(f"{name} must be finite, got {w}")
+        return w
     if not isinstance(w, torch.Tensor):
-        raise ValueError(f"{name} must be a float or a tensor, got {type(w).__name__}")
+        raise ValueError(f"{name} must be a float or a floating tensor, got {type(w).__name__}")
     if not w.is_floating_point():
         raise ValueError(f"{name} must be a floating tensor, got dtype {w.dtype}")
     if w.device != device:
         raise ValueError(f"{name} is on {w.device} but the inputs are on {device}")
     _check_broadcast(name, w, shape, "(B, H, Nq, 1)")
+    return w
 
 
-def _validate(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, dropout_p, backend, names=("q1", "k1", "q2", "k2")):
+def _check_mask(attn_mask, target: tuple[int, ...], device: torch.device) -> None:
+    if attn_mask is None:
+        return
+    if not isinstance(attn_mask, torch.Tensor):
+        raise ValueError(f"attn_mask must be a tensor, got {type(attn_mask).__name__}")
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise ValueError(f"attn_mask must be bool (True = attend) or an additive float mask, "
+                        f"got dtype {attn_mask.dtype}")
+    if attn_mask.device != device:
+        raise ValueError(f"attn_mask is on {attn_mask.device} but the inputs are on {device}")
+    _check_broadcast("attn_mask", attn_mask, target, "(B, H, Nq, Nk)")
+
+
+def _check_options(is_causal, scale, dropout_p, softcap, backend) -> None:
+    if not isinstance(is_causal, bool):
+        raise ValueError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if scale is not None and not (_is_real(scale) and math.isfinite(scale)):
+        raise ValueError(f"scale must be None or a finite float, got {scale!r}")
+    if not _is_real(dropout_p) or not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"dropout_p must be a float in [0, 1), got {dropout_p!r}")
+    if softcap is not None and not (_is_real(softcap) and math.isfinite(softcap) and softcap > 0):
+        raise ValueError(f"softcap must be None or a finite float > 0, got {softcap!r}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def _validate(q1, k1, q2, k2, v, names=("q1", "k1", "q2", "k2")) -> None:
+    """Shapes, dtypes and devices of the query/key/value tensors."""
     n_q1, n_k1, n_q2, n_k2 = names
     for name, t in ((n_q1, q1), (n_k1, k1), (n_q2, q2), (n_k2, k2), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a 4-D tensor (B, heads, N, width), got {got}")
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a 4-D tensor (B, heads, N, width), got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be a 4-D tensor (B, heads, N, width), got shape {tuple(t.shape)}")
         if not t.is_floating_point():
             raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
     if q1.shape != q2.shape:
@@ -81,6 +139,11 @@ def _validate(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, dropout_p, backend
     Bk, Hkv, Nk, dk = k1.shape
     if Bk != B or dk != d:
         raise ValueError(f"{n_k1} of shape {tuple(k1.shape)} must match {n_q1} {tuple(q1.shape)} in batch and width")
+    if d == 0:
+        raise ValueError(f"{n_q1} must have a head width d >= 1, got shape {tuple(q1.shape)}")
+    if H == 0 or Hkv == 0:
+        raise ValueError(f"{n_q1} and {n_k1} need at least one head, got H={H} ({n_q1} {tuple(q1.shape)}) and "
+                         f"Hkv={Hkv} ({n_k1} {tuple(k1.shape)})")
     if v.shape[:3] != (B, Hkv, Nk):
         raise ValueError(f"v must have shape (B, Hkv, Nk, dv) = ({B}, {Hkv}, {Nk}, dv), got {tuple(v.shape)}")
     if H % Hkv != 0:
@@ -91,21 +154,6 @@ def _validate(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, dropout_p, backend
     devices = {t.device for t in (q1, k1, q2, k2, v)}
     if len(devices) != 1:
         raise ValueError(f"the query, key and value tensors must be on one device, got {sorted(map(str, devices))}")
-    _check_weight("lambda_", lambda_, (B, H, Nq, 1), q1.device)
-    _check_weight("weight1", weight1, (B, H, Nq, 1), q1.device)
-    if attn_mask is not None:
-        if not isinstance(attn_mask, torch.Tensor):
-            raise ValueError(f"attn_mask must be a tensor, got {type(attn_mask).__name__}")
-        if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-            raise ValueError(f"attn_mask must be bool (True = attend) or an additive float mask, "
-                             f"got dtype {attn_mask.dtype}")
-        if attn_mask.device != q1.device:
-            raise ValueError(f"attn_mask is on {attn_mask.device} but the inputs are on {q1.device}")
-        _check_broadcast("attn_mask", attn_mask, (B, H, Nq, Nk), "(B, H, Nq, Nk)")
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
 # ------------------------------------------------------------------------------------------------ masks
@@ -121,55 +169,115 @@ def causal_mask(nq: int, nk: int, device: torch.device | None = None) -> torch.T
     return j <= i + (nk - nq)
 
 
+def sliding_window_mask(nq: int, nk: int, window: int, device: torch.device | None = None) -> torch.Tensor:
+    """Bool (Nq, Nk) causal sliding-window mask aligned to the end (True = may attend).
+
+    Query i sits at key position p_i = i + Nk − Nq and sees key j iff 0 ≤ p_i − j < ``window``: itself and the
+    ``window`` − 1 keys before it (Mistral, Jiang et al. 2023 §2; Gemma-2's local layers, Gemma Team 2024 §2).
+    """
+    for name, value, low in (("nq", nq, 0), ("nk", nk, 0), ("window", window, 1)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    i = torch.arange(nq, device=device).unsqueeze(1) + (nk - nq)  # (Nq, 1) key positions of the queries
+    j = torch.arange(nk, device=device).unsqueeze(0)  # (1, Nk)
+    dist = i - j
+    return (dist >= 0) & (dist < window)
+
+
 def restrict_mask(mask: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
     """``mask`` (bool, True = attend, or additive float; or None) further limited to where bool ``keep`` is True."""
     if mask is None:
         return keep
     if mask.dtype == torch.bool:
         return mask & keep
-    return mask.masked_fill(~keep, torch.finfo(mask.dtype).min)
+    return torch.where(keep, mask, torch.finfo(mask.dtype).min)  # broadcasts both ways
 
 
-def _masked(mask: torch.Tensor) -> torch.Tensor:
-    """True where a mask entry blocks attention (bool False, float −inf or ≤ finfo.min / 2)."""
+def _blocked(mask: torch.Tensor) -> torch.Tensor:
+    """True where a mask entry blocks attention: bool False, float −inf or ≤ finfo(mask.dtype).min / 2."""
     if mask.dtype == torch.bool:
         return ~mask
     return mask <= torch.finfo(mask.dtype).min / 2
 
 
-def _prepare_mask(attn_mask, is_causal, nq, nk, device):
-    """Merge the causal mask into ``attn_mask`` and make every row attend to something.
+class PreparedMask(NamedTuple):
+    """A mask in the form every backend takes (see :func:`prepare_mask`)."""
 
-    Returns (mask, row_ok, sdpa_causal): ``mask`` has no fully masked row (such rows are opened so that the
-    kernels stay finite), ``row_ok`` is a bool (…, Nq, 1) tensor, False where the caller's row was fully masked
-    (the output there is set to exactly 0), or None when no row can be fully masked. ``sdpa_causal`` says
-    the causal mask was left to the kernel (Nq == Nk and no other mask).
+    keep: torch.Tensor | None  # bool (1|B, 1|H, Nq, Nk), True = attend; no row is all False
+    bias: torch.Tensor | None  # additive (1|B, 1|H, Nq, Nk) in the requested dtype, 0 where blocked; None if bool
+    row_ok: torch.Tensor | None  # bool (…, Nq, 1), False where the caller's row was fully masked; None if none can be
+    sdpa_causal: bool  # the causal mask was left to the kernel (no other mask, Nq == Nk)
+
+    def additive(self) -> torch.Tensor | None:
+        """``bias`` with −inf where blocked (or the bool ``keep`` when there is no bias): what SDPA takes."""
+        if self.bias is None:
+            return self.keep
+        return self.bias.masked_fill(~self.keep, float("-inf"))
+
+    def apply(self, scores: torch.Tensor) -> torch.Tensor:
+        """scores + M with blocked entries at −inf (every row keeps at least one finite entry)."""
+        if self.keep is None:
+            return scores
+        if self.bias is not None:
+            scores = scores + self.bias.to(scores.dtype)
+        return scores.masked_fill(~self.keep, float("-inf"))
+
+
+def prepare_mask(attn_mask: torch.Tensor | None, *, is_causal: bool, nq: int, nk: int, dtype: torch.dtype,
+                 device: torch.device, scale: float = 1.0) -> PreparedMask:
+    """The one conversion of a caller's mask, used by every backend and by the maps.
+
+    - 0-D to 3-D masks are viewed as 4-D (right-aligned, as in broadcasting).
+    - The causal mask (end-aligned) is merged in; SDPA keeps it as its own flag when there is no other mask,
+      Nq == Nk and ``scale`` > 0 (its causal kernels give NaN for scale ≤ 0).
+    - Which entries are blocked is decided in the mask's own dtype (bool False, −inf, ≤ finfo.min / 2), then the
+      finite entries are cast to ``dtype``, clamped to its finite range: a float64 ``finfo.min`` padding mask
+      never becomes −inf (nor NaN) in float32, and a float32 mask never meets float64 inputs unconverted.
+    - Rows the caller blocked entirely are opened (so every kernel stays finite) and reported in ``row_ok``;
+      the operator sets their output to exactly 0.
     """
-    if is_causal and attn_mask is None and nq == nk:
-        return None, None, True
-    mask = restrict_mask(attn_mask, causal_mask(nq, nk, device)) if is_causal else attn_mask
-    if mask is None:
-        return None, None, False
-    row_ok = ~_masked(mask).all(dim=-1, keepdim=True)  # (..., Nq, 1)
-    if mask.dtype == torch.bool:
-        mask = mask | ~row_ok
-    else:
-        mask = torch.where(row_ok, mask, torch.zeros((), dtype=mask.dtype, device=mask.device))
-    return mask, row_ok, False
+    if attn_mask is None and is_causal and nq == nk and scale > 0:
+        return PreparedMask(None, None, None, True)
+    keep = bias = None
+    if attn_mask is not None:
+        m = attn_mask.reshape((1,) * (4 - attn_mask.dim()) + tuple(attn_mask.shape))
+        if m.dtype == torch.bool:
+            keep = m
+        else:
+            keep = ~_blocked(m)
+            info = torch.finfo(dtype)
+            bias = torch.where(keep, m, torch.zeros((), dtype=m.dtype, device=m.device))
+            if torch.finfo(m.dtype).max > info.max:
+                bias = bias.clamp(info.min, info.max)
+            bias = bias.to(dtype)
+    if is_causal:
+        c = causal_mask(nq, nk, device)
+        keep = c if keep is None else keep & c
+    if keep is None:
+        return PreparedMask(None, None, None, False)
+    row_ok = keep.any(dim=-1, keepdim=True)  # (..., Nq, 1)
+    keep = keep | ~row_ok
+    if keep.dim() < 4:
+        keep = keep.reshape((1,) * (4 - keep.dim()) + tuple(keep.shape))
+        row_ok = row_ok.reshape(keep.shape[:-1] + (1,))
+    return PreparedMask(keep, bias, row_ok, False)
 
 
-def _as_weight(w: Weight | None, default: float) -> Weight:
-    return default if w is None else w
+# -------------------------------------------------------------------------------------------- helpers
 
 
 def _combine(o1, o2, weight1, lambda_):
-    out = o1 * weight1 if not (isinstance(weight1, (int, float)) and weight1 == 1.0) else o1
+    out = o1 * weight1 if not (isinstance(weight1, float) and weight1 == 1.0) else o1
     return out - o2 * lambda_
 
 
 def _upcast(t: torch.Tensor) -> torch.Tensor:
     """To float32, or float64 when the input already is."""
     return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(dtype, torch.float32)
 
 
 def _expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -179,24 +287,25 @@ def _expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------- backends
 
 
-def _probs(q, k, mask, row_ok, scale, dropout_p):
-    """softmax(Q Kᵀ s + M) in ≥ float32, (B, H, Nq, Nk); rows the caller fully masked are set to 0."""
-    s = _upcast(torch.matmul(q, k.transpose(-2, -1))) * scale
-    if mask is not None:
-        s = s.masked_fill(~mask, torch.finfo(s.dtype).min) if mask.dtype == torch.bool else s + mask.to(s.dtype)
+def _probs(q, k, mask: PreparedMask, scale, softcap, dropout_p):
+    """softmax(cap(Q Kᵀ s) + M) with Q Kᵀ and the softmax in ≥ float32, (B, H, Nq, Nk); fully masked rows are 0."""
+    s = torch.matmul(_upcast(q), _upcast(k).transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    if mask.sdpa_causal:
+        s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
+    s = mask.apply(s)
     p = torch.softmax(s, dim=-1)
-    if row_ok is not None:
-        p = p * row_ok
+    if mask.row_ok is not None:
+        p = p * mask.row_ok
     return F.dropout(p, p=dropout_p, training=True) if dropout_p > 0.0 else p
 
 
-def _math(q1, k1, q2, k2, v, lambda_, weight1, mask, row_ok, is_causal, scale, dropout_p):
+def _math(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, softcap, dropout_p):
     groups = q1.shape[1] // k1.shape[1]
     k1, k2, v = (_expand_kv(t, groups) for t in (k1, k2, v))
-    if is_causal:  # only reached with mask None and nq == nk
-        mask = causal_mask(q1.shape[2], k1.shape[2], q1.device)
-    a1 = _probs(q1, k1, mask, row_ok, scale, dropout_p)
-    a2 = _probs(q2, k2, mask, row_ok, scale, dropout_p)
+    a1 = _probs(q1, k1, mask, scale, softcap, dropout_p)
+    a2 = _probs(q2, k2, mask, scale, softcap, dropout_p)
     w1 = _upcast(weight1) if isinstance(weight1, torch.Tensor) else weight1
     lam = _upcast(lambda_) if isinstance(lambda_, torch.Tensor) else lambda_
     a = _combine(a1, a2, w1, lam)  # (B, H, Nq, Nk)
@@ -204,7 +313,7 @@ def _math(q1, k1, q2, k2, v, lambda_, weight1, mask, row_ok, is_causal, scale, d
     return out, AttentionWeights(a1, a2, a)
 
 
-def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, row_ok, is_causal, scale, dropout_p):
+def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
     """One call of PyTorch's fused attention per branch, then O = w1 ⊙ (A1 V) − λ ⊙ (A2 V).
 
     Fused kernels (the CPU flash kernel, CUDA FlashAttention-2) need q/k and v of one width, and v is 2d wide.
@@ -226,9 +335,10 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, row_ok, is_causal, scale, d
         return buf
 
     vv = padded(v)  # (B, Hkv, Nk, width)
+    m = mask.additive()
     o1, o2 = (
-        F.scaled_dot_product_attention(padded(q), padded(k), vv, attn_mask=mask, dropout_p=dropout_p,
-                                       is_causal=is_causal, scale=scale, enable_gqa=H != Hkv)[..., :dv]
+        F.scaled_dot_product_attention(padded(q), padded(k), vv, attn_mask=m, dropout_p=dropout_p,
+                                       is_causal=mask.sdpa_causal, scale=scale, enable_gqa=H != Hkv)[..., :dv]
         for q, k in ((q1, k1), (q2, k2))
     )  # each (B, H, Nq, dv)
     return _combine(o1, o2, weight1, lambda_), None
@@ -252,6 +362,10 @@ def _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dr
     return triton_unsupported_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
 
 
+def _empty(q: torch.Tensor, v: torch.Tensor, nk: int) -> bool:
+    return q.shape[0] == 0 or q.shape[2] == 0 or nk == 0 or v.shape[-1] == 0
+
+
 # ---------------------------------------------------------------------------------------------- operator
 
 
@@ -268,10 +382,12 @@ def diff_attention(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    softcap: float | None = None,
     backend: str = "auto",
     return_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
-    """Differential attention O = (w1 ⊙ A1 − λ ⊙ A2) V (Ye et al. 2024, eq. 1; seed 004, eq. 3 for the gate).
+    """Differential attention O = (w1 ⊙ A1 − λ ⊙ A2) V (Ye et al. 2024, eq. 1; the M-DGSA gate of Lygizou &
+    Kalamaras 2025, eq. 3, passes w1 = g, λ = 1 − g).
 
     Args:
         q1, q2: (B, H, Nq, d) queries of the two branches.
@@ -280,10 +396,13 @@ def diff_attention(
         v: (B, Hkv, Nk, dv) values, shared by both branches (dv = 2d in Ye et al.'s layout).
         lambda_: λ, a float or a tensor broadcastable to (B, H, Nq, 1): per layer, per head or per token and head.
         weight1: w1 on A1, same shapes as λ; default 1.
-        attn_mask: bool (True = attend) or additive float mask broadcastable to (B, H, Nq, Nk).
+        attn_mask: bool (True = attend) or additive float mask broadcastable to (B, H, Nq, Nk); see the module
+            docstring for how float masks of any dtype are read.
         is_causal: causal mask aligned to the end (query i sees keys ≤ i + Nk − Nq), combined with attn_mask.
         scale: s in softmax(Q Kᵀ s); default 1/√d.
         dropout_p: dropout on each attention map (independently), applied only when > 0.
+        softcap: c of Gemma-2's logit soft-capping, scores ← c · tanh(scores / c) before the mask (Gemma Team
+            2024, §2); only the ``math`` backend computes it (``auto`` picks it).
         backend: "auto", "math", "sdpa" or "triton" (see the module docstring).
         return_weights: also return :class:`AttentionWeights` (A1, A2, combined); needs the ``math`` backend.
 
@@ -291,32 +410,49 @@ def diff_attention(
         (B, H, Nq, dv) output in the dtype of ``v``, and the maps when ``return_weights``. A query row whose every
         key is masked gives exactly 0.
     """
-    _validate(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, dropout_p, backend)
-    nq, nk, d = q1.shape[2], k1.shape[2], q1.shape[3]
+    _validate(q1, k1, q2, k2, v)
+    _check_options(is_causal, scale, dropout_p, softcap, backend)
+    B, H, nq, d = q1.shape
+    nk = k1.shape[2]
+    lambda_ = _check_weight("lambda_", lambda_, (B, H, nq, 1), q1.device)
+    if lambda_ is None:
+        raise ValueError("lambda_ must be a float or a floating tensor, got None")
+    weight1 = _check_weight("weight1", weight1, (B, H, nq, 1), q1.device)
+    weight1 = 1.0 if weight1 is None else weight1
+    _check_mask(attn_mask, (B, H, nq, nk), q1.device)
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    weight1 = _as_weight(weight1, 1.0)
     if return_weights and backend not in ("auto", "math"):
         raise ValueError(f"return_weights=True needs backend 'math' or 'auto', got backend={backend!r}")
+    if softcap is not None and backend not in ("auto", "math"):
+        raise ValueError(f"softcap={softcap} needs backend 'math' or 'auto' (the sdpa and triton kernels do not "
+                         f"soft-cap logits), got backend={backend!r}")
 
-    if backend == "auto":
-        if return_weights:
-            backend = "math"
-        elif q1.device.type == "cuda" and _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask,
-                                                          is_causal, dropout_p) is None:
-            backend = "triton"
-        else:
-            backend = "sdpa"
     if backend == "triton":
         reason = _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
         if reason is not None:
             raise ValueError(f"backend='triton' cannot run these inputs: {reason}")
         return _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p)
+    if backend == "auto":
+        if return_weights or softcap is not None or _empty(q1, v, nk):
+            backend = "math"
+        elif q1.device.type == "cuda" and scale > 0 and _triton_reason(q1, k1, q2, k2, v, lambda_, weight1,
+                                                                        attn_mask, is_causal, dropout_p) is None:
+            return _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p)
+        else:
+            backend = "sdpa"
+    if _empty(q1, v, nk):
+        backend = "math"  # the fused kernels reject empty tensors; the maps are empty or the output is 0
 
-    mask, row_ok, sdpa_causal = _prepare_mask(attn_mask, is_causal, nq, nk, q1.device)
-    fn = _math if backend == "math" else _sdpa
-    out, weights = fn(q1, k1, q2, k2, v, lambda_, weight1, mask, row_ok, sdpa_causal, scale, dropout_p)
-    if row_ok is not None and backend != "math":
-        out = out.masked_fill(~row_ok, 0.0)
+    if backend == "math":
+        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=_compute_dtype(q1.dtype),
+                            device=q1.device, scale=0.0)
+        out, weights = _math(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, softcap, dropout_p)
+    else:
+        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=q1.dtype, device=q1.device,
+                            scale=scale)
+        out, weights = _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p)
+        if mask.row_ok is not None:
+            out = out.masked_fill(~mask.row_ok, 0.0)
     out = out.to(v.dtype)
     if return_weights:
         return out, weights
@@ -332,33 +468,42 @@ def attention(
     is_causal: bool = False,
     scale: float | None = None,
     dropout_p: float = 0.0,
+    softcap: float | None = None,
     backend: str = "auto",
     return_weights: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Standard attention O = softmax(Q Kᵀ s + M) V (Vaswani et al. 2017), with the conventions of
-    :func:`diff_attention`: GQA, bool/float masks, end-aligned causal mask, fully masked rows give 0.
+    """Standard attention O = softmax(cap(Q Kᵀ s) + M) V (Vaswani et al. 2017), with the conventions of
+    :func:`diff_attention`: GQA, bool/float masks, end-aligned causal mask, soft-capping, fully masked rows give 0.
 
     q: (B, H, Nq, d); k: (B, Hkv, Nk, d); v: (B, Hkv, Nk, dv). Returns (B, H, Nq, dv), and the (B, H, Nq, Nk)
     map when ``return_weights`` (``math`` backend). ``backend`` "triton" is not offered here (standard attention
     is what SDPA's own kernels do best).
     """
-    _validate(q, k, q, k, v, None, None, attn_mask, dropout_p, backend, names=("q", "k", "q", "k"))
+    _validate(q, k, q, k, v, names=("q", "k", "q", "k"))
+    _check_options(is_causal, scale, dropout_p, softcap, backend)
+    B, H, nq, d = q.shape
+    nk = k.shape[2]
+    _check_mask(attn_mask, (B, H, nq, nk), q.device)
     if backend == "triton":
         raise ValueError("backend='triton' is for differential attention; use 'auto', 'math' or 'sdpa'")
-    nq, nk, d = q.shape[2], k.shape[2], q.shape[3]
+    if return_weights and backend not in ("auto", "math"):
+        raise ValueError(f"return_weights=True needs backend 'math' or 'auto', got backend={backend!r}")
+    if softcap is not None and backend not in ("auto", "math"):
+        raise ValueError(f"softcap={softcap} needs backend 'math' or 'auto' (the sdpa kernels do not soft-cap "
+                         f"logits), got backend={backend!r}")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    mask, row_ok, sdpa_causal = _prepare_mask(attn_mask, is_causal, nq, nk, q.device)
-    groups = q.shape[1] // k.shape[1]
-    if return_weights or backend == "math":
+    groups = H // k.shape[1]
+    if return_weights or softcap is not None or backend == "math" or _empty(q, v, nk):
+        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=_compute_dtype(q.dtype),
+                            device=q.device, scale=0.0)
         k, v = _expand_kv(k, groups), _expand_kv(v, groups)
-        if sdpa_causal:
-            mask = causal_mask(nq, nk, q.device)
-        p = _probs(q, k, mask, row_ok, scale, 0.0)
+        p = _probs(q, k, mask, scale, softcap, 0.0)
         pd = F.dropout(p, p=dropout_p, training=True) if dropout_p > 0.0 else p
         out = torch.matmul(pd.to(v.dtype), v)
         return (out, p) if return_weights else out
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=sdpa_causal,
-                                         scale=scale, enable_gqa=groups > 1)
-    if row_ok is not None:
-        out = out.masked_fill(~row_ok, 0.0)
+    mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=q.dtype, device=q.device, scale=scale)
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.additive(), dropout_p=dropout_p,
+                                         is_causal=mask.sdpa_causal, scale=scale, enable_gqa=groups > 1)
+    if mask.row_ok is not None:
+        out = out.masked_fill(~mask.row_ok, 0.0)
     return out

@@ -1,21 +1,25 @@
-"""Every λ form of differential attention, and the λ_init schedules (DESIGN.md §3.2).
+"""Every λ form of differential attention, one registry of them, and the λ_init schedules.
 
-Each form is a small module whose ``forward(x)`` returns ``(weight1, lambda_)`` ready for
-:func:`diffattn.functional.diff_attention`, each a tensor broadcastable to (B, H, N, 1):
+Each form is a :class:`LambdaForm`: a small module whose ``forward(x)`` returns ``(weight1, lambda_)`` ready for
+:func:`diffattn.functional.diff_attention`, each a float or a tensor broadcastable to (B, H, N, 1). Forms are
+registered by name with :func:`register_lambda` and built with one signature by :func:`build_lambda`, which is
+what the attention layers call (``lambda_form=``, ``lambda_options=``):
 
-| form            | weight1 | λ                                                        | source                     |
-|-----------------|---------|----------------------------------------------------------|----------------------------|
-| reparam         | 1       | exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init                 | Ye et al. eq. 2; seed 000  |
-| dual_scalar     | 1       | exp(a) − exp(b) + λ_init, a = b = 0 at init              | timm ``DiffAttention``     |
-| constant        | 1       | λ_init                                                   | ablations                  |
-| gate            | g       | 1 − g, g = σ(X W_g + b_g) per token and head             | M-DGSA, seed 004 eq. 3     |
-| token_sigmoid   | 1       | σ(X W + b) per token and head                            | Diff Transformer V2        |
-| annealed        | 1       | (1 − α)(t/T) λ_init + α λ_learn, α = min(1, t/T)         | DEX; DAA, seed 001 eq. 3   |
+| form          | weight1 | λ                                                  | source                              |
+|---------------|---------|----------------------------------------------------|-------------------------------------|
+| reparam       | 1       | exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init           | Ye et al. 2024, eq. 2               |
+| dual_scalar   | 1       | exp(a) − exp(b) + λ_init, a = b = 0 at init        | timm ``DiffAttention``              |
+| constant      | 1       | λ_init                                             | ablations                           |
+| gate          | g       | 1 − g, g = σ(X W_g + b_g) per token and head       | M-DGSA, Lygizou & Kalamaras, eq. 3  |
+| token_sigmoid | 1       | σ(X W) per token and head                          | Diff Transformer V2 (unilm)         |
+| annealed      | 1       | (1 − α)(t/T) λ_init + α λ_learn, α = min(1, t/T)   | DEX / DAA retrofits, eq. 3          |
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
@@ -24,6 +28,11 @@ from .functional import _upcast
 
 __all__ = [
     "LAMBDA_FORMS",
+    "LambdaForm",
+    "register_lambda",
+    "available_lambdas",
+    "lambda_class",
+    "build_lambda",
     "lambda_init_constant",
     "lambda_init_ye",
     "resolve_lambda_init",
@@ -34,10 +43,7 @@ __all__ = [
     "GateLambda",
     "TokenSigmoidLambda",
     "AnnealedLambda",
-    "build_lambda",
 ]
-
-LAMBDA_FORMS = ("reparam", "dual_scalar", "constant", "gate", "token_sigmoid", "annealed")
 
 _ONE = 1.0
 
@@ -45,30 +51,103 @@ _ONE = 1.0
 # ---------------------------------------------------------------------------------------- λ_init schedules
 
 
+def _check_finite(name: str, value) -> float:
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ValueError(f"{name} must be a finite float, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite float, got {value}")
+    return value
+
+
 def lambda_init_constant(value: float = 0.8) -> float:
-    """The constant λ_init of DiffCLIP (seed 000 §3.3: 0.8)."""
-    return float(value)
+    """The constant λ_init of DiffCLIP (Hammoud et al. 2025, §3.3: 0.8)."""
+    return _check_finite("lambda_init", value)
 
 
 def lambda_init_ye(depth: int) -> float:
     """λ_init = 0.8 − 0.6·exp(−0.3·depth) with ``depth`` the **0-based** layer index (Ye et al. 2024 §2.1).
 
-    Layer 0 gets 0.2; DiffCLIP* (seed 000 §4.4) uses the same schedule.
+    Layer 0 gets 0.2; DiffCLIP* (Hammoud et al. 2025, §4.4) uses the same schedule.
     """
-    if depth < 0:
-        raise ValueError(f"depth is the 0-based layer index and must be >= 0, got {depth}")
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise ValueError(f"depth is the 0-based layer index and must be an integer >= 0, got {depth!r}")
     return 0.8 - 0.6 * math.exp(-0.3 * depth)
 
 
 def resolve_lambda_init(lambda_init: float | str, depth: int = 0) -> float:
-    """A float stays as is; ``"ye"`` applies :func:`lambda_init_ye` to the 0-based ``depth``."""
+    """A finite float stays as is; ``"ye"`` applies :func:`lambda_init_ye` to the 0-based ``depth``."""
     if isinstance(lambda_init, str):
         if lambda_init != "ye":
             raise ValueError(f"lambda_init must be a float or 'ye', got {lambda_init!r}")
         return lambda_init_ye(depth)
-    if not isinstance(lambda_init, (int, float)):
+    if not isinstance(lambda_init, numbers.Real) or isinstance(lambda_init, bool):
         raise ValueError(f"lambda_init must be a float or 'ye', got {type(lambda_init).__name__}")
-    return float(lambda_init)
+    return _check_finite("lambda_init", lambda_init)
+
+
+# ------------------------------------------------------------------------------------------------ registry
+
+
+class LambdaForm(nn.Module):
+    """Base of the λ forms: ``forward(x)`` → ``(weight1, lambda_)``, each a float or a tensor broadcastable to
+    (B, H, N, 1) (x: (B, N, dim); forms that do not depend on the tokens ignore it).
+
+    :meth:`build` is the one constructor signature the registry uses; each form keeps its own ``__init__``.
+    """
+
+    name: str = ""
+
+    @classmethod
+    def build(cls, *, dim: int, num_heads: int, head_dim: int, lambda_init: float, **options) -> LambdaForm:
+        raise NotImplementedError  # pragma: no cover - each registered form defines it
+
+    def forward(self, x: torch.Tensor | None = None):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+_REGISTRY: dict[str, type[LambdaForm]] = {}
+
+
+def register_lambda(name: str) -> Callable[[type[LambdaForm]], type[LambdaForm]]:
+    """Class decorator: register a :class:`LambdaForm` subclass under ``name`` (once)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a λ form name must be a non-empty string, got {name!r}")
+
+    def deco(cls: type[LambdaForm]) -> type[LambdaForm]:
+        if not (isinstance(cls, type) and issubclass(cls, LambdaForm)):
+            raise TypeError(f"register_lambda({name!r}) needs a LambdaForm subclass, got {cls!r}")
+        if name in _REGISTRY:
+            raise ValueError(f"λ form {name!r} is already registered (by {_REGISTRY[name].__name__})")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+
+    return deco
+
+
+def available_lambdas() -> tuple[str, ...]:
+    """Names of the registered λ forms, in registration order."""
+    return tuple(_REGISTRY)
+
+
+def lambda_class(name: str) -> type[LambdaForm]:
+    """The registered class of λ form ``name``."""
+    if name not in _REGISTRY:
+        raise ValueError(f"lambda_form must be one of {available_lambdas()}, got {name!r}")
+    return _REGISTRY[name]
+
+
+def build_lambda(name: str, *, dim: int, num_heads: int, head_dim: int, lambda_init: float,
+                 **options) -> LambdaForm:
+    """The λ module of form ``name`` for a layer of width ``dim`` with ``num_heads`` differential heads of width
+    ``head_dim``; ``options`` are the form's own keyword arguments (e.g. ``std`` for reparam, ``bias`` for gate)."""
+    cls = lambda_class(name)
+    lambda_init = _check_finite("lambda_init", lambda_init)
+    try:
+        return cls.build(dim=dim, num_heads=num_heads, head_dim=head_dim, lambda_init=lambda_init, **options)
+    except TypeError as e:
+        raise ValueError(f"lambda_options {sorted(options)} do not fit λ form {name!r}: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------- forms
@@ -88,17 +167,19 @@ def _scalar(lam: torch.Tensor) -> torch.Tensor:
     return lam.reshape(1, -1, 1, 1) if lam.dim() == 1 else lam
 
 
-class ReparamLambda(nn.Module):
+@register_lambda("reparam")
+class ReparamLambda(LambdaForm):
     """Re-parameterised λ of Ye et al. 2024 (eq. 2): four vectors of width ``head_dim`` drawn from N(0, std²).
 
-    With ``num_heads`` set, each head gets its own four vectors and λ has shape (1, H, 1, 1).
+    With ``num_heads`` set, each head gets its own four vectors and λ has shape (1, H, 1, 1). Through the
+    registry: ``std`` (default 0.1) and ``per_head`` (default False: one λ per layer, as in the paper).
     """
 
     def __init__(self, head_dim: int, lambda_init: float = 0.8, *, std: float = 0.1, num_heads: int | None = None):
         super().__init__()
         shape = (head_dim,) if num_heads is None else (num_heads, head_dim)
-        self.lambda_init = float(lambda_init)
-        self.std = std
+        self.lambda_init = _check_finite("lambda_init", lambda_init)
+        self.std = _check_finite("std", std)
         self.lambda_q1 = nn.Parameter(torch.zeros(shape, dtype=torch.float32))
         self.lambda_k1 = nn.Parameter(torch.zeros(shape, dtype=torch.float32))
         self.lambda_q2 = nn.Parameter(torch.zeros(shape, dtype=torch.float32))
@@ -109,6 +190,10 @@ class ReparamLambda(nn.Module):
         for p in (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2):
             nn.init.normal_(p, mean=0.0, std=self.std)
 
+    @classmethod
+    def build(cls, *, dim, num_heads, head_dim, lambda_init, std: float = 0.1, per_head: bool = False):
+        return cls(head_dim, lambda_init, std=std, num_heads=num_heads if per_head else None)
+
     def value(self) -> torch.Tensor:
         """λ as a 0-d tensor, or (1, H, 1, 1) per head."""
         lam = reparam_lambda(self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2, self.lambda_init)
@@ -118,14 +203,19 @@ class ReparamLambda(nn.Module):
         return _ONE, self.value()
 
 
-class DualScalarLambda(nn.Module):
+@register_lambda("dual_scalar")
+class DualScalarLambda(LambdaForm):
     """λ = exp(a) − exp(b) + λ_init with scalars a = b = 0 at init (timm's ``DiffAttention(dual_lambda=True)``)."""
 
     def __init__(self, lambda_init: float = 0.8):
         super().__init__()
-        self.lambda_init = float(lambda_init)
+        self.lambda_init = _check_finite("lambda_init", lambda_init)
         self.lambda_a = nn.Parameter(torch.zeros((), dtype=torch.float32))
         self.lambda_b = nn.Parameter(torch.zeros((), dtype=torch.float32))
+
+    @classmethod
+    def build(cls, *, dim, num_heads, head_dim, lambda_init):
+        return cls(lambda_init)
 
     def value(self) -> torch.Tensor:
         return torch.exp(self.lambda_a) - torch.exp(self.lambda_b) + self.lambda_init
@@ -134,12 +224,17 @@ class DualScalarLambda(nn.Module):
         return _ONE, self.value()
 
 
-class ConstantLambda(nn.Module):
+@register_lambda("constant")
+class ConstantLambda(LambdaForm):
     """A fixed λ = λ_init (no parameters); for ablations."""
 
     def __init__(self, lambda_init: float = 0.8):
         super().__init__()
-        self.lambda_init = float(lambda_init)
+        self.lambda_init = _check_finite("lambda_init", lambda_init)
+
+    @classmethod
+    def build(cls, *, dim, num_heads, head_dim, lambda_init):
+        return cls(lambda_init)
 
     def value(self) -> torch.Tensor:
         return torch.tensor(self.lambda_init)
@@ -148,16 +243,22 @@ class ConstantLambda(nn.Module):
         return _ONE, self.lambda_init
 
 
-class GateLambda(nn.Module):
-    """M-DGSA gate (seed 004 eq. 2–3): g = σ(X W_g + b_g) ∈ (0, 1)^{N×H}; weight1 = g on A⁺, λ = 1 − g on A⁻.
+@register_lambda("gate")
+class GateLambda(LambdaForm):
+    """M-DGSA gate (Lygizou & Kalamaras 2025, eq. 2–3): g = σ(X W_g + b_g) ∈ (0, 1)^{N×H}; weight1 = g on A⁺,
+    λ = 1 − g on A⁻.
 
-    One linear layer D → H (seed 004 §5.3 found deeper gates worse). ``gate_proj`` keeps the name its models use.
+    One linear layer D → H (the paper's §5.3 found deeper gates worse). ``gate_proj`` keeps the name its models use.
     """
 
     def __init__(self, dim: int, num_heads: int, *, bias: bool = True):
         super().__init__()
         self.num_heads = num_heads
         self.gate_proj = nn.Linear(dim, num_heads, bias=bias)
+
+    @classmethod
+    def build(cls, *, dim, num_heads, head_dim, lambda_init, bias: bool = True):
+        return cls(dim, num_heads, bias=bias)
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """g of shape (B, H, N, 1) in float32."""
@@ -168,20 +269,27 @@ class GateLambda(nn.Module):
         return g, 1.0 - g
 
 
-class TokenSigmoidLambda(nn.Module):
-    """λ = σ(X W + b) per token and head on A2 only, weight1 = 1 (Diff Transformer V2; used without sub-norm)."""
+@register_lambda("token_sigmoid")
+class TokenSigmoidLambda(LambdaForm):
+    """λ = σ(X W (+ b)) per token and head on A2 only, weight1 = 1 (Diff Transformer V2, microsoft/unilm
+    ``multihead_flashdiffv2.py``, which has no bias; used there without sub-norm)."""
 
     def __init__(self, dim: int, num_heads: int, *, bias: bool = True):
         super().__init__()
         self.num_heads = num_heads
         self.lambda_proj = nn.Linear(dim, num_heads, bias=bias)
 
+    @classmethod
+    def build(cls, *, dim, num_heads, head_dim, lambda_init, bias: bool = False):
+        return cls(dim, num_heads, bias=bias)  # unilm's lambda_proj has no bias
+
     def forward(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
         return _ONE, torch.sigmoid(_upcast(self.lambda_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
 
 
-class AnnealedLambda(nn.Module):
-    """λ(t) = (1 − α)·(t/T)·λ_init + α·λ_learn, α = min(1, t/T) (seed 001 eq. 3, after DEX).
+@register_lambda("annealed")
+class AnnealedLambda(LambdaForm):
+    """λ(t) = (1 − α)·(t/T)·λ_init + α·λ_learn, α = min(1, t/T) (the DAA retrofit's eq. 3, after DEX).
 
     λ(0) = 0 exactly, so a retrofitted model starts as the pretrained one; the (t/T)·λ_init ramp moves it off that
     point even when every new weight is still the identity (with λ ≡ 0 the gradient of λ_learn alone is what
@@ -191,12 +299,17 @@ class AnnealedLambda(nn.Module):
 
     def __init__(self, lambda_init: float = 0.8, anneal_steps: int = 1000, *, lambda_learn_init: float = 0.0):
         super().__init__()
-        if anneal_steps <= 0:
-            raise ValueError(f"anneal_steps must be a positive integer, got {anneal_steps}")
-        self.lambda_init = float(lambda_init)
+        if not isinstance(anneal_steps, int) or isinstance(anneal_steps, bool) or anneal_steps <= 0:
+            raise ValueError(f"anneal_steps must be a positive integer, got {anneal_steps!r}")
+        self.lambda_init = _check_finite("lambda_init", lambda_init)
         self.anneal_steps = int(anneal_steps)
         self.lambda_learn = nn.Parameter(torch.tensor(float(lambda_learn_init)))
         self.register_buffer("step", torch.zeros((), dtype=torch.long))
+
+    @classmethod
+    def build(cls, *, dim, num_heads, head_dim, lambda_init, anneal_steps: int = 1000,
+              lambda_learn_init: float = 0.0):
+        return cls(lambda_init, anneal_steps, lambda_learn_init=lambda_learn_init)
 
     def value(self) -> torch.Tensor:
         r = self.step.to(_upcast(self.lambda_learn).dtype) / self.anneal_steps
@@ -214,19 +327,4 @@ class AnnealedLambda(nn.Module):
         return f"lambda_init={self.lambda_init}, anneal_steps={self.anneal_steps}"
 
 
-def build_lambda(form: str, *, head_dim: int, dim: int, num_heads: int, lambda_init: float,
-                 anneal_steps: int = 1000) -> nn.Module:
-    """The λ module of ``form`` (one of :data:`LAMBDA_FORMS`) for a layer with ``num_heads`` differential heads."""
-    if form == "reparam":
-        return ReparamLambda(head_dim, lambda_init)
-    if form == "dual_scalar":
-        return DualScalarLambda(lambda_init)
-    if form == "constant":
-        return ConstantLambda(lambda_init)
-    if form == "gate":
-        return GateLambda(dim, num_heads)
-    if form == "token_sigmoid":
-        return TokenSigmoidLambda(dim, num_heads)
-    if form == "annealed":
-        return AnnealedLambda(lambda_init, anneal_steps)
-    raise ValueError(f"lambda_form must be one of {LAMBDA_FORMS}, got {form!r}")
+LAMBDA_FORMS = available_lambdas()  # the built-in forms; see available_lambdas() for later registrations

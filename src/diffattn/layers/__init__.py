@@ -1,6 +1,6 @@
 """Layers: attention (standard, differential, gated), rotary embedding, KV cache, MLPs, norms, shared blocks."""
 
-from .attention import ATTENTION_TYPES, Attention, DiffAttention, GatedDiffAttention, attention_class
+from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
 from .blocks import Block, DropPath, PatchEmbed
 from .kv_cache import KVCache
 from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
@@ -11,6 +11,7 @@ __all__ = [
     "ATTENTION_TYPES",
     "Attention",
     "DiffAttention",
+    "DiffAttentionV2",
     "GatedDiffAttention",
     "attention_class",
     "KVCache",
