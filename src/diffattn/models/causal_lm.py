@@ -1,4 +1,4 @@
-"""Decoder-only language models with a switchable attention: Llama-style, standard / differential / gated.
+"""Decoder-only language models with a switchable attention: Llama-style, standard / differential / gated / V2.
 
     ids (B, N) ─ tok_embed ─ blocks ─ norm ─ lm_head ─ logits (B, N, V)
     block:  x = x + attn(norm1(x));   x = x + mlp(norm2(x))        (pre-norm, RMSNorm, SwiGLU, RoPE "half")
@@ -19,8 +19,12 @@ transformers' ``DiffLlama`` (halves layout, no sub-norm weight, ``rms_norm_eps``
 index) is exactly ``attention="diff", lambda_init="ye", diff_norm_affine=False, diff_norm_eps=norm_eps`` with no
 MLP bias: :func:`diffattn.convert.to_diffllama` and :func:`diffattn.convert.from_diffllama` convert exactly.
 
+``attention="diff_v2"`` is the Diff Transformer V2 layer (Ye et al. 2026; :class:`~diffattn.layers.DiffAttentionV2`):
+``num_heads`` = h differential heads of width d = dim / h, 2h query heads, one K and V per group shared by both
+branches, λ = σ(x W_λ) per token and head, no sub-norm.
+
 Registered: the literal table :data:`LM_CONFIGS`: ``lm_{tiny,small,base}``, ``diff_lm_{tiny,small,base}``,
-``dg_lm_{tiny,small,base}``.
+``dg_lm_{tiny,small,base}``, ``diff_v2_lm_{tiny,small,base}``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ import torch.nn.functional as F
 
 from ..lambdas import resolve_lambda_init
 from ..layers import KVCache, RMSNorm, SwiGLU, attention_class
-from ..layers.norm import head_rms_norm
 from .base import DiffattnModel
 from .config import check_args, is_int
 from .registry import ModelFamily, register_family
@@ -51,8 +54,9 @@ def llama_mlp_hidden(dim: int, multiple_of: int = 64) -> int:
 class LMBlock(nn.Module):
     """Pre-norm decoder block: x = x + attn(RMSNorm(x)); x = x + SwiGLU(RMSNorm(x)).
 
-    ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). Differential and gated layers get their
-    sub-norm rebuilt as ``RMSNorm(2d, eps=diff_norm_eps, affine=diff_norm_affine)``.
+    ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). Differential and gated layers build their
+    per-head sub-norm with ``eps=diff_norm_eps`` and ``affine=diff_norm_affine``; ``attention="diff_v2"`` has none
+    (Diff Transformer V2 drops it).
     """
 
     def __init__(self, dim: int, num_heads: int, *, depth: int, attention: str, lambda_init: float | str,
@@ -66,9 +70,7 @@ class LMBlock(nn.Module):
         self.attn = attention_class(attention)(
             dim, num_heads, depth=depth, lambda_init=lambda_init, num_kv_heads=num_kv_heads, qkv_bias=qkv_bias,
             out_bias=out_bias, causal=True, proj_drop=drop, backend=backend, rope="half", rope_theta=rope_theta,
-            **form)
-        if attention != "standard":
-            self.attn.diff_norm = head_rms_norm(2 * self.attn.head_dim, eps=diff_norm_eps, affine=diff_norm_affine)
+            sub_norm_eps=diff_norm_eps, sub_norm_affine=diff_norm_affine, **form)
         self.norm2 = RMSNorm(dim, eps=norm_eps)
         self.mlp = SwiGLU(dim, mlp_hidden, bias=mlp_bias, drop=drop)
 
@@ -80,7 +82,7 @@ class LMBlock(nn.Module):
 
 
 class CausalLM(DiffattnModel):
-    """Llama-style causal LM with ``attention="standard" | "diff" | "gated"`` (module docstring).
+    """Llama-style causal LM with ``attention="standard" | "diff" | "gated" | "diff_v2"`` (module docstring).
 
     Args:
         vocab_size, dim, depth, num_heads: sizes; ``num_heads`` is the standard head count h (even for the
@@ -239,6 +241,13 @@ LM_CONFIGS: dict[str, dict] = {
                         lambda_init=0.8),
     "dg_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048, attention="gated",
                        lambda_init=0.8),
+    # Diff Transformer V2: 2h query heads, one K and V shared by both branches, per-token σ(λ), no sub-norm
+    "diff_v2_lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
+                            attention="diff_v2"),
+    "diff_v2_lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024,
+                             attention="diff_v2"),
+    "diff_v2_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048,
+                            attention="diff_v2"),
 }
 
 register_family(ModelFamily(CausalLM, LM_CONFIGS, __name__, "Llama-style causal LM."))
