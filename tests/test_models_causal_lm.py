@@ -180,3 +180,21 @@ def test_diffllama_missing_or_empty_tensor_is_a_clear_error():
     with pytest.raises(ValueError, match="is empty"):
         diffattn.convert.diffllama_to_diffattn_state_dict(
             {"q_proj.weight": torch.zeros(0, 32)}, num_heads=4, num_kv_heads=2, head_dim=8)
+
+
+def test_diff_v2_lm():
+    """attention="diff_v2": DiffAttentionV2 layers (2h query heads, shared K/V, no sub-norm); cached decoding gives the
+    same tokens as full recomputation; saves and loads exactly; λ_form and the sub-norm come from the constructor."""
+    m = create_model("diff_v2_lm_tiny").eval()
+    attn = m.blocks[0].attn
+    assert type(attn).__name__ == "DiffAttentionV2" and attn.lambda_form == "token_sigmoid"
+    assert attn.q_proj.weight.shape == (2 * 64, 64) and attn.k_proj.weight.shape == (2 * 16, 64)
+    assert isinstance(attn.diff_norm, torch.nn.Identity)
+    ids = torch.randint(0, 512, (2, 6))
+    with torch.no_grad():
+        a = m.generate(ids, 5, use_cache=True)
+        b = m.generate(ids, 5, use_cache=False)
+    assert torch.equal(a, b)
+    diff = create_model("diff_lm_tiny", diff_norm_eps=1e-6, diff_norm_affine=False, lambda_form="constant")
+    norm = diff.blocks[1].attn.diff_norm
+    assert norm.eps == 1e-6 and not norm.elementwise_affine and diff.blocks[1].attn.lambda_form == "constant"

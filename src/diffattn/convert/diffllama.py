@@ -31,7 +31,6 @@ import torch
 import torch.nn as nn
 
 from ..layers import DiffAttention
-from ..layers.norm import head_rms_norm
 from ..models.causal_lm import CausalLM
 from ._common import LAMBDAS, StateDict, check_convertible, check_even_heads, check_no_extra, take
 
@@ -187,8 +186,8 @@ def from_diffllama_attention(module: nn.Module, layer_idx: int | None = None, *,
     bias = bool(cfg.attention_bias)
     ours = DiffAttention(cfg.hidden_size, h, depth=layer_idx, lambda_init=float(module.lambda_init),
                          num_kv_heads=h_kv, qkv_bias=bias, out_bias=bias, causal=True, backend=backend,
-                         rope="half", rope_theta=_diffllama_rope_theta(cfg))
-    ours.diff_norm = head_rms_norm(2 * d, eps=float(cfg.rms_norm_eps), affine=diff_norm_affine)
+                         rope="half", rope_theta=_diffllama_rope_theta(cfg), sub_norm_eps=float(cfg.rms_norm_eps),
+                         sub_norm_affine=diff_norm_affine)
     sd = diffllama_to_diffattn_state_dict(module.state_dict(), num_heads=h, num_kv_heads=h_kv, head_dim=d,
                                           diff_norm_affine=diff_norm_affine)
     ours.load_state_dict(sd, strict=True, assign=True)

@@ -20,7 +20,6 @@ import torch.nn as nn
 
 from ..lambdas import lambda_init_ye
 from ..layers import DiffAttention
-from ..layers.norm import head_rms_norm
 from ..models.base import load_state_dict_exact
 from ..models.registry import create_model
 from ..models.vit import VisionTransformer
@@ -145,9 +144,8 @@ def from_timm_diff_attention(module: nn.Module, *, backend: str = "auto") -> Dif
                          lambda_form="dual_scalar" if module.dual_lambda else "reparam",
                          qkv_bias=module.qkv.bias is not None, out_bias=module.proj.bias is not None,
                          attn_drop=float(module.attn_drop_p), proj_drop=float(module.proj_drop.p),
-                         backend=backend)
-    affine = getattr(module.sub_norm, "weight", None) is not None
-    ours.diff_norm = head_rms_norm(2 * module.head_dim, eps=float(module.sub_norm.eps), affine=affine)
+                         backend=backend, sub_norm_eps=float(module.sub_norm.eps),
+                         sub_norm_affine=getattr(module.sub_norm, "weight", None) is not None)
     ours.load_state_dict(timm_to_diffattn_state_dict(module.state_dict()), strict=True, assign=True)
     return ours.to(module.qkv.weight.device).train(module.training)
 

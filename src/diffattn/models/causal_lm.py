@@ -1,4 +1,4 @@
-"""Decoder-only language models with a switchable attention: Llama-style, standard / differential / gated.
+"""Decoder-only language models with a switchable attention: Llama-style, standard / differential / gated / V2.
 
     ids (B, N) ─ tok_embed ─ blocks ─ norm ─ lm_head ─ logits (B, N, V)
     block:  x = x + attn(norm1(x));   x = x + mlp(norm2(x))        (pre-norm, RMSNorm, SwiGLU, RoPE "half")
@@ -19,8 +19,12 @@ transformers' ``DiffLlama`` (halves layout, no sub-norm weight, ``rms_norm_eps``
 index) is exactly ``attention="diff", lambda_init="ye", diff_norm_affine=False, diff_norm_eps=norm_eps`` with no
 MLP bias: :func:`diffattn.convert.to_diffllama` and :func:`diffattn.convert.from_diffllama` convert exactly.
 
+``attention="diff_v2"`` is the Diff Transformer V2 layer (Ye et al. 2026; :class:`~diffattn.layers.DiffAttentionV2`):
+``num_heads`` = h differential heads of width d = dim / h, 2h query heads, one K and V per group shared by both
+branches, λ = σ(x W_λ) per token and head, no sub-norm.
+
 Registered: the literal table :data:`LM_CONFIGS`: ``lm_{tiny,small,base}``, ``diff_lm_{tiny,small,base}``,
-``dg_lm_{tiny,small,base}``.
+``dg_lm_{tiny,small,base}``, ``diff_v2_lm_{tiny,small,base}``.
 """
 
 from __future__ import annotations
@@ -33,7 +37,6 @@ import torch.nn.functional as F
 
 from ..lambdas import resolve_lambda_init
 from ..layers import KVCache, RMSNorm, SwiGLU, attention_class
-from ..layers.norm import head_rms_norm
 from .base import DiffattnModel
 from .config import check_args, is_int
 from .registry import ModelFamily, register_family
@@ -51,21 +54,23 @@ def llama_mlp_hidden(dim: int, multiple_of: int = 64) -> int:
 class LMBlock(nn.Module):
     """Pre-norm decoder block: x = x + attn(RMSNorm(x)); x = x + SwiGLU(RMSNorm(x)).
 
-    ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). Differential and gated layers get their
-    sub-norm rebuilt as ``RMSNorm(2d, eps=diff_norm_eps, affine=diff_norm_affine)``.
+    ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). Differential and gated layers build their
+    per-head sub-norm with ``eps=diff_norm_eps`` and ``affine=diff_norm_affine``; ``attention="diff_v2"`` has none
+    (Diff Transformer V2 drops it).
     """
 
     def __init__(self, dim: int, num_heads: int, *, depth: int, attention: str, lambda_init: float | str,
-                 num_kv_heads: int | None, mlp_hidden: int, qkv_bias: bool, out_bias: bool, mlp_bias: bool,
+                 lambda_form: str | None, num_kv_heads: int | None, mlp_hidden: int, qkv_bias: bool, out_bias: bool,
+                 mlp_bias: bool,
                  norm_eps: float, diff_norm_eps: float, diff_norm_affine: bool, rope_theta: float,
                  drop: float, backend: str):
         super().__init__()
         self.norm1 = RMSNorm(dim, eps=norm_eps)
+        form = {} if lambda_form is None else {"lambda_form": lambda_form}  # None: the layer's own λ form
         self.attn = attention_class(attention)(
             dim, num_heads, depth=depth, lambda_init=lambda_init, num_kv_heads=num_kv_heads, qkv_bias=qkv_bias,
-            out_bias=out_bias, causal=True, proj_drop=drop, backend=backend, rope="half", rope_theta=rope_theta)
-        if attention != "standard":
-            self.attn.diff_norm = head_rms_norm(2 * self.attn.head_dim, eps=diff_norm_eps, affine=diff_norm_affine)
+            out_bias=out_bias, causal=True, proj_drop=drop, backend=backend, rope="half", rope_theta=rope_theta,
+            sub_norm_eps=diff_norm_eps, sub_norm_affine=diff_norm_affine, **form)
         self.norm2 = RMSNorm(dim, eps=norm_eps)
         self.mlp = SwiGLU(dim, mlp_hidden, bias=mlp_bias, drop=drop)
 
@@ -77,7 +82,7 @@ class LMBlock(nn.Module):
 
 
 class CausalLM(DiffattnModel):
-    """Llama-style causal LM with ``attention="standard" | "diff" | "gated"`` (module docstring).
+    """Llama-style causal LM with ``attention="standard" | "diff" | "gated" | "diff_v2"`` (module docstring).
 
     Args:
         vocab_size, dim, depth, num_heads: sizes; ``num_heads`` is the standard head count h (even for the
@@ -85,6 +90,7 @@ class CausalLM(DiffattnModel):
         num_kv_heads: key/value heads for grouped-query attention (default h; even for differential layers).
         mlp_hidden: SwiGLU width (default :func:`llama_mlp_hidden`).
         attention, lambda_init: the attention switch; ``lambda_init`` a float or ``"ye"`` (0-based layer index).
+        lambda_form: a λ form of :mod:`diffattn.lambdas` for the differential layers (None: the layer's own).
         diff_norm_eps, diff_norm_affine: the per-head sub-norm of differential/gated layers (DiffLlama: eps =
             ``rms_norm_eps``, no weight; Diff Transformer: 1e-5 with a weight).
         tie_embeddings: share ``lm_head.weight`` with ``tok_embed.weight``.
@@ -93,7 +99,8 @@ class CausalLM(DiffattnModel):
 
     def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, num_heads: int = 8, *,
                  num_kv_heads: int | None = None, mlp_hidden: int | None = None, attention: str = "diff",
-                 lambda_init: float | str = "ye", rope_theta: float = 10000.0, max_seq_len: int = 2048,
+                 lambda_init: float | str = "ye", lambda_form: str | None = None, rope_theta: float = 10000.0,
+                 max_seq_len: int = 2048,
                  tie_embeddings: bool = False, norm_eps: float = 1e-5, diff_norm_eps: float = 1e-5,
                  diff_norm_affine: bool = True, qkv_bias: bool = False, out_bias: bool = False,
                  mlp_bias: bool = False, drop_rate: float = 0.0, backend: str = "auto"):
@@ -109,7 +116,7 @@ class CausalLM(DiffattnModel):
         self.tok_embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([
-            LMBlock(dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
+            LMBlock(dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init, lambda_form=lambda_form,
                     num_kv_heads=num_kv_heads, mlp_hidden=self.mlp_hidden, qkv_bias=qkv_bias, out_bias=out_bias,
                     mlp_bias=mlp_bias, norm_eps=norm_eps, diff_norm_eps=diff_norm_eps,
                     diff_norm_affine=diff_norm_affine, rope_theta=rope_theta, drop=drop_rate, backend=backend)
@@ -234,6 +241,13 @@ LM_CONFIGS: dict[str, dict] = {
                         lambda_init=0.8),
     "dg_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048, attention="gated",
                        lambda_init=0.8),
+    # Diff Transformer V2: 2h query heads, one K and V shared by both branches, per-token σ(λ), no sub-norm
+    "diff_v2_lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
+                            attention="diff_v2"),
+    "diff_v2_lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024,
+                             attention="diff_v2"),
+    "diff_v2_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048,
+                            attention="diff_v2"),
 }
 
 register_family(ModelFamily(CausalLM, LM_CONFIGS, __name__, "Llama-style causal LM."))

@@ -63,7 +63,8 @@ class TextTransformer(nn.Module):
 
     def __init__(self, vocab_size: int = 49408, context_length: int = 77, embed_dim: int = 512,
                  depth: int = 12, num_heads: int = 8, attention: str = "standard",
-                 lambda_init: float | str = 0.8, mlp: str = "quick_gelu", mlp_ratio: float = 4.0,
+                 lambda_init: float | str = 0.8, lambda_form: str | None = None,
+                 mlp: str = "quick_gelu", mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, q_residual: bool = False, norm_eps: float = 1e-5,
                  drop_rate: float = 0.0, attn_drop_rate: float = 0.0, backend: str = "auto"):
         super().__init__()
@@ -77,7 +78,8 @@ class TextTransformer(nn.Module):
         self.token_embedding = nn.Embedding(vocab_size, embed_dim)
         self.pos_embed = nn.Parameter(torch.zeros(context_length, embed_dim))
         self.blocks = nn.ModuleList([
-            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init, mlp=mlp,
+            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
+                  lambda_form=lambda_form, mlp=mlp,
                   mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, q_residual=q_residual, causal=True,
                   norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, backend=backend)
             for i in range(depth)])

@@ -176,7 +176,8 @@ class TextClassifier(DiffattnModel):
 
     def __init__(self, vocab_size: int = 60000, num_classes: int = 2, max_len: int = 256, embed_dim: int = 256,
                  depth: int = 6, num_heads: int = 8, *, attention: str = "standard",
-                 lambda_init: float | str = 0.8, mlp: str = "gelu", mlp_ratio: float = 4.0, mlp_dropouts: int = 2,
+                 lambda_init: float | str = 0.8, lambda_form: str | None = None,
+                 mlp: str = "gelu", mlp_ratio: float = 4.0, mlp_dropouts: int = 2,
                  qkv_bias: bool = True, q_residual: bool = False, pool: str = "cls", drop_rate: float = 0.1,
                  attn_drop_rate: float = 0.0, norm_eps: float = 1e-5, pad_id: int = 0, backend: str = "auto"):
         super().__init__()
@@ -199,7 +200,8 @@ class TextClassifier(DiffattnModel):
         self.pos_embed = nn.Parameter(torch.zeros(1, max_len + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([
-            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init, mlp=mlp,
+            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
+                  lambda_form=lambda_form, mlp=mlp,
                   mlp_ratio=mlp_ratio, mlp_dropouts=mlp_dropouts, qkv_bias=qkv_bias, q_residual=q_residual,
                   norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, backend=backend)
             for i in range(depth)])

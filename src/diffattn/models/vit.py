@@ -68,7 +68,8 @@ class VisionTransformer(DiffattnModel):
 
     def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 768, depth: int = 12, num_heads: int = 12, attention: str = "standard",
-                 lambda_init: float | str = 0.8, mlp: str = "gelu", mlp_ratio: float = 4.0,
+                 lambda_init: float | str = 0.8, lambda_form: str | None = None,
+                 mlp: str = "gelu", mlp_ratio: float = 4.0,
                  mlp_dropouts: int = 2, qkv_bias: bool = True, q_residual: bool = False,
                  class_token: bool = True, global_pool: str = "token", pre_norm: bool = False,
                  patch_bias: bool = True, norm_eps: float = 1e-6, drop_rate: float = 0.0,
@@ -96,7 +97,8 @@ class VisionTransformer(DiffattnModel):
         self.norm_pre = nn.LayerNorm(embed_dim, eps=norm_eps) if pre_norm else nn.Identity()
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear stochastic-depth rule
         self.blocks = nn.ModuleList([
-            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init, mlp=mlp,
+            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
+                  lambda_form=lambda_form, mlp=mlp,
                   mlp_ratio=mlp_ratio, mlp_dropouts=mlp_dropouts, qkv_bias=qkv_bias, q_residual=q_residual,
                   norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i],
                   backend=backend)
