@@ -1,4 +1,4 @@
-"""λ forms and λ_init schedules against their formulas (DESIGN.md §3.2)."""
+"""λ forms and λ_init schedules against their formulas (docs/design.md, λ forms)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ def allowed_mask(B, nq, nk, keep=None, causal=False):
 
 
 def ref_layer(m, x, keep=None, causal=False, rope=None):
-    """Seed 003 / Ye et al. §2.1 / seed 004 Alg. 1, head by head in float64, from the raw weights."""
+    """Ye et al. 2024 §2.1 / M-DGSA (2025) Alg. 1, head by head in float64, from the raw weights."""
     x = x.to(F64)
     B, N, D = x.shape
     h, hkv, d = m.num_heads, m.num_kv_heads, m.head_dim

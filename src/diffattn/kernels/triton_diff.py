@@ -3,8 +3,8 @@
     O = (w1 ⊙ A1 − λ ⊙ A2) V,   A1 = softmax(Q1 K1ᵀ · s + M),   A2 = softmax(Q2 K2ᵀ · s + M)
 
 Differential attention from Ye et al. 2024, "Differential Transformer" (eq. 1, w1 = 1, one λ per layer);
-the M-DGSA gate (seed 004) passes w1 = g and λ = 1 − g per query token and head. See DESIGN.md §3.1 for the
-layer and §3.5 for the cost argument this kernel is built on: (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), so each
+the M-DGSA (2025) gate passes w1 = g and λ = 1 − g per query token and head. docs/design.md has the layer and
+the cost argument this kernel is built on: (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), so each
 branch is an ordinary online-softmax attention, and the two can share one pass over the keys.
 
 Forward (one program per BLOCK_M query rows of one head; FlashAttention-2 loop order):
@@ -658,7 +658,7 @@ def triton_diff_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
 ) -> torch.Tensor:
-    """Fused differential attention O = (w1 ⊙ A1 − λ ⊙ A2) V (Ye et al. 2024, eq. 1; DESIGN.md §3.1, §3.5).
+    """Fused differential attention O = (w1 ⊙ A1 − λ ⊙ A2) V (Ye et al. 2024, eq. 1).
 
     Args:
         q1, q2: (B, H, Nq, d) queries of the two branches, d in {16, 32, 64, 128}.
