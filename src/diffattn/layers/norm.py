@@ -10,5 +10,5 @@ RMSNorm = nn.RMSNorm  # RMSNorm(x) = x / sqrt(mean(x²) + eps) ⊙ w (Zhang & Se
 
 
 def head_rms_norm(width: int, *, eps: float = 1e-5, affine: bool = True) -> nn.RMSNorm:
-    """Per-head RMSNorm of width 2d, the "GroupNorm" of Ye et al. 2024 §2.1 (the reference module's ``diff_norm``, eps 1e-5)."""
+    """Per-head RMSNorm of width 2d, the "GroupNorm" of Ye et al. 2024 §2.1 (``diff_norm``, eps 1e-5)."""
     return nn.RMSNorm(width, eps=eps, elementwise_affine=affine)
