@@ -90,7 +90,7 @@ def test_no_weight_decay_on_lambdas_gates_norms_biases(name):
     nd = {names[id(p)] for p in no_decay["params"]}
     d = {names[id(p)] for p in decay["params"]}
     assert no_decay["weight_decay"] == 0.0 and decay["weight_decay"] == 0.05
-    special = "lambda" if name.startswith("diff") else "attn.gate_proj.weight"
+    special = "lambda" if name.startswith("diff") else "attn.lambda_fn.gate_proj.weight"  # the gate is a λ form
     assert any(special in n for n in nd) and not any(special in n for n in d)
     assert any("norm" in n for n in nd) and not any(k in n for n in d for k in ("lambda", "norm", "bias"))
     assert "blocks.0.attn.q_proj.weight" in d and "head.weight" in d
