@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import Dataset, Sampler, TensorDataset
 
 __all__ = ["StepBatchSampler", "local_batch_size", "digits_dataset", "digit_caption_dataset", "TokenWindows",
-           "byte_tokens", "sklearn_text_tokens"]
+           "byte_tokens", "sklearn_text_tokens", "text_classification_dataset"]
 
 DIGIT_NAMES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 DIGIT_TEMPLATES = ("a photo of the digit {}.", "a handwritten {}.", "the number {}, written by hand.",
@@ -147,6 +147,39 @@ def sklearn_text_tokens() -> np.ndarray:
     if not files:
         raise ValueError(f"no dataset descriptions under {folder}")
     return byte_tokens("\n\n".join(f.read_text(encoding="utf-8") for f in files))
+
+
+# ------------------------------------------------------------------------------------------ labelled texts
+
+
+def text_classification_dataset(name: str, split: str = "train", *, root: str | os.PathLike | None = None,
+                                vocab_size: int, block_size: int, min_freq: int = 2):
+    """(ids (L,), mask (L,), label) triples of a labelled text set of ``diffattn.data.get_dataset`` (items
+    ``{"text", "label", ...}``, e.g. ``spamassassin``), and the :class:`~diffattn.models.Vocabulary` that encoded them.
+
+    The vocabulary is built from the ``train`` split only, whatever ``split`` is read (words seen ``min_freq``
+    times, the ``vocab_size`` most frequent counting ``<pad>``/``<unk>``; M-DGSA 2025, App. B.3, Table 5), so it is
+    deterministic and never sees held-out text. Texts are truncated and right-padded to ``block_size`` tokens; mask
+    is 1 for tokens, 0 for padding. Returns ``(TensorDataset(ids, mask, labels), vocabulary)``.
+    """
+    from ..data import get_dataset
+    from ..models import Vocabulary
+
+    train = get_dataset(name, split="train", root=root)
+    texts = getattr(train, "texts", None)
+    if texts is None:
+        raise ValueError(f"data.name {name!r} is not a text set (its items have no 'text'); a text classifier "
+                         f"needs one whose items are {{'text', 'label'}}, e.g. 'spamassassin'")
+    vocab = Vocabulary.build(texts, min_freq=min_freq, max_size=vocab_size)
+    base = train if split == "train" else get_dataset(name, split=split, root=root)
+    if split != "train":
+        texts = base.texts
+    docs = getattr(base, "documents", None) or [base[i] for i in range(len(base))]
+    if docs and "label" not in docs[0]:
+        raise ValueError(f"data.name {name!r} has no 'label' per item; task 'classify' needs labelled texts")
+    ids, mask = vocab.encode_batch(texts, block_size, padding="max_length")  # (N, L) each
+    labels = torch.tensor([int(d["label"]) for d in docs], dtype=torch.long)
+    return TensorDataset(ids, mask, labels), vocab
 
 
 def steps_for(cfg_run, n: int) -> int:

@@ -1,14 +1,22 @@
-"""Image classification: ViT / DiffViT / DGViT (and DT / DGT on token ids) with cross-entropy, label smoothing and
-timm's Mixup / CutMix (Zhang et al. 2018; Yun et al. 2019), as timm's train script applies them."""
+"""Classification with cross-entropy and label smoothing: images for ViT / DiffViT / DGViT, with timm's Mixup /
+CutMix (Zhang et al. 2018; Yun et al. 2019) as timm's train script applies them; texts for the Transformer / DT /
+DGT text classifiers (M-DGSA 2025, §5.2), as word ids of a vocabulary built from the training split and a padding
+mask (App. B.3, Table 5)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...io import atomic_write_dir
 from .base import Task
+
+#: The vocabulary file saved next to a text classifier's weights (``Vocabulary.load`` reads it).
+VOCAB_NAME = "vocab.json"
 
 
 def _num_classes(model: nn.Module) -> int:
@@ -25,11 +33,25 @@ class ClassifyTask(Task):
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.mixup_fn = None
+        self.vocab = None  # the text classifier's Vocabulary, once dataset() has built it
+
+    def _text_model(self):
+        """A weightless (meta) copy of the configured model if it is a text classifier, else None."""
+        from ...models import TextClassifier, create_model
+
+        with torch.device("meta"):
+            probe = create_model(self.cfg.model.name, **self.cfg.model.overrides)
+        return probe if isinstance(probe, TextClassifier) else None
 
     def build_model(self) -> nn.Module:
         model = super().build_model()
         t = self.cfg.task
         if t.mixup > 0 or t.cutmix > 0:
+            from ...models import TextClassifier
+
+            if isinstance(model, TextClassifier):
+                raise ValueError(f"task.mixup / task.cutmix mix images; model {self.cfg.model.name!r} is a text "
+                                 f"classifier, got mixup={t.mixup}, cutmix={t.cutmix}; set both to 0")
             from timm.data import Mixup
 
             self.mixup_fn = Mixup(mixup_alpha=t.mixup, cutmix_alpha=t.cutmix, label_smoothing=t.label_smoothing,
@@ -38,6 +60,9 @@ class ClassifyTask(Task):
 
     def dataset(self) -> Dataset:
         d = self.cfg.data
+        text = self._text_model()
+        if text is not None:
+            return self._text_dataset(text)
         if d.name == "digits":
             from ..data import digits_dataset
 
@@ -46,10 +71,40 @@ class ClassifyTask(Task):
 
         return external_dataset(self.cfg, "classify")
 
+    def _text_dataset(self, model) -> Dataset:
+        """(ids, mask, label) of ``data.name`` at ``data.block_size`` tokens, vocabulary of ``model.vocab_size``."""
+        from ..data import text_classification_dataset
+
+        d = self.cfg.data
+        if d.block_size > model.max_len:
+            raise ValueError(f"data.block_size must be at most the model's max_len = {model.max_len} "
+                             f"({self.cfg.model.name}), got {d.block_size}")
+        ds, self.vocab = text_classification_dataset(d.name, d.split, root=d.path, vocab_size=model.vocab_size,
+                                                     block_size=d.block_size)
+        labels = ds.tensors[2]
+        if len(labels) and not 0 <= int(labels.min()) <= int(labels.max()) < model.num_classes:
+            raise ValueError(f"data.name {d.name!r} has labels in [{int(labels.min())}, {int(labels.max())}], "
+                             f"the model has num_classes={model.num_classes}; set model.overrides.num_classes")
+        return ds
+
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
+        if len(batch) == 3:  # text: ids (B, L), padding mask (B, L), labels (B,)
+            ids, mask, y = batch
+            return F.cross_entropy(model(ids, mask).float(), y, label_smoothing=self.cfg.task.label_smoothing)
         x, y = batch
         if self.mixup_fn is not None:
             x, y = self.mixup_fn(x, y)  # y: (B, C) soft targets (label smoothing included)
             logits = model(x)
             return torch.sum(-y * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         return F.cross_entropy(model(x).float(), y, label_smoothing=self.cfg.task.label_smoothing)
+
+    def save_final(self, model: nn.Module, directory: Path) -> Path:
+        """``save_pretrained`` under ``directory/model``; a text classifier's vocabulary goes with it as
+        ``vocab.json`` (``Vocabulary.load``), in the same atomic swap."""
+        if self.vocab is None:
+            return super().save_final(model, directory)
+        target = Path(directory) / "model"
+        with atomic_write_dir(target) as tmp:
+            model.save_pretrained(tmp)
+            self.vocab.save(Path(tmp) / VOCAB_NAME)
+        return target
