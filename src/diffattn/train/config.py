@@ -68,7 +68,7 @@ class DataConfig:
     ``text`` (a UTF-8 file at ``path``, byte-level tokens), ``sklearn_text`` (byte-level tokens of the dataset
     descriptions scikit-learn ships) or a name of ``diffattn.data.get_dataset`` (``path`` is then its root;
     text sets are tokenised with ``tokenizer``: ``gpt2``, ``clip`` or ``bytes``, UTF-8 bytes as ids < 256).
-    ``block_size``: LM window length."""
+    ``block_size``: LM window length, or the token length of a text-classification sample."""
 
     name: str = "digits"
     path: str | None = None
