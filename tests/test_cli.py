@@ -38,8 +38,7 @@ def test_demo_end_to_end_at_a_small_size(tmp_path, capsys):
     rows = _table_rows(report)
     assert report.splitlines()[0].startswith("# DiffCLIP vs CLIP")
     assert "| metric | CLIP | DiffCLIP |" in report and "| metric | CLIP | DiffCLIP |" in capsys.readouterr().out
-    pct_rows = [name for name, _, kind in cli.DEMO_ROWS if kind == "pct" and "few-shot" not in name
-                and "5-way" not in name]
+    pct_rows = [name for name, _, kind in cli.DEMO_ROWS if kind == "pct"]
     for name in pct_rows:  # every accuracy / recall is a number in [0, 100] for both models
         assert len(rows[name]) == 2, name
         assert all(0.0 <= float(c) <= 100.0 for c in rows[name]), (name, rows[name])
@@ -136,3 +135,60 @@ def test_version(capsys):
 def test_demo_rejects_unknown_variants(tmp_path):
     with pytest.raises(ValueError, match=r"variants must be a non-empty subset of \['clip', 'diffclip'.*got \['vit'\]"):
         cli.demo(tmp_path, ("vit",))
+
+
+def _study_yaml(tmp_path, **kw):
+    import yaml
+
+    cfg = {"study": "diffclip", "variants": ["clip", "diffclip"], "seeds": [0, 1], "steps": 2, "batch_size": 16,
+           "quick": True, "max_pairs": 40, "out": str(tmp_path / "study"), **kw}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seeds": [0]}, "seeds in .* must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
+    ({"seeds": [1, 1]}, "must be a list of at least 2 distinct integers"),
+    ({"study": "dgvit"}, "study in .* must be 'diffclip'"),
+    ({"epochs": 3}, "unknown study keys \\['epochs'\\]"),
+])
+def test_study_config_errors_name_the_key(tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        cli.load_study(_study_yaml(tmp_path, **change))
+
+
+def test_study_config_by_name_and_missing():
+    cfg = cli.load_study("diffclip")  # configs/studies/diffclip.yaml
+    assert cfg["variants"] == list(cli.DEMO_VARIANTS) and len(cfg["seeds"]) >= 3 and cfg["steps"] == 600
+    with pytest.raises(FileNotFoundError, match="got 'nope'"):
+        cli.load_study("nope")
+
+
+def test_paired_statement_against_the_t_distribution():
+    # d = (1, 2, 3): mean 2, sample std 1, t = 2 / (1 / √3) = 3.4641 with 2 degrees of freedom; two-sided
+    # p = 2 · (1 − F_t2(3.4641)) = 1 − t / √(t² + 2) = 0.07418 (the t₂ cdf in closed form)
+    t = 2 * 3 ** 0.5
+    p, sentence = cli._paired_statement([1.0, 2.0, 3.0], "DiffCLIP", "CLIP")
+    assert p == pytest.approx(1 - t / (t * t + 2) ** 0.5, rel=1e-9)
+    assert sentence == "no significant difference from CLIP (p = 0.07); higher on 3 of 3 seeds"
+    p, sentence = cli._paired_statement([-5.0, -5.1, -4.9, -5.0], "DiffCLIP", "CLIP")
+    assert p < 1e-4 and sentence.startswith("DiffCLIP lower than CLIP (p = 0.000)") and "higher on 0 of 4" in sentence
+    assert cli._paired_statement([0.0, 0.0], "A", "B")[0] == 1.0
+
+
+@pytest.mark.slow
+def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
+    _need_demo_data()
+    assert cli.main(["study", str(_study_yaml(tmp_path)), "--no-progress"]) == 0
+    res = json.loads((tmp_path / "study" / "results.json").read_text())
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert all((tmp_path / "study" / f"seed{s}" / "report.md").is_file() for s in (0, 1))
+    per_seed = [json.loads((tmp_path / "study" / f"seed{s}" / "results.json").read_text())["summary"] for s in (0, 1)]
+    row = next(r for r in res["rows"] if r["key"] == "clip.zero_shot.top1")
+    vals = [100 * s["DiffCLIP"]["clip"]["zero_shot"]["top1"] for s in per_seed]
+    assert row["values"]["DiffCLIP"] == pytest.approx(vals)
+    mean, std = sum(vals) / 2, abs(vals[0] - vals[1]) / 2
+    assert "| zero-shot Tux Paint top-1 (16 classes) | " in report and f"{mean:.1f} ± {std:.1f} |" in report
+    assert "DiffCLIP: " in report and "paired t-test" in report
+    assert "| metric (mean ± std over 2 seeds) | CLIP | DiffCLIP |" in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """The ``diffattn`` command.
 
     diffattn demo      # the main job: CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end
+    diffattn study diffclip   # the same at several seeds: mean ± std and paired tests (configs/studies/)
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
     diffattn train / eval / compare / data   # registered by diffattn.train, diffattn.eval, diffattn.data
 
@@ -8,7 +9,7 @@
 CC3M: it lists the offline image–caption pairs (Tux Paint stamps + Noto emoji, ``make data``) in an open_clip-style
 TSV, trains every variant with ``diffattn train configs/demo/<variant>.yaml`` (same data, seed and budget; only the
 attention differs), evaluates each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text
-retrieval on held-out pairs, linear probe, few-shot, CLS attention inside vs outside the foreground masks), adds
+retrieval on held-out pairs, linear probe, CLS attention inside vs outside the foreground masks), adds
 zero-shot Fashion-MNIST, retrieval on held-out emoji and zero-shot accuracy under common corruptions, then prints
 a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
 images, λ per layer, learning curves).
@@ -28,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["main", "demo", "build_parser", "DEMO_VARIANTS"]
+__all__ = ["main", "demo", "study", "load_study", "build_parser", "DEMO_VARIANTS"]
 
 #: variant → (registered tiny model, label in the tables); configs/demo/<variant>.yaml trains it
 DEMO_VARIANTS: dict[str, tuple[str, str]] = {
@@ -287,7 +288,6 @@ DEMO_ROWS: tuple[tuple[str, str, str], ...] = (
     ("emoji text→image R@1", "extra.retrieval_emoji.text_to_image@1", "pct"),
     ("emoji image→text R@5", "extra.retrieval_emoji.image_to_text@5", "pct"),
     ("linear probe Tux Paint top-1", "clip.linear_probe.accuracy", "pct"),
-    ("5-way 5-shot Tux Paint", "clip.few_shot.mean", "pct"),
     ("corruptions: mean zero-shot acc", "extra.corruptions.mean_accuracy", "pct"),
     ("corruptions: mCE (lower is better)", "extra.corruptions.mce", ".1f"),
     ("CLS density in/out of mask (signed)", "clip.foreground_attention.signed.density_ratio", ".2f"),
@@ -414,7 +414,7 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
         f"seed-to-seed noise at this size. Total wall time {seconds / 60:.1f} min"
         + (" (quick protocol)." if quick else "."), "",
         table, "",
-        f"Zero-shot, retrieval, linear probe and few-shot on the held-out Tux Paint test split ({n_test['tux']} "
+        f"Zero-shot, retrieval and linear probe on the held-out Tux Paint test split ({n_test['tux']} "
         f"images, 16 categories; `diffattn eval`); Fashion-MNIST zero-shot on its test images, inverted to dark on "
         f"white; emoji retrieval on the emoji test split; corruptions: zero-shot Tux Paint accuracy under "
         f"{', '.join(first['extra']['corruptions']['table'])} at severities "
@@ -430,6 +430,117 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
         "Reproduce: `make demo` (or `diffattn demo`); one run: `diffattn train configs/demo/diffclip.yaml` then "
         "`diffattn eval runs/demo/diffclip --dataset tuxpaint_captions --quick`.", ""]
     return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- study
+
+#: the keys a study config may hold (configs/studies/<name>.yaml)
+STUDY_KEYS = ("study", "variants", "seeds", "steps", "batch_size", "quick", "max_pairs", "out")
+
+
+def load_study(config: str | os.PathLike) -> dict[str, Any]:
+    """A study config: a YAML file, or the name of one under configs/studies/ (``diffclip``). Keys: ``study``
+    (which experiment: ``diffclip``), ``variants``, ``seeds`` (at least 2), ``steps``, ``batch_size``, ``quick``,
+    ``max_pairs``, ``out``."""
+    import yaml
+
+    path = Path(config)
+    if not path.is_file():
+        for d in (Path("configs/studies"), Path(__file__).parents[2] / "configs/studies"):
+            if (d / f"{config}.yaml").is_file():
+                path = d / f"{config}.yaml"
+                break
+        else:
+            raise FileNotFoundError(f"config must be a study YAML file or the name of one in configs/studies/, "
+                                    f"got {str(config)!r}")
+    cfg = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{path} must hold a YAML mapping, got {type(cfg).__name__}")
+    unknown = sorted(set(cfg) - set(STUDY_KEYS))
+    if unknown:
+        raise ValueError(f"unknown study keys {unknown} in {path}; valid keys: {', '.join(STUDY_KEYS)}")
+    if cfg.get("study") != "diffclip":
+        raise ValueError(f"study in {path} must be 'diffclip' (CLIP vs DiffCLIP variants), got {cfg.get('study')!r}")
+    seeds = cfg.get("seeds")
+    if not isinstance(seeds, list) or len(seeds) < 2 or len(set(seeds)) != len(seeds) or \
+            not all(isinstance(x, int) and x >= 0 for x in seeds):
+        raise ValueError(f"seeds in {path} must be a list of at least 2 distinct integers >= 0, got {seeds!r}")
+    return {"variants": list(DEMO_VARIANTS), "steps": None, "batch_size": None, "quick": False, "max_pairs": None,
+            "out": f"runs/studies/{cfg['study']}", **cfg}
+
+
+def _paired_statement(diffs: list[float], label: str, base: str) -> tuple[float, str]:
+    """Two-sided paired t-test of the per-seed differences ``label − base`` (Student 1908): the p-value and a
+    sentence. Identical differences (zero spread) get p = 0 when non-zero, 1 when zero."""
+    from scipy import stats
+
+    d = np.asarray(diffs, dtype=np.float64)
+    if np.allclose(d, d[0]):
+        p = 0.0 if d[0] != 0 else 1.0
+    else:
+        p = float(stats.ttest_1samp(d, 0.0).pvalue)
+    wins = int((d > 0).sum())
+    if p < 0.05:
+        verdict = f"{label} {'higher' if d.mean() > 0 else 'lower'} than {base} (p = {p:.3f})"
+    else:
+        verdict = f"no significant difference from {base} (p = {p:.2f})"
+    return p, f"{verdict}; higher on {wins} of {len(d)} seeds"
+
+
+def study(config: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
+    """Run a study config (:func:`load_study`): the demo at every seed (``<out>/seed<k>/``), then per variant the
+    mean ± std (population, over seeds) of every table metric, and each variant's per-seed difference from the
+    first variant (the baseline) with a paired t-test over the seeds. Writes ``<out>/report.md`` and
+    ``<out>/results.json``; returns ``{"rows", "table", "seconds", "report"}``."""
+    from .io import atomic_write_file
+
+    cfg = load_study(config)
+    out = Path(cfg["out"])
+    t0 = time.perf_counter()
+    per_seed = {}
+    for seed in cfg["seeds"]:
+        print(f"[study] seed {seed}: diffattn demo -> {out / f'seed{seed}'}", flush=True)
+        per_seed[seed] = demo(out / f"seed{seed}", tuple(cfg["variants"]), steps=cfg["steps"],
+                              batch_size=cfg["batch_size"], seed=seed, quick=cfg["quick"], progress=progress,
+                              max_pairs=cfg["max_pairs"])["summary"]
+    labels = list(next(iter(per_seed.values())))
+    base = labels[0]
+    rows = []
+    for name, key, kind in DEMO_ROWS:
+        if kind in ("list", "int") or key in ("train_seconds",):
+            continue
+        vals = {lab: [_get(per_seed[s][lab], key) for s in per_seed] for lab in labels}
+        if any(v is None for vs in vals.values() for v in vs):
+            continue
+        scale = 100.0 if kind == "pct" else 1.0
+        row = {"metric": name, "key": key, "scale": scale,
+               "values": {lab: [float(v) * scale for v in vs] for lab, vs in vals.items()}, "vs_baseline": {}}
+        for lab in labels[1:]:
+            diffs = [a - b for a, b in zip(row["values"][lab], row["values"][base])]
+            p, sentence = _paired_statement(diffs, lab, base)
+            row["vs_baseline"][lab] = {"mean_diff": float(np.mean(diffs)), "p": p, "statement": sentence}
+        rows.append(row)
+    n = len(per_seed)
+    digits = {True: 1, False: 3}
+    lines = [f"| metric (mean ± std over {n} seeds) | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    for r in rows:
+        d = digits[r["scale"] == 100.0 or "mCE" in r["metric"]]
+        lines.append(f"| {r['metric']} | " + " | ".join(
+            f"{np.mean(r['values'][lab]):.{d}f} ± {np.std(r['values'][lab]):.{d}f}" for lab in labels) + " |")
+    table = "\n".join(lines)
+    seconds = time.perf_counter() - t0
+    tests = [f"- {r['metric']}: " + "; ".join(f"{lab}: {v['statement']}" for lab, v in r["vs_baseline"].items())
+             for r in rows]
+    report = "\n".join([
+        f"# Study: {', '.join(labels)} over seeds {cfg['seeds']}", "",
+        f"The demo's recipes (configs/demo/) at every seed; accuracies and recalls in %. {seconds / 60:.1f} min.", "",
+        table, "", f"## Paired over seeds: each variant minus {base} (two-sided paired t-test)", "", *tests, "",
+        "Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed), ""])
+    with atomic_write_file(out / "report.md", "w") as f:
+        f.write(report)
+    with atomic_write_file(out / "results.json", "w") as f:
+        json.dump({"config": cfg, "rows": rows, "seconds": round(seconds, 1)}, f, indent=1, default=float)
+    return {"rows": rows, "table": table, "seconds": seconds, "report": str(out / "report.md")}
 
 
 # --------------------------------------------------------------------------------------------------- CLI
@@ -476,6 +587,23 @@ def _demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _study_command(args: argparse.Namespace) -> int:
+    from .data._common import DatasetNotInstalledError
+
+    try:
+        res = study(args.config, progress=not args.no_progress)
+    except DatasetNotInstalledError as e:
+        print(f"diffattn study: {e}", file=sys.stderr)
+        return 2
+    except (FileNotFoundError, ValueError) as e:
+        print(f"diffattn study: {e}", file=sys.stderr)
+        return 2
+    print()
+    print(res["table"])
+    print(f"\n{res['seconds'] / 60:.1f} min. Report with the paired tests: {res['report']}")
+    return 0
+
+
 def _models_command(args: argparse.Namespace) -> int:
     from .models import list_models
 
@@ -504,6 +632,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config-dir", default=None, help="folder of the recipes (default configs/demo)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo_command)
+    st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
+    st.add_argument("config", help="a YAML file, or a name in configs/studies/ (diffclip)")
+    st.add_argument("--no-progress", action="store_true", help="no progress bars")
+    st.set_defaults(func=_study_command)
     m = sub.add_parser("models", help="list registered models")
     m.add_argument("pattern", nargs="?", default="*")
     m.set_defaults(func=_models_command)
