@@ -1,4 +1,5 @@
-# diffattn: `make demo` runs the main job on its embedded default data; `make test` runs the test suite.
+# diffattn: `make demo` prepares the offline data, then trains and evaluates CLIP vs DiffCLIP end to end (runs/demo/
+# report.md); `make test` runs the test suite.
 # Both create or reuse .venv. torch is pinned to the local CPU-usable build (see README, "Install").
 
 PYTHON ?= python3
@@ -33,7 +34,9 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
 
+# The data step is idempotent; if part of it fails, the demo itself says which set it lacks and names `make data`.
 demo: $(STAMP)
+	@PYTHON=$(PY) bash scripts/fetch_data.sh || echo "data fetch incomplete: the demo needs tuxpaint_captions, emoji, fashion_mnist"
 	$(PY) -m diffattn.cli demo
 
 bench: $(STAMP)

@@ -1,4 +1,4 @@
-"""The diffattn command: the demo job trains and saves real models; models lists the registry."""
+"""The diffattn command: the demo (CLIP vs DiffCLIP end to end on the offline pairs) and the models listing."""
 
 from __future__ import annotations
 
@@ -9,20 +9,96 @@ import pytest
 from diffattn import cli, from_pretrained
 
 
-def test_demo_trains_on_real_digits_and_saves(tmp_path, capsys):
-    pytest.importorskip("sklearn", reason="the demo's digits come with scikit-learn")
-    rc = cli.main(["demo", "--epochs", "5", "--attention", "standard", "diff", "--noise", "0.5",
-                   "--out", str(tmp_path)])
+def _need_demo_data():
+    from diffattn.data import dataset_info
+
+    missing = [n for n in cli.DEMO_DATASETS if not dataset_info(n).installed()]
+    if missing:
+        pytest.skip(f"the demo's data is not installed ({', '.join(missing)}): run `make data`")
+
+
+def _table_rows(report: str) -> dict[str, list[str]]:
+    """The report's side-by-side table as {metric: [cell per model]}."""
+    rows = {}
+    for line in report.splitlines():
+        if line.startswith("| ") and not line.startswith("| metric") and "---" not in line:
+            cells = [c.strip() for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+@pytest.mark.slow
+def test_demo_end_to_end_at_a_small_size(tmp_path, capsys):
+    """The demo path (pairs TSV -> diffattn train -> diffattn eval -> extra suites -> report) at 3 steps."""
+    _need_demo_data()
+    rc = cli.main(["demo", "--out", str(tmp_path), "--steps", "3", "--batch-size", "16", "--max-pairs", "40",
+                   "--quick", "--variants", "clip", "diffclip", "--no-progress"])
     assert rc == 0
-    rows = json.loads((tmp_path / "results.json").read_text())
-    assert [r["attention"] for r in rows] == ["standard", "diff"]
-    for r in rows:
-        assert r["test_acc"] > 0.3  # 10 classes: chance is 0.1; five epochs already learn
-        assert 0.0 <= r["acc_noise_0.5"] <= 1.0
-    assert len(rows[1]["lambda"]) == 2  # one λ per differential block
-    model = from_pretrained(tmp_path / "diff_vit_nano")
-    assert model.attention == "diff"
-    assert "| diff | diff_vit_nano |" in capsys.readouterr().out
+    report = (tmp_path / "report.md").read_text()
+    rows = _table_rows(report)
+    assert report.splitlines()[0].startswith("# DiffCLIP vs CLIP")
+    assert "| metric | CLIP | DiffCLIP |" in report and "| metric | CLIP | DiffCLIP |" in capsys.readouterr().out
+    pct_rows = [name for name, _, kind in cli.DEMO_ROWS if kind == "pct"]
+    for name in pct_rows:  # every accuracy / recall is a number in [0, 100] for both models
+        assert len(rows[name]) == 2, name
+        assert all(0.0 <= float(c) <= 100.0 for c in rows[name]), (name, rows[name])
+    assert [int(c.replace(",", "")) > 100_000 for c in rows["parameters"]] == [True, True]
+    assert rows["λ vision layers"][0] == "—" and len(rows["λ vision layers"][1].split(", ")) == 2
+    assert all(float(c) > 0 for c in rows["CLS density in/out of mask (signed)"][:1])  # CLIP's map is positive
+    res = json.loads((tmp_path / "results.json").read_text())
+    s = res["summary"]
+    assert list(s) == ["CLIP", "DiffCLIP"]
+    # the table shows the evaluated numbers (in %, one decimal)
+    top1 = s["DiffCLIP"]["clip"]["zero_shot"]["top1"]
+    assert rows["zero-shot Tux Paint top-1 (16 classes)"][1] == f"{100 * top1:.1f}"
+    fm = s["CLIP"]["extra"]["zero_shot_fashion_mnist"]["top1"]
+    assert rows["zero-shot Fashion-MNIST top-1 (10 classes)"][0] == f"{100 * fm:.1f}"
+    assert s["CLIP"]["lambda"] == {"vision": [], "text": []}
+    assert all(0.0 < v < 1.0 for v in s["DiffCLIP"]["lambda"]["vision"] + s["DiffCLIP"]["lambda"]["text"])
+    for plot in ("attention_maps.png", "learning_curves.png", "lambda_per_layer.png"):
+        assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({plot})" in report
+    for v in ("clip", "diffclip"):  # the saved models and each model's own eval report
+        assert (tmp_path / v / "eval" / "report.md").is_file() and (tmp_path / v / "metrics.jsonl").is_file()
+    model = from_pretrained(tmp_path / "diffclip" / "model")
+    assert model.visual.blocks[0].attn.__class__.__name__ == "DiffAttention"
+
+
+def test_demo_without_data_names_make_data(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("DIFFATTN_DATA", str(tmp_path / "empty"))
+    assert cli.main(["demo", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "`make data`" in err and "tuxpaint_captions" in err and "fashion_mnist" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_demo_pairs_tsv_is_read_by_the_csv_format(tmp_path):
+    _need_demo_data()
+    from diffattn.data import get_dataset
+
+    tsv = cli.demo_pairs(tmp_path, img_size=32, max_pairs=3)
+    pairs = get_dataset("csv", root=tsv)
+    assert len(pairs) == 6  # 3 Tux Paint + 3 emoji
+    image, caption = pairs[4]
+    assert image.size == (32, 32) and caption == get_dataset("emoji", split="train").captions[1]
+    mtime = tsv.stat().st_mtime_ns
+    assert cli.demo_pairs(tmp_path, img_size=32, max_pairs=3) == tsv and tsv.stat().st_mtime_ns == mtime  # reused
+
+
+def test_demo_table_formats_every_row():
+    summary = {"CLIP": {"params": 1234567, "train_seconds": 61.2, "final_loss": 2.34567,
+                        "clip": {"zero_shot": {"top1": 0.25, "top5": 0.5}, "retrieval": {"image_to_text@1": 0.125}},
+                        "extra": {"corruptions": {"mce": 71.25}}, "lambda": {"vision": [], "text": []}},
+               "DiffCLIP": {"params": 1234999, "clip": {"zero_shot": {"top1": 0.3125}},
+                            "lambda": {"vision": [0.8123, 0.7], "text": [0.5]}}}
+    rows = _table_rows(cli.demo_table(summary))
+    assert rows["parameters"] == ["1,234,567", "1,234,999"]
+    assert rows["train time (s)"] == ["61", "—"]
+    assert rows["final train loss"] == ["2.346", "—"]
+    assert rows["zero-shot Tux Paint top-1 (16 classes)"] == ["25.0", "31.2"]
+    assert rows["Tux Paint image→text R@1"] == ["12.5", "—"]
+    assert rows["corruptions: mCE (lower is better)"] == ["71.2", "—"]
+    assert rows["λ vision layers"] == ["—", "0.81, 0.70"]
+    assert len(rows) == len(cli.DEMO_ROWS)
 
 
 def test_models_lists_registry(capsys):
@@ -32,12 +108,13 @@ def test_models_lists_registry(capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["demo", "--epochs", "0"], "argument --epochs: must be >= 1, got 0"),
+    (["demo", "--steps", "0"], "argument --steps: must be >= 1, got 0"),
     (["demo", "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
     (["demo", "--batch-size", "-1"], "argument --batch-size: must be >= 1, got -1"),
-    (["demo", "--lr", "nan"], "argument --lr: needs a finite number"),
-    (["demo", "--lr", "0"], "argument --lr: must be > 0.0, got 0"),
-    (["demo", "--epochs", "two"], "argument --epochs: needs int, got 'two'"),
+    (["demo", "--seed", "-1"], "argument --seed: must be >= 0, got -1"),
+    (["demo", "--max-pairs", "0"], "argument --max-pairs: must be >= 1, got 0"),
+    (["demo", "--steps", "two"], "argument --steps: needs int, got 'two'"),
+    (["demo", "--variants", "vit"], "argument --variants: invalid choice: 'vit'"),
 ])
 def test_bad_numbers_are_usage_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
@@ -53,3 +130,65 @@ def test_version(capsys):
         cli.main(["--version"])
     assert e.value.code == 0
     assert capsys.readouterr().out.strip() == f"diffattn {diffattn.__version__}"
+
+
+def test_demo_rejects_unknown_variants(tmp_path):
+    with pytest.raises(ValueError, match=r"variants must be a non-empty subset of \['clip', 'diffclip'.*got \['vit'\]"):
+        cli.demo(tmp_path, ("vit",))
+
+
+def _study_yaml(tmp_path, **kw):
+    import yaml
+
+    cfg = {"study": "diffclip", "variants": ["clip", "diffclip"], "seeds": [0, 1], "steps": 2, "batch_size": 16,
+           "quick": True, "max_pairs": 40, "out": str(tmp_path / "study"), **kw}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"seeds": [0]}, "seeds in .* must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
+    ({"seeds": [1, 1]}, "must be a list of at least 2 distinct integers"),
+    ({"study": "dgvit"}, "study in .* must be 'diffclip'"),
+    ({"epochs": 3}, "unknown study keys \\['epochs'\\]"),
+])
+def test_study_config_errors_name_the_key(tmp_path, change, message):
+    with pytest.raises(ValueError, match=message):
+        cli.load_study(_study_yaml(tmp_path, **change))
+
+
+def test_study_config_by_name_and_missing():
+    cfg = cli.load_study("diffclip")  # configs/studies/diffclip.yaml
+    assert cfg["variants"] == list(cli.DEMO_VARIANTS) and len(cfg["seeds"]) >= 3 and cfg["steps"] == 600
+    with pytest.raises(FileNotFoundError, match="got 'nope'"):
+        cli.load_study("nope")
+
+
+def test_paired_statement_against_the_t_distribution():
+    # d = (1, 2, 3): mean 2, sample std 1, t = 2 / (1 / √3) = 3.4641 with 2 degrees of freedom; two-sided
+    # p = 2 · (1 − F_t2(3.4641)) = 1 − t / √(t² + 2) = 0.07418 (the t₂ cdf in closed form)
+    t = 2 * 3 ** 0.5
+    p, sentence = cli._paired_statement([1.0, 2.0, 3.0], "DiffCLIP", "CLIP")
+    assert p == pytest.approx(1 - t / (t * t + 2) ** 0.5, rel=1e-9)
+    assert sentence == "no significant difference from CLIP (p = 0.07); higher on 3 of 3 seeds"
+    p, sentence = cli._paired_statement([-5.0, -5.1, -4.9, -5.0], "DiffCLIP", "CLIP")
+    assert p < 1e-4 and sentence.startswith("DiffCLIP lower than CLIP (p = 0.000)") and "higher on 0 of 4" in sentence
+    assert cli._paired_statement([0.0, 0.0], "A", "B")[0] == 1.0
+
+
+@pytest.mark.slow
+def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
+    _need_demo_data()
+    assert cli.main(["study", str(_study_yaml(tmp_path)), "--no-progress"]) == 0
+    res = json.loads((tmp_path / "study" / "results.json").read_text())
+    report = (tmp_path / "study" / "report.md").read_text()
+    assert all((tmp_path / "study" / f"seed{s}" / "report.md").is_file() for s in (0, 1))
+    per_seed = [json.loads((tmp_path / "study" / f"seed{s}" / "results.json").read_text())["summary"] for s in (0, 1)]
+    row = next(r for r in res["rows"] if r["key"] == "clip.zero_shot.top1")
+    vals = [100 * s["DiffCLIP"]["clip"]["zero_shot"]["top1"] for s in per_seed]
+    assert row["values"]["DiffCLIP"] == pytest.approx(vals)
+    mean, std = sum(vals) / 2, abs(vals[0] - vals[1]) / 2
+    assert "| zero-shot Tux Paint top-1 (16 classes) | " in report and f"{mean:.1f} ± {std:.1f} |" in report
+    assert "DiffCLIP: " in report and "paired t-test" in report
+    assert "| metric (mean ± std over 2 seeds) | CLIP | DiffCLIP |" in capsys.readouterr().out

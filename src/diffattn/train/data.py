@@ -221,8 +221,13 @@ class _ExternalAdapter(Dataset):
             with torch.device("meta"):  # the image size, channels and tokenizer from the model config, no weights
                 probe = create_model(cfg.model.name, **cfg.model.overrides)
             vit = probe.visual if task == "clip" else probe
-            self.transform = _image_transform(cfg.data.img_size or vit.patch_embed.img_size,
-                                              vit.patch_embed.proj.in_channels)
+            size = cfg.data.img_size or vit.patch_embed.img_size
+            if task == "clip":  # the model's own preprocessing (ImageNet mean/std), the one `diffattn eval` applies
+                from ..models.clip import image_transform
+
+                self.transform = image_transform(size)
+            else:
+                self.transform = _image_transform(size, vit.patch_embed.proj.in_channels)
             self.tokenizer = probe.tokenizer if task == "clip" else None
         if task == "lm":
             texts = getattr(base, "texts", None)
