@@ -14,6 +14,7 @@ from diffattn.data import (
     classifier_transform,
     clip_transform,
     corruption_names,
+    pixel_stats,
 )
 
 
@@ -120,3 +121,12 @@ def test_corruption_of_small_grey_images_keeps_their_size():
     assert out.size == (28, 28) and out.mode == "RGB"
     before, after = np.asarray(grey, dtype=np.float64), np.asarray(out.convert("L"), dtype=np.float64)
     assert after.std() < 0.5 * before.std()  # contrast at severity 5 keeps 5 % of the deviation from the mean
+
+
+def test_pixel_stats_hand_computed_and_errors():
+    images = np.array([[[0, 255], [255, 255]]], dtype=np.uint8)  # pixels 0, 1, 1, 1 after /255
+    mean, std = pixel_stats(images)
+    assert mean == pytest.approx(0.75) and std == pytest.approx(np.sqrt(0.1875))
+    assert pixel_stats(np.full((2, 3, 3), 7, np.uint8))[1] == 1.0  # a constant set is not divided by 0
+    with pytest.raises(ValueError, match="images must hold at least one pixel"):
+        pixel_stats(np.zeros((0, 4, 4), np.uint8))

@@ -105,3 +105,27 @@ def test_ema_update_equation():
         m.weight.add_(1.0)
     ema.update(m)
     torch.testing.assert_close(ema.shadow["weight"], 0.9 * w0 + 0.1 * (w0 + 1.0))
+
+
+def test_classify_standardises_like_eval(tmp_path):
+    """A classifier trained on a set with an image array sees (pixels/255 − mean) / std of the train split: the
+    inputs ``diffattn eval`` gives it (no silent shift between training and evaluation)."""
+    import numpy as np
+
+    from diffattn.data import DatasetNotInstalledError, get_dataset, pixel_stats
+    from diffattn.train.data import _ExternalAdapter
+
+    try:
+        test = get_dataset("fashion_mnist", split="test")
+        train = get_dataset("fashion_mnist", split="train")
+    except DatasetNotInstalledError as e:
+        pytest.skip(str(e))
+    cfg = config_from_dict({"task": {"name": "classify"}, "data": {"name": "fashion_mnist", "split": "test"},
+                            "model": {"name": "diff_vit_nano",
+                                      "overrides": {"img_size": 28, "patch_size": 4, "in_chans": 1}},
+                            "run": {"steps": 1, "batch_size": 8}})
+    x, y = _ExternalAdapter(test, cfg, "classify")[3]
+    mean, std = pixel_stats(train.images)
+    expected = (torch.tensor(np.asarray(test.images[3]), dtype=torch.float32) / 255.0 - mean) / std
+    assert int(y) == int(test.labels[3])
+    torch.testing.assert_close(x[0], expected, atol=1e-6, rtol=0)

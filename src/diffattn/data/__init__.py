@@ -13,7 +13,15 @@ from .images import FASHION_MNIST_CLASSES, CaptionImages, Digits, FashionMNIST, 
 from .text import FETCH_COMMAND, email_to_text, load_spam_assassin, stratified_split
 from .tokenizers import GPT2_EOT, TextTokenizer, clip_tokenizer, get_tokenizer, gpt2_tokenizer
 from .tokens import TokenMemmap, read_token_meta, tokenize_documents, write_token_memmap
-from .transforms import IMAGENET_MEAN, IMAGENET_STD, Corruption, classifier_transform, clip_transform, corruption_names
+from .transforms import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    Corruption,
+    classifier_transform,
+    clip_transform,
+    corruption_names,
+    pixel_stats,
+)
 
 __all__ = [
     "SETUP_COMMAND", "DatasetNotInstalledError", "default_root", "hash_split",
@@ -24,4 +32,5 @@ __all__ = [
     "TokenMemmap", "read_token_meta", "tokenize_documents", "write_token_memmap",
     "CsvPairs", "export_webdataset", "image_folder", "webdataset_pairs",
     "IMAGENET_MEAN", "IMAGENET_STD", "Corruption", "classifier_transform", "clip_transform", "corruption_names",
+    "pixel_stats",
 ]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = ["IMAGENET_MEAN", "IMAGENET_STD", "clip_transform", "classifier_transform", "Corruption",
-           "corruption_names"]
+           "corruption_names", "pixel_stats"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -42,6 +42,21 @@ def clip_transform(image_size: int = 224, train: bool = False, *, scale: tuple[f
     else:
         resize = [T.Resize(image_size, interpolation=bicubic), T.CenterCrop(image_size)]
     return T.Compose([*resize, T.Lambda(_to_rgb), T.ToTensor(), T.Normalize(mean, std)])
+
+
+def pixel_stats(images: np.ndarray) -> tuple[float, float]:
+    """Mean and standard deviation of uint8 pixels scaled to [0, 1], one value over every pixel and channel.
+
+    The statistics with which the classifier recipes standardise images: training (``diffattn train``, task
+    ``classify``) and evaluation (``diffattn eval``) both compute them on the **train** split, so a model is
+    evaluated on exactly the inputs it was trained on. A constant image set gets std 1.
+    """
+    images = np.asarray(images)
+    if images.size == 0:
+        raise ValueError("images must hold at least one pixel to compute mean and std, got an empty array")
+    x = images.astype(np.float64) / 255.0
+    std = float(x.std())
+    return float(x.mean()), std if std > 0 else 1.0
 
 
 def classifier_transform(input_size: int = 224, train: bool = False, **kwargs):

@@ -133,7 +133,9 @@ def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=N
 
 def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torch.Tensor:
     """uint8 (N, H, W[, C]) → float (N, C, size, size): /255, standardised with the train split's mean and std."""
-    mean, std = float(x_tr.mean() / 255.0), float(x_tr.std() / 255.0) or 1.0
+    from ..data.transforms import pixel_stats
+
+    mean, std = pixel_stats(x_tr)
     t = torch.tensor(x, dtype=torch.float32) / 255.0
     t = t[:, None] if t.dim() == 3 else t.permute(0, 3, 1, 2)
     if t.shape[1] == 1 and chans == 3:

@@ -80,7 +80,11 @@ def _digits_arrays(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     idx = {"train": perm[:cut], "test": perm[cut:], "all": perm}.get(split)
     if idx is None:
         raise ValueError(f"data.split for digits must be 'train', 'test' or 'all', got {split!r}")
-    x = (x - 0.3) / 0.4  # roughly standardised (mean ≈ 0.30, std ≈ 0.40 over the whole set)
+    from ..data import get_dataset
+    from ..data.transforms import pixel_stats
+
+    mean, std = pixel_stats(get_dataset("digits", split="train").images)  # the statistics `diffattn eval` uses
+    x = (x - mean) / std
     return x[idx], y[idx]
 
 
@@ -198,14 +202,27 @@ def external_dataset(cfg, task: str) -> Dataset:
     return _ExternalAdapter(base, cfg, task)
 
 
-def _image_transform(size: int, chans: int):
-    """PIL image → (chans, size, size) tensor in [-1, 1]."""
+def _image_transform(size: int, chans: int, mean: float = 0.5, std: float = 0.5):
+    """PIL image → (chans, size, size) tensor, standardised with one ``mean``/``std`` for all channels."""
     from torchvision import transforms
 
     return transforms.Compose([
         transforms.Resize((size, size)),
         transforms.Grayscale(1) if chans == 1 else transforms.Lambda(lambda im: im.convert("RGB")),
-        transforms.ToTensor(), transforms.Normalize([0.5] * chans, [0.5] * chans)])
+        transforms.ToTensor(), transforms.Normalize([mean] * chans, [std] * chans)])
+
+
+def _train_split_stats(base, cfg) -> tuple[float, float]:
+    """Pixel mean/std of the train split for sets that expose their images as an array (Fashion-MNIST, digits):
+    the statistics ``diffattn eval`` standardises with, so training and evaluation see the same inputs. Other
+    sets keep the [-1, 1] scaling."""
+    if getattr(base, "images", None) is None:
+        return 0.5, 0.5
+    from ..data import get_dataset
+    from ..data.transforms import pixel_stats
+
+    train = base if cfg.data.split == "train" else get_dataset(cfg.data.name, split="train", root=cfg.data.path)
+    return pixel_stats(train.images)
 
 
 class _ExternalAdapter(Dataset):
@@ -227,7 +244,8 @@ class _ExternalAdapter(Dataset):
 
                 self.transform = image_transform(size)
             else:
-                self.transform = _image_transform(size, vit.patch_embed.proj.in_channels)
+                self.transform = _image_transform(size, vit.patch_embed.proj.in_channels,
+                                                  *_train_split_stats(base, cfg))
             self.tokenizer = probe.tokenizer if task == "clip" else None
         if task == "lm":
             texts = getattr(base, "texts", None)
