@@ -102,9 +102,24 @@ def test_demo_table_formats_every_row():
 
 
 def test_models_lists_registry(capsys):
-    assert cli.main(["models", "diffclip*"]) == 0
+    assert cli.main(["models", "diffclip*", "--names"]) == 0
     names = capsys.readouterr().out.split()
     assert "diffclip_vit_b16" in names and all(n.startswith("diffclip") for n in names)
+
+
+def test_models_rows_and_json_give_family_attention_and_params(capsys):
+    from diffattn import create_model
+
+    assert cli.main(["models", "dg_vit_nano"]) == 0
+    line = capsys.readouterr().out.strip()
+    params = sum(p.numel() for p in create_model("dg_vit_nano").parameters())
+    assert line.split()[:5] == ["dg_vit_nano", f"{params / 1e6:.2f}M", "VisionTransformer", "gated", "vision"]
+    assert cli.main(["models", "diffclip_dagger_tiny", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["attention"] == {"vision": "diff", "text": "standard"}
+    assert row["params"] == sum(p.numel() for p in create_model("diffclip_dagger_tiny").parameters())
+    assert cli.main(["models", "no_such_model*"]) == 1
+    assert "no registered model matches 'no_such_model*'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [

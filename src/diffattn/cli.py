@@ -606,8 +606,24 @@ def _study_command(args: argparse.Namespace) -> int:
 
 def _models_command(args: argparse.Namespace) -> int:
     from .models import list_models
+    from .models.registry import model_info
 
-    print("\n".join(list_models(args.pattern)))
+    names = list_models(args.pattern)
+    if not names:
+        print(f"no registered model matches {args.pattern!r} (diffattn models lists them all)", file=sys.stderr)
+        return 1
+    if args.names:
+        print("\n".join(names))
+        return 0
+    rows = [model_info(n) for n in names]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    width = max(len(n) for n in names)
+    for r in rows:
+        att = r["attention"] if isinstance(r["attention"], str) else \
+            ", ".join(f"{t} {a}" for t, a in r["attention"].items())
+        print(f"{r['name']:<{width}}  {r['params'] / 1e6:8.2f}M  {r['family']:<17} {att:<27} {r['description']}")
     return 0
 
 
@@ -637,7 +653,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--no-progress", action="store_true", help="no progress bars")
     st.set_defaults(func=_study_command)
     m = sub.add_parser("models", help="list registered models")
-    m.add_argument("pattern", nargs="?", default="*")
+    m.add_argument("pattern", nargs="?", default="*", help="shell-style pattern, e.g. 'diffclip*'")
+    m.add_argument("--json", action="store_true", help="one JSON object per model (name, family, attention, params)")
+    m.add_argument("--names", action="store_true", help="names only, one per line")
     m.set_defaults(func=_models_command)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)

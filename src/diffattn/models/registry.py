@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 import torch.nn as nn
 
 __all__ = ["ModelFamily", "register_family", "register_model", "build_model", "create_model", "list_models",
-           "is_model", "model_builder", "model_config", "inspect_args"]
+           "is_model", "model_builder", "model_config", "model_info", "inspect_args"]
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
 _FAMILY_OF: dict[str, ModelFamily] = {}
@@ -116,6 +116,23 @@ def model_config(name: str) -> dict:
     if name not in _FAMILY_OF:
         raise ValueError(f"name must be a registered model (see diffattn.models.list_models()), got {name!r}")
     return copy.deepcopy(dict(_FAMILY_OF[name].configs[name]))
+
+
+def model_info(name: str) -> dict:
+    """One row describing model ``name``: its family (class and description), the attention of each tower and its
+    parameter count, counted on the meta device (nothing is allocated)."""
+    import torch
+
+    cfg = model_config(name)
+    family = _FAMILY_OF[name]
+    with torch.device("meta"):
+        params = sum(p.numel() for p in create_model(name).parameters())
+    if family.towers:
+        attention = {t: cfg.get(t, {}).get("attention", "standard") for t in family.towers}
+    else:
+        attention = cfg.get("attention", "standard")
+    return {"name": name, "family": family.cls.__name__, "description": family.description,
+            "attention": attention, "params": params, "module": family.module}
 
 
 def is_model(name: str) -> bool:
