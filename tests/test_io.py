@@ -239,3 +239,18 @@ def test_sigkill_during_saves_leaves_the_previous_or_the_new_checkpoint(tmp_path
         # a killed save may leave its temporary directory (hidden, dot-prefixed) or, in the fallback, the previous
         # checkpoint as ckpt.old; neither is ever read, and the next save removes ckpt.old
         assert all(n.startswith(".ckpt.") or n == "ckpt.old" for n in leftovers), leftovers
+
+
+@pytest.mark.parametrize("path", ["/missing/dir", "./missing_dir", "~/nowhere", "a/b/c"])
+def test_missing_local_folder_is_a_clear_error(tmp_path, path):
+    """A path that is not a folder and cannot be a hub repo id says so, instead of a repo-id validation error."""
+    from diffattn import from_pretrained
+    from diffattn.models import VisionTransformer
+
+    for load in (from_pretrained, VisionTransformer.from_pretrained):
+        with pytest.raises(FileNotFoundError, match=r"is not a folder .* hub repo id"):
+            load(path)
+    weights_file = tmp_path / "model.safetensors"
+    weights_file.write_bytes(b"")
+    with pytest.raises(FileNotFoundError, match="is not a folder"):
+        from_pretrained(str(weights_file))

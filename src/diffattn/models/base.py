@@ -109,6 +109,7 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         path = str(pretrained_model_name_or_path)
         if os.path.exists(path) or os.path.exists(path.rstrip("/") + ".old"):
             recover_dir(path)
+        _local_or_repo(path)
         if os.path.isdir(path):
             cfg_file = os.path.join(path, CONFIG_NAME)
             if not os.path.isfile(cfg_file):
@@ -172,6 +173,24 @@ def model_class(name: str) -> type[DiffattnModel]:
     return _CLASSES[name]
 
 
+def _local_or_repo(path: str) -> str:
+    """``path`` unchanged if it is an existing folder or a valid hub repo id; otherwise a FileNotFoundError that says
+    the local folder does not exist (instead of the hub's repo-id validation error)."""
+    if os.path.isdir(path):
+        return path
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    looks_local = path.startswith((os.sep, ".", "~")) or os.path.exists(path)
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        looks_local = True
+    if looks_local:
+        raise FileNotFoundError(f"pretrained_model_name_or_path {path!r} is not a folder (it does not exist, or it is "
+                                "a file); pass a folder written by save_pretrained, or a hub repo id 'namespace/name'")
+    return path
+
+
 def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
     """Load a model saved with ``save_pretrained`` from a folder or a hub repo id; the config names the class.
 
@@ -181,6 +200,7 @@ def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
     path = str(path_or_repo_id)
     if os.path.exists(path) or os.path.exists(path.rstrip("/") + ".old"):
         recover_dir(path)  # finish a swap that a killed save left half done
+    _local_or_repo(path)
     if os.path.isdir(path):
         cfg_file = os.path.join(path, CONFIG_NAME)
         if not os.path.exists(cfg_file):
