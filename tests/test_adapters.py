@@ -348,3 +348,22 @@ def test_sdpa_and_eager_paths_agree_off_identity():
         ye, ys = e(input_ids=ids, attention_mask=am).logits, s(input_ids=ids, attention_mask=am).logits
     assert (ye[0, 3:] - ys[0, 3:]).abs().max().item() < 1e-5 and (ye[1] - ys[1]).abs().max().item() < 1e-5
     assert not F.softmax(ye, -1).isnan().any()
+
+
+def test_freezing_a_task_head_is_announced():
+    """train="attention" freezes everything but attention; a (possibly new) classification head is named in a
+    warning with the call that unfreezes it, and train="all" keeps it trainable without a warning."""
+    import warnings
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    cfg = BertConfig(vocab_size=64, hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64)
+    model = BertForSequenceClassification(cfg)
+    with pytest.warns(UserWarning, match=r"froze the task head\(s\) \['classifier'\].*model.classifier.requires_grad_"):
+        A.retrofit(model, "daa")
+    assert not any(p.requires_grad for p in model.classifier.parameters())
+    model = BertForSequenceClassification(cfg)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        A.retrofit(model, "daa", train="all")
+    assert all(p.requires_grad for p in model.classifier.parameters())

@@ -8,6 +8,7 @@ attribute ``diff_adapter`` of each swapped module (pass ``modules_to_save=["diff
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -167,12 +168,27 @@ def apply_plan(model: nn.Module, plan: RetrofitPlan) -> None:
     if train == "all":
         model.requires_grad_(True)
         return
+    heads = _task_heads(model)
     model.requires_grad_(False)
     if train == "attention":
         for m in plan.trainable_modules():
             m.requires_grad_(True)
     for a in plan.adapters:
         a.requires_grad_(True)
+    if heads:
+        warnings.warn(f"retrofit(train={train!r}) froze the task head(s) {heads}; if a head is new (e.g. from "
+                      f"AutoModelForSequenceClassification), unfreeze it with model.{heads[0]}.requires_grad_(True) "
+                      "or retrofit with train='all'", UserWarning, stacklevel=3)
+
+
+#: attribute names transformers and timm give a task head on top of the backbone
+TASK_HEAD_NAMES = ("classifier", "score", "qa_outputs", "pre_classifier", "head")
+
+
+def _task_heads(model: nn.Module) -> list[str]:
+    """Names of the task heads of ``model`` (``TASK_HEAD_NAMES`` children) that have trainable parameters."""
+    return [n for n, m in model.named_children()
+            if n in TASK_HEAD_NAMES and any(p.requires_grad for p in m.parameters())]
 
 
 def retrofit_config(model: nn.Module) -> RetrofitConfig:
