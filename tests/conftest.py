@@ -15,6 +15,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+@pytest.fixture
+def one_thread():
+    """Restore torch's thread count after a test whose training run sets its own (``run.threads``)."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

@@ -11,13 +11,6 @@ from diffattn.train import load_config, train
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.slow
 @pytest.mark.data
 def test_tiny_text_loss_goes_down_and_model_beats_majority_on_val(tmp_path, one_thread):

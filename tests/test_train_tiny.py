@@ -11,13 +11,6 @@ from diffattn.train.checkpoint import latest_checkpoint, load_checkpoint
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def _train(name: str, out: Path, *extra: str) -> dict:
     cfg = load_config(ROOT / f"configs/tiny/{name}.yaml",
                       ["run.steps=30", "run.log_every=1", "run.ckpt_every=30", "run.progress=false", *extra])
