@@ -50,7 +50,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from diffattn.adapters import attach_to_optimizer, count_parameters, lambda_summary, retrofit
-from diffattn.data import FETCH_COMMAND, load_spam_assassin, stratified_split
+from diffattn.data import SETUP_COMMAND, load_spam_assassin, stratified_split
 from diffattn.utils import cpu_name, write_markdown_section
 
 METHODS = ("plain", "daa", "dex")
@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         data = load_spam_assassin(args.data_root)
     except FileNotFoundError as e:
-        raise SystemExit(f"{e}\n(run `{FETCH_COMMAND}` from the repository root, then re-run this example)") from e
+        raise SystemExit(f"{e}\n(run `{SETUP_COMMAND}` from the repository root, then re-run this example)") from e
     seen: set[str] = set()
     unique = [(t, y) for t, y in data if not (t in seen or seen.add(t))]  # drop exact duplicates before splitting
     tr, te = stratified_split(unique, [y for _, y in unique], n_train=args.n_train, n_test=args.n_test,
