@@ -153,7 +153,7 @@ def test_retrofit_minilm_example_smoke(tmp_path):
     assert "| daa |" in text and "examples/retrofit_minilm.py --data-root" in text and "torch " in text
     saved = json.loads((tmp_path / "r.json").read_text())
     assert [r["method"] for r in saved["results"]] == ["plain", "daa", "dex"]
-    with pytest.raises(SystemExit, match="fetch_data.sh"):
+    with pytest.raises(SystemExit, match="make data"):
         ex.main(["--data-root", str(tmp_path / "missing")])
     with pytest.raises(SystemExit):
         ex.main(["--methods", "plain,bogus"])
