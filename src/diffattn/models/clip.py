@@ -43,13 +43,10 @@ from ..losses import clip_loss
 from .base import DiffattnModel
 from .config import check_args, check_size
 from .registry import ModelFamily, inspect_args, register_family
-from .vit import VisionTransformer
+from .vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer
 
 __all__ = ["CLIP", "TextTransformer", "CLIP_CONFIGS", "clip_loss", "image_transform", "IMAGENET_MEAN",
            "IMAGENET_STD"]
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class TextTransformer(nn.Module):
