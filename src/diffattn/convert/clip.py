@@ -36,6 +36,13 @@ __all__ = ["convert_diffclip_state_dict", "convert_openai_clip_state_dict", "loa
            "load_open_clip"]
 
 
+#: where to get the DiffCLIP release; every load_diffclip error ends with it
+DIFFCLIP_RELEASE = ("The official DiffCLIP release (Hammoud & Ghanem 2025) is checkpoint_best.pt in the Hugging Face "
+                    "repos hammh0a/DiffCLIP_ViTB16_CC12M and hammh0a/DiffCLIP_ViTB16_CC3M (collection "
+                    "https://huggingface.co/collections/hammh0a/diffclip-67cd8d3b7c6e6ea1cc26cd93, code "
+                    "https://github.com/hammoudhasan/DiffCLIP); create_model('diffclip_vit_b16', pretrained='cc12m') "
+                    "fetches and verifies it")
+
 _OPENAI_BLOCK = {"ln_1": "norm1", "ln_2": "norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
 
 
@@ -153,10 +160,14 @@ def _clip_from(sd: dict, name: str, fixed: dict, overrides: dict, what: str) -> 
 def load_diffclip(src, name: str = "diffclip_vit_b16", **overrides) -> CLIP:
     """The DiffCLIP release (a SLIP-style ``checkpoint_best.pt`` path, its dict or its ``state_dict``) as
     ``name`` (default ``diffclip_vit_b16``). Architecture as the DiffCLIP code: vision LayerNorm eps 1e-5,
-    GELU; text QuickGELU; sizes and per-tower attention inferred (a DiffCLIP† checkpoint loads too)."""
-    sd = convert_diffclip_state_dict(source_state_dict(src, "the DiffCLIP checkpoint"))
+    GELU; text QuickGELU; sizes and per-tower attention inferred (a DiffCLIP† checkpoint loads too).
+    ``create_model("diffclip_vit_b16", pretrained="cc12m")`` downloads and verifies the release file first."""
     fixed = dict(vision_norm_eps=1e-5, vision_mlp="gelu", text_mlp="quick_gelu", text_norm_eps=1e-5)
-    return _clip_from(sd, name, fixed, overrides, "the DiffCLIP checkpoint")
+    try:
+        sd = convert_diffclip_state_dict(source_state_dict(src, "the DiffCLIP checkpoint"))
+        return _clip_from(sd, name, fixed, overrides, "the DiffCLIP checkpoint")
+    except ValueError as e:
+        raise ValueError(f"{e}. {DIFFCLIP_RELEASE}") from e
 
 
 def load_openai_clip(src, name: str = "clip_vit_b16", **overrides) -> CLIP:

@@ -134,6 +134,7 @@ class VisionTransformer(DiffattnModel):
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.grad_checkpointing = False
+        self.pretrained_overlay: dict = {}  # pretrained_cfg entries of loaded weights (diffattn.models.pretrained)
         self.init_weights()
 
     @torch.no_grad()
@@ -161,14 +162,16 @@ class VisionTransformer(DiffattnModel):
         bicubic interpolation, crop fraction and normalisation. The normalisation is timm's ImageNet default (the
         statistics timm's ViTs are trained with; their channel mean for ``in_chans != 3``); diffattn's own
         classifier recipes standardise by the train split's statistics instead
-        (:func:`diffattn.data.transforms.pixel_stats`): pass ``--mean``/``--std`` to timm's scripts for those."""
+        (:func:`diffattn.data.transforms.pixel_stats`): pass ``--mean``/``--std`` to timm's scripts for those.
+        Weights loaded with ``pretrained=TAG`` put their own preprocessing (and tag) in ``pretrained_overlay``."""
         c, size = self.patch_embed.proj.in_channels, self.patch_embed.img_size
         mean, std = IMAGENET_MEAN, IMAGENET_STD
         if c != 3:
             mean, std = (sum(mean) / 3,) * c, (sum(std) / 3,) * c
-        return {"architecture": self.model_name, "input_size": (c, size, size), "interpolation": "bicubic",
-                "crop_pct": 0.9 if size >= 224 else 1.0, "crop_mode": "center", "mean": mean, "std": std,
-                "num_classes": self.num_classes, "first_conv": "patch_embed.proj", "classifier": "head"}
+        cfg = {"architecture": self.model_name, "input_size": (c, size, size), "interpolation": "bicubic",
+               "crop_pct": 0.9 if size >= 224 else 1.0, "crop_mode": "center", "mean": mean, "std": std,
+               "num_classes": self.num_classes, "first_conv": "patch_embed.proj", "classifier": "head"}
+        return {**cfg, **self.pretrained_overlay}
 
     @property
     def default_cfg(self) -> dict:
