@@ -218,7 +218,8 @@ def test_timm_train_py_runs_a_diffattn_vit(tmp_path):
            "--device-modules", "diffattn.models", "--num-classes", "3", "--grad-checkpointing",
            "--head-init-scale", "0.1", "--layer-decay", "0.65", "--epochs", "1", "--batch-size", "8",
            "--validation-batch-size", "8", "--input-size", "3", "32", "32", "--workers", "0", "--no-prefetcher",
-           "--opt", "adamw", "--lr", "1e-3", "--device", "cpu", "--warmup-epochs", "0", "--sched", "cosine", "--log-interval", "1",
+           "--opt", "adamw", "--lr", "1e-3", "--device", "cpu", "--warmup-epochs", "0", "--sched", "cosine",
+           "--log-interval", "1",
            "--output", str(out), "--experiment", "tiny"]
     env = dict(os.environ, PYTHONPATH=str(REPO / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                OMP_NUM_THREADS="1")

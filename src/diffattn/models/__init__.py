@@ -16,7 +16,8 @@ from .summary import ModelSummary, parameter_count, summary
 from .text import TEXT_CONFIGS, TextClassifier, Vocabulary
 from .vit import VIT_CONFIGS, VisionTransformer  # importing it registers the vision models with timm
 
-__all__ = ["DiffattnModel", "from_pretrained", "PRETRAINED", "list_pretrained", "create_model", "is_model", "list_models", "model_config",
+__all__ = ["DiffattnModel", "from_pretrained", "PRETRAINED", "list_pretrained",
+           "create_model", "is_model", "list_models", "model_config",
            "register_model", "CausalLM", "TextClassifier", "Vocabulary", "CLIP", "TextTransformer", "clip_loss",
            "image_transform", "VisionTransformer", "ModelSummary", "parameter_count", "summary", "VIT_CONFIGS",
            "CLIP_CONFIGS", "TEXT_CONFIGS", "LM_CONFIGS", "load_diffclip", "load_open_clip", "load_openai_clip",
