@@ -232,3 +232,22 @@ def test_timm_train_py_runs_a_diffattn_vit(tmp_path):
     sd = read_checkpoint(out / "tiny" / "last.pth.tar")  # torch.load(weights_only=True)
     assert create_model("diff_vit_nano", num_classes=3).load_state_dict(sd, strict=True)
     shutil.rmtree(out)
+
+
+def test_clip_grad_checkpointing_and_no_weight_decay():
+    torch.manual_seed(0)
+    base = create_model("diffclip_tiny", vision_img_size=16, text_context_length=8).double()
+    ckpt = copy.deepcopy(base)
+    ckpt.set_grad_checkpointing(True)
+    assert ckpt.visual.grad_checkpointing and ckpt.text.grad_checkpointing
+    images = torch.randn(2, 3, 16, 16, dtype=torch.float64)
+    tokens = torch.tensor([[5, 7, 49407, 0, 0, 0, 0, 0], [9, 3, 4, 2, 49407, 0, 0, 0]])
+    for m in (base, ckpt):
+        out = m(images, tokens)
+        (out["logits_per_image"].square().sum() + out["image_embed"].sum()).backward()
+    for (n, p), q in zip(base.named_parameters(), ckpt.parameters(), strict=True):
+        assert torch.allclose(p.grad, q.grad, rtol=1e-10, atol=1e-12), n
+    names = base.no_weight_decay()
+    params = dict(base.named_parameters())
+    assert {"logit_scale", "visual.pos_embed", "visual.cls_token", "text.pos_embed"} <= names <= set(params)
+    assert sum(n.endswith("lambda_q1") for n in names) == 4  # 2 vision + 2 text blocks
