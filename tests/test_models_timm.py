@@ -153,6 +153,13 @@ def test_timm_create_model_features_only():
     assert last3.feature_info.module_name() == ["blocks.1", "blocks.2", "blocks.3"] and last3(x)[0].shape == (2, 64, 64)
     with pytest.raises(ValueError, match=r"\['out_indices'\] need features_only=True"):
         timm.create_model("diff_vit_nano", out_indices=(1,))
+    ours = create_model("diff_vit_nano", features_only=True, out_indices=[-1], feature_cfg={"norm": True}).eval()
+    with torch.no_grad():  # the normalised last block is forward_features' patch tokens, as a (B, D, 8, 8) map
+        want = ours.model.forward_features(x)[:, 1:].reshape(2, 8, 8, 64).permute(0, 3, 1, 2)
+        assert torch.equal(ours(x)[0], want)
+    assert ours.feature_info.channels() == [64] and ours.model_name == "diff_vit_nano"
+    with pytest.raises(ValueError, match="features_only=True needs a vision transformer, got CLIP"):
+        create_model("clip_tiny", features_only=True)
 
 
 def test_resolve_data_config_and_pretrained_cfg():

@@ -166,9 +166,21 @@ def model_builder(name: str) -> Callable[..., nn.Module]:
 
 
 def create_model(name: str, **overrides) -> nn.Module:
-    """Build the registered model ``name``; keyword ``overrides`` replace entries of its config."""
+    """Build the registered model ``name``; keyword ``overrides`` replace entries of its config.
+
+    ``features_only=True`` (vision transformers) returns timm's feature extractor instead
+    (:func:`diffattn.models.vit.feature_extractor`; ``out_indices``, ``output_fmt``, ``feature_cfg``)."""
+    from .vit import FEATURE_KWARGS, feature_extractor
+
+    features_only = overrides.pop("features_only", False)
+    features = {k: overrides.pop(k) for k in FEATURE_KWARGS if k in overrides}
+    if features and not features_only:
+        raise ValueError(f"{sorted(features)} need features_only=True")
     model = model_builder(name)(**overrides)
     model.model_name = name
+    if features_only:
+        model = feature_extractor(model, **features)
+        model.model_name = name
     return model
 
 

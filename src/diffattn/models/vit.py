@@ -53,9 +53,10 @@ from ..lambdas import resolve_lambda_init
 from ..layers import Block, PatchEmbed, attention_class
 from .base import DiffattnModel
 from .config import check_args, check_choice, check_size, is_int
-from .registry import ModelFamily, model_builder, register_family
+from .registry import ModelFamily, create_model, register_family
 
-__all__ = ["VisionTransformer", "VIT_CONFIGS", "TIMM_NAMES", "IMAGENET_MEAN", "IMAGENET_STD", "take_indices"]
+__all__ = ["VisionTransformer", "VIT_CONFIGS", "TIMM_NAMES", "IMAGENET_MEAN", "IMAGENET_STD", "take_indices",
+           "feature_extractor", "FEATURE_KWARGS"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -355,32 +356,31 @@ VIT_CONFIGS: dict[str, dict] = {
 register_family(ModelFamily(VisionTransformer, VIT_CONFIGS, __name__, "vision transformer"))
 
 
-_FEATURE_KWARGS = ("out_indices", "output_fmt", "feature_cls", "feature_cfg")
+FEATURE_KWARGS = ("out_indices", "output_fmt", "feature_cls", "feature_cfg")
+
+
+def feature_extractor(model: VisionTransformer, out_indices: int | Sequence[int] = 3, output_fmt: str = "NCHW",
+                      feature_cls: str = "getter", feature_cfg: dict | None = None) -> nn.Module:
+    """``model`` as timm's ``FeatureGetterNet``: ``forward(images)`` → the list of block features, with
+    ``feature_info`` (channels, reduction, module per output). ``out_indices``: the last 3 blocks unless given (as
+    timm's ViT); ``output_fmt`` "NCHW" or "NLC"; ``feature_cfg={"norm": True}`` applies the final norm. The blocks
+    after the last index are pruned. What ``create_model(name, features_only=True)`` (diffattn's or timm's) builds."""
+    if not hasattr(model, "forward_intermediates"):
+        raise ValueError(f"features_only=True needs a vision transformer, got {type(model).__name__}")
+    check_choice("feature_cls", feature_cls, ("getter",), owner="features_only")
+    try:
+        from timm.models._features import FeatureGetterNet
+    except ImportError as e:
+        raise ImportError("features_only=True wraps the model in timm's FeatureGetterNet: pip install timm") from e
+    cfg = dict(feature_cfg or {})
+    return FeatureGetterNet(model, out_indices=out_indices, output_fmt=output_fmt, norm=bool(cfg.get("norm", False)))
 
 
 def _timm_entry(name: str, timm_name: str):
-    """The timm entry point that builds diffattn's ``name``; ``features_only=True`` wraps the model in timm's
-    ``FeatureGetterNet`` (``out_indices``: the last 3 blocks unless given, as timm's ViT; ``output_fmt`` "NCHW" or
-    "NLC"; ``feature_cfg={"norm": True}`` applies the final norm), whose output is the list of block features."""
+    """The timm entry point that builds diffattn's ``name`` (``features_only=True``: :func:`feature_extractor`)."""
 
     def entry(pretrained: bool = False, **kwargs) -> nn.Module:
-        features_only = kwargs.pop("features_only", False)
-        feature = {k: kwargs.pop(k) for k in _FEATURE_KWARGS if k in kwargs}
-        model = model_builder(name)(pretrained=pretrained, **kwargs)
-        model.model_name = name
-        if not features_only:
-            if feature:
-                raise ValueError(f"{sorted(feature)} need features_only=True")
-            return model
-        from timm.models._features import FeatureGetterNet
-
-        if feature.get("feature_cls", "getter") != "getter":
-            raise ValueError(f"feature_cls must be 'getter' for diffattn's {name!r} (features come from "
-                             f"forward_intermediates), got {feature['feature_cls']!r}")
-        cfg = dict(feature.get("feature_cfg") or {})
-        return FeatureGetterNet(model, out_indices=feature.get("out_indices", cfg.get("out_indices", 3)),
-                                output_fmt=feature.get("output_fmt", cfg.get("output_fmt", "NCHW")),
-                                norm=bool(cfg.get("norm", False)))
+        return create_model(name, pretrained=pretrained, **kwargs)
 
     entry.__name__ = entry.__qualname__ = timm_name
     entry.__module__ = __name__
