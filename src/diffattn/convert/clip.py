@@ -7,7 +7,8 @@
 - OpenAI CLIP (``visual.conv1``, ``visual.class_embedding``, ``attn.in_proj_weight``, ``visual.proj``; Radford et al.
   2021), including the released TorchScript ``.pt`` archives (read without executing them,
   :func:`diffattn.convert.read_checkpoint`) → :func:`load_openai_clip` → ``clip_vit_b16`` with QuickGELU.
-- open_clip ``ViT-B-16`` (the same keys) → :func:`load_open_clip` → ``clip_vit_b16`` with GELU.
+- open_clip ``ViT-B-16`` (the same keys) → :func:`load_open_clip` → ``clip_vit_b16`` with GELU; a retrofitted
+  open_clip model (or base weights + a ``save_adapter`` folder) → the same CLIP, retrofitted the same way.
 
 Each loader infers the architecture from the tensors' shapes (missing or empty tensors and absurd sizes are refused
 with a ValueError before anything is built), builds the registered model with those sizes, renames the keys and
@@ -35,6 +36,13 @@ from .checkpoint import source_state_dict
 __all__ = ["convert_diffclip_state_dict", "convert_openai_clip_state_dict", "load_diffclip", "load_openai_clip",
            "load_open_clip"]
 
+
+#: where to get the DiffCLIP release; every load_diffclip error ends with it
+DIFFCLIP_RELEASE = ("The official DiffCLIP release (Hammoud & Ghanem 2025) is checkpoint_best.pt in the Hugging Face "
+                    "repos hammh0a/DiffCLIP_ViTB16_CC12M and hammh0a/DiffCLIP_ViTB16_CC3M (collection "
+                    "https://huggingface.co/collections/hammh0a/diffclip-67cd8d3b7c6e6ea1cc26cd93, code "
+                    "https://github.com/hammoudhasan/DiffCLIP); create_model('diffclip_vit_b16', pretrained='cc12m') "
+                    "fetches and verifies it")
 
 _OPENAI_BLOCK = {"ln_1": "norm1", "ln_2": "norm2", "mlp.c_fc": "mlp.fc1", "mlp.c_proj": "mlp.fc2"}
 
@@ -153,10 +161,14 @@ def _clip_from(sd: dict, name: str, fixed: dict, overrides: dict, what: str) -> 
 def load_diffclip(src, name: str = "diffclip_vit_b16", **overrides) -> CLIP:
     """The DiffCLIP release (a SLIP-style ``checkpoint_best.pt`` path, its dict or its ``state_dict``) as
     ``name`` (default ``diffclip_vit_b16``). Architecture as the DiffCLIP code: vision LayerNorm eps 1e-5,
-    GELU; text QuickGELU; sizes and per-tower attention inferred (a DiffCLIP† checkpoint loads too)."""
-    sd = convert_diffclip_state_dict(source_state_dict(src, "the DiffCLIP checkpoint"))
+    GELU; text QuickGELU; sizes and per-tower attention inferred (a DiffCLIP† checkpoint loads too).
+    ``create_model("diffclip_vit_b16", pretrained="cc12m")`` downloads and verifies the release file first."""
     fixed = dict(vision_norm_eps=1e-5, vision_mlp="gelu", text_mlp="quick_gelu", text_norm_eps=1e-5)
-    return _clip_from(sd, name, fixed, overrides, "the DiffCLIP checkpoint")
+    try:
+        sd = convert_diffclip_state_dict(source_state_dict(src, "the DiffCLIP checkpoint"))
+        return _clip_from(sd, name, fixed, overrides, "the DiffCLIP checkpoint")
+    except ValueError as e:
+        raise ValueError(f"{e}. {DIFFCLIP_RELEASE}") from e
 
 
 def load_openai_clip(src, name: str = "clip_vit_b16", **overrides) -> CLIP:
@@ -165,13 +177,72 @@ def load_openai_clip(src, name: str = "clip_vit_b16", **overrides) -> CLIP:
     return _load_openai_format(src, name, "quick_gelu", overrides)
 
 
-def load_open_clip(src, name: str = "clip_vit_b16", *, quick_gelu: bool | None = None, **overrides) -> CLIP:
+def load_open_clip(src, name: str = "clip_vit_b16", *, quick_gelu: bool | None = None, adapter=None,
+                   **overrides) -> CLIP:
     """open_clip ViT weights (``ViT-B-16`` and friends; a model object, state dict or path) as ``name``.
     open_clip uses GELU unless the config ends in ``-quickgelu``; a model object tells it, a state dict needs
-    ``quick_gelu=True`` for those. Head counts are read from a model object."""
+    ``quick_gelu=True`` for those. Head counts are read from a model object.
+
+    Retrofitted open_clip models (:func:`diffattn.retrofit`) load too, as a diffattn CLIP retrofitted the same way
+    (same method, λ_init, layers, schedule step and adapter tensors: the same function): pass the retrofitted model
+    object, or the base weights with ``adapter=`` the folder :func:`diffattn.adapters.save_adapter` wrote.
+    """
     if quick_gelu is None:
         quick_gelu = _uses_quick_gelu(src) if isinstance(src, nn.Module) else False
-    return _load_openai_format(src, name, "quick_gelu" if quick_gelu else "gelu", overrides)
+    act = "quick_gelu" if quick_gelu else "gelu"
+    if adapter is None and not isinstance(src, nn.Module):
+        found = _adapter_keys(source_state_dict(src, "the open_clip state dict"))
+        if found:
+            raise ValueError(f"load_open_clip: src holds retrofit adapter tensors ({found[0]!r}, ...) but no retrofit "
+                             "config; pass the retrofitted model object, or the base weights with adapter= the folder "
+                             "diffattn.adapters.save_adapter wrote")
+    if adapter is None and not (isinstance(src, nn.Module) and _adapter_keys(src.state_dict())):
+        return _load_openai_format(src, name, act, overrides)
+    return _load_retrofitted_open_clip(src, adapter, name, act, overrides)
+
+
+_ADAPTER = ".diff_adapter."
+
+
+def _adapter_keys(sd) -> list[str]:
+    return [k for k in sd if _ADAPTER in k]
+
+
+def _retrofit_key(key: str) -> str:
+    """An open_clip adapter tensor name → its name in diffattn's CLIP (the block path changes, the rest stays)."""
+    m = re.match(r"(visual\.)?transformer\.resblocks\.(\d+)\.attn(\.diff_adapter\..+)$", key)
+    if m is None:
+        raise ValueError(f"adapter tensor {key!r} is not under an open_clip ResidualAttentionBlock's attn")
+    return f"{'visual' if m.group(1) else 'text'}.blocks.{m.group(2)}.attn{m.group(3)}"
+
+
+def _load_retrofitted_open_clip(src, adapter, name: str, act: str, overrides: dict) -> CLIP:
+    from ..adapters import read_adapter, retrofit, retrofit_config
+
+    what = "the retrofitted open_clip model"
+    if isinstance(src, nn.Module):  # open_clip / OpenAI model objects know their head counts
+        for tower, mod in (("vision", getattr(src, "visual", None)), ("text", src)):
+            blocks = getattr(getattr(mod, "transformer", None), "resblocks", None)
+            attn = getattr(blocks[0], "attn", None) if blocks is not None else None
+            if attn is not None and hasattr(attn, "num_heads"):
+                overrides.setdefault(f"{tower}_num_heads", int(attn.num_heads))
+    sd = dict(source_state_dict(src, what))
+    if adapter is not None:
+        if _adapter_keys(sd):
+            raise ValueError("load_open_clip: src is already retrofitted; pass adapter= only with base weights")
+        config, _, tensors = read_adapter(adapter)
+        sd.update(tensors)  # the adapter tensors and the attention weights the retrofit trained
+    else:
+        config = retrofit_config(src)
+    adapters = {_retrofit_key(k): v for k, v in sd.items() if _ADAPTER in k}
+    base = convert_openai_clip_state_dict({k: v for k, v in sd.items() if _ADAPTER not in k})
+    fixed = dict(vision_norm_eps=1e-5, text_norm_eps=1e-5, vision_mlp=act, text_mlp=act,
+                 vision_attention="standard", text_attention="standard")
+    model = _clip_from(base, name, fixed, overrides, what)
+    # open_clip and diffattn's CLIP list their attention layers in the same order (image tower, then text): the
+    # layer indices of the config select the same layers, and "ye" gives them the same λ_init
+    retrofit(model, config)
+    return load_state_dict_exact(model, {**base, **adapters}, what)
 
 
 def _uses_quick_gelu(model: nn.Module) -> bool:

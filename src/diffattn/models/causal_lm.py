@@ -23,6 +23,10 @@ MLP bias: :func:`diffattn.convert.to_diffllama` and :func:`diffattn.convert.from
 ``num_heads`` = h differential heads of width d = dim / h, 2h query heads, one K and V per group shared by both
 branches, λ = σ(x W_λ) per token and head, no sub-norm.
 
+Tokenizer: ``model.set_tokenizer("gpt2")`` (GPT-2 BPE through tiktoken from the local ranks; or a ``tiktoken`` /
+``transformers`` tokenizer, :mod:`diffattn.models.tokenizer`) attaches one; ``save_pretrained`` writes it beside the
+weights, ``from_pretrained`` restores it, and ``model.generate_text(prompt)`` decodes a continuation.
+
 Registered: the literal table :data:`LM_CONFIGS`: ``lm_{tiny,small,base}``, ``diff_lm_{tiny,small,base}``,
 ``dg_lm_{tiny,small,base}``, ``diff_v2_lm_{tiny,small,base}``.
 """
@@ -30,6 +34,7 @@ Registered: the literal table :data:`LM_CONFIGS`: ``lm_{tiny,small,base}``, ``di
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn as nn
@@ -40,6 +45,7 @@ from ..layers import KVCache, RMSNorm, SwiGLU, attention_class
 from .base import DiffattnModel
 from .config import check_args, is_int
 from .registry import ModelFamily, register_family
+from .tokenizer import LMTokenizer, as_lm_tokenizer, load_lm_tokenizer
 
 __all__ = ["CausalLM", "LMBlock", "llama_mlp_hidden", "LM_CONFIGS"]
 
@@ -126,6 +132,53 @@ class CausalLM(DiffattnModel):
         self.init_weights()
         if tie_embeddings:
             self.lm_head.weight = self.tok_embed.weight
+        self.tokenizer: LMTokenizer | None = None  # set_tokenizer; saved and loaded with the model
+
+    # ------------------------------------------------------------------------------------------------ tokenizer
+
+    def set_tokenizer(self, tokenizer) -> CausalLM:
+        """Attach a tokenizer (``"gpt2"``, a ``tiktoken.Encoding`` or a ``transformers`` tokenizer;
+        :func:`~diffattn.models.tokenizer.as_lm_tokenizer`); ``save_pretrained`` writes it beside the weights and
+        ``from_pretrained`` restores it. Its vocabulary must fit the embedding (``vocab_size``)."""
+        tok = as_lm_tokenizer(tokenizer)
+        if tok.vocab_size > self.vocab_size:
+            raise ValueError(f"tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {self.vocab_size}; "
+                             f"build the model with vocab_size >= {tok.vocab_size} (e.g. 50304 for GPT-2)")
+        self.tokenizer = tok
+        return self
+
+    def _save_pretrained(self, save_directory) -> None:
+        super()._save_pretrained(save_directory)  # model.safetensors (+ config.json by the hub mixin)
+        if self.tokenizer is not None:
+            self.tokenizer.save(save_directory)
+
+    @classmethod
+    def _from_pretrained(cls, *, model_id: str, **kwargs):
+        model = super()._from_pretrained(model_id=model_id, **kwargs)
+        if os.path.isdir(model_id):
+            tok = load_lm_tokenizer(model_id)
+            if tok is not None:
+                model.set_tokenizer(tok)
+        return model
+
+    @torch.no_grad()
+    def generate_text(self, prompt: str, max_new_tokens: int = 32, **generate_kwargs) -> str:
+        """``prompt`` continued by :meth:`generate` (greedy unless ``temperature`` > 0), decoded: the new text only.
+        Stops at the tokenizer's end-of-text token unless ``eos_token_id`` is given."""
+        if self.tokenizer is None:
+            raise ValueError("generate_text needs a tokenizer: model.set_tokenizer('gpt2') (or a tiktoken / "
+                             "transformers tokenizer) first")
+        if not isinstance(prompt, str) or not prompt:
+            raise ValueError(f"prompt must be a non-empty string, got {prompt!r:.80}")
+        ids = self.tokenizer.encode(prompt)
+        device = self.tok_embed.weight.device
+        generate_kwargs.setdefault("eos_token_id", self.tokenizer.eot_token_id)
+        out = self.generate(torch.tensor([ids], device=device), max_new_tokens, **generate_kwargs)[0, len(ids):]
+        new = out.tolist()
+        eos = generate_kwargs["eos_token_id"]
+        if eos is not None and eos in new:
+            new = new[:new.index(eos)]
+        return self.tokenizer.decode(new)
 
     @torch.no_grad()
     def init_weights(self, std: float = 0.02) -> None:

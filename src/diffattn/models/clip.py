@@ -36,6 +36,7 @@ from functools import cached_property
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from ..lambdas import resolve_lambda_init
 from ..layers import Block, attention_class
@@ -43,13 +44,10 @@ from ..losses import clip_loss
 from .base import DiffattnModel
 from .config import check_args, check_size
 from .registry import ModelFamily, inspect_args, register_family
-from .vit import VisionTransformer
+from .vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer
 
 __all__ = ["CLIP", "TextTransformer", "CLIP_CONFIGS", "clip_loss", "image_transform", "IMAGENET_MEAN",
            "IMAGENET_STD"]
-
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
 class TextTransformer(nn.Module):
@@ -84,7 +82,14 @@ class TextTransformer(nn.Module):
                   norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, backend=backend)
             for i in range(depth)])
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
+        self.grad_checkpointing = False
         self.init_weights()
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block in the backward pass (``torch.utils.checkpoint``): less memory, the same gradients."""
+        if not isinstance(enable, bool):
+            raise TypeError(f"enable must be a bool, got {type(enable).__name__}")
+        self.grad_checkpointing = enable
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -116,8 +121,9 @@ class TextTransformer(nn.Module):
             raise ValueError(f"tokens must have at most context_length={self.context_length} positions, "
                              f"got {tokens.shape[1]}")
         x = self.token_embedding(tokens) + self.pos_embed[: tokens.shape[1]]  # (B, L, D)
+        ckpt = self.grad_checkpointing and torch.is_grad_enabled()
         for blk in self.blocks:
-            x = blk(x)
+            x = checkpoint(blk, x, use_reentrant=False) if ckpt else blk(x)
         x = self.norm(x)
         return x[torch.arange(x.shape[0], device=x.device), tokens.argmax(dim=-1)]  # (B, D)
 
@@ -196,6 +202,18 @@ class CLIP(DiffattnModel):
         """tokens (B, L) → (B, embed_dim): EOT features · text_projection."""
         x = self.text(tokens) @ self.text_projection
         return F.normalize(x, dim=-1) if normalize else x
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Gradient checkpointing in both towers (open_clip's and timm's ``set_grad_checkpointing``)."""
+        self.visual.set_grad_checkpointing(enable)
+        self.text.set_grad_checkpointing(enable)
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters to keep out of weight decay (timm's optimizer factory reads it): ``logit_scale``, the token
+        and position embeddings of both towers and every λ parameter."""
+        names = {f"visual.{n}" for n in self.visual.no_weight_decay()} | {"logit_scale", "text.pos_embed"}
+        return names | {n for n, _ in self.text.named_parameters(prefix="text")
+                        if n.rsplit(".", 1)[-1].startswith("lambda")}
 
     def scale(self) -> torch.Tensor:
         """exp(logit_scale) clamped at ``max_logit_scale``."""

@@ -8,8 +8,11 @@ family is built by the same :func:`build_model`, which applies overrides one way
 - for families with towers (CLIP: ``vision`` and ``text`` are dicts of tower arguments), ``<tower>_<arg>=value``
   sets one argument of one tower (``vision_depth=2``) and ``<arg>=value`` that every tower takes but the class
   does not (``attention``, ``lambda_init``) sets it in all towers;
-- anything else is a ValueError that lists what is accepted. ``pretrained=True`` is refused (diffattn ships no
-  weights); timm's ``pretrained_cfg*``/``cache_dir`` keywords are ignored.
+- anything else is a ValueError that lists what is accepted.
+
+``pretrained=TAG`` (or a local file) loads a public checkpoint of :data:`diffattn.models.pretrained.PRETRAINED`,
+verified by SHA-256 (``cache_dir=`` says where files are looked for and downloaded to); ``pretrained=True`` is refused
+with the list of tags. timm's ``pretrained_cfg*`` keywords are ignored.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import inspect
+import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -83,11 +87,23 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 def build_model(family: ModelFamily, name: str, overrides: dict) -> nn.Module:
     """The one builder of every registered family: ``family.cls(**config of name with overrides)``."""
     overrides = dict(overrides)
-    if overrides.pop("pretrained", False):
-        raise ValueError(f"pretrained=True: diffattn ships no weights for {name!r}; load yours with "
-                         "diffattn.models.from_pretrained(dir) or a loader in diffattn.convert")
-    for k in _TIMM_KWARGS:  # passed by timm.create_model; diffattn models have no pretrained configs
+    pretrained = overrides.pop("pretrained", False)
+    cache_dir = overrides.pop("cache_dir", None)
+    for k in _TIMM_KWARGS:  # passed by timm.create_model; diffattn models have no timm pretrained configs
         overrides.pop(k, None)
+    if pretrained is True:
+        from .pretrained import list_pretrained
+
+        tags = [t for _, t in list_pretrained(name)]
+        raise ValueError(f"pretrained=True: name the checkpoint, pretrained='<tag>' (tags of {name!r}: {tags}) or a "
+                         "local file; diffattn.models.from_pretrained(dir) loads your own save_pretrained folders")
+    if pretrained not in (False, None):
+        if not isinstance(pretrained, (str, os.PathLike)):
+            raise TypeError(f"pretrained must be a tag, a file path or False, got {type(pretrained).__name__}")
+        from .pretrained import load_pretrained
+
+        family.apply_overrides(name, overrides)  # unknown overrides fail before any download
+        return load_pretrained(name, pretrained, overrides, cache_dir)
     return family.cls(**family.apply_overrides(name, overrides))
 
 
@@ -150,9 +166,21 @@ def model_builder(name: str) -> Callable[..., nn.Module]:
 
 
 def create_model(name: str, **overrides) -> nn.Module:
-    """Build the registered model ``name``; keyword ``overrides`` replace entries of its config."""
+    """Build the registered model ``name``; keyword ``overrides`` replace entries of its config.
+
+    ``features_only=True`` (vision transformers) returns timm's feature extractor instead
+    (:func:`diffattn.models.vit.feature_extractor`; ``out_indices``, ``output_fmt``, ``feature_cfg``)."""
+    from .vit import FEATURE_KWARGS, feature_extractor
+
+    features_only = overrides.pop("features_only", False)
+    features = {k: overrides.pop(k) for k in FEATURE_KWARGS if k in overrides}
+    if features and not features_only:
+        raise ValueError(f"{sorted(features)} need features_only=True")
     model = model_builder(name)(**overrides)
     model.model_name = name
+    if features_only:
+        model = feature_extractor(model, **features)
+        model.model_name = name
     return model
 
 

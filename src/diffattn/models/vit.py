@@ -43,17 +43,46 @@ and under its own name where timm has no model of that name (``diff_vit_*``, ``d
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from ..lambdas import resolve_lambda_init
 from ..layers import Block, PatchEmbed, attention_class
 from .base import DiffattnModel
-from .config import check_args, check_choice, check_size
-from .registry import ModelFamily, model_builder, register_family
+from .config import check_args, check_choice, check_size, is_int
+from .registry import ModelFamily, create_model, register_family
 
-__all__ = ["VisionTransformer", "VIT_CONFIGS", "TIMM_NAMES"]
+__all__ = ["VisionTransformer", "VIT_CONFIGS", "TIMM_NAMES", "IMAGENET_MEAN", "IMAGENET_STD", "take_indices",
+           "feature_extractor", "FEATURE_KWARGS"]
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> tuple[list[int], int]:
+    """(sorted absolute block indices, the largest) for timm's ``indices`` argument: None → every block, an int n →
+    the last n blocks, a sequence → those blocks (negative indices count from the end)."""
+    if indices is None:
+        indices = num_blocks
+    if is_int(indices):
+        if not 1 <= indices <= num_blocks:
+            raise ValueError(f"indices as an int is a count of last blocks and must be in [1, {num_blocks}], "
+                             f"got {indices}")
+        take = list(range(num_blocks - indices, num_blocks))
+    elif isinstance(indices, Sequence) and not isinstance(indices, str) and len(indices) and all(
+            is_int(i) for i in indices):
+        take = []
+        for i in indices:
+            if not -num_blocks <= i < num_blocks:
+                raise ValueError(f"indices must be block indices in [-{num_blocks}, {num_blocks}), got {list(indices)}")
+            take.append(i % num_blocks)
+        take = sorted(set(take))
+    else:
+        raise ValueError(f"indices must be None, an int or a non-empty sequence of ints, got {indices!r}")
+    return take, take[-1]
 
 
 class VisionTransformer(DiffattnModel):
@@ -105,6 +134,8 @@ class VisionTransformer(DiffattnModel):
             for i in range(depth)])
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.grad_checkpointing = False
+        self.pretrained_overlay: dict = {}  # pretrained_cfg entries of loaded weights (diffattn.models.pretrained)
         self.init_weights()
 
     @torch.no_grad()
@@ -124,10 +155,82 @@ class VisionTransformer(DiffattnModel):
         w = self.patch_embed.proj.weight  # as a linear layer on flattened patches (timm)
         nn.init.trunc_normal_(w.view(w.shape[0], -1), std=math.sqrt(1.0 / w[0].numel()))
 
-    def reset_classifier(self, num_classes: int) -> None:
-        check_size("num_classes", num_classes)
+    # ------------------------------------------------------------- timm's model API (timm.models.VisionTransformer)
+
+    @property
+    def pretrained_cfg(self) -> dict:
+        """timm's data config of this model (``timm.data.resolve_data_config(model=model)`` reads it): input size,
+        bicubic interpolation, crop fraction and normalisation. The normalisation is timm's ImageNet default (the
+        statistics timm's ViTs are trained with; their channel mean for ``in_chans != 3``); diffattn's own
+        classifier recipes standardise by the train split's statistics instead
+        (:func:`diffattn.data.transforms.pixel_stats`): pass ``--mean``/``--std`` to timm's scripts for those.
+        Weights loaded with ``pretrained=TAG`` put their own preprocessing (and tag) in ``pretrained_overlay``."""
+        c, size = self.patch_embed.proj.in_channels, self.patch_embed.img_size
+        mean, std = IMAGENET_MEAN, IMAGENET_STD
+        if c != 3:
+            mean, std = (sum(mean) / 3,) * c, (sum(std) / 3,) * c
+        cfg = {"architecture": self.model_name, "input_size": (c, size, size), "interpolation": "bicubic",
+               "crop_pct": 0.9 if size >= 224 else 1.0, "crop_mode": "center", "mean": mean, "std": std,
+               "num_classes": self.num_classes, "first_conv": "patch_embed.proj", "classifier": "head"}
+        return {**cfg, **self.pretrained_overlay}
+
+    @property
+    def default_cfg(self) -> dict:
+        """timm's older name of :attr:`pretrained_cfg`."""
+        return self.pretrained_cfg
+
+    @property
+    def feature_info(self) -> list[dict]:
+        """One entry per block, as timm's ViT: its module name, channels (the width) and reduction (the patch
+        size); what ``timm.create_model(name, features_only=True)`` reports."""
+        r = self.patch_embed.patch_size
+        return [{"module": f"blocks.{i}", "num_chs": self.embed_dim, "reduction": r} for i in range(len(self.blocks))]
+
+    def get_classifier(self) -> nn.Module:
+        """The classification head (``nn.Identity`` when ``num_classes=0``)."""
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        """A new head for ``num_classes`` classes (0: no head, the pooled features are the output), on the device
+        and in the dtype of the model; ``global_pool`` (``"token"`` or ``"avg"``) changes the pooling too."""
+        check_size("num_classes", num_classes, owner="reset_classifier")
+        if global_pool is not None:
+            check_choice("global_pool", global_pool, ("token", "avg"), owner="reset_classifier")
+            if global_pool == "token" and self.cls_token is None:
+                raise ValueError("reset_classifier: global_pool='token' needs a class token; this model has none "
+                                 "(class_token=False), use global_pool='avg'")
+            self.global_pool = global_pool
+        ref = self.norm.weight if isinstance(self.norm, nn.LayerNorm) else self.pos_embed
         self.num_classes = num_classes
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.head = (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+                     if num_classes > 0 else nn.Identity())
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Recompute each block's activations in the backward pass (``torch.utils.checkpoint``, non-reentrant)
+        instead of storing them: less memory, the same gradients. timm's ``--grad-checkpointing`` calls this."""
+        if not isinstance(enable, bool):
+            raise TypeError(f"enable must be a bool, got {type(enable).__name__}")
+        self.grad_checkpointing = enable
+
+    def no_weight_decay(self) -> set[str]:
+        """Parameters timm's optimizer factory keeps out of weight decay: ``pos_embed``, ``cls_token`` and every λ
+        parameter of the differential layers (λ weighs the second attention map, Ye et al. 2024 §2.1; decay would
+        pull it towards 0, i.e. towards standard attention)."""
+        names = {"pos_embed"} | ({"cls_token"} if self.cls_token is not None else set())
+        return names | {n for n, _ in self.named_parameters() if n.rsplit(".", 1)[-1].startswith("lambda")}
+
+    def group_matcher(self, coarse: bool = False) -> dict:
+        """Regexes that group the parameters as timm's ViT does: ``stem`` (tokens, position and patch embedding,
+        ``norm_pre``), one group per block, the final ``norm`` last; the head falls in the last group. timm's
+        ``param_groups_layer_decay`` (``create_optimizer_v2(model, layer_decay=...)``) scales learning rates by it.
+        ``coarse`` gives the same groups (as timm's ViT)."""
+        return {"stem": r"^cls_token|pos_embed|patch_embed|norm_pre",
+                "blocks": [(r"^blocks\.(\d+)", None), (r"^norm", (99999,))]}
+
+    def _run_block(self, blk: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.grad_checkpointing and torch.is_grad_enabled():
+            return checkpoint(blk, x, use_reentrant=False)
+        return blk(x)
 
     def _embed(self, x: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(x)  # (B, N, D)
@@ -139,7 +242,7 @@ class VisionTransformer(DiffattnModel):
         """images (B, C, H, W) → normalised tokens (B, 1 + N, D)."""
         x = self._embed(x)
         for blk in self.blocks:
-            x = blk(x)
+            x = self._run_block(blk, x)
         return self.norm(x)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
@@ -150,6 +253,51 @@ class VisionTransformer(DiffattnModel):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """images (B, C, H, W) → logits (B, num_classes) (pooled features (B, D) when ``num_classes=0``)."""
         return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: torch.Tensor, indices: int | Sequence[int] | None = None, *,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = "NCHW", intermediates_only: bool = False):
+        """The outputs of chosen blocks, as timm's ``VisionTransformer.forward_intermediates``.
+
+        ``indices``: None (every block), an int n (the last n blocks) or block indices (negative ones count from
+        the end). ``norm`` applies the final norm to each; ``output_fmt="NCHW"`` gives (B, D, H/p, W/p) maps,
+        ``"NLC"`` (B, N, D) patch tokens; ``return_prefix_tokens`` pairs each with its (B, 1, D) CLS token.
+        ``stop_early`` skips the blocks after the last one asked for. Returns the list, or (final normalised
+        tokens (B, 1 + N, D), list) unless ``intermediates_only``.
+        """
+        check_choice("output_fmt", output_fmt, ("NCHW", "NLC"), owner="forward_intermediates")
+        take, last = take_indices(len(self.blocks), indices)
+        B, _, H, W = x.shape
+        x = self._embed(x)
+        blocks = self.blocks[:last + 1] if stop_early or intermediates_only else self.blocks
+        out = []
+        for i, blk in enumerate(blocks):
+            x = self._run_block(blk, x)
+            if i in take:
+                out.append(self.norm(x) if norm else x)
+        p = self.num_prefix_tokens
+        prefix = [y[:, :p] for y in out]  # (B, 1, D) each
+        out = [y[:, p:] for y in out]  # (B, N, D)
+        if output_fmt == "NCHW":
+            h, w = H // self.patch_embed.patch_size, W // self.patch_embed.patch_size
+            out = [y.reshape(B, h, w, -1).permute(0, 3, 1, 2).contiguous() for y in out]  # (B, D, h, w)
+        if return_prefix_tokens and p:
+            out = list(zip(out, prefix, strict=True))
+        if intermediates_only:
+            return out
+        return self.norm(x), out
+
+    def prune_intermediate_layers(self, indices: int | Sequence[int] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        """Drop the blocks after the last of ``indices`` (and the final norm / the head when asked); returns the
+        absolute indices, as timm's ViT. ``features_only=True`` calls it so that unused blocks cost nothing."""
+        take, last = take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:last + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.reset_classifier(0)
+        return take
 
     @torch.no_grad()
     def attention_maps(self, x: torch.Tensor) -> list:
@@ -208,6 +356,38 @@ VIT_CONFIGS: dict[str, dict] = {
 register_family(ModelFamily(VisionTransformer, VIT_CONFIGS, __name__, "vision transformer"))
 
 
+FEATURE_KWARGS = ("out_indices", "output_fmt", "feature_cls", "feature_cfg")
+
+
+def feature_extractor(model: VisionTransformer, out_indices: int | Sequence[int] = 3, output_fmt: str = "NCHW",
+                      feature_cls: str = "getter", feature_cfg: dict | None = None) -> nn.Module:
+    """``model`` as timm's ``FeatureGetterNet``: ``forward(images)`` → the list of block features, with
+    ``feature_info`` (channels, reduction, module per output). ``out_indices``: the last 3 blocks unless given (as
+    timm's ViT); ``output_fmt`` "NCHW" or "NLC"; ``feature_cfg={"norm": True}`` applies the final norm. The blocks
+    after the last index are pruned. What ``create_model(name, features_only=True)`` (diffattn's or timm's) builds."""
+    if not hasattr(model, "forward_intermediates"):
+        raise ValueError(f"features_only=True needs a vision transformer, got {type(model).__name__}")
+    check_choice("feature_cls", feature_cls, ("getter",), owner="features_only")
+    try:
+        from timm.models._features import FeatureGetterNet
+    except ImportError as e:
+        raise ImportError("features_only=True wraps the model in timm's FeatureGetterNet: pip install timm") from e
+    cfg = dict(feature_cfg or {})
+    return FeatureGetterNet(model, out_indices=out_indices, output_fmt=output_fmt, norm=bool(cfg.get("norm", False)))
+
+
+def _timm_entry(name: str, timm_name: str):
+    """The timm entry point that builds diffattn's ``name`` (``features_only=True``: :func:`feature_extractor`)."""
+
+    def entry(pretrained: bool = False, **kwargs) -> nn.Module:
+        return create_model(name, pretrained=pretrained, **kwargs)
+
+    entry.__name__ = entry.__qualname__ = timm_name
+    entry.__module__ = __name__
+    entry.__doc__ = f"timm entry point of diffattn's {name!r} (features_only=True supported)."
+    return entry
+
+
 def _register_timm() -> list[str]:
     """Register each vision model with timm as ``diffattn_<name>`` and, where timm lacks it, as ``<name>``."""
     try:
@@ -217,25 +397,12 @@ def _register_timm() -> list[str]:
         return []
     done, exported = [], list(__all__)
     for name in VIT_CONFIGS:
-        alias = f"diffattn_{name}"
-
-        def entry(pretrained: bool = False, _name: str = name, **kwargs) -> VisionTransformer:
-            model = model_builder(_name)(pretrained=pretrained, **kwargs)
-            model.model_name = _name
-            return model
-
-        entry.__name__ = entry.__qualname__ = alias
-        entry.__module__ = __name__
-        entry.__doc__ = f"timm entry point of diffattn's {name!r}."
-        if alias not in timm.list_models(alias):
-            timm_register(entry)
-            done.append(alias)
-        if not timm.is_model(name):
-            timm_register(model_builder(name))
-            done.append(name)
+        for timm_name in (f"diffattn_{name}", name):
+            if not timm.is_model(timm_name):  # timm's own vit_*_patch16_224 are never overridden
+                timm_register(_timm_entry(name, timm_name))
+                done.append(timm_name)
     __all__[:] = exported  # timm's register_model appends each name to the module's __all__; they are not globals
     return done
 
 
 TIMM_NAMES = _register_timm()
-

@@ -8,11 +8,12 @@ support another library, write a :class:`~diffattn.adapters.binding.Binding` and
 from __future__ import annotations
 
 from ..binding import Binding
+from .diffattn import DiffattnBinding
 from .open_clip import OpenClipBinding
 from .timm import TimmBinding
 from .transformers import TransformersBinding
 
-__all__ = ["BINDINGS", "OpenClipBinding", "TimmBinding", "TransformersBinding"]
+__all__ = ["BINDINGS", "DiffattnBinding", "OpenClipBinding", "TimmBinding", "TransformersBinding"]
 
 #: every binding, in the order retrofit asks them
-BINDINGS: tuple[Binding, ...] = (TransformersBinding(), TimmBinding(), OpenClipBinding())
+BINDINGS: tuple[Binding, ...] = (TransformersBinding(), TimmBinding(), OpenClipBinding(), DiffattnBinding())
