@@ -62,17 +62,18 @@ class Placement:
     mask: np.ndarray
 
 
-def load_stamps(root: str | os.PathLike | None = None, *, split: str = "all") -> list[Stamp]:
-    """Every prepared Tux Paint stamp (``tuxpaint_captions``), cropped to the bounding box of its alpha mask.
-
-    ``split``: ``"all"``, or ``"train"`` / ``"val"`` / ``"test"`` by the dataset's caption hash split."""
+def load_stamps(root: str | os.PathLike | None = None, *, per_category: int | None = None) -> list[Stamp]:
+    """The prepared Tux Paint stamps (``tuxpaint_captions``), cropped to the bounding box of their alpha masks, in
+    the dataset's order; ``per_category`` keeps the first that many of each category (all by default)."""
     from .images import CaptionImages
 
     ds = CaptionImages("tuxpaint_captions", "all", root=root)
-    out = []
+    out: list[Stamp] = []
+    taken: dict[str, int] = {}
     for i, row in enumerate(ds.rows):
-        if split != "all" and hash_split(row["group"]) != split:
+        if per_category is not None and taken.get(row["category"], 0) >= per_category:
             continue
+        taken[row["category"]] = taken.get(row["category"], 0) + 1
         alpha = ds.load_mask(i).numpy()
         ys, xs = np.nonzero(alpha)
         if len(ys) == 0:
@@ -206,7 +207,7 @@ def _yolo_lines(placed: list[Placement], size: int) -> list[str]:
 def export_detection(out: str | os.PathLike, *, root: str | os.PathLike | None = None, n_train: int = 400,
                      n_val: int = 100, imgsz: int = 160, seed: int = 0, classes: tuple[str, ...] = DETECT_CLASSES,
                      max_objects: int = 3, max_distractors: int = 2, scale: tuple[float, float] = (0.15, 0.5),
-                     disjoint_stamps: bool = False) -> dict:
+                     disjoint_stamps: bool = False, stamps_per_category: int | None = None) -> dict:
     """Write the detection set to ``out`` (module docstring for the layout; the folder is replaced atomically).
 
     Args:
@@ -219,6 +220,7 @@ def export_detection(out: str | os.PathLike, *, root: str | os.PathLike | None =
         disjoint_stamps: val images use only stamps whose caption falls in the dataset's val/test hash split and
             train images only the train split (new object instances at validation); by default both splits draw
             from every stamp, and validation measures new compositions of known stamps.
+        stamps_per_category: use only the first that many stamps of each category (small test sets).
 
     Returns the manifest (also written as ``manifest.json``).
     """
@@ -226,7 +228,7 @@ def export_detection(out: str | os.PathLike, *, root: str | os.PathLike | None =
                         max_objects, 1), ("max_distractors", max_distractors, 0)):
         if isinstance(v, bool) or not isinstance(v, int) or v < lo:
             raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
-    stamps = load_stamps(root)
+    stamps = load_stamps(root, per_category=stamps_per_category)
     known = sorted({s.category for s in stamps})
     bad = [c for c in classes if c not in known]
     if not classes or bad:
@@ -269,8 +271,8 @@ def export_detection(out: str | os.PathLike, *, root: str | os.PathLike | None =
         (tmp / "data.yaml").write_text(_data_yaml(out, names))
         manifest = {"kind": "tuxpaint_detect", "classes": list(classes), "imgsz": imgsz, "seed": seed,
                     "max_objects": max_objects, "max_distractors": max_distractors, "scale": list(scale),
-                    "disjoint_stamps": disjoint_stamps, "backgrounds": {"photos": len(photos),
-                                                                        "fashion_mnist_tiles": tiles is not None},
+                    "disjoint_stamps": disjoint_stamps, "stamps_per_category": stamps_per_category,
+                    "backgrounds": {"photos": len(photos), "fashion_mnist_tiles": tiles is not None},
                     "counts": counts, "license": "images contain GPL-2.0 Tux Paint stamps: do not redistribute"}
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
