@@ -17,6 +17,9 @@ os.environ.setdefault("YOLO_OFFLINE", "1")  # before ultralytics is imported: no
 os.environ.setdefault("YOLO_CONFIG_DIR", tempfile.mkdtemp(prefix="diffattn-yolo-"))  # never the user's settings
 pytest.importorskip("ultralytics", reason="the detector tests need the optional extra diffattn[detect]")
 
+from ultralytics.cfg import get_cfg  # noqa: E402
+from ultralytics.nn.modules.block import Attention  # noqa: E402
+
 import diffattn  # noqa: E402
 from diffattn.adapters import load_adapter, save_adapter, step  # noqa: E402
 from diffattn.adapters.methods import METHODS  # noqa: E402
@@ -28,8 +31,6 @@ from diffattn.detect import (  # noqa: E402
     model_yaml,
     yolo,
 )
-from ultralytics.cfg import get_cfg  # noqa: E402
-from ultralytics.nn.modules.block import Attention  # noqa: E402
 
 BASE_PARAMS = 2_572_280  # yolo26n.yaml, as Ultralytics' own summary reports it
 
