@@ -144,14 +144,16 @@ def _background(rng: np.random.Generator, size: int, photos: list[np.ndarray],
 
 
 def _resize_stamp(stamp: Stamp, long_side: int) -> tuple[np.ndarray, np.ndarray]:
+    """Resize a stamp so its longer side is ``long_side``: colour and alpha together as RGBA (Pillow resamples RGBA
+    with premultiplied alpha, so no background colour bleeds into the edges); the new mask is alpha ≥ 128."""
     from PIL import Image
 
     h, w = stamp.alpha.shape
     f = long_side / max(h, w)
     size = (max(1, round(w * f)), max(1, round(h * f)))
-    rgb = np.asarray(Image.fromarray(stamp.rgb).resize(size, Image.BILINEAR))
-    alpha = np.asarray(Image.fromarray(stamp.alpha.astype(np.uint8) * 255).resize(size, Image.BILINEAR)) >= 128
-    return rgb, alpha
+    rgba = np.concatenate([stamp.rgb, stamp.alpha[..., None].astype(np.uint8) * 255], axis=-1)
+    out = np.asarray(Image.fromarray(rgba, "RGBA").resize(size, Image.BILINEAR))
+    return out[..., :3], out[..., 3] >= 128
 
 
 def compose_image(rng: np.random.Generator, background: np.ndarray, objects: list[tuple[Stamp, int]],
