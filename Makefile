@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch, torchvision" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,detect]"
 	@touch $@
 
 install: $(STAMP)

@@ -43,8 +43,9 @@ class Binding(Protocol):
         """Every attention module of ``model`` this binding can convert, in module order."""
         ...
 
-    def dims(self, module: nn.Module) -> tuple[int, int, int]:
-        """(D, h, d): the width of the layer input, the query head count and the head width."""
+    def dims(self, module: nn.Module) -> tuple[int, ...]:
+        """(D, h, d): the width of the layer input, the query head count and the head width; a binding whose
+        value heads are wider than its query/key heads returns (D, h, d, dv)."""
         ...
 
     def extra_trainable(self, candidate: Candidate) -> list[nn.Module]:

@@ -110,10 +110,11 @@ def plan_retrofit(model: nn.Module, config: RetrofitConfig, *, device=None, dtyp
     ads = []
     for i in chosen:  # every adapter is built (and validated) before any module is converted
         c = cands[i]
-        D, h, d = c.binding.dims(c.module)
+        D, h, d, *value_dim = c.binding.dims(c.module)  # a binding may add the value head width (D, h, d, dv)
         ref = next(c.module.parameters())
         ads.append(RetrofitAdapter(config.method, dim=D, num_heads=h, head_dim=d, lambda_init=config.lambda_init,
                                    anneal_steps=config.anneal_steps, layer_index=i,
+                                   value_dim=value_dim[0] if value_dim else None,
                                    device=ref.device if device is None else device,
                                    dtype=ref.dtype if dtype is None else dtype))
     return RetrofitPlan(replace(config, layers=chosen), tuple(cands), tuple(cands[i] for i in chosen), tuple(ads))

@@ -100,10 +100,13 @@ class RetrofitAdapter(nn.Module):
         lambda_init: λ_init, a finite float or ``"ye"`` (0.8 − 0.6·exp(−0.3·l) with ``layer_index`` l, 0-based).
         anneal_steps: T of DAA (2025) eq. 3 (and of the blend).
         layer_index: 0-based index of this layer among the retrofitted model's attention layers.
+        value_dim: the width of a value head when it differs from the query/key head width ``head_dim``
+            (Ultralytics' ``Attention``); ``W_dex`` and ``diff_norm`` act on it. Default ``head_dim``.
     """
 
     def __init__(self, method: str, *, dim: int, num_heads: int, head_dim: int, lambda_init: float | str = 0.8,
-                 anneal_steps: int = 1000, layer_index: int = 0, device=None, dtype=None):
+                 anneal_steps: int = 1000, layer_index: int = 0, value_dim: int | None = None, device=None,
+                 dtype=None):
         super().__init__()
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {method!r}")
@@ -114,6 +117,7 @@ class RetrofitAdapter(nn.Module):
                              f"evenly), got head_dim={head_dim}")
         self.method = method
         self.dim, self.num_heads, self.head_dim = int(dim), int(num_heads), int(head_dim)
+        self.value_dim = self.head_dim if value_dim is None else int(value_dim)
         self.layer_index = int(layer_index)
         self.lambda_init = resolve_lambda_init(lambda_init, layer_index)
         if not math.isfinite(self.lambda_init):
@@ -121,11 +125,11 @@ class RetrofitAdapter(nn.Module):
         self.anneal_steps = int(anneal_steps)
         f = {"device": device, "dtype": dtype}
         lam_f = {"device": device, "dtype": _lambda_dtype(dtype)}
-        h, d, D = self.num_heads, self.head_dim, self.dim
+        h, d, D, dv = self.num_heads, self.head_dim, self.dim, self.value_dim
         if method == "daa":
             self.W_daa = nn.Parameter(torch.eye(d, **f).repeat(h, 1, 1))  # (h, d, d)
         elif method == "dex":
-            self.W_dex = nn.Parameter(torch.eye(d, **f).repeat(h, 1, 1))  # (h, d, d)
+            self.W_dex = nn.Parameter(torch.eye(dv, **f).repeat(h, 1, 1))  # (h, dv, dv)
         elif method in INPUT_METHODS:
             setattr(self, f"W_d{INPUT_METHODS[method]}", nn.Parameter(torch.eye(D, **f)))  # (D, D)
         if method in SEED001_METHODS:
@@ -133,7 +137,7 @@ class RetrofitAdapter(nn.Module):
         else:
             width = d if method == "shared_qk" else d // 2
             self.lam = ReparamLambda(width, self.lambda_init).to(**lam_f)
-            self.diff_norm = head_rms_norm(d).to(**f)
+            self.diff_norm = head_rms_norm(dv).to(**f)
             self.register_buffer("step", torch.zeros((), dtype=torch.long, device=device))
 
     # ------------------------------------------------------------------------------------------ schedule

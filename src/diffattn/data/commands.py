@@ -2,6 +2,7 @@
 
     diffattn data list
     diffattn data export tuxpaint_captions --format webdataset --out shards/ [--split train] [--shard-size 1000]
+    diffattn data export tuxpaint_detect --out data/tuxpaint_detect [--seed 0]   (Ultralytics YOLO layout)
     diffattn data tokenize state_of_the_union --tokenizer gpt2 --split train --out data/sotu_train.bin
 """
 
@@ -25,6 +26,12 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    if args.name == "tuxpaint_detect":  # generated detection set in Ultralytics' YOLO layout
+        from .detection import export_detection
+
+        m = export_detection(args.out, root=args.root, seed=args.seed)
+        print(f"{m['counts']} (classes {m['classes']}) -> {args.out}/data.yaml")
+        return 0
     from .formats import export_webdataset
 
     m = export_webdataset(args.name, args.out, split=args.split, root=args.root, shard_size=args.shard_size)
@@ -54,8 +61,10 @@ def register(subparsers) -> None:
     ls = sub.add_parser("list", help="every built-in dataset with its size, licence and whether it is installed")
     ls.add_argument("--root", default=None, help="data folder (default $DIFFATTN_DATA or ./data)")
     ls.set_defaults(func=_list)
-    ex = sub.add_parser("export", help="write a built-in set as webdataset shards (open_clip's key layout)")
+    ex = sub.add_parser("export", help="write a built-in set as webdataset shards (open_clip's key layout), or "
+                        "tuxpaint_detect as an Ultralytics YOLO detection set")
     ex.add_argument("name")
+    ex.add_argument("--seed", type=int, default=0, help="generation seed (tuxpaint_detect)")
     ex.add_argument("--format", choices=["webdataset"], default="webdataset")
     ex.add_argument("--out", required=True, help="folder for the shards and their manifest")
     ex.add_argument("--split", default="train", choices=["train", "val", "test", "all", "trainval"])

@@ -1,0 +1,112 @@
+"""Binding for Ultralytics' ``Attention`` (the PSA attention of YOLO11 / YOLO26 ``C2PSA`` and ``C3k2(attn=True)``).
+
+Each ``ultralytics.nn.modules.block.Attention`` is converted in place to a subclass: ``qkv``, ``proj`` and ``pe``
+keep their names, so Ultralytics checkpoints (``yolo26n.pt``) load unchanged. The layer works on feature maps
+(B, C, H, W): the 1×1 conv ``qkv`` gives per head q, k of width d_k (``key_dim``) and v of width d_v
+(``head_dim``) at the N = H·W positions; the output is ``proj(O + pe(V))`` with ``pe`` the 3×3 depthwise
+positional conv on the values. The retrofit changes O only: O = the method's attention core
+(:func:`diffattn.adapters.methods.run_method`, DAA (2025) / Li et al. 2025), so at step 0 the layer computes the
+pretrained function. DiffQ / DiffK / DiffV (DAA (2025) App. D.2) run ``qkv`` again on X W_d (the tokens of X times
+W_d, folded back to a map) and keep the part they need; in training mode that second call also updates the batch
+statistics of ``qkv``'s BatchNorm, as a second forward of the layer would. Ultralytics is imported only when a model
+is searched.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import torch
+import torch.nn as nn
+
+from ..binding import ADAPTER_ATTR, Candidate, parent_of
+from ..methods import RetrofitAdapter, run_method, second_branch
+
+__all__ = ["UltralyticsBinding", "ultralytics_diff_attention_class"]
+
+
+def _split(self, x: torch.Tensor):
+    """qkv(x) for x (B, C, H, W) as q, k (B, h, N, d_k) and v (B, h, N, d_v)."""
+    B, _, H, W = x.shape
+    q, k, v = self.qkv(x).view(B, self.num_heads, 2 * self.key_dim + self.head_dim, H * W).split(
+        [self.key_dim, self.key_dim, self.head_dim], dim=2)
+    return q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1)
+
+
+def _core(self, x: torch.Tensor, need_weights: bool):
+    """The retrofit's attention core: O (B, h, N, d_v), the combined map (B, h, N, N) or None, and v."""
+    B, C, H, W = x.shape
+    ad: RetrofitAdapter = getattr(self, ADAPTER_ATTR)
+    q, k, v = _split(self, x)
+
+    def project(tokens: torch.Tensor, which: str) -> torch.Tensor:  # tokens (B, N, C) → heads (B, h, N, ·)
+        return _split(self, tokens.transpose(1, 2).reshape(B, C, H, W))["qkv".index(which)]
+
+    tokens = x.flatten(2).transpose(1, 2)  # (B, N, C)
+    q2, k2, v2 = second_branch(ad, tokens, q, project)
+    out, maps = run_method(ad, q, k, v, q2=q2, k2=k2, v2=v2, scale=float(self.scale), need_weights=need_weights)
+    return out, maps, v
+
+
+def _forward(self, x: torch.Tensor) -> torch.Tensor:
+    """Ultralytics ``Attention.forward`` with the retrofit's attention core. x: (B, C, H, W) → (B, C, H, W)."""
+    B, C, H, W = x.shape
+    out, _, v = _core(self, x, False)
+    out = out.transpose(-2, -1).reshape(B, C, H, W)  # channel j·d_v + e = head j, as Ultralytics
+    return self.proj(out + self.pe(v.transpose(-2, -1).reshape(B, C, H, W)))
+
+
+@torch.no_grad()
+def _attention_maps(self, x: torch.Tensor) -> torch.Tensor:
+    """The combined map of every head for input ``x`` (B, C, H, W): (B, h, N, N), N = H·W in row-major order
+    (A1 − λ(t) A2 for DAA / DiffQ / DiffK, A for DiffV / DEX; see ``run_method``)."""
+    return _core(self, x, True)[1]
+
+
+@functools.cache
+def _ultralytics_attention() -> type | None:
+    try:
+        from ultralytics.nn.modules.block import Attention
+    except ImportError:
+        return None
+    return Attention
+
+
+@functools.cache
+def ultralytics_diff_attention_class() -> type:
+    """``UltralyticsDiffAttention``: the subclass of Ultralytics' ``Attention`` a converted module becomes."""
+    base = _ultralytics_attention()
+    if base is None:
+        raise ImportError("the ultralytics binding needs ultralytics (pip install 'diffattn[detect]')")
+    return type("UltralyticsDiffAttention", (base,), {
+        "forward": _forward, "attention_maps": _attention_maps, "__module__": __name__,
+        "__doc__": "Ultralytics Attention retrofitted with differential attention (never built directly: see "
+                   "retrofit)."})
+
+
+class UltralyticsBinding:
+    """Converts every module whose class is exactly ``ultralytics.nn.modules.block.Attention``."""
+
+    families = ("Ultralytics YOLO (ultralytics.nn.modules.block.Attention, C2PSA / C3k2 attention)",)
+
+    def find(self, model: nn.Module) -> list[Candidate]:
+        if "ultralytics" not in sys.modules:  # an Ultralytics model has imported ultralytics already
+            return []
+        base = _ultralytics_attention()
+        if base is None:
+            return []
+        return [Candidate(name, m, *parent_of(model, name), self) for name, m in model.named_modules()
+                if type(m) is base]
+
+    def dims(self, m: nn.Module) -> tuple[int, int, int, int]:
+        """(D, h, d_k, d_v): channels, heads, query/key head width, value head width."""
+        return int(m.num_heads * m.head_dim), int(m.num_heads), int(m.key_dim), int(m.head_dim)
+
+    def extra_trainable(self, c: Candidate) -> list[nn.Module]:
+        return []
+
+    def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
+        c.module.__class__ = ultralytics_diff_attention_class()
+        setattr(c.module, ADAPTER_ATTR, adapter)
+        return c.module

@@ -1,0 +1,175 @@
+"""Train and validate YOLO26 detectors with and without differential attention through Ultralytics, offline.
+
+    python -m diffattn.detect.compare --seeds 0 1 2 --out runs/detect
+
+For each model and seed: ``model.train()`` on the generated Tux Paint detection set (:mod:`diffattn.data.detection`)
+with the same budget (epochs, image size, batch, images), then ``model.val()`` on its val split for mAP50 and
+mAP50-95; parameters and GFLOPs (at 640×640, Ultralytics' convention) come from Ultralytics' own
+``get_num_params`` / ``get_flops``. Writes ``results.json`` and ``results.md`` (mean ± std over seeds) and
+``attention_maps.png``: for one val image, the attention of every attention layer of each seed-0 model
+(:func:`diffattn.detect.maps.attention_maps`), as the row of the query at the centre of the largest object,
+averaged over heads and drawn over the image. Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from ..io import atomic_write_file
+from .maps import attention_maps
+from .offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS, disable_sync
+from .registry import yolo
+
+__all__ = ["run_compare", "main"]
+
+DEFAULT_MODELS = ("yolo26n.yaml", "yolo26n-diffpsa", "yolo26n-diffattn")
+
+
+def _info(model, imgsz: int = 640) -> dict:
+    from ultralytics.utils.torch_utils import get_flops, get_num_params
+
+    return {"params": int(get_num_params(model.model)), "gflops_640": round(float(get_flops(model.model, imgsz)), 3)}
+
+
+def train_one(name: str, seed: int, data: Path, out: Path, *, epochs: int, imgsz: int, batch: int,
+              threads: int = 1) -> dict:
+    """Train ``name`` with ``seed`` and validate it; returns mAP50, mAP50-95, params, GFLOPs, seconds."""
+    torch.set_num_threads(threads)
+    model = yolo(name)
+    info = _info(model)
+    t0 = time.time()
+    model.train(data=str(data), epochs=epochs, imgsz=imgsz, batch=batch, seed=seed, project=str(out / "runs"),
+                name=f"{name.removesuffix('.yaml')}-s{seed}", warmup_epochs=1, val=False, **OFFLINE_TRAIN_ARGS)
+    train_s = time.time() - t0
+    metrics = model.val(data=str(data), imgsz=imgsz, batch=batch, **OFFLINE_VAL_ARGS)
+    return {"model": name, "seed": seed, "mAP50": float(metrics.box.map50), "mAP50-95": float(metrics.box.map),
+            **info, "train_s": round(train_s, 1), "weights": str(Path(model.trainer.best))}
+
+
+def _mean_std(xs: list[float]) -> tuple[float, float]:
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def summarize(rows: list[dict]) -> str:
+    """The Markdown table of ``rows``: mAP50 and mAP50-95 as mean ± std over seeds, params, GFLOPs, time."""
+    lines = ["| model | mAP50 | mAP50-95 | params | GFLOPs (640) | train s / run | seeds |",
+             "|---|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(r["model"] for r in rows):
+        rs = [r for r in rows if r["model"] == name]
+        m50, s50 = _mean_std([100 * r["mAP50"] for r in rs])
+        m, s = _mean_std([100 * r["mAP50-95"] for r in rs])
+        secs = statistics.fmean(r["train_s"] for r in rs)
+        lines.append(f"| {name.removesuffix('.yaml')} | {m50:.1f} ± {s50:.1f} | {m:.1f} ± {s:.1f} | "
+                     f"{rs[0]['params']:,} | {rs[0]['gflops_640']:.1f} | {secs:.0f} | {len(rs)} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_maps(rows: list[dict], data: Path, out_png: Path, imgsz: int) -> list[dict]:
+    """Draw the attention of every attention layer of each model's first seed over the first val image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from PIL import Image
+    from ultralytics import YOLO
+
+    image_path = sorted((data.parent / "images" / "val").glob("*.png"))[0]
+    label = (data.parent / "labels" / "val" / (image_path.stem + ".txt")).read_text().split("\n")[0].split()
+    cx, cy = float(label[1]), float(label[2])
+    img = np.asarray(Image.open(image_path).convert("RGB").resize((imgsz, imgsz)))
+    x = torch.from_numpy(img.copy()).permute(2, 0, 1)[None].float() / 255.0
+    firsts = {}
+    for r in rows:
+        firsts.setdefault(r["model"], r)
+    panels, summary = [], []
+    for name, r in firsts.items():
+        model = YOLO(r["weights"]).model.float().eval()
+        for layer, maps, (h, w) in attention_maps(model, x):
+            q = min(int(cy * h), h - 1) * w + min(int(cx * w), w - 1)  # the query token at the object centre
+            row = maps[0, :, q].mean(0).reshape(h, w).numpy()
+            panels.append((f"{name.removesuffix('.yaml')}\n{layer}", row))
+            summary.append({"model": name, "layer": layer, "grid": [h, w], "query": q,
+                            "min": float(row.min()), "max": float(row.max())})
+    fig, axes = plt.subplots(1, len(panels) + 1, figsize=(2.6 * (len(panels) + 1), 3))
+    axes[0].imshow(img)
+    axes[0].plot([cx * imgsz], [cy * imgsz], "r+", ms=12)
+    axes[0].set_title(image_path.name, fontsize=7)
+    for ax, (title, row) in zip(axes[1:], panels):
+        lim = float(np.abs(row).max()) or 1.0
+        ax.imshow(img, alpha=0.45)
+        ax.imshow(row, cmap="RdBu_r", vmin=-lim, vmax=lim, alpha=0.75, extent=(0, imgsz, imgsz, 0),
+                  interpolation="nearest")
+        ax.set_title(title, fontsize=6)
+    for ax in axes:
+        ax.axis("off")
+    fig.tight_layout()
+    with atomic_write_file(out_png) as f:
+        fig.savefig(f, dpi=120, format="png")
+    plt.close(fig)
+    return summary
+
+
+def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | None = None, epochs: int = 5,
+                imgsz: int = 128, batch: int = 16, n_train: int = 256, n_val: int = 64, threads: int = 1) -> dict:
+    """Train every model with every seed on the same data and budget; write results and the map figure."""
+    from ..data.detection import export_detection
+
+    disable_sync()
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if data is None:
+        data_dir = out / "data"
+        if not (data_dir / "data.yaml").is_file():
+            export_detection(data_dir, n_train=n_train, n_val=n_val, imgsz=imgsz, scale=(0.25, 0.6), max_objects=2)
+        data = data_dir / "data.yaml"
+    rows = []
+    for seed in seeds:
+        for name in models:
+            rows.append(train_one(name, seed, Path(data), out, epochs=epochs, imgsz=imgsz, batch=batch,
+                                  threads=threads))
+            print(json.dumps(rows[-1]), flush=True)
+            _write(out, rows, {"epochs": epochs, "imgsz": imgsz, "batch": batch, "data": str(data)})
+    maps = plot_maps(rows, Path(data), out / "attention_maps.png", imgsz)
+    return _write(out, rows, {"epochs": epochs, "imgsz": imgsz, "batch": batch, "data": str(data)}, maps)
+
+
+def _write(out: Path, rows: list[dict], budget: dict, maps: list[dict] | None = None) -> dict:
+    result = {"budget": budget, "runs": rows, "attention_maps": maps, "torch_threads": torch.get_num_threads()}
+    with atomic_write_file(out / "results.json", "w") as f:
+        f.write(json.dumps(result, indent=1) + "\n")
+    with atomic_write_file(out / "results.md", "w") as f:
+        f.write(summarize(rows))
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m diffattn.detect.compare", description=__doc__.split("\n")[0])
+    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    p.add_argument("--out", type=Path, default=Path("runs/detect"))
+    p.add_argument("--data", type=Path, default=None, help="an existing data.yaml (default: generate one in OUT)")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--imgsz", type=int, default=128)
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--n-train", type=int, default=256)
+    p.add_argument("--n-val", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    for name, v in (("--epochs", a.epochs), ("--imgsz", a.imgsz), ("--batch", a.batch), ("--threads", a.threads)):
+        if v < 1:
+            p.error(f"{name} must be >= 1, got {v}")
+    res = run_compare(a.models, a.seeds, a.out, data=a.data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch,
+                      n_train=a.n_train, n_val=a.n_val, threads=a.threads)
+    print(summarize(res["runs"]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
