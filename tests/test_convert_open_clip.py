@@ -96,3 +96,19 @@ def test_open_clip_zero_shot_helper_matches_the_library():
         assert torch.allclose(feats.norm(dim=-1), torch.ones(4), atol=1e-6)
         logits = 100.0 * feats @ theirs  # open_clip_train's zero-shot scoring
     assert torch.equal(logits.argmax(-1), (feats @ ours.t()).argmax(-1))
+
+
+def test_open_clip_checkpoint_functions_round_trip_a_retrofit(tmp_path):
+    from safetensors.torch import save_file
+
+    base, model = trained_retrofit("diffk")
+    path = tmp_path / "retro.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, path)
+    fresh = A.retrofit(open_clip.CLIP(**CFG).eval(), A.retrofit_config(model))
+    open_clip.load_checkpoint(fresh, str(path))  # strict: the adapter tensors keep open_clip's module paths
+    img, txt = inputs()
+    with torch.no_grad():
+        assert torch.equal(fresh.encode_image(img), model.encode_image(img))
+        assert torch.equal(fresh.encode_text(txt), model.encode_text(txt))
+    with pytest.raises(ValueError, match="src holds retrofit adapter tensors"):
+        load_open_clip(path)

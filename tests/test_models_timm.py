@@ -222,7 +222,7 @@ def test_timm_train_py_runs_a_diffattn_vit(tmp_path):
     _image_folder(tmp_path / "imgs")
     out = tmp_path / "out"
     cmd = [sys.executable, str(TRAIN_PY), "--data-dir", str(tmp_path / "imgs"), "--model", "diff_vit_nano",
-           "--device-modules", "diffattn.models", "--num-classes", "3", "--grad-checkpointing",
+           "--device-modules", "diffattn", "--num-classes", "3", "--grad-checkpointing",
            "--head-init-scale", "0.1", "--layer-decay", "0.65", "--epochs", "1", "--batch-size", "8",
            "--validation-batch-size", "8", "--input-size", "3", "32", "32", "--workers", "0", "--no-prefetcher",
            "--opt", "adamw", "--lr", "1e-3", "--device", "cpu", "--warmup-epochs", "0", "--sched", "cosine",

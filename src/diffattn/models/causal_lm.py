@@ -139,7 +139,7 @@ class CausalLM(DiffattnModel):
     def set_tokenizer(self, tokenizer) -> CausalLM:
         """Attach a tokenizer (``"gpt2"``, a ``tiktoken.Encoding`` or a ``transformers`` tokenizer;
         :func:`~diffattn.models.tokenizer.as_lm_tokenizer`); ``save_pretrained`` writes it beside the weights and
-        ``from_pretrained`` restores it. Its vocabulary must fit the embedding (``vocab_size``)."""
+        ``from_pretrained`` of that folder restores it. Its vocabulary must fit the embedding (``vocab_size``)."""
         tok = as_lm_tokenizer(tokenizer)
         if tok.vocab_size > self.vocab_size:
             raise ValueError(f"tokenizer has {tok.vocab_size} tokens but the model's vocab_size is {self.vocab_size}; "

@@ -201,9 +201,10 @@ def _entry_for_file(name: str, path: Path, cache: Path) -> PretrainedTag:
     if len(entries) == 1 and open_entries:
         return entries[0]
     known = ", ".join(f"{e.key}: {_expected(e, cache)[0] or 'unknown'}" for e in entries)
+    files = sorted({e.filename for e in entries})
     raise ValueError(f"pretrained file {path} has SHA-256 {digest}, which matches no checkpoint of {name!r} ({known}); "
-                     f"pass the tag (pretrained='<tag>', cache_dir='{path.parent}') to record a file whose hash is "
-                     f"unknown")
+                     f"to record a file whose hash is unknown, put it in a folder under its release name {files} and "
+                     f"pass pretrained='<tag>', cache_dir=<that folder>")
 
 
 def load_pretrained(name: str, pretrained: str | os.PathLike, overrides: dict,
