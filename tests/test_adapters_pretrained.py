@@ -99,7 +99,7 @@ def test_from_pretrained_retrofit_refuses_what_it_cannot_restore(tmp_path):
     with pytest.warns(A.RetrofitCheckpointWarning):
         plain = T.BertForSequenceClassification.from_pretrained(tmp_path / "ret")
     plain.save_pretrained(tmp_path / "stale")  # its config still has the record, its weights no adapter
-    with pytest.raises(ValueError, match="lacks 4 adapter tensors"):
+    with pytest.raises(ValueError, match="lacks 6 adapter tensors"):
         diffattn.from_pretrained_retrofit(tmp_path / "stale")
     with pytest.raises(ValueError, match="attention layers converting"):
         diffattn.from_pretrained_retrofit(tmp_path / "ret", model_class=T.BertModel)

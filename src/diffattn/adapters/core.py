@@ -229,7 +229,7 @@ def _set_trainable(model: nn.Module, plan: RetrofitPlan, warn: bool) -> None:
                       f"AutoModelForSequenceClassification), keep it trainable with retrofit(..., "
                       f"trainable=({heads[0]!r},)) or model.{heads[0]}.requires_grad_(True) (either way it is saved "
                       "with the adapter), or retrofit with train='all'",
-                      UserWarning, stacklevel=3)
+                      UserWarning, stacklevel=4)
 
 
 #: key of ``model.config`` (and of a saved ``config.json``) that holds the retrofit of a transformers model

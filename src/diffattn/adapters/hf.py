@@ -60,9 +60,24 @@ class _DroppedAdapterFilter(logging.Filter):
         text = ("this checkpoint was saved from a model retrofitted with differential attention (diffattn): the "
                 "model just loaded DROPPED its diff_adapter weights and computes the pretrained attention instead. "
                 "Load it with diffattn.from_pretrained_retrofit(path).")
-        warnings.warn(text, RetrofitCheckpointWarning, stacklevel=2)
+        warnings.warn(text, RetrofitCheckpointWarning, stacklevel=_caller_level())
         record.msg, record.args = f"{msg}\n[diffattn] {text}", None
         return True
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points the warning at the user's ``from_pretrained`` call (outside logging and
+    transformers), so that the warning shows once per call site."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name == __name__ or name == "logging" or name.startswith(("logging.", "transformers.",
+                                                                          "huggingface_hub."))):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
 
 
 def install_load_warning() -> None:
