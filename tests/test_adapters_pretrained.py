@@ -101,7 +101,7 @@ def test_from_pretrained_retrofit_refuses_what_it_cannot_restore(tmp_path):
     plain.save_pretrained(tmp_path / "stale")  # its config still has the record, its weights no adapter
     with pytest.raises(ValueError, match="lacks 6 adapter tensors"):
         diffattn.from_pretrained_retrofit(tmp_path / "stale")
-    with pytest.raises(ValueError, match="attention layers converting"):
+    with pytest.raises(ValueError, match="recorded retrofit does not apply to BertModel: trainable names"):
         diffattn.from_pretrained_retrofit(tmp_path / "ret", model_class=T.BertModel)
     with pytest.raises(FileNotFoundError, match="not a folder"):
         diffattn.from_pretrained_retrofit(tmp_path / "missing")
