@@ -36,6 +36,17 @@ def _is_saved_copy(m: nn.Module) -> bool:  # peft ModulesToSaveWrapper
     return "original_module" in m._modules and isinstance(m._modules.get("modules_to_save"), nn.ModuleDict)
 
 
+def _active_copy(wrapper: nn.Module, copies: nn.ModuleDict) -> str | None:
+    """The name of the copy a ``modules_to_save`` wrapper runs (its ``active_adapter``; else its first copy)."""
+    try:
+        active = wrapper.active_adapter
+    except Exception:  # not a peft wrapper after all
+        active = None
+    if isinstance(active, (list, tuple)):
+        active = active[0] if active else None
+    return active if active in copies else next(iter(copies.keys()), None)
+
+
 def _peft_root(model: nn.Module) -> str:
     return _PEFT_PREFIX if hasattr(model, "peft_config") and hasattr(model, "base_model") else ""
 
@@ -60,8 +71,9 @@ def _walk(model: nn.Module) -> dict[str, tuple[str, int]]:
                 visit(child, full, canon, 1)
             elif saved and child_name == "modules_to_save":
                 out[full] = ("", -1)
-                for i, (k, copy) in enumerate(child.items()):  # the first (active) copy is the trained one
-                    visit(copy, f"{full}.{k}", canon, rank if i == 0 else -1)
+                active = _active_copy(m, child)
+                for k, copy in child.items():  # the active copy is the one that runs and trains
+                    visit(copy, f"{full}.{k}", canon, rank if k == active else -1)
             else:
                 visit(child, full, f"{canon}.{child_name}" if canon else child_name, rank)
 
