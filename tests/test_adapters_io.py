@@ -106,11 +106,15 @@ def test_config_json_roundtrip(tmp_path):
     A.save_adapter(model, tmp_path / "ad")
     meta = json.loads((tmp_path / "ad" / CONFIG_FILE).read_text())
     assert meta == {"method": "split_heads", "lambda_init": "ye", "anneal_steps": 7, "layers": [0],
-                    "train": "attention", "layer_names": ["transformer.h.0.attn"], "num_attention_layers": 2,
+                    "train": "attention", "trainable": [], "layer_names": ["transformer.h.0.attn"],
+                    "num_attention_layers": 2,
                     "format_version": 1, "diffattn_version": diffattn.__version__, "base_model": "GPT2LMHeadModel"}
     config, _, _ = A.read_adapter(tmp_path / "ad")
     assert config == A.retrofit_config(model)
     assert RetrofitConfig.from_dict(config.to_dict()) == config
+    del meta["trainable"]  # a file written before trainable existed reads as trainable=()
+    (tmp_path / "ad" / CONFIG_FILE).write_text(json.dumps(meta))
+    assert A.read_adapter(tmp_path / "ad")[0].trainable == ()
     with pytest.raises(ValueError, match=r"unknown RetrofitConfig fields \['rank'\]"):
         RetrofitConfig.from_dict({"method": "daa", "rank": 4})
     with pytest.raises(ValueError, match="predicate cannot be saved"):

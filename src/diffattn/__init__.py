@@ -9,7 +9,7 @@ Importing ``diffattn`` registers its vision models with timm (``timm.create_mode
 """
 
 from . import convert, functional, lambdas, layers, models
-from .adapters import load_adapter, retrofit, save_adapter
+from .adapters import from_pretrained_retrofit, load_adapter, retrofit, save_adapter
 from .data import get_dataset, list_datasets
 from .functional import AttentionWeights, attention, diff_attention
 from .layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, KVCache, SwiGLU, attention_class
@@ -36,6 +36,7 @@ __all__ = [
     "retrofit",
     "save_adapter",
     "load_adapter",
+    "from_pretrained_retrofit",
     "create_model",
     "list_models",
     "from_pretrained",

@@ -9,6 +9,7 @@ Methods (docs/retrofit.md): DAA, DEX, DiffQ, DiffK, DiffV (DAA (2025), annealed 
     ...  # train; call diffattn.adapters.step(model) once per optimizer step
     diffattn.save_adapter(model, "out/")
     model = diffattn.load_adapter(fresh_base_model, "out/")
+    # a transformers model: model.save_pretrained("ckpt/"); diffattn.from_pretrained_retrofit("ckpt/")
 
 Layout: :mod:`.methods` (the math, :class:`RetrofitAdapter`), :mod:`.binding` (the :class:`Binding` protocol),
 :mod:`.bindings` (transformers, timm, open_clip, and the ``BINDINGS`` list), :mod:`.config`
@@ -18,9 +19,10 @@ Layout: :mod:`.methods` (the math, :class:`RetrofitAdapter`), :mod:`.binding` (t
 from .binding import Binding, Candidate
 from .config import TRAIN_MODES, RetrofitConfig
 from .core import count_parameters, lambda_summary, plan_retrofit, retrofit, retrofit_config, supported_families
-from .methods import METHODS, SEED001_METHODS, SEED002_METHODS, RetrofitAdapter
+from .hf import RetrofitCheckpointWarning, from_pretrained_retrofit, install_load_warning
+from .methods import METHODS, SEED001_METHODS, SEED002_METHODS, RetrofitAdapter, branch_maps
 from .saving import load_adapter, read_adapter, save_adapter
-from .schedule import adapters, attach_to_optimizer, step
+from .schedule import adapters, attach_to_optimizer, lambda_logs, step
 
 __all__ = [
     "METHODS",
@@ -35,6 +37,7 @@ __all__ = [
     "retrofit_config",
     "plan_retrofit",
     "step",
+    "lambda_logs",
     "attach_to_optimizer",
     "count_parameters",
     "lambda_summary",
@@ -44,7 +47,12 @@ __all__ = [
     "adapters",
     "supported_families",
     "DiffAttnCallback",
+    "from_pretrained_retrofit",
+    "RetrofitCheckpointWarning",
+    "branch_maps",
 ]
+
+install_load_warning()  # a retrofitted checkpoint loaded into a plain transformers model warns
 
 
 def __getattr__(name: str):

@@ -36,6 +36,9 @@ class RetrofitConfig:
             indices (negative ones count from the end), a predicate ``(index, name) -> bool``, or None for all.
         train: what stays trainable: ``"attention"`` (the converted attention modules with their adapters, the rest
             frozen, as DAA (2025) App. E.1 trains), ``"adapters"`` (only the new weights and λ) or ``"all"``.
+        trainable: names of further modules that stay trainable whatever ``train`` freezes (qualified names as
+            ``model.named_modules()`` gives them), e.g. ``("classifier",)`` for the new head of an
+            ``AutoModelForSequenceClassification``; they are saved with the adapter (peft's ``modules_to_save``).
 
     Raises ValueError (TypeError for a wrong type) naming the field, the value and what it needs.
     """
@@ -45,6 +48,7 @@ class RetrofitConfig:
     anneal_steps: int = 1000
     layers: LayerSelection = None
     train: str = "attention"
+    trainable: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in METHODS:
@@ -65,6 +69,7 @@ class RetrofitConfig:
         if not isinstance(self.train, str) or self.train not in TRAIN_MODES:
             raise ValueError(f"train must be one of {TRAIN_MODES}, got {self.train!r}")
         self.layers = _check_layers(self.layers)
+        self.trainable = _check_trainable(self.trainable)
 
     # ------------------------------------------------------------------------------------------ JSON
 
@@ -75,6 +80,7 @@ class RetrofitConfig:
                              "config (diffattn.adapters.retrofit_config(model)) holds the chosen indices")
         d = asdict(self)
         d["layers"] = None if self.layers is None else list(self.layers)
+        d["trainable"] = list(self.trainable)
         return d
 
     @classmethod
@@ -107,3 +113,16 @@ def _check_layers(layers: Any) -> LayerSelection:
     if len(set(layers)) != len(layers):
         raise ValueError(f"layers must not repeat an index, got {layers!r}")
     return layers
+
+
+def _check_trainable(names: Any) -> tuple[str, ...]:
+    if isinstance(names, str) or not isinstance(names, Sequence):
+        raise TypeError(f"trainable must be a sequence of module names (e.g. ('classifier',)), got "
+                        f"{type(names).__name__} {names!r}")
+    names = tuple(names)
+    bad = [n for n in names if not isinstance(n, str) or not n]
+    if bad:
+        raise TypeError(f"trainable must hold non-empty module names (str), got {bad[0]!r} in {names!r}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"trainable must not repeat a module name, got {names!r}")
+    return names

@@ -19,6 +19,7 @@ from .binding import ADAPTER_ATTR, Candidate
 from .bindings import BINDINGS
 from .config import RetrofitConfig
 from .methods import SEED001_METHODS, RetrofitAdapter
+from .naming import active_modules, canonical_name, is_wrapped, key_map, module_map
 from .schedule import adapters
 
 __all__ = [
@@ -30,6 +31,8 @@ __all__ = [
     "retrofit_config",
     "count_parameters",
     "lambda_summary",
+    "HF_CONFIG_KEY",
+    "retrofit_record",
 ]
 
 #: attribute of a retrofitted model holding its :class:`RetrofitPlan`
@@ -54,18 +57,22 @@ class RetrofitPlan:
     candidates: tuple[Candidate, ...]
     chosen: tuple[Candidate, ...]
     adapters: tuple[RetrofitAdapter, ...]
+    #: the modules ``config.trainable`` names, in its order
+    heads: tuple[nn.Module, ...] = ()
 
     @property
     def layer_names(self) -> list[str]:
         return [c.name for c in self.chosen]
 
     def trainable_modules(self) -> list[nn.Module]:
-        """The modules ``train="attention"`` makes trainable: the converted ones and what belongs to them."""
+        """The modules the train mode makes trainable besides the adapters: with ``train="attention"`` the converted
+        ones and what belongs to them, and for every mode the modules ``config.trainable`` names."""
         mods: list[nn.Module] = []
-        for c in self.chosen:
-            mods.append(c.module)
-            mods += c.binding.extra_trainable(c)
-        return mods
+        if self.config.train == "attention":
+            for c in self.chosen:
+                mods.append(c.module)
+                mods += c.binding.extra_trainable(c)
+        return mods + list(self.heads)
 
 
 def _select(n: int, layers: Sequence[int] | Callable[[int, str], bool] | None, names: list[str]) -> list[int]:
@@ -117,12 +124,30 @@ def plan_retrofit(model: nn.Module, config: RetrofitConfig, *, device=None, dtyp
                                    value_dim=value_dim[0] if value_dim else None,
                                    device=ref.device if device is None else device,
                                    dtype=ref.dtype if dtype is None else dtype))
-    return RetrofitPlan(replace(config, layers=chosen), tuple(cands), tuple(cands[i] for i in chosen), tuple(ads))
+    return RetrofitPlan(replace(config, layers=chosen), tuple(cands), tuple(cands[i] for i in chosen), tuple(ads),
+                        _heads(model, config.trainable))
+
+
+def _heads(model: nn.Module, names: Sequence[str]) -> tuple[nn.Module, ...]:
+    """The modules ``trainable`` names (bare-model names also resolve inside a peft-wrapped model)."""
+    mods = dict(model.named_modules())
+    canon = module_map(model)
+    out = []
+    for n in names:
+        m = mods.get(n)
+        if m is None and n in canon:
+            m = mods[canon[n]]
+        if m is None or m is model:
+            heads = [h for h, _ in model.named_children() if h in TASK_HEAD_NAMES]
+            raise ValueError(f"trainable names {n!r}, which is not a submodule of {type(model).__name__} (its task "
+                             f"heads: {heads}; any name from model.named_modules() works)")
+        out.append(m)
+    return tuple(out)
 
 
 def retrofit(model: nn.Module, method: str | RetrofitConfig, *, lambda_init: float | str = 0.8,
              anneal_steps: int = 1000, layers: Sequence[int] | Callable[[int, str], bool] | None = None,
-             train: str = "attention") -> nn.Module:
+             train: str = "attention", trainable: Sequence[str] = ()) -> nn.Module:
     """Turn the attention of ``model`` into differential attention in place and return ``model``.
 
     ``retrofit(model, RetrofitConfig(...))`` and ``retrofit(model, method, **kw)`` are the same call (with a
@@ -140,6 +165,11 @@ def retrofit(model: nn.Module, method: str | RetrofitConfig, *, lambda_init: flo
             ``(index, name) -> bool``; None converts all.
         train: ``"attention"`` (the converted attention modules with their adapters, the rest frozen: DAA (2025)
             App. E.1), ``"adapters"`` (only the new weights and λ) or ``"all"``.
+        trainable: modules that stay trainable whatever ``train`` freezes, by name, e.g. ``("classifier",)`` for a
+            new task head (without it, ``train="attention"`` / ``"adapters"`` freeze the head and warn).
+
+    A transformers model also records the config in ``model.config`` (key ``diffattn_retrofit``), so
+    ``model.save_pretrained(dir)`` writes a checkpoint that :func:`diffattn.from_pretrained_retrofit` restores.
 
     At step 0 the converted model computes the pretrained function (DAA (2025) methods exactly; Li et al. 2025
     methods via the blend described in :mod:`~diffattn.adapters.methods`). Advance the schedule once per optimizer
@@ -148,38 +178,82 @@ def retrofit(model: nn.Module, method: str | RetrofitConfig, *, lambda_init: flo
     """
     if isinstance(method, RetrofitConfig):
         given = {"lambda_init": (lambda_init, 0.8), "anneal_steps": (anneal_steps, 1000), "layers": (layers, None),
-                 "train": (train, "attention")}
+                 "train": (train, "attention"), "trainable": (trainable, ())}
         clash = [k for k, (v, default) in given.items() if v is not default and v != default]
         if clash:
             raise ValueError(f"retrofit(model, config) takes its settings from the config; got {clash} as well")
         config = method
     else:
         config = RetrofitConfig(method, lambda_init=lambda_init, anneal_steps=anneal_steps, layers=layers,
-                                train=train)
+                                train=train, trainable=trainable)
     apply_plan(model, plan_retrofit(model, config))
     return model
 
 
-def apply_plan(model: nn.Module, plan: RetrofitPlan) -> None:
-    """Convert the modules of ``plan`` (from :func:`plan_retrofit` on this model) and set what trains."""
+def apply_plan(model: nn.Module, plan: RetrofitPlan, *, warn: bool = True) -> None:
+    """Convert the modules of ``plan`` (from :func:`plan_retrofit` on this model) and set what trains.
+
+    ``warn=False`` (reloading a saved retrofit) skips the warning about frozen task heads."""
     for c, a in zip(plan.chosen, plan.adapters, strict=True):
         c.binding.convert(c, a)
     setattr(model, PLAN_ATTR, plan)
+    _record_in_hf_config(model, plan)
+    peft_own = _peft_parameters(model)  # a peft-wrapped model: peft decides what of its own weights trains
+    try:
+        _set_trainable(model, plan, warn)
+    finally:
+        for p, flag in peft_own:
+            p.requires_grad_(flag)
+
+
+def _peft_parameters(model: nn.Module) -> list[tuple[nn.Parameter, bool]]:
+    if not is_wrapped(model):
+        return []
+    bare = set(key_map(model).values())
+    return [(p, p.requires_grad) for n, p in model.named_parameters() if n not in bare]
+
+
+def _set_trainable(model: nn.Module, plan: RetrofitPlan, warn: bool) -> None:
     train = plan.config.train
     if train == "all":
         model.requires_grad_(True)
         return
-    heads = _task_heads(model)
+    kept = {id(m) for m in plan.heads}
+    heads = [n for n in _task_heads(model) if id(model.get_submodule(n)) not in kept]
     model.requires_grad_(False)
-    if train == "attention":
-        for m in plan.trainable_modules():
-            m.requires_grad_(True)
+    for m in plan.trainable_modules():
+        m.requires_grad_(True)
     for a in plan.adapters:
         a.requires_grad_(True)
-    if heads:
+    if heads and warn:
         warnings.warn(f"retrofit(train={train!r}) froze the task head(s) {heads}; if a head is new (e.g. from "
-                      f"AutoModelForSequenceClassification), unfreeze it with model.{heads[0]}.requires_grad_(True) "
-                      "or retrofit with train='all'", UserWarning, stacklevel=3)
+                      f"AutoModelForSequenceClassification), keep it trainable with retrofit(..., "
+                      f"trainable=({heads[0]!r},)) or model.{heads[0]}.requires_grad_(True) (either way it is saved "
+                      "with the adapter), or retrofit with train='all'",
+                      UserWarning, stacklevel=4)
+
+
+#: key of ``model.config`` (and of a saved ``config.json``) that holds the retrofit of a transformers model
+HF_CONFIG_KEY = "diffattn_retrofit"
+#: version of the ``diffattn_retrofit`` record
+HF_FORMAT_VERSION = 1
+
+
+def retrofit_record(model: nn.Module, plan: RetrofitPlan) -> dict[str, Any]:
+    """The JSON record of a retrofit: the config plus the converted layers' names (as in the bare model, without
+    peft's prefix) and the attention-layer count."""
+    from .. import __version__
+
+    names = [canonical_name(model, n) or n for n in plan.layer_names]
+    return dict(plan.config.to_dict(), layer_names=names, num_attention_layers=len(plan.candidates),
+                format_version=HF_FORMAT_VERSION, diffattn_version=__version__)
+
+
+def _record_in_hf_config(model: nn.Module, plan: RetrofitPlan) -> None:
+    """Store the retrofit in a transformers ``model.config`` so that ``save_pretrained`` writes it to config.json."""
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string") and hasattr(config, "architectures"):
+        setattr(config, HF_CONFIG_KEY, retrofit_record(model, plan))
 
 
 #: attribute names transformers and timm give a task head on top of the backbone
@@ -226,12 +300,12 @@ def count_parameters(model: nn.Module) -> dict[str, Any]:
     allp = uniq(model.parameters())
     per_layer = []
     new_params = []
-    for name, a in adapters(model):
+    for canon, name, a in active_modules(model, RetrofitAdapter):
         ap = uniq(a.parameters())
         new_params += ap
-        owner_name = name.rsplit(".", 1)[0] if "." in name else ""
-        owner = model.get_submodule(owner_name) if owner_name else model
-        per_layer.append({"name": owner_name, "index": a.layer_index, "method": a.method,
+        owner = model.get_submodule(_owner(model, name))
+        per_layer.append({"name": canon.rsplit(".", 1)[0] if "." in canon else "", "index": a.layer_index,
+                          "method": a.method,
                           "new": sum(p.numel() for p in ap),
                           "trainable": sum(p.numel() for p in uniq(owner.parameters()) if p.requires_grad)})
     new_params = uniq(new_params)
@@ -240,6 +314,14 @@ def count_parameters(model: nn.Module) -> dict[str, Any]:
             "new": sum(p.numel() for p in new_params),
             "new_trainable": sum(p.numel() for p in new_params if p.requires_grad),
             "layers": per_layer}
+
+
+def _owner(model: nn.Module, adapter_name: str) -> str:
+    """The attention module holding the adapter called ``adapter_name`` (above peft's modules_to_save wrapper)."""
+    parts = adapter_name.split(".")
+    while parts and parts[-1] != ADAPTER_ATTR:
+        parts.pop()
+    return ".".join(parts[:-1])
 
 
 def lambda_summary(model: nn.Module) -> list[dict[str, Any]]:

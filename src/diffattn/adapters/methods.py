@@ -50,6 +50,7 @@ import torch
 import torch.nn as nn
 
 from .. import functional
+from ..functional import AttentionWeights
 from ..lambdas import AnnealedLambda, ReparamLambda, resolve_lambda_init
 from ..layers.norm import head_rms_norm
 
@@ -61,6 +62,7 @@ __all__ = [
     "MAX_STEP",
     "RetrofitAdapter",
     "run_method",
+    "branch_maps",
     "second_branch",
     "split_channels",
 ]
@@ -123,6 +125,9 @@ class RetrofitAdapter(nn.Module):
         if not math.isfinite(self.lambda_init):
             raise ValueError(f"lambda_init must be finite, got {self.lambda_init!r}")
         self.anneal_steps = int(anneal_steps)
+        #: set by ``capture_attention``: keep the maps of every forward call in ``last_maps``
+        self.keep_maps = False
+        self.last_maps: AttentionWeights | None = None
         f = {"device": device, "dtype": dtype}
         lam_f = {"device": device, "dtype": _lambda_dtype(dtype)}
         h, d, D, dv = self.num_heads, self.head_dim, self.dim, self.value_dim
@@ -234,12 +239,26 @@ def _attn(q, k, v, weights: bool, **kw) -> tuple[torch.Tensor, torch.Tensor | No
     return functional.attention(q, k, v, **kw), None
 
 
-def _diff(q1, k1, q2, k2, v, lam, weights: bool, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(A1 − λ A2) V through :func:`diffattn.functional.diff_attention`, with the combined map when ``weights``."""
+def _diff(q1, k1, q2, k2, v, lam, weights: bool, **kw) -> tuple[torch.Tensor, AttentionWeights | None]:
+    """(A1 − λ A2) V through :func:`diffattn.functional.diff_attention`, with (A1, A2, A1 − λ A2) when ``weights``."""
     if weights:
-        out, maps = functional.diff_attention(q1, k1, q2, k2, v, lam, return_weights=True, **kw)
-        return out, maps.combined
+        return functional.diff_attention(q1, k1, q2, k2, v, lam, return_weights=True, **kw)
     return functional.diff_attention(q1, k1, q2, k2, v, lam, **kw), None
+
+
+_SELF = "combined"  # a branch that is the combined map itself (DiffV, DEX)
+
+
+def branch_maps(maps: torch.Tensor) -> AttentionWeights:
+    """(A1, A2, combined) of a combined map returned by a retrofitted layer (``output_attentions=True`` in
+    transformers, ``need_weights=True`` for open_clip's attention): each (B, h, Nq, Nk), A2 None for the methods
+    with one map (DiffV, DEX). See :func:`run_method` for what each method's maps are."""
+    branches = getattr(maps, "_diffattn_branches", None)
+    if not isinstance(maps, torch.Tensor) or branches is None:
+        raise ValueError("maps must be an attention map returned by a layer converted with diffattn.retrofit (e.g. "
+                         "model(..., output_attentions=True).attentions[i]), got "
+                         f"{type(maps).__name__}{' without branch maps' if isinstance(maps, torch.Tensor) else ''}")
+    return AttentionWeights(*(maps if b is _SELF else b for b in branches), maps)
 
 
 def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
@@ -257,19 +276,29 @@ def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: to
 
     Returns the (B, h, Nq, d) output before the output projection and, with ``need_weights``, the (B, h, Nq, Nk)
     combined map in q's dtype: A1 − λ A2 (DAA, DiffQ, DiffK), A (DiffV, DEX), (1 − λ) A1 (shared-QK), or A1 − λ A2
-    on the halves (split-heads); for the Li et al. 2025 methods blended as the output is.
+    on the halves (split-heads); for the Li et al. 2025 methods blended as the output is. The branches travel with
+    it (:func:`branch_maps`): A1 and A2 (DAA, DiffQ, DiffK: A2 = A(Q2, K) or A(Q, K2)), A and None (DiffV, DEX: one
+    map), A1 and A1 (shared-QK), A1 and A2 of the channel halves (split-heads, not blended). When
+    ``adapter.keep_maps`` is True, the maps are also computed without ``need_weights`` and kept, detached, as
+    ``adapter.last_maps`` (:class:`~diffattn.functional.AttentionWeights`; what ``capture_attention`` reads).
     """
     m = adapter.method
     kw = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale, "dropout_p": dropout_p,
           "softcap": softcap, "backend": backend}
-    w = need_weights
+    keep = bool(getattr(adapter, "keep_maps", False))
+    w = need_weights or keep
     lam = adapter.lambda_value()  # 0-d, float32 (float64 for a float64 model)
+    first = second = p = None
     if m in ("daa", "diffq", "diffk"):  # DAA (2025) eq. 4 / App. D: (A1 − λ A2) V
-        out, p = _diff(q, k, q if q2 is None else q2, k if k2 is None else k2, v, lam, w, **kw)
+        out, ws = _diff(q, k, q if q2 is None else q2, k if k2 is None else k2, v, lam, w, **kw)
+        if ws is not None:
+            first, second, p = ws
     elif m == "diffv":  # A (V1 − λ V2) = A V1 − λ A V2
         out, p = _attn(q, k, v - lam.to(v.dtype) * v2, w, **kw)
+        first = p
     elif m == "dex":  # DAA (2025) eq. 11: (A1 V)(I − λ W_dex)
         o1, p = _attn(q, k, v, w, **kw)
+        first = p
         o_w = torch.einsum("bhnd,hde->bhne", o1, adapter.W_dex.to(o1.dtype))  # (B, h, Nq, d)
         out = o1 - lam.to(o1.dtype) * o_w
     else:
@@ -279,10 +308,12 @@ def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: to
             o1, p1 = _attn(q, k, v, w, **kw)
             od = (1.0 - lam).to(o1.dtype) * o1
             pd = None if p1 is None else (1.0 - lam).to(p1.dtype) * p1
+            first = second = p1
         else:  # Ye et al. 2024 eq. 1 on the two channel groups, Li et al. 2025 §3.2
             g1, g2 = split_channels(q.shape[-1], q.device)
-            od, pd = _diff(q[..., g1], k[..., g1], q[..., g2], k[..., g2], v, lam, w,
+            od, ws = _diff(q[..., g1], k[..., g1], q[..., g2], k[..., g2], v, lam, w,
                            **dict(kw, scale=scale * math.sqrt(2.0)))
+            first, second, pd = ws if ws is not None else (None, None, None)
             o1, p1 = (None, None) if full else _attn(q, k, v, w, **kw)
         od = adapter.diff_norm(od) * (1.0 - adapter.lambda_init)  # per-head RMSNorm × (1 − λ_init)
         if full:
@@ -291,4 +322,13 @@ def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: to
             b = beta.to(od.dtype)
             out = (1.0 - b) * o1 + b * od  # β(t) blend from the pretrained output
             p = None if pd is None else (1.0 - beta) * p1 + beta * pd
-    return out, (None if p is None or not need_weights else p.to(q.dtype))
+    if p is None:
+        return out, None
+    if keep:
+        adapter.last_maps = AttentionWeights(*(None if t is None else t.detach() for t in (first, second, p)))
+    if not need_weights:
+        return out, None
+    combined = p.to(q.dtype)
+    combined._diffattn_branches = tuple(None if t is None else _SELF if t is p else t.to(q.dtype)
+                                        for t in (first, second))  # _SELF: no reference cycle
+    return out, combined

@@ -3,10 +3,12 @@
 A directory written by :func:`save_adapter` holds exactly two files:
 
 - ``diffattn_adapter.json``: the :class:`RetrofitConfig` (``method``, ``lambda_init``, ``anneal_steps``,
-  ``layers``, ``train``), the converted modules' names (``layer_names``), the number of attention layers the
-  model has (``num_attention_layers``), ``format_version`` (1), ``diffattn_version`` and ``base_model``;
+  ``layers``, ``train`` and ``trainable``, the latter absent in files of earlier versions), the converted modules'
+  names (``layer_names``), the number of attention layers the model has (``num_attention_layers``),
+  ``format_version`` (1), ``diffattn_version`` and ``base_model``;
 - ``diffattn_adapter.safetensors``: every adapter tensor (new matrices, λ parameters, ``step`` buffers) and every
-  parameter the ``train`` mode makes trainable (and any other that requires grad at save time).
+  parameter the ``train`` mode makes trainable (and any other that requires grad at save time), under the bare
+  model's names (a peft-wrapped model writes the same file).
 
 :func:`save_adapter` writes both into a temporary directory and swaps it into place
 (:func:`diffattn.io.atomic_write_dir`): a reader, or a process killed at any point, sees the previous adapter or
@@ -26,7 +28,8 @@ import torch.nn as nn
 
 from ..io import atomic_write_dir, recover_dir
 from .config import RetrofitConfig
-from .core import PLAN_ATTR, RetrofitPlan, _plan, apply_plan, plan_retrofit
+from .core import PLAN_ATTR, RetrofitPlan, _plan, apply_plan, plan_retrofit, retrofit_record
+from .naming import canonical_name, key_map, module_map
 from .schedule import adapters
 
 __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_VERSION", "save_adapter", "load_adapter", "read_adapter"]
@@ -39,23 +42,39 @@ _META_KEYS = {"layer_names", "num_attention_layers", "format_version", "diffattn
 
 def _trainable_names(model: nn.Module, plan: RetrofitPlan) -> set[str]:
     """Names (as ``model.named_parameters()`` gives them) of the non-adapter parameters the train mode trains."""
-    train = plan.config.train
-    if train == "adapters":
-        return set()
     names = {id(p): n for n, p in model.named_parameters()}
-    mods = [model] if train == "all" else plan.trainable_modules()
+    mods = [model] if plan.config.train == "all" else plan.trainable_modules()
     return {names[id(p)] for m in mods for p in m.parameters() if id(p) in names}
 
 
+def _canonical_keys(model: nn.Module) -> dict[str, str]:
+    """Tensor name in ``model`` → the bare model's name (identity without peft; peft's own weights left out)."""
+    return {k: c for c, k in key_map(model).items()}
+
+
 def _adapter_state(model: nn.Module, plan: RetrofitPlan) -> dict[str, torch.Tensor]:
+    """The tensors an adapter file holds, under the bare model's names (the same file with or without peft)."""
+    canon = _canonical_keys(model)
     keys = _trainable_names(model, plan) | {n for n, p in model.named_parameters() if p.requires_grad}
-    for name, a in adapters(model):
-        keys |= {f"{name}.{k}" for k in a.state_dict()}
-    return {k: v.detach().contiguous().clone() for k, v in model.state_dict().items() if k in keys}
+    out = {canon[k] for k in keys if k in canon}
+    for name, a in adapters(model):  # canonical names
+        out |= {f"{name}.{k}" for k in a.state_dict()}
+    return {canon[k]: v.detach().contiguous().clone() for k, v in model.state_dict().items()
+            if k in canon and canon[k] in out}
+
+
+def _bare(model: nn.Module) -> nn.Module:
+    """The model inside a peft wrapper (``PeftModel.base_model.model``), or ``model``."""
+    root = module_map(model).get("", "")
+    return model.get_submodule(root) if root else model
 
 
 def save_adapter(model: nn.Module, directory: str | os.PathLike) -> None:
     """Write the new and trainable weights of a retrofitted ``model`` to ``directory`` (see the module docstring).
+
+    A peft-wrapped model (LoRA on the retrofitted model, ``modules_to_save=["diff_adapter", ...]``) writes the same
+    file as the bare model would: the bare model's tensor names, the trained copy of every ``modules_to_save``
+    module, and none of peft's own weights (save those with peft's ``model.save_pretrained``).
 
     The directory is replaced as a whole and atomically; it must not exist, or hold only a previous adapter (any
     other file in it is an error, so that a save never deletes what is not an adapter).
@@ -74,8 +93,8 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike) -> None:
         if other:
             raise ValueError(f"directory {str(directory)!r} holds files other than an adapter ({other[:5]}); "
                              f"save_adapter replaces the whole directory, so give it an empty or adapter-only one")
-    meta = dict(plan.config.to_dict(), layer_names=plan.layer_names, num_attention_layers=len(plan.candidates),
-                format_version=FORMAT_VERSION, diffattn_version=diffattn.__version__, base_model=type(model).__name__)
+    meta = dict(retrofit_record(model, plan), format_version=FORMAT_VERSION, diffattn_version=diffattn.__version__,
+                base_model=type(_bare(model)).__name__)
     state = _adapter_state(model, plan)
     with atomic_write_dir(directory) as tmp:
         save_file(state, str(tmp / WEIGHTS_FILE))
@@ -112,11 +131,11 @@ def read_adapter(directory: str | os.PathLike) -> tuple[RetrofitConfig, dict[str
     missing = sorted((cfg_keys | {"layer_names", "num_attention_layers"}) - set(meta))
     if missing:
         raise _fail(path, f"lacks the fields {missing}")
-    unknown = sorted(set(meta) - cfg_keys - _META_KEYS)
+    unknown = sorted(set(meta) - cfg_keys - {"trainable"} - _META_KEYS)
     if unknown:
         raise _fail(path, f"has unknown fields {unknown}")
     try:
-        config = RetrofitConfig.from_dict({k: meta[k] for k in cfg_keys})
+        config = RetrofitConfig.from_dict({k: meta[k] for k in cfg_keys | ({"trainable"} & set(meta))})
     except (TypeError, ValueError) as e:
         raise _fail(path, str(e)) from None
     layers, names, n = config.layers, meta["layer_names"], meta["num_attention_layers"]
@@ -142,14 +161,17 @@ def read_adapter(directory: str | os.PathLike) -> tuple[RetrofitConfig, dict[str
 
 
 def _expected(model: nn.Module, plan: RetrofitPlan) -> tuple[dict[str, torch.Tensor], set[str]]:
-    """(every tensor name the adapter must hold → a tensor of its shape and dtype, the required names)."""
+    """(every tensor name the adapter must hold → a tensor of its shape and dtype, the required names), under the
+    bare model's names."""
     want: dict[str, torch.Tensor] = {}
-    for c, a in zip(plan.chosen, plan.adapters, strict=True):  # adapters of the plan live on the meta device
+    for name, a in zip(_layer_names(model, plan), plan.adapters, strict=True):  # plan adapters: meta device
         for k, t in a.state_dict().items():
-            want[f"{c.name}.diff_adapter.{k}"] = t
-    required = set(want) | _trainable_names(model, plan)
+            want[f"{name}.diff_adapter.{k}"] = t
+    canon = _canonical_keys(model)
+    required = set(want) | {canon[k] for k in _trainable_names(model, plan) if k in canon}
     for k, t in model.state_dict().items():  # any other base tensor may be saved (it required grad at save time)
-        want.setdefault(k, t)
+        if k in canon:
+            want.setdefault(canon[k], t)
     return want, required
 
 
@@ -181,6 +203,9 @@ def load_adapter(base_model: nn.Module, directory: str | os.PathLike) -> nn.Modu
     """Retrofit ``base_model`` (same architecture and base weights as the saved one) as recorded in ``directory``
     and load the saved weights; returns the model, which then computes exactly what the saved model computed.
 
+    ``base_model`` may be wrapped by peft (e.g. ``get_peft_model(base, LoraConfig(...))``): the adapter, saved under
+    the bare model's names, goes into the wrapped modules, and peft's own weights keep their ``requires_grad``.
+
     Everything is checked before the model is touched: the JSON (fields, types, format version), the match between
     the recorded layers and the model's attention modules, and every tensor (no missing, no unexpected, shapes,
     dtypes, finite values). Any failure raises ValueError naming the problem and leaves ``base_model`` unchanged,
@@ -196,13 +221,20 @@ def load_adapter(base_model: nn.Module, directory: str | os.PathLike) -> nn.Modu
         dry = plan_retrofit(base_model, config, device="meta")
     except ValueError as e:
         raise _fail(directory / CONFIG_FILE, f"cannot be applied to this base model: {e}") from None
-    if len(dry.candidates) != meta["num_attention_layers"] or dry.layer_names != meta["layer_names"]:
+    names = _layer_names(base_model, dry)
+    if len(dry.candidates) != meta["num_attention_layers"] or names != meta["layer_names"]:
         raise ValueError(f"base_model does not match the saved adapter: it was saved from a model with "
                          f"{meta['num_attention_layers']} attention layers converting {meta['layer_names']}, this "
-                         f"model has {len(dry.candidates)} and would convert {dry.layer_names}")
+                         f"model has {len(dry.candidates)} and would convert {names}")
     want, required = _expected(base_model, dry)
     _check_tensors(directory / WEIGHTS_FILE, tensors, want, required)
-    apply_plan(base_model, plan_retrofit(base_model, config))
-    result = base_model.load_state_dict(tensors, strict=False)
+    apply_plan(base_model, plan_retrofit(base_model, config), warn=False)
+    kmap = key_map(base_model)  # bare-model name → name in base_model (peft-wrapped or not)
+    result = base_model.load_state_dict({kmap[k]: t for k, t in tensors.items()}, strict=False)
     assert not result.unexpected_keys, result.unexpected_keys  # checked above
     return base_model
+
+
+def _layer_names(model: nn.Module, plan: RetrofitPlan) -> list[str]:
+    """The converted modules' names in the bare model (without peft's prefix)."""
+    return [canonical_name(model, n) or n for n in plan.layer_names]

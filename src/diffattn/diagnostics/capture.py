@@ -13,9 +13,12 @@ Which modules are captured:
   result again, so the caller sees exactly the tensor type it asked for. λ and the gate come from the layer's
   public ``lambda_weights(x)`` (w1, λ): for Ye et al. 2024 eq. 2 λ is one scalar per layer, repeated per head;
   for M-DGSA (2025) eq. 3 the gate is g = w1 and λ = 1 − g per token and head.
-- attention modules converted by :func:`diffattn.retrofit` (they carry a ``diff_adapter``): the pre-hook passes
-  ``output_attentions=True`` and the forward hook records the map the module returns (the combined map only:
-  A1 − λA2 for DAA / DiffQ / DiffK, see :func:`diffattn.adapters.methods.run_method`); λ comes from the adapter.
+- attention modules converted by :func:`diffattn.retrofit` (they carry a ``diff_adapter``; every binding:
+  transformers, timm, open_clip): while the context is active the adapter keeps the maps of each call
+  (``keep_maps``) and a forward hook records them, the module's inputs and outputs untouched: A1, A2 and the
+  combined map A1 − λA2 for DAA / DiffQ / DiffK (A2 from the second query or key), A and no A2 for DiffV and DEX
+  (one map), A1, A1 and (1 − λ)A1 for shared-QK, the channel halves' A1, A2 for split-heads (see
+  :func:`diffattn.adapters.methods.run_method`); λ comes from the adapter.
 
 Outputs are unchanged up to floating-point rounding: asking for the weights routes the layer through the ``math``
 backend (it materialises the maps) instead of the fused SDPA kernel; both compute the same equation.
@@ -36,8 +39,9 @@ __all__ = ["LayerMaps", "AttentionCapture", "capture_attention", "attention_modu
 class LayerMaps:
     """The maps of one attention module for one forward call (float32, on ``AttentionCapture.device``).
 
-    first: A1 (B, heads, Nq, Nk); second: A2 or None (standard attention, retrofits); combined: the signed map the
-    layer applies to V; lambda_: λ as (heads,) or (B, heads, Nq, 1) or None; gate: g (B, heads, Nq, 1) or None.
+    first: A1 (B, heads, Nq, Nk); second: A2 or None (standard attention; retrofits with one map); combined: the
+    signed map the layer applies to V; lambda_: λ as (heads,) or (B, heads, Nq, 1) or None; gate: g (B, heads, Nq, 1)
+    or None.
     """
 
     name: str
@@ -83,6 +87,7 @@ class AttentionCapture:
     layers: list[LayerMaps] = field(default_factory=list)
     _handles: list = field(default_factory=list, repr=False)
     _pending: dict = field(default_factory=dict, repr=False)
+    _kept: list = field(default_factory=list, repr=False)
 
     def __enter__(self) -> AttentionCapture:
         mods = attention_modules(self.model)
@@ -100,14 +105,18 @@ class AttentionCapture:
                 self._handles.append(m.register_forward_pre_hook(self._pre_layer(name), with_kwargs=True))
                 self._handles.append(m.register_forward_hook(self._post_layer(name), with_kwargs=True))
             else:
-                self._handles.append(m.register_forward_pre_hook(self._pre_retrofit(name), with_kwargs=True))
-                self._handles.append(m.register_forward_hook(self._post_retrofit(name), with_kwargs=True))
+                m.diff_adapter.keep_maps = True
+                self._kept.append(m.diff_adapter)
+                self._handles.append(m.register_forward_hook(self._post_retrofit(name)))
         return self
 
     def __exit__(self, *exc) -> None:
         for h in self._handles:
             h.remove()
+        for ad in self._kept:
+            ad.keep_maps, ad.last_maps = False, None
         self._handles.clear()
+        self._kept.clear()
         self._pending.clear()
 
     def _store(self, t):
@@ -148,20 +157,17 @@ class AttentionCapture:
             return output if asked else out
         return hook
 
-    # -- retrofitted Hugging Face modules: forward(hidden_states, ..., **kwargs) -> (out, maps)
-    def _pre_retrofit(self, name: str):
-        def hook(module, args, kwargs):
-            return args, dict(kwargs, output_attentions=True)
-        return hook
-
+    # -- retrofitted modules (any binding): the adapter keeps its maps while the context is active
     def _post_retrofit(self, name: str):
-        def hook(module, args, kwargs, output):
-            maps = output[1] if isinstance(output, tuple) and len(output) > 1 else None
-            if isinstance(maps, torch.Tensor):
-                lam = module.diff_adapter.lambda_value().detach().float().reshape(-1)
-                self.layers.append(LayerMaps(name, None, None, self._store(maps), self._store(lam), None,
-                                             "retrofit"))
-            return output
+        def hook(module, args, output):
+            ad = module.diff_adapter
+            maps = getattr(ad, "last_maps", None)
+            if maps is not None:
+                ad.last_maps = None
+                lam = ad.lambda_value().detach().float().reshape(-1)
+                self.layers.append(LayerMaps(name, self._store(maps.first), self._store(maps.second),
+                                             self._store(maps.combined), self._store(lam), None, "retrofit"))
+            return None
         return hook
 
     # -- views

@@ -1,0 +1,233 @@
+"""Retrofitted transformers models as ordinary Hugging Face checkpoints.
+
+:func:`diffattn.retrofit` records the retrofit in ``model.config`` under the key ``diffattn_retrofit``, and the
+adapter weights are submodules of the model, so ``model.save_pretrained(dir)`` (and every ``Trainer`` checkpoint)
+writes a complete checkpoint: ``config.json`` with the record, the safetensors with base and adapter weights.
+
+- :func:`from_pretrained_retrofit` rebuilds the model: the class named by ``config.architectures``, its pretrained
+  weights, the retrofit of the record, then the adapter tensors, loaded strictly (every adapter tensor present, no
+  other unexpected or missing tensor). No ``trust_remote_code``: the code is this library's.
+- A plain ``BertForSequenceClassification.from_pretrained(dir)`` of such a checkpoint cannot run the retrofit: it
+  drops the adapter weights (transformers lists them as unexpected keys in its load report). Once ``diffattn`` is
+  imported, a filter on transformers' loading logger turns that report into a :class:`RetrofitCheckpointWarning`
+  that names the call to use, so the user is told loudly instead of getting a plain model silently.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from .binding import ADAPTER_ATTR
+from .config import RetrofitConfig
+from .core import HF_CONFIG_KEY, HF_FORMAT_VERSION, apply_plan, plan_retrofit
+
+__all__ = ["RetrofitCheckpointWarning", "from_pretrained_retrofit", "install_load_warning"]
+
+#: loggers transformers (4.5x and 5.x) reports unexpected checkpoint keys on
+_LOAD_LOGGERS = ("transformers.modeling_utils",)
+_RECORD_FIELDS = {"method", "lambda_init", "anneal_steps", "layers", "train", "trainable", "layer_names",
+                  "num_attention_layers", "format_version", "diffattn_version"}
+_loading_retrofit: contextvars.ContextVar[bool] = contextvars.ContextVar("diffattn_loading_retrofit", default=False)
+
+
+class RetrofitCheckpointWarning(UserWarning):
+    """A checkpoint of a retrofitted model was loaded into a model without the retrofit: its adapter weights were
+    dropped and the model computes the pretrained (non-differential) attention."""
+
+
+class _DroppedAdapterFilter(logging.Filter):
+    """Turns transformers' report of unexpected ``diff_adapter`` keys into a :class:`RetrofitCheckpointWarning`."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            msg = record.getMessage()
+        except Exception:  # a malformed record is transformers' business
+            return True
+        if f".{ADAPTER_ATTR}." not in msg:
+            return True
+        if _loading_retrofit.get():  # from_pretrained_retrofit checks these keys itself
+            return False
+        text = ("this checkpoint was saved from a model retrofitted with differential attention (diffattn): the "
+                "model just loaded DROPPED its diff_adapter weights and computes the pretrained attention instead. "
+                "Load it with diffattn.from_pretrained_retrofit(path).")
+        warnings.warn(text, RetrofitCheckpointWarning, stacklevel=_caller_level())
+        record.msg, record.args = f"{msg}\n[diffattn] {text}", None
+        return True
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that points the warning at the user's ``from_pretrained`` call (outside logging and
+    transformers), so that the warning shows once per call site."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name == __name__ or name == "logging" or name.startswith(("logging.", "transformers.",
+                                                                          "huggingface_hub."))):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
+
+
+def install_load_warning() -> None:
+    """Attach the filter that warns when a retrofitted checkpoint is loaded into a plain model (idempotent; done
+    when :mod:`diffattn.adapters` is imported)."""
+    for name in _LOAD_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DroppedAdapterFilter) for f in logger.filters):
+            logger.addFilter(_DroppedAdapterFilter())
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def _read_record(config: Any, path: str) -> dict[str, Any]:
+    rec = getattr(config, HF_CONFIG_KEY, None)
+    if rec is None:
+        raise ValueError(f"{path}: config.json has no {HF_CONFIG_KEY!r} record, so it is not a retrofitted "
+                         f"checkpoint; load it with transformers' from_pretrained, or retrofit it with "
+                         f"diffattn.retrofit(model, method)")
+    if not isinstance(rec, dict):
+        raise ValueError(f"{path}: config.json's {HF_CONFIG_KEY!r} must be a JSON object, got {type(rec).__name__}")
+    if rec.get("format_version") != HF_FORMAT_VERSION:
+        raise ValueError(f"{path}: config.json's {HF_CONFIG_KEY!r} has format_version "
+                         f"{rec.get('format_version')!r}; this diffattn reads {HF_FORMAT_VERSION}")
+    unknown = sorted(set(rec) - _RECORD_FIELDS)
+    missing = sorted({"method", "layers", "layer_names", "num_attention_layers"} - set(rec))
+    if unknown or missing:
+        raise ValueError(f"{path}: config.json's {HF_CONFIG_KEY!r} record has unknown fields {unknown} / lacks "
+                         f"{missing}")
+    return rec
+
+
+def _model_class(config: Any, model_class: type | None, path: str) -> type:
+    if model_class is not None:
+        if not (isinstance(model_class, type) and hasattr(model_class, "from_pretrained")):
+            raise TypeError(f"model_class must be a transformers model class (e.g. BertForSequenceClassification), "
+                            f"got {model_class!r}")
+        return model_class
+    import transformers
+
+    archs = getattr(config, "architectures", None) or []
+    for name in archs:
+        cls = getattr(transformers, name, None)
+        if isinstance(cls, type):
+            return cls
+    raise ValueError(f"{path}: config.json names architectures {archs!r}, none of which is a transformers class; "
+                     f"pass model_class= (e.g. model_class=transformers.BertModel)")
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [directory / f for f in files]
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (directory / name).is_file():
+            return [directory / name]
+    index = directory / "pytorch_model.bin.index.json"
+    if index.is_file():
+        return [directory / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    raise ValueError(f"{directory}: holds no model.safetensors / pytorch_model.bin (sharded or not)")
+
+
+def _read_tensors(directory: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
+    """The tensors of ``wanted`` from the checkpoint's weight files (safetensors, or torch with weights_only)."""
+    out: dict[str, torch.Tensor] = {}
+    for f in _weight_files(directory):
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt", device="cpu") as fh:
+                for k in wanted & set(fh.keys()):
+                    out[k] = fh.get_tensor(k)
+        else:
+            sd = torch.load(f, map_location="cpu", weights_only=True)
+            out.update({k: v for k, v in sd.items() if k in wanted})
+    return out
+
+
+def _resolve(path: str | os.PathLike, kwargs: dict[str, Any]) -> Path:
+    """A local checkpoint folder, or a hub repo id downloaded (or found in the cache) by huggingface_hub."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return p
+    if p.exists() or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", str(path)):
+        raise FileNotFoundError(f"path must be a checkpoint folder (config.json + weights) or a hub repo id, got "
+                                f"{str(path)!r}, which is not a folder")
+    from huggingface_hub import snapshot_download
+
+    return Path(snapshot_download(str(path), revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"),
+                                  allow_patterns=["*.json", "*.safetensors", "*.bin"]))
+
+
+def from_pretrained_retrofit(path: str | os.PathLike, *, model_class: type | None = None,
+                             **kwargs: Any) -> nn.Module:
+    """Load a checkpoint written by ``save_pretrained`` (or a ``Trainer``) of a retrofitted transformers model.
+
+    Builds ``model_class`` (default: the first of ``config.architectures`` that transformers has) with its
+    pretrained weights (``model_class.from_pretrained(path, **kwargs)``: ``dtype``, ``device_map``,
+    ``attn_implementation`` … pass through), retrofits it with the config recorded under ``diffattn_retrofit`` and
+    loads the adapter tensors (new matrices, λ parameters, schedule steps). Strict: the checkpoint must hold every
+    adapter tensor and nothing else the model lacks, and the recorded layers must be the ones the retrofit
+    converts; otherwise ValueError. The result computes what the saved model computed (same weights, same step).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a folder or a hub repo id (str or os.PathLike), got {type(path).__name__}")
+    import transformers
+
+    directory = _resolve(path, kwargs)
+    config = transformers.AutoConfig.from_pretrained(str(directory))
+    rec = _read_record(config, str(directory))
+    try:
+        rconf = RetrofitConfig.from_dict({k: rec[k] for k in ("method", "lambda_init", "anneal_steps", "layers",
+                                                               "train", "trainable") if k in rec})
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{directory}: config.json's {HF_CONFIG_KEY!r} record is invalid: {e}") from None
+    cls = _model_class(config, model_class, str(directory))
+    token = _loading_retrofit.set(True)
+    try:
+        model, info = cls.from_pretrained(str(directory), output_loading_info=True, **kwargs)
+    finally:
+        _loading_retrofit.reset(token)
+    try:
+        plan = plan_retrofit(model, rconf)
+    except ValueError as e:
+        raise ValueError(f"{directory}: the recorded retrofit does not apply to {cls.__name__}: {e}") from None
+    if len(plan.candidates) != rec["num_attention_layers"] or plan.layer_names != rec["layer_names"]:
+        raise ValueError(f"{directory}: the checkpoint was saved from a model with {rec['num_attention_layers']} "
+                         f"attention layers converting {rec['layer_names']}; {cls.__name__} has "
+                         f"{len(plan.candidates)} and would convert {plan.layer_names} (pass model_class=?)")
+    apply_plan(model, plan, warn=False)
+    adapter_keys = {k for k in model.state_dict() if f".{ADAPTER_ATTR}." in f".{k}"}
+    unexpected = set(info.get("unexpected_keys") or ()) - adapter_keys
+    missing = sorted(set(info.get("missing_keys") or ()))
+    if unexpected or missing:
+        raise ValueError(f"{directory}: the checkpoint does not match {cls.__name__} (missing {missing[:8]}, "
+                         f"unexpected {sorted(unexpected)[:8]}); pass model_class= with the class it was saved from")
+    tensors = _read_tensors(directory, adapter_keys)
+    absent = sorted(adapter_keys - set(tensors))
+    if absent:
+        raise ValueError(f"{directory}: the checkpoint lacks {len(absent)} adapter tensors of the recorded retrofit, "
+                         f"e.g. {absent[:4]}: it was not saved from the retrofitted model")
+    ref = model.state_dict()
+    for k, t in tensors.items():
+        if tuple(t.shape) != tuple(ref[k].shape):
+            raise ValueError(f"{directory}: adapter tensor {k!r} has shape {tuple(t.shape)}, the model needs "
+                             f"{tuple(ref[k].shape)}")
+        if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise ValueError(f"{directory}: adapter tensor {k!r} holds NaN or infinite values")
+    result = model.load_state_dict(tensors, strict=False)
+    assert not result.unexpected_keys, result.unexpected_keys
+    return model
