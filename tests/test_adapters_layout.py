@@ -30,7 +30,7 @@ def _imports(path: Path) -> set[str]:
 
 def test_bindings_import_only_the_protocol_methods_and_operator():
     files = sorted((PKG / "bindings").glob("*.py"))
-    assert {f.stem for f in files} == {"__init__", "transformers", "timm", "open_clip"}
+    assert {f.stem for f in files} == {"__init__", "transformers", "timm", "open_clip", "ultralytics"}
     for f in files:
         if f.stem == "__init__":
             continue
@@ -40,7 +40,8 @@ def test_bindings_import_only_the_protocol_methods_and_operator():
 
 
 def test_one_list_of_bindings_all_typed():
-    assert [type(b).__name__ for b in BINDINGS] == ["TransformersBinding", "TimmBinding", "OpenClipBinding"]
+    assert [type(b).__name__ for b in BINDINGS] == ["TransformersBinding", "TimmBinding", "OpenClipBinding",
+                                                    "UltralyticsBinding"]
     assert all(isinstance(b, Binding) for b in BINDINGS)
     assert A.supported_families() == [f for b in BINDINGS for f in b.families]
 
