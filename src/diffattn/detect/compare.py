@@ -7,8 +7,8 @@ with the same budget (epochs, image size, batch, images), then ``model.val()`` o
 mAP50-95; parameters and GFLOPs (at 640×640, Ultralytics' convention) come from Ultralytics' own
 ``get_num_params`` / ``get_flops``. Writes ``results.json`` and ``results.md`` (mean ± std over seeds) and
 ``attention_maps.png``: for one val image, the attention of every attention layer of each seed-0 model
-(:func:`diffattn.detect.maps.attention_maps`), as the row of the query at the centre of the largest object,
-averaged over heads and drawn over the image. Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies.
+(:func:`diffattn.detect.maps.attention_maps`), as the row of the query at the centre of the first labelled object,
+averaged over heads and drawn over the image, each panel scaled to its own range (printed in its title). Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies.
 """
 
 from __future__ import annotations
@@ -101,12 +101,11 @@ def plot_maps(rows: list[dict], data: Path, out_png: Path, imgsz: int) -> list[d
     axes[0].imshow(img)
     axes[0].plot([cx * imgsz], [cy * imgsz], "r+", ms=12)
     axes[0].set_title(image_path.name, fontsize=7)
-    for ax, (title, row) in zip(axes[1:], panels):
-        lim = float(np.abs(row).max()) or 1.0
+    for ax, (title, row) in zip(axes[1:], panels):  # each panel on its own range (printed): maps can be near-flat
         ax.imshow(img, alpha=0.45)
-        ax.imshow(row, cmap="RdBu_r", vmin=-lim, vmax=lim, alpha=0.75, extent=(0, imgsz, imgsz, 0),
-                  interpolation="nearest")
-        ax.set_title(title, fontsize=6)
+        ax.imshow(row, cmap="viridis", vmin=float(row.min()), vmax=float(row.max()) + 1e-12, alpha=0.75,
+                  extent=(0, imgsz, imgsz, 0), interpolation="nearest")
+        ax.set_title(f"{title}\n[{row.min():.3g}, {row.max():.3g}]", fontsize=6)
     for ax in axes:
         ax.axis("off")
     fig.tight_layout()
