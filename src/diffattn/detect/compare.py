@@ -8,7 +8,8 @@ mAP50-95; parameters and GFLOPs (at 640×640, Ultralytics' convention) come from
 ``get_num_params`` / ``get_flops``. Writes ``results.json`` and ``results.md`` (mean ± std over seeds) and
 ``attention_maps.png``: for one val image, the attention of every attention layer of each seed-0 model
 (:func:`diffattn.detect.maps.attention_maps`), as the row of the query at the centre of the first labelled object,
-averaged over heads and drawn over the image, each panel scaled to its own range (printed in its title). Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies.
+averaged over heads and drawn over the image, each panel scaled to its own range (printed in its title).
+Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies.
 """
 
 from __future__ import annotations
