@@ -116,8 +116,8 @@ def plot_maps(rows: list[dict], data: Path, out_png: Path, imgsz: int) -> list[d
     return summary
 
 
-def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | None = None, epochs: int = 5,
-                imgsz: int = 128, batch: int = 16, n_train: int = 256, n_val: int = 64, threads: int = 1) -> dict:
+def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | None = None, epochs: int = 3,
+                imgsz: int = 128, batch: int = 16, n_train: int = 128, n_val: int = 48, threads: int = 1) -> dict:
     """Train every model with every seed on the same data and budget; write results and the map figure."""
     from ..data.detection import export_detection
 
@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=Path("runs/detect"))
     p.add_argument("--data", type=Path, default=None, help="an existing data.yaml (default: generate one in OUT)")
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--imgsz", type=int, default=128)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--n-train", type=int, default=256)
-    p.add_argument("--n-val", type=int, default=64)
+    p.add_argument("--n-train", type=int, default=128)
+    p.add_argument("--n-val", type=int, default=48)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     for name, v in (("--epochs", a.epochs), ("--imgsz", a.imgsz), ("--batch", a.batch), ("--threads", a.threads)):
