@@ -155,7 +155,7 @@ def retrofit(model: nn.Module, method: str | RetrofitConfig, *, lambda_init: flo
 
     Args:
         model: a transformers model (GPT-2, Llama, Qwen2, Mistral, Gemma, Gemma2, BERT, CLIP, SigLIP, ViT,
-            PaliGemma), a timm ``VisionTransformer`` or an open_clip model.
+            PaliGemma), a timm ``VisionTransformer``, an open_clip model or an Ultralytics YOLO ``model.model``.
         method: ``"daa"``, ``"dex"``, ``"diffq"``, ``"diffk"``, ``"diffv"`` (DAA (2025); DEX: Kong et al. 2025)
             or ``"shared_qk"``, ``"split_heads"`` (Li et al. 2025); see :mod:`diffattn.adapters.methods`.
         lambda_init: λ_init of DAA (2025) eq. 3; ``"ye"`` gives 0.8 − 0.6·exp(−0.3·l) (Ye et al. 2024) with l the

@@ -29,9 +29,10 @@ from .maps import attention_layers, attention_maps  # noqa: E402
 from .modules import DiffAttention2d, DiffC2PSA, DiffC3k2, DiffPSAAttention, make_psa_differential  # noqa: E402
 from .offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS, disable_sync  # noqa: E402
 from .registry import MODEL_YAMLS, YAML_MODULES, model_yaml, register, yolo  # noqa: E402
+from .retrofit import retrofit_trainer  # noqa: E402
 
 register()
 
 __all__ = ["DiffAttention2d", "DiffPSAAttention", "DiffC2PSA", "DiffC3k2", "make_psa_differential", "MODEL_YAMLS",
            "YAML_MODULES", "model_yaml", "register", "yolo", "OFFLINE_TRAIN_ARGS", "OFFLINE_VAL_ARGS",
-           "offline_env", "disable_sync", "attention_layers", "attention_maps"]
+           "offline_env", "disable_sync", "attention_layers", "attention_maps", "retrofit_trainer"]

@@ -7,8 +7,9 @@ with the same budget (epochs, image size, batch, images), then ``model.val()`` o
 mAP50-95; parameters and GFLOPs (at 640×640, Ultralytics' convention) come from Ultralytics' own
 ``get_num_params`` / ``get_flops``. Writes ``results.json`` and ``results.md`` (mean ± std over seeds) and
 ``attention_maps.png``: for one val image, the attention of every attention layer of each seed-0 model
-(:func:`diffattn.detect.maps.attention_maps`), as the row of the query at the centre of the largest object,
-averaged over heads and drawn over the image. Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies.
+(:func:`diffattn.detect.maps.attention_maps`), as the row of the query at the centre of the first labelled object,
+averaged over heads and drawn over the image, each panel scaled to its own range (printed in its title).
+Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies.
 """
 
 from __future__ import annotations
@@ -101,12 +102,11 @@ def plot_maps(rows: list[dict], data: Path, out_png: Path, imgsz: int) -> list[d
     axes[0].imshow(img)
     axes[0].plot([cx * imgsz], [cy * imgsz], "r+", ms=12)
     axes[0].set_title(image_path.name, fontsize=7)
-    for ax, (title, row) in zip(axes[1:], panels):
-        lim = float(np.abs(row).max()) or 1.0
+    for ax, (title, row) in zip(axes[1:], panels):  # each panel on its own range (printed): maps can be near-flat
         ax.imshow(img, alpha=0.45)
-        ax.imshow(row, cmap="RdBu_r", vmin=-lim, vmax=lim, alpha=0.75, extent=(0, imgsz, imgsz, 0),
-                  interpolation="nearest")
-        ax.set_title(title, fontsize=6)
+        ax.imshow(row, cmap="viridis", vmin=float(row.min()), vmax=float(row.max()) + 1e-12, alpha=0.75,
+                  extent=(0, imgsz, imgsz, 0), interpolation="nearest")
+        ax.set_title(f"{title}\n[{row.min():.3g}, {row.max():.3g}]", fontsize=6)
     for ax in axes:
         ax.axis("off")
     fig.tight_layout()
@@ -116,8 +116,8 @@ def plot_maps(rows: list[dict], data: Path, out_png: Path, imgsz: int) -> list[d
     return summary
 
 
-def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | None = None, epochs: int = 5,
-                imgsz: int = 128, batch: int = 16, n_train: int = 256, n_val: int = 64, threads: int = 1) -> dict:
+def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | None = None, epochs: int = 3,
+                imgsz: int = 128, batch: int = 16, n_train: int = 128, n_val: int = 48, threads: int = 1) -> dict:
     """Train every model with every seed on the same data and budget; write results and the map figure."""
     from ..data.detection import export_detection
 
@@ -155,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--out", type=Path, default=Path("runs/detect"))
     p.add_argument("--data", type=Path, default=None, help="an existing data.yaml (default: generate one in OUT)")
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--imgsz", type=int, default=128)
     p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--n-train", type=int, default=256)
-    p.add_argument("--n-val", type=int, default=64)
+    p.add_argument("--n-train", type=int, default=128)
+    p.add_argument("--n-val", type=int, default=48)
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
     for name, v in (("--epochs", a.epochs), ("--imgsz", a.imgsz), ("--batch", a.batch), ("--threads", a.threads)):

@@ -85,6 +85,14 @@ def ultralytics_diff_attention_class() -> type:
                    "retrofit)."})
 
 
+def __getattr__(name: str):
+    """``UltralyticsDiffAttention`` as a module attribute, so pickled Ultralytics checkpoints of a retrofitted model
+    (``best.pt``) load back (PEP 562)."""
+    if name == "UltralyticsDiffAttention":
+        return ultralytics_diff_attention_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 class UltralyticsBinding:
     """Converts every module whose class is exactly ``ultralytics.nn.modules.block.Attention``."""
 
