@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from .report import Metric, read_seed, write_seed, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "needle_attention", "train_lm"]
+__all__ = ["VARIANTS", "DEFAULTS", "run", "needle_attention", "needle_scores", "train_lm"]
 
 #: variant → (registered model, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -83,9 +83,11 @@ def _span(seq: list[int], sub: list[int]) -> int:
 
 
 @torch.no_grad()
-def needle_attention(model, filler_text: str, *, length: int, depths, trials: int, seed: int = 0) -> dict:
+def needle_attention(model, filler_text: str, *, length: int, depths, trials: int, seed: int = 0,
+                     attention: bool = True) -> dict:
     """Needle prompts (module docstring) through ``model`` (a byte-level causal LM): answer vs context attention
-    mass (signed and |·|), accuracy and answer NLL, means over ``len(depths) · trials`` prompts."""
+    mass (signed and |·|; only with ``attention``), accuracy and answer NLL, means over ``len(depths) · trials``
+    prompts."""
     from ..diagnostics import answer_attention, capture_attention
     from ..eval.language import greedy_continuation, needle_prompt
     from ..eval.text_models import get_text_tokenizer, lm_logits
@@ -101,29 +103,36 @@ def needle_attention(model, filler_text: str, *, length: int, depths, trials: in
             prompt, answer = needle_prompt(tok, filler, length=length, depth=float(depth), rng=rng)
             q = _question_index(prompt, tok)  # the body (filler + needle) is prompt[:q]
             start = _span(prompt[:q], answer)
-            ids = torch.tensor([prompt])  # (1, N)
-            with capture_attention(model) as cap:
-                lm_logits(model, ids)
-            maps = cap.combined()  # per layer (1, heads, N, N)
             N = len(prompt)
-            context = torch.zeros(N, dtype=torch.bool)
-            context[:q] = True
-            ans = torch.zeros(N, dtype=torch.bool)
-            ans[start:start + len(answer)] = True
-            for mode in ("signed", "abs"):
-                r = answer_attention(maps, ans, context, query=-1, mode=mode)
-                sums[f"answer_{mode}"] += r["answer"]
-                sums[f"noise_{mode}"] += r["noise"]
+            if attention:
+                with capture_attention(model) as cap:
+                    lm_logits(model, torch.tensor([prompt]))  # (1, N)
+                maps = cap.combined()  # per layer (1, heads, N, N)
+                context = torch.zeros(N, dtype=torch.bool)
+                context[:q] = True
+                ans = torch.zeros(N, dtype=torch.bool)
+                ans[start:start + len(answer)] = True
+                for mode in ("signed", "abs"):
+                    r = answer_attention(maps, ans, context, query=-1, mode=mode)
+                    sums[f"answer_{mode}"] += r["answer"]
+                    sums[f"noise_{mode}"] += r["noise"]
             sums["accuracy"] += float(greedy_continuation(model, prompt, len(answer)) == answer)
             full = torch.tensor([prompt + answer])  # (1, N + len(answer))
             logp = F.log_softmax(lm_logits(model, full)[0, N - 1:-1].double(), dim=-1)
             sums["answer_nll"] -= logp.gather(1, torch.tensor(answer)[:, None]).mean().item()
             n += 1
-    out = {k: v / n for k, v in sums.items()}
-    for mode in ("signed", "abs"):
+    out = {k: v / n for k, v in sums.items() if attention or k in ("accuracy", "answer_nll")}
+    for mode in ("signed", "abs") if attention else ():
         out[f"ratio_{mode}"] = out[f"answer_{mode}"] / out[f"noise_{mode}"] if out[f"noise_{mode}"] else math.inf
     out["prompts"] = n
     return out
+
+
+def needle_scores(model, filler_text: str, *, length: int, depths, trials: int, seed: int = 0) -> dict:
+    """``{"accuracy", "answer_nll", "prompts"}`` of the needle prompts, without attention maps (any causal LM that
+    :func:`diffattn.eval.text_models.lm_logits` runs)."""
+    return needle_attention(model, filler_text, length=length, depths=depths, trials=trials, seed=seed,
+                            attention=False)
 
 
 def _question_index(prompt: list[int], tok) -> int:
