@@ -40,14 +40,14 @@ VARIANTS: dict[str, tuple[str, str]] = {
 }
 #: the budget (configs/studies/noise.yaml)
 DEFAULTS: dict[str, Any] = {
-    "steps": 800, "batch_size": 16, "block_size": 256, "lr": 2.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
-    "model": {"vocab_size": 256, "dim": 128, "depth": 4, "num_heads": 4, "num_kv_heads": 4},
-    "prompt_length": 192, "depths": [0.0, 0.25, 0.5, 0.75, 1.0], "trials": 8, "ppl_tokens": 20000, "threads": 1,
+    "steps": 300, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
+    "model": {"vocab_size": 256, "dim": 64, "depth": 2, "num_heads": 4, "num_kv_heads": 4},
+    "prompt_length": 128, "depths": [0.25, 0.5, 0.75], "trials": 6, "ppl_bytes": 8000, "threads": 1,
 }
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
-    for key in ("steps", "batch_size", "block_size", "prompt_length", "trials", "ppl_tokens", "threads"):
+    for key in ("steps", "batch_size", "block_size", "prompt_length", "trials", "ppl_bytes", "threads"):
         if cfg[key] < 1:
             raise ValueError(f"{key} in {where} must be >= 1, got {cfg[key]}")
     if cfg["prompt_length"] > cfg["block_size"]:
@@ -175,7 +175,7 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                 r = needle_attention(model, held_out, length=cfg["prompt_length"], depths=cfg["depths"],
                                      trials=cfg["trials"], seed=seed)
                 r.update(final_loss=result["final_loss"], train_seconds=round(train_s, 1),
-                         ppl=_byte_perplexity(model, held_out, cfg["ppl_tokens"], cfg["block_size"]),
+                         ppl=_byte_perplexity(model, held_out, cfg["ppl_bytes"], cfg["block_size"]),
                          params=sum(p.numel() for p in model.parameters()))
                 res[label] = r
                 print(f"[study noise] {label}: answer/context mass (signed) {r['answer_signed']:.3f}/"
@@ -192,7 +192,7 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"{cfg['prompt_length']} bytes in held-out State of the Union text, depths {cfg['depths']}, "
              f"{cfg['trials']} prompts per depth. Attention mass from the last query position, mean over prompts, "
              f"heads and layers: signed = the map the layer applies to V, abs = |map|. Perplexity: bytes of the "
-             f"test split ({cfg['ppl_tokens']:,}).")
+             f"test split ({cfg['ppl_bytes']:,}).")
     metrics = [Metric("answer-span attention mass (signed)", "answer_signed", 1.0, 4),
                Metric("context attention mass outside the answer (signed)", "noise_signed", 1.0, 4, False),
                Metric("answer / context ratio (signed)", "ratio_signed", 1.0, 3),

@@ -42,14 +42,14 @@ VARIANTS: dict[str, str] = {"plain": "plain", "daa": "DAA", "dex": "DEX", "diffq
 DEFAULTS: dict[str, Any] = {
     "parts": ["classification", "lm"], "lambda_init": 0.8,
     # (a) MiniLM on SpamAssassin
-    "minilm_layers": 2, "n_train": 320, "n_test": 400, "max_len": 64, "cls_batch_size": 16, "cls_epochs": 2,
+    "minilm_layers": 1, "n_train": 192, "n_test": 300, "max_len": 64, "cls_batch_size": 16, "cls_epochs": 2,
     "cls_lr": 1.0e-4, "head_lr": 1.0e-3,
     # (b) causal LM
-    "lm": {"hidden_size": 128, "intermediate_size": 344, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "lm": {"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 512},
-    "block_size": 128, "lm_batch_size": 16, "pretrain_steps": 400, "pretrain_lr": 2.0e-3, "finetune_steps": 150,
-    "finetune_lr": 5.0e-4, "ppl_bytes": 8000, "needle_length": 160, "needle_depths": [0.25, 0.5, 0.75],
-    "needle_trials": 4, "threads": 1,
+    "block_size": 128, "lm_batch_size": 16, "pretrain_steps": 300, "pretrain_lr": 3.0e-3, "finetune_steps": 100,
+    "finetune_lr": 5.0e-4, "ppl_bytes": 4000, "needle_length": 128, "needle_depths": [0.25, 0.5, 0.75],
+    "needle_trials": 3, "threads": 1,
 }
 PARTS = ("classification", "lm")
 
