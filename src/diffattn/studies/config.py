@@ -49,7 +49,7 @@ def _check_type(where: str, key: str, value: Any, default: Any) -> None:
     else:
         ok = isinstance(value, type(default))
     if not ok:
-        raise ValueError(f"{key} in {where} must be a {type(default).__name__} like the default {default!r}, got "
+        raise ValueError(f"{key} in {where} must be of type {type(default).__name__} (default {default!r}), got "
                          f"{value!r} ({type(value).__name__})")
 
 
@@ -61,7 +61,8 @@ def validate_study(cfg: Any, where: str = "the study config") -> dict[str, Any]:
     if name not in STUDY_MODULES:
         raise ValueError(f"study in {where} must be one of {', '.join(STUDY_MODULES)}, got {name!r}")
     module = importlib.import_module(STUDY_MODULES[name])
-    defaults = {"variants": list(module.VARIANTS), "out": f"runs/studies/{name}", **module.DEFAULTS}
+    defaults = {"variants": list(getattr(module, "DEFAULT_VARIANTS", module.VARIANTS)), "out": f"runs/studies/{name}",
+                **module.DEFAULTS}
     valid = (*COMMON_KEYS, *module.DEFAULTS)
     unknown = sorted(set(cfg) - set(valid))
     if unknown:

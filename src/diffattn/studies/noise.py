@@ -38,6 +38,8 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "diff_lm": ("diff_lm_tiny", "Diff Transformer"),
     "dg_lm": ("dg_lm_tiny", "DG Transformer"),
 }
+#: the variants a config without ``variants`` compares (``dg_lm`` on request)
+DEFAULT_VARIANTS = ["lm", "diff_lm"]
 #: the budget (configs/studies/noise.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 300, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
@@ -45,11 +47,17 @@ DEFAULTS: dict[str, Any] = {
     "prompt_length": 128, "depths": [0.25, 0.5, 0.75], "trials": 6, "ppl_bytes": 8000, "threads": 1,
 }
 
+#: the shortest needle prompt in bytes: the longest needle sentence and question (106 bytes) plus some filler
+MIN_NEEDLE_LENGTH = 112
+
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
     for key in ("steps", "batch_size", "block_size", "prompt_length", "trials", "ppl_bytes", "threads"):
         if cfg[key] < 1:
             raise ValueError(f"{key} in {where} must be >= 1, got {cfg[key]}")
+    if cfg["prompt_length"] < MIN_NEEDLE_LENGTH:
+        raise ValueError(f"prompt_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take up "
+                         f"to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['prompt_length']}")
     if cfg["prompt_length"] > cfg["block_size"]:
         raise ValueError(f"prompt_length in {where} must be <= block_size ({cfg['block_size']}, the context the "
                          f"models are trained on), got {cfg['prompt_length']}")

@@ -68,6 +68,11 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     if not 1 <= cfg["minilm_layers"] <= 6:
         raise ValueError(f"minilm_layers in {where} must be in 1..6 (all-MiniLM-L6-v2 has 6 layers), got "
                          f"{cfg['minilm_layers']}")
+    from .noise import MIN_NEEDLE_LENGTH
+
+    if cfg["needle_length"] < MIN_NEEDLE_LENGTH:
+        raise ValueError(f"needle_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take "
+                         f"up to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['needle_length']}")
     if cfg["needle_length"] > cfg["block_size"] * 2:
         raise ValueError(f"needle_length in {where} must be at most 2 × block_size ({2 * cfg['block_size']}), got "
                          f"{cfg['needle_length']}")
