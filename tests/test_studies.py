@@ -219,7 +219,7 @@ def test_retrofit_study_tiny(tmp_path, one_thread):
         "max_len": 16, "cls_batch_size": 4, "cls_epochs": 1,
         "lm": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256},
-        "block_size": 48, "lm_batch_size": 2, "pretrain_steps": 2, "finetune_steps": 2, "ppl_bytes": 100,
+        "block_size": 64, "lm_batch_size": 2, "pretrain_steps": 2, "finetune_steps": 2, "ppl_bytes": 100,
         "needle_length": 120, "needle_depths": [0.5], "needle_trials": 1})
     res = _check_results(out, ["plain", "DAA", "DiffV"], ["classification.accuracy", "classification.f1",
                                                          "lm.ppl", "lm.needle_accuracy"])
