@@ -1,7 +1,7 @@
 """Studies: each paper's claim asked at a CPU size with several seeds, reported as mean ± std with paired tests.
 
     diffattn study diffclip    # CLIP vs DiffCLIP, DiffCLIP*, DiffCLIP† (Hammoud & Ghanem 2025, §4)
-    diffattn study retrofit    # plain fine-tuning vs DAA / DEX / DiffQ / DiffK / DiffV (Kong et al. 2025)
+    diffattn study retrofit    # plain vs DAA / DiffQ / DiffK / DiffV (DAA 2025), DEX (Kong et al. 2025)
     diffattn study dgvit       # ViT vs DiffViT vs DGViT under noise and corruptions (M-DGSA 2025, §5.1)
     diffattn study noise       # answer vs context attention mass, standard vs differential LM (Ye et al. 2024)
 

@@ -1,5 +1,5 @@
-"""Retrofitting differential attention into pretrained models vs plain fine-tuning (DAA (2025), Kong et al. 2025;
-the DEX, DiffQ, DiffK and DiffV variants; docs/retrofit.md).
+"""Retrofitting differential attention into pretrained models vs plain fine-tuning: DAA and its DiffQ, DiffK and
+DiffV variants (DAA (2025)), DEX (Kong et al. 2025); docs/retrofit.md.
 
 Every method starts from the same pretrained weights and gets the same data, batches, seed, head initialisation,
 optimizer, schedule and trainable set; ``plain`` fine-tunes the pretrained attention without any new weight, the
