@@ -42,7 +42,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
 DEFAULT_VARIANTS = ["lm", "diff_lm"]
 #: the budget (configs/studies/noise.yaml)
 DEFAULTS: dict[str, Any] = {
-    "steps": 300, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
+    "steps": 250, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
     "model": {"vocab_size": 256, "dim": 64, "depth": 2, "num_heads": 4, "num_kv_heads": 4},
     "prompt_length": 128, "depths": [0.25, 0.5, 0.75], "trials": 6, "ppl_bytes": 8000, "threads": 1,
 }
