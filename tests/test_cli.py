@@ -165,8 +165,10 @@ def _study_yaml(tmp_path, **kw):
 @pytest.mark.parametrize("change, message", [
     ({"seeds": [0]}, "seeds in .* must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
     ({"seeds": [1, 1]}, "must be a list of at least 2 distinct integers"),
-    ({"study": "dgvit"}, "study in .* must be 'diffclip'"),
-    ({"epochs": 3}, "unknown study keys \\['epochs'\\]"),
+    ({"study": "vit"}, "study in .* must be one of diffclip, retrofit, dgvit, noise, got 'vit'"),
+    ({"epochs": 3}, "unknown study keys \\['epochs'\\] in .*; valid keys for study 'diffclip'"),
+    ({"variants": ["clip", "vit"]}, "variants in .* must be a list of at least 2 distinct names from"),
+    ({"steps": 0}, "steps in .* must be null \\(the demo recipe's value\\) or an int >= 1, got 0"),
 ])
 def test_study_config_errors_name_the_key(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
@@ -183,13 +185,18 @@ def test_study_config_by_name_and_missing():
 def test_paired_statement_against_the_t_distribution():
     # d = (1, 2, 3): mean 2, sample std 1, t = 2 / (1 / √3) = 3.4641 with 2 degrees of freedom; two-sided
     # p = 2 · (1 − F_t2(3.4641)) = 1 − t / √(t² + 2) = 0.07418 (the t₂ cdf in closed form)
+    from diffattn.studies.stats import paired_statement, paired_test
+
     t = 2 * 3 ** 0.5
-    p, sentence = cli._paired_statement([1.0, 2.0, 3.0], "DiffCLIP", "CLIP")
-    assert p == pytest.approx(1 - t / (t * t + 2) ** 0.5, rel=1e-9)
-    assert sentence == "no significant difference from CLIP (p = 0.07); higher on 3 of 3 seeds"
-    p, sentence = cli._paired_statement([-5.0, -5.1, -4.9, -5.0], "DiffCLIP", "CLIP")
-    assert p < 1e-4 and sentence.startswith("DiffCLIP lower than CLIP (p = 0.000)") and "higher on 0 of 4" in sentence
-    assert cli._paired_statement([0.0, 0.0], "A", "B")[0] == 1.0
+    test = paired_test([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
+    assert test["p"] == pytest.approx(1 - t / (t * t + 2) ** 0.5, rel=1e-9)
+    assert paired_statement(test, "DiffCLIP", "CLIP") == (
+        "DiffCLIP − CLIP = +2.00 ± 1.00 (t-test p = 0.074, sign test p = 0.25, higher on 3 of 3 seeds): "
+        "no significant difference at p < 0.05")
+    test = paired_test([-5.0, -5.1, -4.9, -5.0], [0.0] * 4)
+    assert test["p"] < 1e-4 and paired_statement(test, "DiffCLIP", "CLIP").endswith(
+        "higher on 0 of 4 seeds): DiffCLIP lower than CLIP (p < 0.05)")
+    assert paired_test([0.0, 0.0], [0.0, 0.0])["p"] == 1.0
 
 
 @pytest.mark.slow
@@ -203,7 +210,12 @@ def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
     row = next(r for r in res["rows"] if r["key"] == "clip.zero_shot.top1")
     vals = [100 * s["DiffCLIP"]["clip"]["zero_shot"]["top1"] for s in per_seed]
     assert row["values"]["DiffCLIP"] == pytest.approx(vals)
-    mean, std = sum(vals) / 2, abs(vals[0] - vals[1]) / 2
-    assert "| zero-shot Tux Paint top-1 (16 classes) | " in report and f"{mean:.1f} ± {std:.1f} |" in report
-    assert "DiffCLIP: " in report and "paired t-test" in report
+    mean, std = sum(vals) / 2, abs(vals[0] - vals[1]) / 2 ** 0.5  # sample std (n − 1)
+    assert row["summary"]["DiffCLIP"]["mean"] == pytest.approx(mean)
+    assert "| zero-shot Tux Paint top-1 (16 classes) ↑ | " in report and f"{mean:.1f} ± {std:.1f} (p = " in report
+    assert "DiffCLIP − CLIP = " in report and "paired t-test" in report
+    # a second run reads the finished seeds back instead of retraining them
+    before = (tmp_path / "study" / "seed0" / "results.json").stat().st_mtime_ns
+    assert cli.main(["study", str(_study_yaml(tmp_path)), "--no-progress"]) == 0
+    assert (tmp_path / "study" / "seed0" / "results.json").stat().st_mtime_ns == before
     assert "| metric (mean ± std over 2 seeds) | CLIP | DiffCLIP |" in capsys.readouterr().out

@@ -2,7 +2,9 @@
 
 - the library (ops, λ, layers, losses, adapters, convert, models, data, kernels) never imports ``train``, ``eval``,
   ``diagnostics`` or ``cli`` (``python -m diffattn`` is the CLI);
-- ``eval`` and ``diagnostics`` never import ``train`` or ``cli``; ``train`` never imports ``cli``;
+- ``eval`` and ``diagnostics`` never import ``train``, ``studies`` or ``cli``; ``train`` never imports ``studies`` or
+  ``cli``; ``studies`` (the application layer that runs experiments) may import train, eval and diagnostics, and
+  only ``cli`` imports it;
 - no module-level import cycle inside the package.
 """
 
@@ -14,8 +16,9 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "diffattn"
-APPLICATION = ("train", "eval", "diagnostics", "cli", "__main__")
-FORBIDDEN = {"eval": ("train", "cli"), "diagnostics": ("train", "cli"), "train": ("cli",)}
+APPLICATION = ("train", "eval", "diagnostics", "studies", "cli", "__main__")
+FORBIDDEN = {"eval": ("train", "studies", "cli"), "diagnostics": ("train", "studies", "cli"),
+             "train": ("studies", "cli"), "studies": ("cli",)}
 
 
 def _module_name(path: Path, src: Path = SRC) -> str:
@@ -123,3 +126,20 @@ def test_rule_checker_sees_a_violation(tmp_path):
     assert any(b.startswith("diffattn.models.vit (library) imports diffattn.train") for b in bad)
     assert any(b.startswith("diffattn.eval.zero_shot imports diffattn.train.loop") for b in bad)
     assert not any("layers" in b for b in bad)
+
+
+def test_rule_checker_sees_a_studies_violation(tmp_path):
+    """Only cli imports studies: train importing studies and studies importing cli are reported; studies importing
+    train, eval and diagnostics, and cli importing studies, are not."""
+    src = tmp_path / "diffattn"
+    for pkg in ("studies", "train", "eval", "diagnostics"):
+        (src / pkg).mkdir(parents=True)
+        (src / pkg / "__init__.py").write_text("")
+    (src / "__init__.py").write_text("")
+    (src / "studies" / "noise.py").write_text("from ..train import loop\nfrom ..eval import language\n"
+                                              "from ..diagnostics import capture\n")
+    (src / "studies" / "bad.py").write_text("def f():\n    from ..cli import main\n")
+    (src / "train" / "loop.py").write_text("from ..studies import noise\n")
+    (src / "cli.py").write_text("from .studies import noise\n")
+    bad = _violations(src)
+    assert sorted({b.split(" imports ")[0] for b in bad}) == ["diffattn.studies.bad", "diffattn.train.loop"]

@@ -1,0 +1,95 @@
+"""Study configs: a YAML mapping naming the experiment (``study``), the ``variants`` (the first is the baseline
+every other is compared with), the ``seeds`` (at least 2), the output folder ``out`` and the study's own budget
+keys (each study module's ``DEFAULTS``). Unknown keys and wrong types are a ``ValueError`` naming the key."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = ["COMMON_KEYS", "STUDY_MODULES", "find_config", "load_study", "validate_study"]
+
+#: study name → module (each defines ``VARIANTS``, ``DEFAULTS`` and ``run(cfg, progress)``)
+STUDY_MODULES: dict[str, str] = {
+    "diffclip": "diffattn.studies.diffclip",
+    "retrofit": "diffattn.studies.retrofit",
+    "dgvit": "diffattn.studies.dgvit",
+    "noise": "diffattn.studies.noise",
+}
+#: keys every study config holds
+COMMON_KEYS = ("study", "variants", "seeds", "out")
+
+
+def find_config(config: str | os.PathLike) -> Path:
+    """``config`` itself if it is a file, else ``configs/studies/<config>.yaml`` of the working directory or of the
+    source checkout."""
+    path = Path(config)
+    if path.is_file():
+        return path
+    for d in (Path("configs/studies"), Path(__file__).parents[3] / "configs/studies"):
+        if (d / f"{config}.yaml").is_file():
+            return d / f"{config}.yaml"
+    raise FileNotFoundError(f"config must be a study YAML file or the name of one in configs/studies/ "
+                            f"({', '.join(STUDY_MODULES)}), got {str(config)!r}")
+
+
+def _check_type(where: str, key: str, value: Any, default: Any) -> None:
+    if default is None:
+        return
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    else:
+        ok = isinstance(value, type(default))
+    if not ok:
+        raise ValueError(f"{key} in {where} must be of type {type(default).__name__} (default {default!r}), got "
+                         f"{value!r} ({type(value).__name__})")
+
+
+def validate_study(cfg: Any, where: str = "the study config") -> dict[str, Any]:
+    """The full config (the study's ``DEFAULTS`` under ``cfg``), checked; ``where`` names the source in errors."""
+    if not isinstance(cfg, dict):
+        raise ValueError(f"{where} must hold a YAML mapping, got {type(cfg).__name__}")
+    name = cfg.get("study")
+    if name not in STUDY_MODULES:
+        raise ValueError(f"study in {where} must be one of {', '.join(STUDY_MODULES)}, got {name!r}")
+    module = importlib.import_module(STUDY_MODULES[name])
+    defaults = {"variants": list(getattr(module, "DEFAULT_VARIANTS", module.VARIANTS)), "out": f"runs/studies/{name}",
+                **module.DEFAULTS}
+    valid = (*COMMON_KEYS, *module.DEFAULTS)
+    unknown = sorted(set(cfg) - set(valid))
+    if unknown:
+        raise ValueError(f"unknown study keys {unknown} in {where}; valid keys for study {name!r}: "
+                         f"{', '.join(valid)}")
+    seeds = cfg.get("seeds")
+    if not isinstance(seeds, list) or len(seeds) < 2 or len(set(seeds)) != len(seeds) or \
+            not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds):
+        raise ValueError(f"seeds in {where} must be a list of at least 2 distinct integers >= 0, got {seeds!r}")
+    variants = cfg.get("variants", defaults["variants"])
+    if not isinstance(variants, list) or len(variants) < 2 or len(set(variants)) != len(variants) or \
+            any(v not in module.VARIANTS for v in variants):
+        raise ValueError(f"variants in {where} must be a list of at least 2 distinct names from "
+                         f"{list(module.VARIANTS)} (the first is the baseline), got {variants!r}")
+    if not isinstance(cfg.get("out", defaults["out"]), str):
+        raise ValueError(f"out in {where} must be a folder path (str), got {cfg.get('out')!r}")
+    for key, value in cfg.items():
+        if key in module.DEFAULTS:
+            _check_type(where, key, value, module.DEFAULTS[key])
+    full = {**defaults, **cfg, "variants": variants}
+    check = getattr(module, "check_config", None)
+    if check is not None:
+        check(full, where)
+    return full
+
+
+def load_study(config: str | os.PathLike) -> dict[str, Any]:
+    """A study config (module docstring): a YAML file, or the name of one under configs/studies/."""
+    path = find_config(config)
+    return validate_study(yaml.safe_load(path.read_text()) or {}, str(path))

@@ -1,0 +1,499 @@
+"""The DiffCLIP study (Hammoud & Ghanem 2025, §4) at a CPU size: ``diffattn demo`` (one seed) and
+``diffattn study diffclip`` (the demo at several seeds, aggregated).
+
+``demo`` goes through the code path a user runs on CC3M: it lists the offline image–caption pairs (Tux Paint stamps
++ Noto emoji, ``make data``) in an open_clip-style TSV, trains every variant with
+``diffattn train configs/demo/<variant>.yaml`` (same data, seed and budget; only the attention differs), evaluates
+each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text retrieval on held-out pairs,
+linear probe, CLS attention inside vs outside the foreground masks), adds zero-shot Fashion-MNIST, retrieval on
+held-out emoji and zero-shot accuracy under common corruptions, then prints a side-by-side table and writes
+``<out>/report.md`` with plots (attention maps of every model on the same images, λ per layer, learning curves).
+
+The study runs the demo at every seed into ``<out>/seed<k>/`` (a seed whose ``results.json`` already holds every
+variant is read back instead of retrained) and aggregates the table's metrics over seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["DEMO_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "demo", "demo_pairs", "demo_table", "run"]
+
+#: variant → (registered tiny model, label in the tables); configs/demo/<variant>.yaml trains it
+DEMO_VARIANTS: dict[str, tuple[str, str]] = {
+    "clip": ("clip_tiny", "CLIP"),
+    "diffclip": ("diffclip_tiny", "DiffCLIP"),
+    "diffclip_star": ("diffclip_star_tiny", "DiffCLIP*"),
+    "diffclip_dagger": ("diffclip_dagger_tiny", "DiffCLIP†"),
+}
+#: the image–caption sets the demo trains on, and the classification set it adds for zero-shot
+DEMO_PAIR_SETS = ("tuxpaint_captions", "emoji")
+DEMO_DATASETS = (*DEMO_PAIR_SETS, "fashion_mnist")
+#: Fashion-MNIST class names as prompts (the dataset's names, "T-shirt/top" read as "t-shirt")
+FASHION_PROMPT_NAMES = ("t-shirt", "trousers", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
+                        "ankle boot")
+#: the demo's evaluation sizes; ``diffattn demo --quick`` and the tests shrink them
+DEMO_PROTOCOL: dict[str, Any] = {
+    "fashion_images": 2000, "corruptions": ("gaussian_noise", "defocus_blur", "motion_blur", "contrast",
+                                            "pixelate", "jpeg_compression"),
+    "severities": (1, 3, 5), "eval": {"episodes": 600}}
+QUICK_PROTOCOL: dict[str, Any] = {
+    "fashion_images": 64, "corruptions": ("gaussian_noise",), "severities": (3,),
+    "eval": {"episodes": 20, "probe_max_iter": 20, "probe_fine_steps": 2, "max_images": 48}}
+
+
+# --------------------------------------------------------------------------------------------------- data
+
+
+def _check_demo_data() -> None:
+    from ..data import dataset_info
+    from ..data._common import SETUP_COMMAND, DatasetNotInstalledError, default_root
+
+    missing = [n for n in DEMO_DATASETS if not dataset_info(n).installed()]
+    if missing:
+        raise DatasetNotInstalledError(
+            f"diffattn demo needs the offline datasets {', '.join(DEMO_DATASETS)}; not installed under "
+            f"{str(default_root())!r}: {', '.join(missing)}. Install and prepare them with `{SETUP_COMMAND}` "
+            f"(runs scripts/fetch_data.sh) from the repository root, or set DIFFATTN_DATA to the folder holding them.")
+
+
+def demo_pairs(out: str | os.PathLike, img_size: int = 32, max_pairs: int | None = None) -> Path:
+    """Write the demo's training pairs: the train splits of the Tux Paint stamps and the emoji, each image resized
+    once (bicubic, as the models' eval transform) to ``img_size`` under ``<out>/images/``, listed with its caption in
+    ``<out>/train.tsv`` (open_clip's CSV convention: ``filepath`` and ``title`` columns, tab-separated) — the file
+    ``data.name: csv`` reads. Reuses the files when ``<out>/train.json`` records the same request."""
+    from PIL import Image
+
+    from ..data import get_dataset
+    from ..io import atomic_write_file
+
+    out = Path(out)
+    tsv, stamp = out / "train.tsv", out / "train.json"
+    request = {"sets": list(DEMO_PAIR_SETS), "split": "train", "img_size": img_size, "max_pairs": max_pairs}
+    if tsv.is_file() and stamp.is_file() and json.loads(stamp.read_text()).get("request") == request:
+        return tsv
+    (out / "images").mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in DEMO_PAIR_SETS:
+        ds = get_dataset(name, split="train")
+        n = len(ds) if max_pairs is None else min(len(ds), max_pairs)
+        for i in range(n):
+            rel = f"images/{name}-{i:05d}.png"
+            with atomic_write_file(out / rel, "wb") as f:
+                ds.load_image(i).resize((img_size, img_size), Image.BICUBIC).save(f, format="PNG")
+            rows.append((rel, ds.captions[i].replace("\t", " ").replace("\n", " ")))
+    with atomic_write_file(tsv, "w") as f:
+        f.write("filepath\ttitle\n" + "".join(f"{p}\t{c}\n" for p, c in rows))
+    with atomic_write_file(stamp, "w") as f:
+        json.dump({"request": request, "pairs": len(rows)}, f)
+    return tsv
+
+
+def _config_dir(config_dir: str | os.PathLike | None) -> Path:
+    """configs/demo/ of the working directory, else of the source checkout this module comes from."""
+    for d in ([Path(config_dir)] if config_dir else [Path("configs/demo"), Path(__file__).parents[3] / "configs/demo"]):
+        if (d / "clip.yaml").is_file():
+            return d
+    raise FileNotFoundError(f"config_dir must hold the demo's YAML recipes (clip.yaml, diffclip.yaml, …), none found "
+                            f"in {config_dir or 'configs/demo (working directory or source checkout)'}")
+
+
+# ------------------------------------------------------------------------------------------- extra suites
+
+
+def _to_input(images: np.ndarray, size: int) -> torch.Tensor:
+    """uint8 (N, H, W[, 3]) → (N, 3, size, size) normalised like the CLIP eval transform (ImageNet mean/std)."""
+    from ..models.clip import IMAGENET_MEAN, IMAGENET_STD
+
+    x = torch.as_tensor(np.asarray(images), dtype=torch.float32) / 255.0
+    x = x[:, None].expand(-1, 3, -1, -1) if x.dim() == 3 else x.permute(0, 3, 1, 2)  # (N, 3, H, W)
+    if x.shape[-1] != size:
+        x = torch.nn.functional.interpolate(x, size=(size, size), mode="bicubic", align_corners=False).clamp(0, 1)
+    mean, std = torch.tensor(IMAGENET_MEAN)[:, None, None], torch.tensor(IMAGENET_STD)[:, None, None]
+    return (x - mean) / std
+
+
+def _uint8_images(ds, n: int, size: int) -> np.ndarray:
+    from PIL import Image
+
+    return np.stack([np.asarray(ds.load_image(i).resize((size, size), Image.BICUBIC)) for i in range(n)])
+
+
+@torch.no_grad()
+def demo_extra_suites(model, protocol: dict, seed: int = 0, progress: bool = True) -> dict[str, Any]:
+    """What the demo adds to ``diffattn eval``'s CLIP suite, with the eval library's own functions:
+
+    - zero-shot on Fashion-MNIST's test images (Radford et al. 2021 §3.1.4 prompt ensemble; the grey 28×28
+      products inverted to dark on white like the training images, upsampled to the model's size);
+    - image↔text recall@k on the held-out (test) emoji pairs;
+    - zero-shot accuracy on the Tux Paint test images under common corruptions × severities and mCE
+      (Hendrycks & Dietterich 2019), corrupted at the model's input size as in CIFAR-10-C.
+    """
+    from ..data import get_dataset
+    from ..eval import classification_metrics, corruption_table, recall_at_k, zero_shot_classifier
+    from ..eval.classification import zero_shot_logits
+
+    model.eval()
+    size = model.img_size
+
+    def encode(x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([model.encode_image(x[i:i + 256]).float() for i in range(0, len(x), 256)])
+
+    out: dict[str, Any] = {}
+    fm = get_dataset("fashion_mnist", split="test")
+    n = min(len(fm), protocol["fashion_images"])
+    x = _to_input(255 - np.asarray(fm.images[:n]), size)  # (n, 3, S, S): dark products on white
+    w = zero_shot_classifier(model, FASHION_PROMPT_NAMES)
+    out["zero_shot_fashion_mnist"] = classification_metrics(zero_shot_logits(encode(x), w),
+                                                            torch.as_tensor(fm.labels[:n]), num_classes=10)
+    em = get_dataset("emoji", split="test")
+    imgs = torch.stack([model.eval_transform(em.load_image(i)) for i in range(len(em))])
+    txt = torch.cat([model.encode_text(model.tokenizer(em.captions[i:i + 256])).float()
+                     for i in range(0, len(em), 256)])
+    out["retrieval_emoji"] = recall_at_k(encode(imgs), txt, torch.arange(len(em)))
+    tux = get_dataset("tuxpaint_captions", split="test")
+    w = zero_shot_classifier(model, [c.replace("_", " ") for c in tux.categories])
+    table = corruption_table(lambda b: zero_shot_logits(model.encode_image(b).float(), w),
+                             _uint8_images(tux, len(tux), size), torch.as_tensor(tux.labels),
+                             lambda u: _to_input(u, size), corruptions=protocol["corruptions"],
+                             severities=protocol["severities"], seed=seed, progress=progress)
+    out["corruptions"] = {"clean": table["clean"], "mean_accuracy": table["mean_accuracy"], "mce": table["mce"],
+                          "table": {c: {str(s): a for s, a in row.items()} for c, row in table["table"].items()}}
+    return out
+
+
+# ------------------------------------------------------------------------------------------------- plots
+
+
+def _plot_learning_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
+    from ..diagnostics.plots import _plt, _save
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, rows in curves.items():
+        ax.plot([s for s, _ in rows], [v for _, v in rows], label=label)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("contrastive loss (train batch)")
+    ax.legend(fontsize=8)
+    ax.set_title("learning curves (same data, seed and budget)")
+    return _save(fig, path)
+
+
+def _plot_lambdas(lams: dict[str, dict[str, list[float]]], path: Path) -> Path:
+    from ..diagnostics.plots import _plt, _save
+
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    for label, towers in lams.items():
+        names = [f"{t} {i}" for t, v in towers.items() for i in range(len(v))]
+        vals = [x for v in towers.values() for x in v]
+        if vals:
+            ax.plot(names, vals, marker="o", label=label)
+    ax.set_xlabel("tower and layer")
+    ax.set_ylabel("λ (mean over heads)")
+    ax.legend(fontsize=8)
+    ax.set_title("learned λ per layer (Ye et al. 2024 eq. 2 re-parameterisation)")
+    return _save(fig, path)
+
+
+def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[str, torch.Tensor], grid, path: Path,
+                    rgb: np.ndarray) -> Path:
+    """Row 0: the images with their foreground outline; one row per model: the last layer's CLS attention (mean over
+    heads) over the patch grid, one colour scale per model: diverging and centred on 0 where the map has negative
+    entries (differential maps are signed), else from 0."""
+    from ..diagnostics.plots import _plt, _save
+
+    plt = _plt()
+    n, rows = len(images), 1 + len(cls_maps)
+    fig, axes = plt.subplots(rows, n, figsize=(1.9 * n, 1.9 * rows), squeeze=False)
+    H, W = masks.shape[-2:]
+    for j in range(n):
+        ax = axes[0, j]
+        ax.imshow(rgb[j], extent=(0, W, H, 0))
+        ax.contour(masks[j].float().numpy(), levels=[0.5], colors="k", linewidths=0.6)
+        ax.axis("off")
+    axes[0, 0].set_title("image", fontsize=8, loc="left")
+    for i, (label, maps) in enumerate(cls_maps.items(), start=1):
+        v = float(maps.abs().max()) or 1.0
+        signed = bool((maps < 0).any())  # signed maps: diverging scale centred on 0; else viridis from 0
+        style = dict(cmap="RdBu_r", vmin=-v, vmax=v) if signed else dict(cmap="viridis", vmin=0, vmax=v)
+        for j in range(n):
+            ax = axes[i, j]
+            im = ax.imshow(maps[j].reshape(grid).numpy(), extent=(0, W, H, 0), **style)
+            ax.contour(masks[j].float().numpy(), levels=[0.5], colors="k", linewidths=0.6)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        axes[i, 0].set_ylabel(label, fontsize=9)
+        fig.colorbar(im, ax=list(axes[i]), fraction=0.02)
+    fig.suptitle("CLS attention of the last vision layer (black: foreground outline)", fontsize=9)
+    return _save(fig, path)
+
+
+@torch.no_grad()
+def _attention_maps(models: dict[str, Any], n: int = 6) -> tuple[torch.Tensor, torch.Tensor, dict, tuple, np.ndarray]:
+    """The same ``n`` Tux Paint test images through every model: last-layer CLS rows (n, P), mean over heads."""
+    from ..data import get_dataset
+    from ..diagnostics import capture_attention
+
+    tux = get_dataset("tuxpaint_captions", split="test")
+    first = next(iter(models.values()))
+    idx = list(range(0, len(tux), max(1, len(tux) // n)))[:n]
+    images = torch.stack([first.eval_transform(tux.load_image(i)) for i in idx])
+    masks = torch.stack([tux.load_mask(i) for i in idx])
+    rgb = np.stack([np.asarray(tux.load_image(i)) for i in idx])
+    grid = (first.img_size // first.visual.patch_embed.patch_size,) * 2
+    out = {}
+    for label, model in models.items():
+        with capture_attention(model.visual) as cap:
+            model.encode_image(images)
+        out[label] = cap.layers[-1].combined.mean(dim=1)[:, 0, 1:]  # (n, P): CLS row over the patches
+    return images, masks, out, grid, rgb
+
+
+# ------------------------------------------------------------------------------------------------- table
+
+
+def _get(d: dict, path: str):
+    for key in path.split("."):
+        if not isinstance(d, dict) or key not in d:
+            return None
+        d = d[key]
+    return d
+
+
+#: (row label, key in a variant's summary, format)
+DEMO_ROWS: tuple[tuple[str, str, str], ...] = (
+    ("parameters", "params", "int"),
+    ("train time (s)", "train_seconds", ".0f"),
+    ("final train loss", "final_loss", ".3f"),
+    ("zero-shot Tux Paint top-1 (16 classes)", "clip.zero_shot.top1", "pct"),
+    ("zero-shot Tux Paint top-5", "clip.zero_shot.top5", "pct"),
+    ("zero-shot Fashion-MNIST top-1 (10 classes)", "extra.zero_shot_fashion_mnist.top1", "pct"),
+    ("Tux Paint image→text R@1", "clip.retrieval.image_to_text@1", "pct"),
+    ("Tux Paint text→image R@1", "clip.retrieval.text_to_image@1", "pct"),
+    ("Tux Paint image→text R@5", "clip.retrieval.image_to_text@5", "pct"),
+    ("emoji image→text R@1", "extra.retrieval_emoji.image_to_text@1", "pct"),
+    ("emoji text→image R@1", "extra.retrieval_emoji.text_to_image@1", "pct"),
+    ("emoji image→text R@5", "extra.retrieval_emoji.image_to_text@5", "pct"),
+    ("linear probe Tux Paint top-1", "clip.linear_probe.accuracy", "pct"),
+    ("corruptions: mean zero-shot acc", "extra.corruptions.mean_accuracy", "pct"),
+    ("corruptions: mCE (lower is better)", "extra.corruptions.mce", ".1f"),
+    ("CLS density in/out of mask (signed)", "clip.foreground_attention.signed.density_ratio", ".2f"),
+    ("CLS density in/out of mask (ReLU)", "clip.foreground_attention.relu.density_ratio", ".2f"),
+    ("λ vision layers", "lambda.vision", "list"),
+    ("λ text layers", "lambda.text", "list"),
+)
+
+
+def _fmt(v, kind: str) -> str:
+    if v is None or (isinstance(v, list) and not v):
+        return "—"
+    if kind == "int":
+        return f"{int(v):,}"
+    if kind == "pct":
+        return f"{100 * float(v):.1f}"
+    if kind == "list":
+        return ", ".join(f"{x:.2f}" for x in v)
+    return format(float(v), kind)
+
+
+def demo_table(summary: dict[str, dict]) -> str:
+    """The side-by-side markdown table: one column per variant (accuracies and recalls in %)."""
+    labels = list(summary)
+    lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    for name, key, kind in DEMO_ROWS:
+        lines.append(f"| {name} | " + " | ".join(_fmt(_get(summary[lab], key), kind) for lab in labels) + " |")
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------------- demo
+
+
+def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = tuple(DEMO_VARIANTS), *,
+         steps: int | None = None, batch_size: int | None = None, seed: int = 0, quick: bool = False,
+         config_dir: str | os.PathLike | None = None, progress: bool = True,
+         max_pairs: int | None = None) -> dict[str, Any]:
+    """The DiffCLIP-vs-CLIP study end to end (module docstring): train every variant in ``variants`` with
+    ``configs/demo/<variant>.yaml`` (``steps`` / ``batch_size`` / ``seed`` override the recipe), evaluate it, write
+    ``<out_dir>/report.md``, ``results.json`` and the plots, and return ``{"summary", "table", "seconds", …}``.
+    ``quick`` shrinks the evaluation (:data:`QUICK_PROTOCOL`); ``max_pairs`` caps the pairs taken from each set.
+
+    Raises:
+        DatasetNotInstalledError: Tux Paint, emoji or Fashion-MNIST is not prepared (the message names
+            ``make data``).
+        ValueError: an unknown variant.
+    """
+    from ..eval import evaluate
+    from ..io import atomic_write_file
+    from ..models import from_pretrained
+    from ..train.config import load_config
+    from ..train.loop import train
+    from ..train.tasks import mean_lambdas
+
+    bad = [v for v in variants if v not in DEMO_VARIANTS]
+    if bad or not variants:
+        raise ValueError(f"variants must be a non-empty subset of {list(DEMO_VARIANTS)}, got {list(variants)}")
+    _check_demo_data()
+    t_start = time.perf_counter()
+    out = Path(out_dir)
+    configs = _config_dir(config_dir)
+    protocol = QUICK_PROTOCOL if quick else DEMO_PROTOCOL
+    print(f"[demo] writing the training pairs (Tux Paint + emoji train splits) to {out / 'data'}", flush=True)
+    tsv = demo_pairs(out / "data", max_pairs=max_pairs)
+    summary: dict[str, dict] = {}
+    curves: dict[str, list] = {}
+    models: dict[str, Any] = {}
+    lams: dict[str, dict] = {}
+    for v in variants:
+        name, label = DEMO_VARIANTS[v]
+        sets = [f"data.path={tsv}", f"run.seed={seed}", f"run.progress={str(progress).lower()}"]
+        sets += [f"run.steps={steps}", f"run.ckpt_every={steps}", "optim.warmup_steps=" + str(max(1, steps // 10))] \
+            if steps else []
+        sets += [f"run.batch_size={batch_size}"] if batch_size else []
+        cfg = load_config(configs / f"{v}.yaml", sets)
+        run_dir = out / v
+        print(f"[demo] {label}: diffattn train {configs / f'{v}.yaml'} ({cfg.model.name}, {cfg.run.steps} steps of "
+              f"{cfg.run.batch_size} pairs) -> {run_dir}", flush=True)
+        t0 = time.perf_counter()
+        result = train(cfg, out=run_dir)
+        train_s = time.perf_counter() - t0
+        print(f"[demo] {label}: trained in {train_s:.0f} s, final loss {result['final_loss']:.3f}; diffattn eval",
+              flush=True)
+        res = evaluate(run_dir, run_dir / "eval", dataset="tuxpaint_captions", quick=True, seed=seed,
+                       progress=progress, protocol=protocol["eval"])
+        if res.get("skipped"):
+            raise RuntimeError(f"diffattn eval skipped suites of {run_dir}: {res['skipped']}")
+        model = from_pretrained(run_dir / "model").eval()
+        extra = demo_extra_suites(model, protocol, seed=seed, progress=progress)
+        with atomic_write_file(run_dir / "eval" / "demo_extra.json", "w") as f:
+            json.dump(extra, f, indent=1)
+        lams[label] = {"vision": mean_lambdas(model.visual), "text": mean_lambdas(model.text)}
+        summary[label] = {"variant": v, "model": name, "params": res["model"]["params"],
+                          "train_seconds": round(train_s, 1), "final_loss": result["final_loss"],
+                          "clip": res["clip"], "extra": extra, "lambda": lams[label],
+                          "eval_report": str(Path(v) / "eval" / "report.md")}
+        curves[label] = [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
+                                                              .splitlines()) if r]
+        models[label] = model
+    plots = [_plot_learning_curves(curves, out / "learning_curves.png").name]
+    if any(v for t in lams.values() for v in t.values()):
+        plots.append(_plot_lambdas(lams, out / "lambda_per_layer.png").name)
+    images, masks, cls_maps, grid, rgb = _attention_maps(models)
+    plots.insert(0, _plot_attention(images, masks, cls_maps, grid, out / "attention_maps.png", rgb).name)
+    seconds = time.perf_counter() - t_start
+    table = demo_table(summary)
+    report = _demo_report(summary, table, plots, seconds, cfg, quick)
+    with atomic_write_file(out / "report.md", "w") as f:
+        f.write(report)
+    with atomic_write_file(out / "results.json", "w") as f:
+        json.dump({"summary": summary, "seconds": round(seconds, 1), "plots": plots}, f, indent=1, default=float)
+    return {"summary": summary, "table": table, "seconds": seconds, "plots": plots, "report": str(out / "report.md")}
+
+
+def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cfg, quick: bool) -> str:
+    first = next(iter(summary.values()))
+    n_test = {"tux": first["clip"]["images"]}
+    lines = [
+        "# DiffCLIP vs CLIP, trained from scratch on the offline image–caption pairs", "",
+        f"Every model: the same tiny towers (32×32 images, patch 4, width 64, 2 blocks; text width 64, 2 blocks) "
+        f"trained from scratch for {cfg.run.steps} steps of {cfg.run.batch_size} pairs (seed {cfg.run.seed}, "
+        f"AdamW lr {cfg.optim.lr:g}) on the train splits of the Tux Paint stamps and the Noto emoji; only the "
+        f"attention differs (Hammoud & Ghanem 2025, §4). One seed: differences of a few points are within "
+        f"seed-to-seed noise at this size. Total wall time {seconds / 60:.1f} min"
+        + (" (quick protocol)." if quick else "."), "",
+        table, "",
+        f"Zero-shot, retrieval and linear probe on the held-out Tux Paint test split ({n_test['tux']} "
+        f"images, 16 categories; `diffattn eval`); Fashion-MNIST zero-shot on its test images, inverted to dark on "
+        f"white; emoji retrieval on the emoji test split; corruptions: zero-shot Tux Paint accuracy under "
+        f"{', '.join(first['extra']['corruptions']['table'])} at severities "
+        f"{', '.join(next(iter(first['extra']['corruptions']['table'].values())))}, mCE = 100 − 100 · mean accuracy "
+        f"(Hendrycks & Dietterich 2019). CLS density ratio: CLS attention per foreground patch over per "
+        f"background patch (alpha-channel masks; mean over layers, heads and 16 test images); > 1 means the "
+        f"model looks at the object. Accuracies and recalls in %.", "",
+        "## Attention maps", "", f"![attention maps]({plots[0]})", "",
+        "## Learning curves and λ", ""] + [f"![{p}]({p})" for p in plots[1:]] + ["",
+        "## Per-model evaluation reports", ""] + [
+        f"- {label}: [{s['eval_report']}]({s['eval_report']}) (model saved in `{s['variant']}/model`, load with "
+        f"`diffattn.from_pretrained`)" for label, s in summary.items()] + ["",
+        "Reproduce: `make demo` (or `diffattn demo`); one run: `diffattn train configs/demo/diffclip.yaml` then "
+        "`diffattn eval runs/demo/diffclip --dataset tuxpaint_captions --quick`.", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- study
+
+#: the variants a study config may name (the first listed in the config is the baseline)
+VARIANTS = tuple(DEMO_VARIANTS)
+#: the budget keys of configs/studies/diffclip.yaml (None: the demo recipe's value)
+DEFAULTS: dict[str, Any] = {"steps": None, "batch_size": None, "quick": False, "max_pairs": None}
+
+
+def check_config(cfg: dict[str, Any], where: str) -> None:
+    """``steps``, ``batch_size`` and ``max_pairs`` are None (the recipes' values) or ints >= 1."""
+    for key in ("steps", "batch_size", "max_pairs"):
+        v = cfg[key]
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise ValueError(f"{key} in {where} must be null (the demo recipe's value) or an int >= 1, got {v!r}")
+
+
+def _metrics():
+    from .report import Metric
+
+    lower = {"final_loss", "extra.corruptions.mce"}
+    neither = {"clip.foreground_attention.signed.density_ratio", "clip.foreground_attention.relu.density_ratio"}
+    return [Metric(name, key, 100.0 if kind == "pct" else 1.0, 1 if kind in ("pct", ".1f") else 3,
+                   None if key in neither else key not in lower)
+            for name, key, kind in DEMO_ROWS if kind not in ("list", "int") and key != "train_seconds"]
+
+
+def _finished_demo(folder: Path, cfg: dict[str, Any]) -> dict | None:
+    """The summary of a finished demo in ``folder`` run with this config's variants, steps and batch size, else
+    None (so that a re-run of the study only trains the missing seeds)."""
+    import yaml
+
+    path = folder / "results.json"
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text()).get("summary", {})
+    if [s.get("variant") for s in summary.values()] != list(cfg["variants"]):
+        return None
+    for s in summary.values():
+        run_cfg = folder / s["variant"] / "config.yaml"
+        if not run_cfg.is_file():
+            return None
+        run = (yaml.safe_load(run_cfg.read_text()) or {}).get("run", {})
+        if any(cfg[k] is not None and run.get(k) != cfg[k] for k in ("steps", "batch_size")):
+            return None
+    return summary
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """The demo at every seed (``<out>/seed<k>/``, each with its own report; finished seeds are read back), then the
+    table's metrics as mean ± std over seeds with paired tests against the first variant."""
+    from .report import write_study
+
+    out = Path(cfg["out"])
+    t0 = time.perf_counter()
+    per_seed = {}
+    for seed in cfg["seeds"]:
+        folder = out / f"seed{seed}"
+        summary = _finished_demo(folder, cfg)
+        if summary is None:
+            print(f"[study] seed {seed}: diffattn demo -> {folder}", flush=True)
+            summary = demo(folder, tuple(cfg["variants"]), steps=cfg["steps"], batch_size=cfg["batch_size"],
+                           seed=seed, quick=cfg["quick"], progress=progress, max_pairs=cfg["max_pairs"])["summary"]
+        else:
+            print(f"[study] seed {seed}: reusing the finished demo in {folder}", flush=True)
+        per_seed[seed] = summary
+    intro = ("CLIP vs DiffCLIP variants (Hammoud & Ghanem 2025, §4) trained from scratch on the offline Tux Paint + "
+             "emoji pairs with the demo's recipes (configs/demo/), one budget, several seeds; accuracies and recalls "
+             "in %.")
+    return write_study(out, cfg, "Study: CLIP vs DiffCLIP", intro, per_seed, _metrics(), time.perf_counter() - t0,
+                       ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)])

