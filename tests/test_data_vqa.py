@@ -106,12 +106,16 @@ def test_needle_grids():
             assert q["answer"] == want[q["kind"]]
     n_pos = sum(q["needle"] is not None for q in exists)
     assert Counter(q["kind"] for q in qs) == {"needle_exists": 40, "needle_row": n_pos, "needle_col": n_pos}
-    cells = needle_samples(ROWS, n=3, count=5, seed=0, exists_fraction=1.0)
+    rows = ROWS + [{"key": f"x{i}", "caption": f"A thing {i}.", "category": "misc"} for i in range(6)]
+    cells = needle_samples(rows, n=3, count=5, seed=0, exists_fraction=1.0)
+    assert sum(q["kind"] == "needle_cell" for q in cells) == 5
     for q in cells:
         if q["kind"] == "needle_cell":
             assert q["answer"] == f"row {q['needle'][1] + 1} column {q['needle'][2] + 1}"
     with pytest.raises(ValueError, match="rows must hold more than n\\*n"):
         needle_samples(ROWS, n=4)
+    with pytest.raises(ValueError, match="whose caption differs from the needle"):
+        needle_samples(ROWS, n=3, count=20)  # 3 lions among 10 rows: a lion needle has 7 distractors
 
 
 def test_compose_grid_places_cells():

@@ -33,6 +33,8 @@ from collections.abc import Callable, Sequence
 
 from torch.utils.data import Dataset
 
+from ..models.vlm import split_words  # the VLM tokenizer's word split: one definition
+
 __all__ = ["QUESTION_KINDS", "POPE_SPLITS", "WHAT_QUESTION", "CATEGORY_QUESTION", "head_noun", "noun_phrase",
            "split_words", "what_questions", "category_questions", "pope_questions", "needle_samples", "compose_grid",
            "VQADataset", "vqa_vocabulary"]
@@ -58,19 +60,10 @@ _QUANTITIES = frozenset({"pair", "piece", "head", "slice", "bunch", "bottle", "g
                          "type", "sort"})
 _QUOTES = re.compile(r"[\"\u201c\u201d\u2018\u2019']")
 _WORD = re.compile(r"[a-z0-9\u00c0-\u024f]+(?:-[a-z0-9\u00c0-\u024f]+)*")
-_SPLIT = re.compile(_WORD.pattern + r"|\?")
 
 
 def _words(text: str) -> list[str]:
     return _WORD.findall(_QUOTES.sub("", text.lower()))
-
-
-def split_words(text: str) -> list[str]:
-    """The word tokens of ``text``: lower-cased words (letters, digits, inner hyphens; quotes dropped) and "?"
-    marks, in order. The VLM tokenizers of diffattn split text this way."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return _SPLIT.findall(_QUOTES.sub("", text.lower()))
 
 
 def noun_phrase(caption: str) -> str:
@@ -188,12 +181,10 @@ def needle_samples(rows: Sequence[dict], n: int = 2, count: int = 200, seed: int
         needle = _hash("needle", seed, n, s) % len(rows)
         caption = rows[needle]["caption"]
         others = [j for j in range(len(rows)) if rows[j]["caption"] != caption]
-        picks: list[int] = []
-        for t in range(n * n):  # distinct distractors, deterministic
-            j = others[_hash("grid", seed, n, s, t) % len(others)]
-            while j in picks:
-                j = others[(others.index(j) + 1) % len(others)]
-            picks.append(j)
+        if len(others) < n * n:
+            raise ValueError(f"rows must hold at least n*n = {n * n} images whose caption differs from the needle's "
+                             f"({caption!r}), got {len(others)}")
+        picks = sorted(others, key=lambda j: _hash("grid", seed, n, s, j))[:n * n]  # distinct, deterministic
         exists = (_hash("exists", seed, n, s) % 10_000) < exists_fraction * 10_000
         cell = _hash("cell", seed, n, s) % (n * n)
         if exists:
