@@ -451,7 +451,8 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
             res["image_attention"] = image_attention(model, imgs, [q["question"] for q in pope_qs])
             res.pop("answers")
             row = {"tower": name, "clip": clip, "seed": seed, "stage1_steps": stage1_steps,
-                   "stage2_steps": stage2_steps, "batch_size": batch_size, "lr": [stage1_lr, stage2_lr], "final_loss": losses[-1],
+                   "stage2_steps": stage2_steps, "batch_size": batch_size, "lr": [stage1_lr, stage2_lr],
+                   "final_loss": losses[-1],
                    "train_s": round(t_train, 1), "total_s": round(time.perf_counter() - t0, 1), **res}
             rows.append(row)
             log(json.dumps({k: row[k] for k in ("tower", "seed", "final_loss", "vqa", "total_s")}))
@@ -486,4 +487,5 @@ if __name__ == "__main__":  # python -m diffattn.train.tasks.vlm --tower clip=DI
         name, _, path = item.partition("=")
         towers[name] = None if path in ("", "random") else path
     llava_compare(towers, a.seeds, stage1_steps=a.stage1_steps, stage2_steps=a.stage2_steps,
-                  batch_size=a.batch_size, stage1_lr=a.stage1_lr, stage2_lr=a.stage2_lr, root=a.root, needle_count=a.needle_count, out=a.out)
+                  batch_size=a.batch_size, stage1_lr=a.stage1_lr, stage2_lr=a.stage2_lr,
+                  root=a.root, needle_count=a.needle_count, out=a.out)
