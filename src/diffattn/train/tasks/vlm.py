@@ -96,6 +96,10 @@ class VLMTask(Task):
         from ...models import create_model, from_pretrained
 
         base, t = self.cfg.task.base, self.cfg.task
+        unknown = sorted(set(base) - {"clip", "init", "kinds", "needle_count"})
+        if unknown:
+            raise ValueError(f"unknown config key task.base.{unknown[0]} for task vlm; valid: clip, init, kinds, "
+                             "needle_count")
         if base.get("init"):
             model = from_pretrained(base["init"])
         else:
@@ -108,13 +112,14 @@ class VLMTask(Task):
         return model
 
     def dataset(self) -> Dataset:
-        from ...models.vlm import VisionLanguageModel
-
-        with torch.device("meta"):
-            probe = self.build_model() if not self.cfg.task.base.get("init") else None
-        img_size = probe.img_size if isinstance(probe, VisionLanguageModel) else _saved_img_size(self.cfg)
+        from ...models import create_model
         from ...models.clip import image_transform
 
+        if self.cfg.task.base.get("init"):
+            img_size = _saved_img_size(self.cfg)
+        else:
+            with torch.device("meta"):  # the tower's input size from the model config (no weights)
+                img_size = create_model(self.cfg.model.name, **{**self.cfg.model.overrides, "vocab": None}).img_size
         return QuestionImages(_vqa(self.cfg), image_transform(img_size), captions=self.cfg.task.train == "projector")
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
