@@ -59,6 +59,9 @@ def needle_predictions(questions: Sequence[dict], answers: Sequence[str]) -> dic
     preds, targets, location = [], [], []
     for s in sorted(grids):
         g = grids[s]
+        if "needle_exists" not in g or ("needle_row" in g) != ("needle_col" in g):
+            raise ValueError(f"questions must hold every question of a needle grid (needle_exists, and needle_row "
+                             f"with needle_col when the needle is there); grid {s} has only {sorted(g)}")
         q, said, _ = g["needle_exists"]
         target = q["needle"]
         targets.append(None if target is None else tuple(target))
@@ -81,13 +84,13 @@ def needle_predictions(questions: Sequence[dict], answers: Sequence[str]) -> dic
 
 @torch.no_grad()
 def evaluate_vlm(answer: Answerer, dataset, transform: Callable | None = None, batch_size: int = 64) -> dict:
-    """Answer every question of ``dataset`` (a :class:`~diffattn.data.vqa.VQADataset`; images through
-    ``transform``) and score them (module docstring). Returns ``{"vqa": {kind: score}, "pope": {split: metrics},
+    """Answer every question of ``dataset`` (a :class:`~diffattn.data.vqa.VQADataset`, or anything with its
+    ``questions`` list and ``image(question)`` method; images through ``transform``) and score them (module
+    docstring). Returns ``{"vqa": {kind: score}, "pope": {split: metrics},
     "mmneedle": {existence, index, exact, location, cells}, "n_questions", "answers"}``."""
-    from ..data.vqa import VQADataset
-
-    if not isinstance(dataset, VQADataset):
-        raise TypeError(f"dataset must be a diffattn.data.vqa.VQADataset, got {type(dataset).__name__}")
+    if not (hasattr(dataset, "questions") and callable(getattr(dataset, "image", None))):
+        raise TypeError(f"dataset must be a diffattn.data.vqa.VQADataset (questions and image()), got "
+                        f"{type(dataset).__name__}")
     qs = dataset.questions
     if not qs:
         raise ValueError("dataset holds no questions")
