@@ -417,12 +417,13 @@ def answer_paligemma(model, tokenizer, images: torch.Tensor, questions: Sequence
 
 def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2), *, stage1_steps: int = 100,
                   stage2_steps: int = 250, batch_size: int = 32, stage1_lr: float = 1e-3, stage2_lr: float = 1e-3,
-                  root=None, needle_count: int = 100,
+                  root=None, needle_count: int = 100, train_pope_splits: Sequence[str] = ("random",),
                   out: str | Path | None = None, log=print) -> list[dict]:
     """The same LLaVA recipe (:func:`train_llava`) on each image tower of ``towers`` (name → a diffattn CLIP
     ``model/`` folder, or None for a tower left at random init) and each seed; every run is evaluated on the test
     questions (:func:`diffattn.eval.vlm_bench.evaluate_vlm`: VQA score, POPE per split, MMNeedle) and its decoder
-    attention on the image. Returns one row per (tower, seed); with ``out`` also writes ``results.json`` there
+    attention on the image. Training asks POPE questions of ``train_pope_splits`` only (one yes and one no per
+    image and split; all three would make yes/no 70 % of the data). Returns one row per (tower, seed); with ``out`` also writes ``results.json`` there
     (atomically)."""
     import time
 
@@ -443,7 +444,7 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
                 model.load_vision_tower(clip)
             tf = image_transform(model.img_size)
             train = VQADataset("train", ("what", "category", "pope", "needle"), root=root, seed=seed,
-                               needle_count=4 * needle_count)
+                               needle_count=4 * needle_count, pope_splits=train_pope_splits)
             losses = train_llava(model, QuestionImages(train, tf), stage1_steps=stage1_steps,
                                  stage2_steps=stage2_steps, batch_size=batch_size, seed=seed,
                                  stage1_lr=stage1_lr, stage2_lr=stage2_lr,
