@@ -423,8 +423,8 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
     ``model/`` folder, or None for a tower left at random init) and each seed; every run is evaluated on the test
     questions (:func:`diffattn.eval.vlm_bench.evaluate_vlm`: VQA score, POPE per split, MMNeedle) and its decoder
     attention on the image. Training asks POPE questions of ``train_pope_splits`` only (one yes and one no per
-    image and split; all three would make yes/no 70 % of the data). Returns one row per (tower, seed); with ``out`` also writes ``results.json`` there
-    (atomically)."""
+    image and split; all three would make yes/no 70 % of the data). Returns one row per (tower, seed); with
+    ``out`` also writes ``results.json`` there (atomically)."""
     import time
 
     from ...data.vqa import QUESTION_KINDS, VQADataset
