@@ -49,6 +49,7 @@ def test_collate_labels_only_the_answer():
     assert split_words("Is there a “Sierra-Beauty” apple?") == ["is", "there", "a", "sierra-beauty", "apple", "?"]
 
 
+@pytest.mark.slow
 def test_generate_with_cache_is_greedy_full_recompute_and_padding_free():
     m = tiny()
     images = torch.randn(2, 3, 32, 32)
