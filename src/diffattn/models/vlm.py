@@ -306,7 +306,7 @@ class VisionLanguageModel(DiffattnModel):
 # lm_tiny's LM, so that the towers of `diffattn train configs/demo/*.yaml` load into them.
 _TOWER_TINY = dict(img_size=32, patch_size=4, mlp="gelu", norm_eps=1e-5, embed_dim=64, depth=2, num_heads=4,
                    lambda_init=0.8)
-_LM_TINY = {k: v for k, v in LM_CONFIGS["lm_tiny"].items() if k != "vocab_size"}
+_LM_TINY = dict(LM_CONFIGS["lm_tiny"])  # vocab_size 512 without a word list; a vocab sets it
 VLM_CONFIGS: dict[str, dict] = {
     "llava_clip_tiny": dict(vision=dict(_TOWER_TINY, attention="standard"), lm=dict(_LM_TINY)),
     "llava_diffclip_tiny": dict(vision=dict(_TOWER_TINY, attention="diff"), lm=dict(_LM_TINY)),
