@@ -48,8 +48,8 @@ def apply(marks):
 
 # ------------------------------------------------------------------------------------------------ no data needed
 def test_list_datasets_names_every_set():
-    assert list_datasets() == ["fashion_mnist", "tuxpaint_captions", "emoji", "digits", "state_of_the_union",
-                               "moby_dick", "spamassassin"]
+    assert list_datasets() == ["fashion_mnist", "tuxpaint_captions", "emoji", "tuxpaint_vqa", "digits",
+                               "state_of_the_union", "moby_dick", "spamassassin"]
     assert set(list_datasets(installed_only=True, root=ROOT)) <= set(list_datasets())
 
 

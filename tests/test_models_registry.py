@@ -16,7 +16,8 @@ from diffattn.models.summary import parameter_count
 
 ROOT = Path(__file__).resolve().parents[1]
 FINGERPRINT = ROOT / "tests" / "fixtures" / "model_registry_v0_1_0.json"
-NEW_SINCE_0_1_0 = ["diff_v2_lm_base", "diff_v2_lm_small", "diff_v2_lm_tiny"]  # Diff Transformer V2 LMs
+NEW_SINCE_0_1_0 = ["diff_v2_lm_base", "diff_v2_lm_small", "diff_v2_lm_tiny",  # Diff Transformer V2 LMs
+                   "llava_clip_tiny", "llava_diffclip_tiny"]  # LLaVA-style VLMs
 
 
 def _fingerprint(name: str) -> dict:

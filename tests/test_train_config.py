@@ -20,7 +20,8 @@ def test_unknown_key_names_key_and_valid_ones():
 
 
 @pytest.mark.parametrize("section,key,value,msg", [
-    ("task", "name", "regression", r"task\.name must be one of \('clip', 'classify', 'lm', 'retrofit'\)"),
+    ("task", "name", "regression",
+     r"task\.name must be one of \('clip', 'classify', 'lm', 'retrofit', 'vlm', 'paligemma'\)"),
     ("run", "batch_size", 0, r"run\.batch_size must be an integer >= 1, got 0"),
     ("run", "precision", "fp8", r"run\.precision must be one of"),
     ("run", "distributed", "zero3", r"run\.distributed must be one of \('ddp', 'fsdp2'\)"),

@@ -21,7 +21,7 @@ class DatasetInfo:
     """A built-in dataset: what it holds, where it comes from, its licence and where ``make data`` puts it."""
 
     name: str
-    kind: str  # "classification", "captions" or "text"
+    kind: str  # "classification", "captions", "vqa" or "text"
     size: str
     license: str
     source: str
@@ -50,6 +50,9 @@ DATASETS: dict[str, DatasetInfo] = {d.name: d for d in (
                 "tuxpaint_captions"),
     DatasetInfo("emoji", "captions", "1,377 emoji with their CLDR names, 9 groups, alpha masks",
                 "OFL-1.1 (font), Unicode licence (names)", "Debian fonts-noto-color-emoji + unicode-data", "emoji"),
+    DatasetInfo("tuxpaint_vqa", "vqa", "questions on the Tux Paint stamps: what / category / POPE (3 splits) / "
+                "2×2 MMNeedle grids", "GPL-2.0-or-later (images rendered locally, never redistributed)",
+                "diffattn.data.vqa over tuxpaint_captions", "tuxpaint_captions"),
     DatasetInfo("digits", "classification", "1,797 8×8 grey images, 10 classes", "BSD-3-Clause",
                 "scikit-learn load_digits (UCI optical digits)", ""),
     DatasetInfo("state_of_the_union", "text", "233 addresses 1790–2021, ≈2.07M GPT-2 tokens", "CC0-1.0 (PDDL)",
@@ -80,8 +83,9 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
     """A dataset by name: a built-in set (:func:`list_datasets`) or a user format (:data:`USER_FORMATS`).
 
     Args:
-        name: ``fashion_mnist``, ``tuxpaint_captions``, ``emoji``, ``digits``, ``state_of_the_union``,
-            ``moby_dick``, ``spamassassin``; or ``webdataset`` (``root`` = shard URL or brace pattern),
+        name: ``fashion_mnist``, ``tuxpaint_captions``, ``tuxpaint_vqa`` (questions: :mod:`diffattn.data.vqa`),
+            ``emoji``, ``digits``, ``state_of_the_union``, ``moby_dick``, ``spamassassin``; or ``webdataset``
+            (``root`` = shard URL or brace pattern),
             ``csv`` (``root`` = the CSV file), ``imagefolder`` (``root`` = the class-folder tree),
             ``tokens`` (``root`` = the token file; ``block_size=`` required).
         split: ``train``, ``val``, ``test`` or ``all`` (Fashion-MNIST also ``trainval``); each set's card in
@@ -104,6 +108,10 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
         return FashionMNIST(split, root=root, transform=transform)
     if name in ("tuxpaint_captions", "emoji"):
         return CaptionImages(name, split, root=root, transform=transform)
+    if name == "tuxpaint_vqa":
+        from .vqa import QUESTION_KINDS, VQADataset
+
+        return VQADataset(split, QUESTION_KINDS, root=root, transform=transform)
     if name == "digits":
         return Digits(split, root=root, transform=transform)
     if name in CORPORA:

@@ -124,7 +124,9 @@ def _samples(ds) -> Iterator[tuple[str, dict[str, bytes]]]:
     from .corpora import TextDocuments
     from .images import CaptionImages
 
-    if isinstance(ds, CaptionImages):
+    if hasattr(ds, "webdataset_samples"):  # question sets (diffattn.data.vqa) write their own fields
+        yield from ds.webdataset_samples()
+    elif isinstance(ds, CaptionImages):
         for i, row in enumerate(ds.rows):
             meta = {"key": row["key"], "category": ds.categories.index(row["category"]),
                     "category_name": row["category"]}

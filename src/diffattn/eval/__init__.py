@@ -16,6 +16,7 @@ from .robustness import COMMON_CORRUPTIONS, corrupt_images, corruption_table, me
 from .runner import compare, evaluate
 from .text_models import get_text_tokenizer, load_language_model
 from .vlm import mmneedle_metrics, normalize_vqa_answer, pope_metrics, vqa_accuracy, vqa_score
+from .vlm_bench import evaluate_vlm, image_attention, llava_answerer, needle_predictions, plot_needle_cells
 
 __all__ = [
     "DEFAULT_TEMPLATES", "classification_metrics", "zero_shot_classifier", "zero_shot_eval",
@@ -24,4 +25,5 @@ __all__ = [
     "COMMON_CORRUPTIONS", "corrupt_images", "corruption_table", "mean_corruption_error", "noise_robustness",
     "compare", "evaluate", "get_text_tokenizer", "load_language_model",
     "mmneedle_metrics", "normalize_vqa_answer", "pope_metrics", "vqa_accuracy", "vqa_score",
+    "evaluate_vlm", "image_attention", "llava_answerer", "needle_predictions", "plot_needle_cells",
 ]

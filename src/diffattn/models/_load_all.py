@@ -2,7 +2,7 @@
 
 import importlib
 
-for _name in ("vit", "clip", "text", "causal_lm"):
+for _name in ("vit", "clip", "text", "causal_lm", "vlm"):
     try:
         importlib.import_module(f"{__package__}.{_name}")
     except ModuleNotFoundError as e:  # a module that is not written yet

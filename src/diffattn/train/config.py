@@ -2,7 +2,7 @@
 
 A run is described by five sections::
 
-    task:  {name: clip | classify | lm | retrofit, ...task options}
+    task:  {name: clip | classify | lm | retrofit | vlm | paligemma, ...task options}
     model: {name: a registered model (``diffattn models``), overrides: {...create_model keyword arguments}}
     data:  {name: a dataset, path: files a user supplies, ...}
     optim: {lr, weight_decay, betas, warmup_steps, min_lr_ratio, grad_clip}
@@ -24,7 +24,7 @@ from typing import Any
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "TrainConfig", "load_config",
            "apply_overrides", "config_from_dict", "config_digest"]
 
-TASKS = ("clip", "classify", "lm", "retrofit")
+TASKS = ("clip", "classify", "lm", "retrofit", "vlm", "paligemma")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -37,6 +37,7 @@ class TaskConfig:
     retrofit: ``base`` (a transformers model: ``{type: gpt2, config: {...}}`` built from its config, or
     ``{type: gpt2, path: DIR}`` for pretrained weights a user has), ``method``, ``lambda_init``, ``anneal_steps``,
     ``train`` (``attention`` | ``adapters`` | ``all``), ``lora`` with ``lora_r``/``lora_alpha``/``lora_targets``.
+    vlm / paligemma: see :mod:`diffattn.train.tasks.vlm` (``base``, ``train``, ``method``, ``lora_*``).
     """
 
     name: str = "classify"
@@ -168,7 +169,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Check values (types, ranges, choices); every error names the key, the value and what is allowed."""
     t, r, o = cfg.task, cfg.run, cfg.optim
     _check(t.name in TASKS, "task.name", t.name, f"one of {TASKS}")
-    _check(t.name == "retrofit" or bool(cfg.model.name), "model.name", cfg.model.name,
+    _check(t.name in ("retrofit", "paligemma") or bool(cfg.model.name), "model.name", cfg.model.name,
            "a registered model name (list them with `diffattn models`)")
     _check(isinstance(cfg.model.overrides, dict), "model.overrides", cfg.model.overrides, "a mapping")
     _check(_is_int(r.batch_size) and r.batch_size >= 1, "run.batch_size", r.batch_size, "an integer >= 1")
@@ -199,6 +200,14 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                "a mapping with 'type' (e.g. gpt2) and 'config' or 'path'")
         _check(_is_int(t.anneal_steps) and t.anneal_steps >= 1, "task.anneal_steps", t.anneal_steps,
                "an integer >= 1")
+    if t.name == "vlm":
+        _check(t.train in ("projector", "all"), "task.train", t.train,
+               "'projector' (LLaVA stage 1) or 'all' (stage 2: projector + LM)")
+    if t.name == "paligemma":
+        _check(t.method in ("shared_qk", "split_heads", "none"), "task.method", t.method,
+               "one of ('shared_qk', 'split_heads', 'none')")
+        _check(isinstance(t.base, dict) and t.base.get("type") == "paligemma", "task.base", t.base,
+               "a mapping with type: paligemma and 'config' or 'path'")
     _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
            "an integer >= 2")
     return cfg

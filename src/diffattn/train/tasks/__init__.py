@@ -1,4 +1,5 @@
-"""Training recipes: ``clip``, ``classify``, ``lm``, ``retrofit``; :func:`build_task` picks one from a config."""
+"""Training recipes: ``clip``, ``classify``, ``lm``, ``retrofit``, ``vlm``, ``paligemma``; :func:`build_task` picks
+one from a config."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ def _classes() -> dict[str, type[Task]]:
     from .clip import ClipTask
     from .lm import LMTask
     from .retrofit import RetrofitTask
+    from .vlm import PaliGemmaTask, VLMTask
 
-    return {c.name: c for c in (ClipTask, ClassifyTask, LMTask, RetrofitTask)}
+    return {c.name: c for c in (ClipTask, ClassifyTask, LMTask, RetrofitTask, VLMTask, PaliGemmaTask)}
 
 
-TASK_CLASSES = ("clip", "classify", "lm", "retrofit")
+TASK_CLASSES = ("clip", "classify", "lm", "retrofit", "vlm", "paligemma")
 
 
 def build_task(cfg: TrainConfig) -> Task:

@@ -1,0 +1,110 @@
+"""The vision-language recipes on the offline Tux Paint questions: Differential PaliGemma (retrofit + LoRA) trains,
+saves its adapter, LoRA and tokenizer and reloads exactly; LLaVA's stage 1 / stage 2 runs through ``diffattn
+train``, keeping the CLIP tower it was given."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from diffattn.data import DATASETS, SETUP_COMMAND
+
+REPO = Path(__file__).resolve().parents[1]
+ROOT = Path(os.environ.get("DIFFATTN_DATA", REPO / "data"))
+pytestmark = [pytest.mark.data, pytest.mark.skipif(
+    not DATASETS["tuxpaint_captions"].installed(ROOT),
+    reason=f"tuxpaint_captions not installed under {ROOT}: run `{SETUP_COMMAND}`")]
+
+FAST = ["run.log_every=1", "run.progress=false", f"data.path={ROOT}", "task.base.kinds=[what, pope]"]
+
+
+def _cfg(name: str, *extra: str):
+    from diffattn.train import load_config
+
+    return load_config(REPO / f"configs/tiny/{name}.yaml", [*FAST, *extra])
+
+
+def test_word_tokenizer_round_trip(tmp_path):
+    from transformers import AutoTokenizer
+
+    from diffattn.train.tasks.vlm import paligemma_batch, word_tokenizer
+
+    tok = word_tokenizer(["what", "is", "this", "?", "frog"])
+    tok.save_pretrained(tmp_path)
+    back = AutoTokenizer.from_pretrained(tmp_path)
+    text = "What is “this”?\n frog zebra"
+    assert back(text, add_special_tokens=False)["input_ids"] == tok(text, add_special_tokens=False)["input_ids"] \
+        == [6, 7, 8, 9, 5, 10, 3]  # what is this ? \n frog <unk>
+    b = paligemma_batch(tok, 4, 3, ["what is this?", "is this?"], ["frog", "frog"])
+    assert b["input_ids"][0].tolist() == [4, 4, 4, 2, 6, 7, 8, 9, 5, 10, 1]
+    assert b["token_type_ids"][0].tolist() == [0] * 9 + [1, 1]
+    assert b["labels"][0].tolist() == [-100] * 9 + [10, 1]
+    assert b["attention_mask"][1].tolist() == [1] * 10 + [0] and b["labels"][1, -1] == -100
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["shared_qk", "split_heads"])
+def test_paligemma_lora_trains_saves_and_reloads_exactly(tmp_path, method, one_thread):
+    import diffattn.adapters as A
+    from diffattn.train import train
+    from diffattn.train.checkpoint import latest_checkpoint, load_checkpoint
+    from diffattn.train.tasks.vlm import PaliGemmaTask, answer_paligemma, load_paligemma, paligemma_batch
+
+    cfg = _cfg("paligemma", "run.steps=12", "run.batch_size=8", "run.ckpt_every=12", "optim.lr=3e-3",
+               f"task.method={method}", "task.anneal_steps=40")
+    res = train(cfg, out=tmp_path)
+    assert sum(res["losses"][-3:]) < sum(res["losses"][:3])
+    assert {p.name for p in tmp_path.iterdir()} >= {"adapter", "lora", "tokenizer"}
+
+    task = PaliGemmaTask(cfg)  # the trained model, rebuilt from the last checkpoint
+    trained = task.build_model()
+    trained.load_state_dict(load_checkpoint(latest_checkpoint(tmp_path))["model"])  # λ schedule step included
+    trained.eval()
+    model, tok = load_paligemma(tmp_path)
+    lams = [r["lambda"] for r in A.lambda_summary(model)]
+    assert lams == [r["lambda"] for r in A.lambda_summary(trained)] and 0 < lams[0] < 0.8  # mid-anneal: t matters
+    assert len(A.adapters(model)) == 2  # the Gemma decoder only, not the SigLIP tower
+    cfg_pg = model.base_model.model.config
+    batch = paligemma_batch(tok, cfg_pg.image_token_index, 16, ["what is this?"], ["frog"])
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        ref = trained(pixel_values=x, **batch).logits
+        got = model(pixel_values=x, **batch).logits
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert len(answer_paligemma(model, tok, x.expand(2, -1, -1, -1), ["what is this?", "is it?"], 3)) == 2
+
+
+@pytest.mark.slow
+def test_llava_stages_through_diffattn_train(tmp_path, one_thread):
+    from diffattn.models import create_model, from_pretrained
+    from diffattn.train import train
+
+    torch.manual_seed(3)
+    clip = create_model("diffclip_tiny")
+    clip.save_pretrained(tmp_path / "clip")
+    s1 = train(_cfg("vlm", "task.train=projector", f"task.base.clip={tmp_path / 'clip'}", "run.steps=4",
+                    "run.batch_size=8", "run.ckpt_every=4"), out=tmp_path / "s1")
+    m1 = from_pretrained(tmp_path / "s1" / "model")
+    torch.manual_seed(0)  # run.seed: the model diffattn train builds before stage 1
+    fresh = create_model("llava_diffclip_tiny", vocab=m1.vocab)
+    for k, v in clip.visual.state_dict().items():
+        assert torch.equal(m1.visual.state_dict()[k], v), k
+    assert all(torch.equal(m1.lm.state_dict()[k], v) for k, v in fresh.lm.state_dict().items())
+    train(_cfg("vlm", f"task.base.init={tmp_path / 's1' / 'model'}", "run.steps=4", "run.batch_size=8",
+               "run.ckpt_every=4"), out=tmp_path / "s2")
+    m2 = from_pretrained(tmp_path / "s2" / "model")
+    assert all(torch.equal(m2.visual.state_dict()[k], v) for k, v in clip.visual.state_dict().items())
+    assert not torch.equal(m2.lm.blocks[0].attn.q_proj.weight, m1.lm.blocks[0].attn.q_proj.weight)
+    assert len(s1["losses"]) == 4
+
+
+def test_bad_vlm_config_values_are_named():
+    from diffattn.train import load_config
+
+    with pytest.raises(ValueError, match="task.train must be 'projector'"):
+        load_config(REPO / "configs/tiny/vlm.yaml", ["task.train=adapters"])
+    with pytest.raises(ValueError, match="task.method must be one of \\('shared_qk', 'split_heads', 'none'\\)"):
+        load_config(REPO / "configs/tiny/paligemma.yaml", ["task.method=daa"])
