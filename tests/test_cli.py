@@ -55,8 +55,15 @@ def test_demo_end_to_end_at_a_small_size(tmp_path, capsys):
     assert rows["zero-shot Fashion-MNIST top-1 (10 classes)"][0] == f"{100 * fm:.1f}"
     assert s["CLIP"]["lambda"] == {"vision": [], "text": []}
     assert all(0.0 < v < 1.0 for v in s["DiffCLIP"]["lambda"]["vision"] + s["DiffCLIP"]["lambda"]["text"])
-    for plot in ("attention_maps.png", "learning_curves.png", "lambda_per_layer.png"):
+    for plot in ("attention_maps.png", "attention_maps_emoji.png", "learning_curves.png", "lambda_per_layer.png"):
         assert (tmp_path / plot).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f"]({plot})" in report
+    # the figure redrawn from the saved models (how the README's figure is made) is the demo's own figure
+    from diffattn.studies.diffclip import attention_figure
+
+    redrawn = attention_figure(tmp_path, tmp_path / "redrawn.png", dataset="emoji")
+    assert redrawn.read_bytes() == (tmp_path / "attention_maps_emoji.png").read_bytes()
+    with pytest.raises(FileNotFoundError, match="run_dir"):
+        attention_figure(tmp_path / "clip", tmp_path / "none.png")
     for v in ("clip", "diffclip"):  # the saved models and each model's own eval report
         assert (tmp_path / v / "eval" / "report.md").is_file() and (tmp_path / v / "metrics.jsonl").is_file()
     model = from_pretrained(tmp_path / "diffclip" / "model")

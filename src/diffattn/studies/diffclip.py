@@ -237,17 +237,19 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
 
 
 @torch.no_grad()
-def _attention_maps(models: dict[str, Any], n: int = 6) -> tuple[torch.Tensor, torch.Tensor, dict, tuple, np.ndarray]:
-    """The same ``n`` Tux Paint test images through every model: last-layer CLS rows (n, P), mean over heads."""
+def _attention_maps(models: dict[str, Any], n: int = 6, dataset: str = "tuxpaint_captions"
+                    ) -> tuple[torch.Tensor, torch.Tensor, dict, tuple, np.ndarray]:
+    """The same ``n`` test images of ``dataset`` (an image–caption set with foreground masks: ``tuxpaint_captions``
+    or ``emoji``) through every model: last-layer CLS rows (n, P), mean over heads."""
     from ..data import get_dataset
     from ..diagnostics import capture_attention
 
-    tux = get_dataset("tuxpaint_captions", split="test")
+    data = get_dataset(dataset, split="test")
     first = next(iter(models.values()))
-    idx = list(range(0, len(tux), max(1, len(tux) // n)))[:n]
-    images = torch.stack([first.eval_transform(tux.load_image(i)) for i in idx])
-    masks = torch.stack([tux.load_mask(i) for i in idx])
-    rgb = np.stack([np.asarray(tux.load_image(i)) for i in idx])
+    idx = list(range(0, len(data), max(1, len(data) // n)))[:n]
+    images = torch.stack([first.eval_transform(data.load_image(i)) for i in idx])
+    masks = torch.stack([data.load_mask(i) for i in idx])
+    rgb = np.stack([np.asarray(data.load_image(i)) for i in idx])
     grid = (first.img_size // first.visual.patch_embed.patch_size,) * 2
     out = {}
     for label, model in models.items():
@@ -255,6 +257,25 @@ def _attention_maps(models: dict[str, Any], n: int = 6) -> tuple[torch.Tensor, t
             model.encode_image(images)
         out[label] = cap.layers[-1].combined.mean(dim=1)[:, 0, 1:]  # (n, P): CLS row over the patches
     return images, masks, out, grid, rgb
+
+
+def attention_figure(run_dir: str | os.PathLike, path: str | os.PathLike, *, dataset: str = "emoji",
+                     n: int = 6) -> Path:
+    """Redraw the demo's attention figure from a finished demo or study seed folder (``runs/demo``,
+    ``runs/studies/diffclip/seed0``): every variant's saved model (``<run_dir>/<variant>/model``) on the same ``n``
+    test images of ``dataset``, last vision layer's CLS attention, foreground outlined. Returns the PNG's path."""
+    from ..models import from_pretrained
+
+    run_dir = Path(run_dir)
+    models = {}
+    for variant, (_, label) in DEMO_VARIANTS.items():
+        if (run_dir / variant / "model").is_dir():
+            models[label] = from_pretrained(run_dir / variant / "model").eval()
+    if not models:
+        raise FileNotFoundError(f"run_dir {str(run_dir)!r} holds no <variant>/model folder of "
+                                f"{', '.join(DEMO_VARIANTS)}; run `diffattn demo --out {run_dir}` first")
+    images, masks, cls_maps, grid, rgb = _attention_maps(models, n=n, dataset=dataset)
+    return _plot_attention(images, masks, cls_maps, grid, Path(path), rgb)
 
 
 # ------------------------------------------------------------------------------------------------- table
@@ -387,6 +408,8 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
         plots.append(_plot_lambdas(lams, out / "lambda_per_layer.png").name)
     images, masks, cls_maps, grid, rgb = _attention_maps(models)
     plots.insert(0, _plot_attention(images, masks, cls_maps, grid, out / "attention_maps.png", rgb).name)
+    emoji = _attention_maps(models, dataset="emoji")  # Noto emoji: free to publish, unlike the GPL-2 stamps
+    plots.insert(1, _plot_attention(*emoji[:4], out / "attention_maps_emoji.png", emoji[4]).name)
     seconds = time.perf_counter() - t_start
     table = demo_table(summary)
     report = _demo_report(summary, table, plots, seconds, cfg, quick)
@@ -418,7 +441,9 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
         f"background patch (alpha-channel masks; mean over layers, heads and 16 test images); > 1 means the "
         f"model looks at the object. Accuracies and recalls in %.", "",
         "## Attention maps", "", f"![attention maps]({plots[0]})", "",
-        "## Learning curves and λ", ""] + [f"![{p}]({p})" for p in plots[1:]] + ["",
+        "The same maps on held-out Noto emoji (which, unlike the GPL-2 stamps, may be published with the results):",
+        "", f"![attention maps, emoji]({plots[1]})", "",
+        "## Learning curves and λ", ""] + [f"![{p}]({p})" for p in plots[2:]] + ["",
         "## Per-model evaluation reports", ""] + [
         f"- {label}: [{s['eval_report']}]({s['eval_report']}) (model saved in `{s['variant']}/model`, load with "
         f"`diffattn.from_pretrained`)" for label, s in summary.items()] + ["",
