@@ -131,3 +131,18 @@ def test_trainable_rejects_bad_names():
         A.RetrofitConfig("daa", trainable=("classifier", "classifier"))
     cfg = A.RetrofitConfig("daa", trainable=["classifier"])
     assert A.RetrofitConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_the_model_inside_a_peft_wrapper_is_read_as_bare(tmp_path):
+    # peft's LoRA tuner gives the inner transformers model a peft_config, and transformers models have a base_model
+    # property: those two attributes once made the inner model look like the PeftModel (no adapter found at all)
+    model = _trained()
+    wrapped = _lora(copy.deepcopy(model))
+    inner = wrapped.base_model.model
+    assert hasattr(inner, "peft_config") and hasattr(inner, "base_model")
+    assert [n for n, _ in A.adapters(inner)] == [n for n, _ in A.adapters(model)]
+    A.save_adapter(model, tmp_path / "bare")
+    A.save_adapter(inner, tmp_path / "inner")
+    bare, inside = _load(tmp_path / "bare"), _load(tmp_path / "inner")
+    assert sorted(inside) == sorted(bare)
+    assert all(torch.equal(inside[k], bare[k]) for k in bare)

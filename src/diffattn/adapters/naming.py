@@ -48,7 +48,10 @@ def _active_copy(wrapper: nn.Module, copies: nn.ModuleDict) -> str | None:
 
 
 def _peft_root(model: nn.Module) -> str:
-    return _PEFT_PREFIX if hasattr(model, "peft_config") and hasattr(model, "base_model") else ""
+    """``base_model.model.`` for a ``PeftModel`` (recognised by its class name along the MRO, without importing
+    peft), else "". A transformers model inside one also has ``peft_config`` and a ``base_model`` property (its
+    backbone), so those attributes alone would misread the bare model as the wrapper."""
+    return _PEFT_PREFIX if any(c.__name__ == "PeftModel" for c in type(model).__mro__) else ""
 
 
 def _walk(model: nn.Module) -> dict[str, tuple[str, int]]:
