@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from diffattn.studies import load_study, validate_study
-from diffattn.studies.report import Metric, aggregate, read_seed, write_seed
+from diffattn.studies.report import Metric, aggregate, read_seed, run_seeds, write_seed
 from diffattn.studies.stats import mean_std, paired_statement, paired_test, sign_test_p, t_two_sided_p
 
 # ------------------------------------------------------------------------------------------------ stats
@@ -103,6 +103,24 @@ def test_read_seed_only_for_the_same_budget(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------ config
+
+
+def test_run_seeds_computes_only_the_missing_seeds(tmp_path):
+    cfg = {"study": "dgvit", "variants": ["vit"], "seeds": [0, 1, 2], "out": str(tmp_path), "steps": 3}
+    write_seed(tmp_path / "seed1", cfg, {"ViT": {"clean": 0.25}})  # seed 1 finished before a kill
+    calls = []
+
+    def compute(seed, folder):
+        calls.append((seed, folder))
+        return {"ViT": {"clean": seed / 10}}
+
+    got = run_seeds(cfg, compute)
+    assert calls == [(0, tmp_path / "seed0"), (2, tmp_path / "seed2")]
+    assert got == {0: {"ViT": {"clean": 0.0}}, 1: {"ViT": {"clean": 0.25}}, 2: {"ViT": {"clean": 0.2}}}
+    assert run_seeds(cfg, lambda seed, folder: pytest.fail("every seed is saved now")) == got
+    calls.clear()
+    run_seeds({**cfg, "steps": 4}, compute)  # another budget: every seed again
+    assert [seed for seed, _ in calls] == [0, 1, 2]
 
 
 @pytest.mark.parametrize("change, message", [

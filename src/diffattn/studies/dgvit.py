@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .report import Metric, read_seed, write_seed, write_study
+from .report import Metric, run_seeds, write_study
 
 __all__ = ["VARIANTS", "DEFAULTS", "run", "train_and_evaluate"]
 
@@ -157,24 +157,22 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                                        f"set DIFFATTN_DATA to the folder holding it")
     out = Path(cfg["out"])
     t0 = time.perf_counter()
-    per_seed: dict[int, dict] = {}
     test = None
-    for seed in cfg["seeds"]:
-        folder = out / f"seed{seed}"
-        res = read_seed(folder, cfg)
-        if res is None:
-            if test is None:
-                print(f"[study dgvit] corrupting {cfg['test_images']} test images once for every model", flush=True)
-                test = test_set(cfg, progress)
-            res = {}
-            for v in cfg["variants"]:
-                print(f"[study dgvit] seed {seed}: {VARIANTS[v][1]} ({VARIANTS[v][0]}) -> {folder / v}", flush=True)
-                res[VARIANTS[v][1]] = train_and_evaluate(cfg, v, seed, folder / v, test, progress)
-                r = res[VARIANTS[v][1]]
-                print(f"[study dgvit] {VARIANTS[v][1]}: clean {100 * r['clean']:.1f} %, mCE "
-                      f"{r['corruptions']['mce']:.1f}, {r['train_seconds']:.0f} s training", flush=True)
-            write_seed(folder, cfg, res)
-        per_seed[seed] = res
+
+    def one_seed(seed: int, folder: Path) -> dict:
+        nonlocal test
+        if test is None:
+            print(f"[study dgvit] corrupting {cfg['test_images']} test images once for every model", flush=True)
+            test = test_set(cfg, progress)
+        res = {}
+        for v in cfg["variants"]:
+            print(f"[study dgvit] seed {seed}: {VARIANTS[v][1]} ({VARIANTS[v][0]}) -> {folder / v}", flush=True)
+            res[VARIANTS[v][1]] = r = train_and_evaluate(cfg, v, seed, folder / v, test, progress)
+            print(f"[study dgvit] {VARIANTS[v][1]}: clean {100 * r['clean']:.1f} %, mCE "
+                  f"{r['corruptions']['mce']:.1f}, {r['train_seconds']:.0f} s training", flush=True)
+        return res
+
+    per_seed = run_seeds(cfg, one_seed)
     first = next(iter(per_seed.values()))
     first = next(iter(first.values()))
     intro = (f"ViT vs DiffViT vs DGViT (M-DGSA 2025, §5.1): nano models ({first['params']:,} parameters for "

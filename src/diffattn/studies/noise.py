@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .report import Metric, read_seed, write_seed, write_study
+from .report import Metric, run_seeds, write_study
 
 __all__ = ["VARIANTS", "DEFAULTS", "run", "needle_attention", "needle_scores", "train_lm"]
 
@@ -167,30 +167,28 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     held_out = "\n\n".join(get_dataset("state_of_the_union", split="test").texts)
     out = Path(cfg["out"])
     t0 = time.perf_counter()
-    per_seed: dict[int, dict] = {}
-    for seed in cfg["seeds"]:
-        folder = out / f"seed{seed}"
-        res = read_seed(folder, cfg)
-        if res is None:
-            res = {}
-            for v in cfg["variants"]:
-                name, label = VARIANTS[v]
-                print(f"[study noise] seed {seed}: {label} ({name}) -> {folder / v}", flush=True)
-                t1 = time.perf_counter()
-                result = train_lm(cfg, name, seed, folder / v, progress)
-                train_s = time.perf_counter() - t1
-                model = from_pretrained(folder / v / "model").eval()
-                r = needle_attention(model, held_out, length=cfg["prompt_length"], depths=cfg["depths"],
-                                     trials=cfg["trials"], seed=seed)
-                r.update(final_loss=result["final_loss"], train_seconds=round(train_s, 1),
-                         ppl=_byte_perplexity(model, held_out, cfg["ppl_bytes"], cfg["block_size"]),
-                         params=sum(p.numel() for p in model.parameters()))
-                res[label] = r
-                print(f"[study noise] {label}: answer/context mass (signed) {r['answer_signed']:.3f}/"
-                      f"{r['noise_signed']:.3f}, needle acc {r['accuracy']:.2f}, ppl {r['ppl']:.2f}, "
-                      f"{train_s:.0f} s training", flush=True)
-            write_seed(folder, cfg, res)
-        per_seed[seed] = res
+
+    def one_seed(seed: int, folder: Path) -> dict:
+        res = {}
+        for v in cfg["variants"]:
+            name, label = VARIANTS[v]
+            print(f"[study noise] seed {seed}: {label} ({name}) -> {folder / v}", flush=True)
+            t1 = time.perf_counter()
+            result = train_lm(cfg, name, seed, folder / v, progress)
+            train_s = time.perf_counter() - t1
+            model = from_pretrained(folder / v / "model").eval()
+            r = needle_attention(model, held_out, length=cfg["prompt_length"], depths=cfg["depths"],
+                                 trials=cfg["trials"], seed=seed)
+            r.update(final_loss=result["final_loss"], train_seconds=round(train_s, 1),
+                     ppl=_byte_perplexity(model, held_out, cfg["ppl_bytes"], cfg["block_size"]),
+                     params=sum(p.numel() for p in model.parameters()))
+            res[label] = r
+            print(f"[study noise] {label}: answer/context mass (signed) {r['answer_signed']:.3f}/"
+                  f"{r['noise_signed']:.3f}, needle acc {r['accuracy']:.2f}, ppl {r['ppl']:.2f}, "
+                  f"{train_s:.0f} s training", flush=True)
+        return res
+
+    per_seed = run_seeds(cfg, one_seed)
     first = next(iter(next(iter(per_seed.values())).values()))
     m = cfg["model"]
     intro = (f"Standard vs differential causal LMs (Ye et al. 2024, §3.4, Table 3): {m['depth']} layers, width "

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -12,7 +12,7 @@ from typing import Any
 from ..io import atomic_write_file
 from .stats import mean_std, paired_statement, paired_test
 
-__all__ = ["Metric", "aggregate", "markdown_table", "write_study", "read_seed", "write_seed"]
+__all__ = ["Metric", "aggregate", "markdown_table", "write_study", "read_seed", "write_seed", "run_seeds"]
 
 
 @dataclass(frozen=True)
@@ -130,3 +130,18 @@ def write_seed(folder: str | Path, cfg: Mapping, results: Mapping) -> None:
     """Save one seed's per-variant results with the budget that produced them (:func:`read_seed`)."""
     with atomic_write_file(Path(folder) / "seed_results.json", "w") as f:
         json.dump({"budget": _budget(cfg), "results": results}, f, indent=1, default=float)
+
+
+def run_seeds(cfg: Mapping, compute: Callable[[int, Path], dict]) -> dict[int, dict]:
+    """Every seed of ``cfg``: its per-variant results read back from ``<out>/seed<k>/`` when they were computed with
+    this budget (:func:`read_seed`), else ``compute(seed, folder)``, saved at once (:func:`write_seed`) so that a
+    killed study resumes at the first unfinished seed."""
+    per_seed: dict[int, dict] = {}
+    for seed in cfg["seeds"]:
+        folder = Path(cfg["out"]) / f"seed{seed}"
+        res = read_seed(folder, cfg)
+        if res is None:
+            res = compute(seed, folder)
+            write_seed(folder, cfg, res)
+        per_seed[seed] = res
+    return per_seed

@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .report import Metric, read_seed, write_seed, write_study
+from .report import Metric, run_seeds, write_study
 
 __all__ = ["VARIANTS", "DEFAULTS", "run", "minilm_dir", "classification_part", "lm_part"]
 
@@ -385,19 +385,16 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     torch.set_num_threads(cfg["threads"])
     out = Path(cfg["out"])
     t0 = time.perf_counter()
-    per_seed: dict[int, dict] = {}
-    for seed in cfg["seeds"]:
-        folder = out / f"seed{seed}"
-        res = read_seed(folder, cfg)
-        if res is None:
-            parts = {}
-            if "classification" in cfg["parts"]:
-                parts["classification"] = classification_part(cfg, seed, progress)
-            if "lm" in cfg["parts"]:
-                parts["lm"] = lm_part(cfg, seed, folder, progress)
-            res = {VARIANTS[m]: {p: parts[p][VARIANTS[m]] for p in parts} for m in cfg["variants"]}
-            write_seed(folder, cfg, res)
-        per_seed[seed] = res
+
+    def one_seed(seed: int, folder: Path) -> dict:
+        parts = {}
+        if "classification" in cfg["parts"]:
+            parts["classification"] = classification_part(cfg, seed, progress)
+        if "lm" in cfg["parts"]:
+            parts["lm"] = lm_part(cfg, seed, folder, progress)
+        return {VARIANTS[m]: {p: parts[p][VARIANTS[m]] for p in parts} for m in cfg["variants"]}
+
+    per_seed = run_seeds(cfg, one_seed)
     metrics = []
     if "classification" in cfg["parts"]:
         metrics += [Metric("MiniLM SpamAssassin test accuracy (%)", "classification.accuracy", 100.0, 2),
