@@ -17,6 +17,7 @@ import base64
 import hashlib
 import json
 import os
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -28,21 +29,24 @@ _RANKS = "tokenizer.tiktoken"
 _HF_DIR = "tokenizer"
 
 
-class LMTokenizer:
+class LMTokenizer(ABC):
     """The interface :class:`~diffattn.models.CausalLM` uses: text ↔ ids, the end-of-text id, the vocabulary size."""
 
     kind = "?"
     eot_token_id: int | None
     vocab_size: int
 
+    @abstractmethod
     def encode(self, text: str) -> list[int]:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def decode(self, ids: list[int]) -> str:
-        raise NotImplementedError
+        ...
 
+    @abstractmethod
     def save(self, folder: str | os.PathLike) -> None:
-        raise NotImplementedError
+        ...
 
 
 class TiktokenTokenizer(LMTokenizer):
