@@ -8,6 +8,7 @@ bindings :func:`~diffattn.adapters.retrofit` consults is ``diffattn.adapters.bin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -15,7 +16,7 @@ import torch.nn as nn
 
 from .methods import RetrofitAdapter
 
-__all__ = ["ADAPTER_ATTR", "Binding", "Candidate", "parent_of"]
+__all__ = ["ADAPTER_ATTR", "Binding", "Candidate", "parent_of", "candidates"]
 
 #: attribute of a converted attention module that holds its :class:`RetrofitAdapter`
 ADAPTER_ATTR = "diff_adapter"
@@ -65,3 +66,9 @@ def parent_of(model: nn.Module, name: str) -> tuple[nn.Module, str]:
         return model, name
     owner, attr = name.rsplit(".", 1)
     return model.get_submodule(owner), attr
+
+
+def candidates(model: nn.Module, binding: Binding, match: Callable[[nn.Module], bool]) -> list[Candidate]:
+    """Every submodule of ``model`` that ``match`` accepts, in module order, as a :class:`Candidate` of
+    ``binding`` (what a binding's ``find`` returns)."""
+    return [Candidate(name, m, *parent_of(model, name), binding) for name, m in model.named_modules() if match(m)]

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 from ...functional import AttentionWeights
-from ..binding import ADAPTER_ATTR, Candidate, parent_of
+from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["DiffattnBinding", "retrofitted_attention_class"]
@@ -66,8 +66,7 @@ class DiffattnBinding:
     families = ("diffattn standard attention (diffattn.layers.Attention)",)
 
     def find(self, model: nn.Module) -> list[Candidate]:
-        return [Candidate(name, m, *parent_of(model, name), self) for name, m in model.named_modules()
-                if _is_attention(m)]
+        return candidates(model, self, _is_attention)
 
     def dims(self, m: nn.Module) -> tuple[int, int, int]:
         """(D, h, d); a ValueError for the features the retrofitted layer lacks (raised while planning, before any

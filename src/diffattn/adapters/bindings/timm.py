@@ -15,7 +15,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from ..binding import ADAPTER_ATTR, Candidate, parent_of
+from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["TimmBinding", "timm_diff_attention_class"]
@@ -77,8 +77,7 @@ class TimmBinding:
         base = _timm_attention()
         if base is None:
             return []
-        return [Candidate(name, m, *parent_of(model, name), self) for name, m in model.named_modules()
-                if type(m) is base]
+        return candidates(model, self, lambda m: type(m) is base)
 
     def dims(self, m: nn.Module) -> tuple[int, int, int]:
         return int(m.qkv.in_features), int(m.num_heads), int(m.head_dim)

@@ -25,7 +25,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from ..binding import ADAPTER_ATTR, Candidate, parent_of
+from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["HF_ATTENTION_CLASSES", "TransformersBinding"]
@@ -205,8 +205,7 @@ class TransformersBinding:
         return _proj_names(m) is not None or hasattr(m, "c_attn")
 
     def find(self, model: nn.Module) -> list[Candidate]:
-        return [Candidate(name, m, *parent_of(model, name), self) for name, m in model.named_modules()
-                if self._matches(m)]
+        return candidates(model, self, self._matches)
 
     def dims(self, m: nn.Module) -> tuple[int, int, int]:
         d = _head_dim(m)

@@ -20,7 +20,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from ..binding import ADAPTER_ATTR, Candidate, parent_of
+from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["UltralyticsBinding", "ultralytics_diff_attention_class"]
@@ -104,8 +104,7 @@ class UltralyticsBinding:
         base = _ultralytics_attention()
         if base is None:
             return []
-        return [Candidate(name, m, *parent_of(model, name), self) for name, m in model.named_modules()
-                if type(m) is base]
+        return candidates(model, self, lambda m: type(m) is base)
 
     def dims(self, m: nn.Module) -> tuple[int, int, int, int]:
         """(D, h, d_k, d_v): channels, heads, query/key head width, value head width."""
