@@ -363,3 +363,32 @@ def test_retrofitted_yolo_fine_tunes_through_ultralytics(detect_data, tmp_path):
     assert steps[0] == steps[1] >= 1  # λ(t) advanced per optimizer step and kept in the saved EMA model (best.pt)
     with pytest.raises(ValueError, match="not retrofitted"):
         retrofit_trainer(yolo("yolo26n.yaml").model)
+
+
+@pytest.mark.slow
+def test_compare_trains_validates_and_reports_with_the_optimizer_asked(detect_data, tmp_path):
+    import json
+
+    import yaml
+
+    from diffattn.detect.compare import main
+
+    assert main(["--models", "yolo26n-diffpsa", "--seeds", "0", "--data", str(detect_data), "--epochs", "1",
+                 "--imgsz", "64", "--batch", "4", "--optimizer", "SGD", "--lr0", "0.02", "--out",
+                 str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "results.json").read_text())
+    assert res["budget"]["optimizer"] == "SGD" and res["budget"]["lr0"] == 0.02
+    (run,) = res["runs"]
+    assert run["model"] == "yolo26n-diffpsa" and 0.0 <= run["mAP50"] <= 1.0 and run["params"] == 2_572_792
+    args = yaml.safe_load((tmp_path / "runs" / "yolo26n-diffpsa-s0" / "args.yaml").read_text())
+    assert args["optimizer"] == "SGD" and args["lr0"] == 0.02 and args["epochs"] == 1
+    assert "| yolo26n-diffpsa |" in (tmp_path / "results.md").read_text()
+    assert (tmp_path / "attention_maps.png").stat().st_size > 0
+
+
+def test_compare_rejects_a_bad_learning_rate(capsys):
+    from diffattn.detect.compare import main
+
+    with pytest.raises(SystemExit):
+        main(["--lr0", "0", "--out", "unused"])
+    assert "--lr0 must be > 0, got 0.0" in capsys.readouterr().err

@@ -124,7 +124,7 @@ def test_run_seeds_computes_only_the_missing_seeds(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"study": "vit"}, "study in test must be one of diffclip, retrofit, dgvit, noise, got 'vit'"),
+    ({"study": "vit"}, "study in test must be one of diffclip, retrofit, dgvit, noise, paligemma, got 'vit'"),
     ({"stepz": 3}, r"unknown study keys \['stepz'\] in test; valid keys for study 'dgvit'"),
     ({"seeds": [0]}, "seeds in test must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
     ({"seeds": [0, True]}, "seeds in test must be a list of at least 2 distinct integers"),
@@ -148,10 +148,16 @@ def test_study_specific_checks():
         validate_study({"study": "noise", "seeds": [0, 1], "prompt_length": 100}, "test")
     with pytest.raises(ValueError, match="needle_length in test must be >= 112 .*got 90"):
         validate_study({"study": "retrofit", "seeds": [0, 1], "needle_length": 90}, "test")
+    with pytest.raises(ValueError, match=r"finetune_kinds in test must be a non-empty list from .*\['pope', 'q'\]"):
+        validate_study({"study": "paligemma", "seeds": [0, 1], "finetune_kinds": ["pope", "q"]}, "test")
+    with pytest.raises(ValueError, match="pope_splits in test must be a non-empty list from"):
+        validate_study({"study": "paligemma", "seeds": [0, 1], "pope_splits": []}, "test")
+    with pytest.raises(ValueError, match="lora_r in test must be >= 1, got 0"):
+        validate_study({"study": "paligemma", "seeds": [0, 1], "lora_r": 0}, "test")
 
 
 def test_shipped_configs_load():
-    for name in ("diffclip", "retrofit", "dgvit", "noise"):
+    for name in ("diffclip", "retrofit", "dgvit", "noise", "paligemma"):
         cfg = load_study(name)
         assert cfg["study"] == name and len(cfg["seeds"]) >= 3 and cfg["out"] == f"runs/studies/{name}"
 
@@ -245,3 +251,24 @@ def test_retrofit_study_tiny(tmp_path, one_thread):
     assert seed0["DAA"]["classification"]["identity"] < 1e-5  # the retrofit is exact before training
     assert seed0["plain"]["classification"]["identity"] is None
     assert (out / "seed0" / "pretrained" / "config.json").is_file()  # one pretrained LM per seed, shared
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_paligemma_study_tiny(tmp_path, one_thread):
+    _need("tuxpaint_captions")
+    out = _run(tmp_path, {"study": "paligemma", "pretrain_steps": 3, "finetune_steps": 2, "batch_size": 4,
+                          "needle_count": 4, "test_needle_count": 4, "max_new_tokens": 2, "attention_questions": 4,
+                          "anneal_steps": 4})
+    labels = ["LoRA", "shared-QK + LoRA", "split-heads + LoRA"]
+    res = _check_results(out, labels, ["vqa.what", "vqa.category", "pope.adversarial.accuracy",
+                                       "pope.random.yes_ratio", "mmneedle.existence", "image_attention.0",
+                                       "final_loss"])
+    seed0 = res["per_seed"]["0"]
+    assert seed0["LoRA"]["lambda"] == [] and len(seed0["shared-QK + LoRA"]["lambda"]) == 2  # the decoder's layers
+    assert 0 < seed0["split-heads + LoRA"]["lambda"][0] < 0.8  # λ(t) mid-anneal after 2 of 4 steps
+    for lab in labels:  # every variant of a seed starts from the seed's one pretrained checkpoint
+        assert seed0[lab]["pretrain_loss"] == seed0["LoRA"]["pretrain_loss"]
+        assert 0 <= seed0[lab]["pope"]["adversarial"]["accuracy"] <= 1
+    assert (out / "seed0" / "pretrained" / "model" / "tokenizer.json").is_file()
+    assert (out / "seed1" / "shared_qk" / "adapter").is_dir() and not (out / "seed1" / "lora" / "adapter").exists()

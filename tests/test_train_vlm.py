@@ -108,3 +108,55 @@ def test_bad_vlm_config_values_are_named():
         load_config(REPO / "configs/tiny/vlm.yaml", ["task.train=adapters"])
     with pytest.raises(ValueError, match="task.method must be one of \\('shared_qk', 'split_heads', 'none'\\)"):
         load_config(REPO / "configs/tiny/paligemma.yaml", ["task.method=daa"])
+
+
+@pytest.mark.slow
+def test_paligemma_full_fine_tuning_is_the_base_of_a_lora_run(tmp_path, one_thread):
+    """``lora_r: 0`` trains every weight and saves ``model/`` with its tokenizer; a LoRA run then starts from it
+    through ``task.base.path``, as from a downloaded checkpoint, and starts at exactly its function."""
+    from diffattn.train import train
+    from diffattn.train.tasks.vlm import PaliGemmaTask, build_paligemma, load_paligemma, paligemma_batch
+
+    pre = train(_cfg("paligemma", "run.steps=4", "run.batch_size=4", "run.ckpt_every=4", "task.method=none",
+                     "task.lora_r=0", "optim.lr=3e-3"), out=tmp_path / "pre")
+    assert pre["losses"][-1] < pre["losses"][0]
+    assert {p.name for p in (tmp_path / "pre" / "model").iterdir()} >= {"config.json", "model.safetensors",
+                                                                         "tokenizer.json"}
+    full, tok = load_paligemma(tmp_path / "pre")
+    start = build_paligemma(_cfg("paligemma").task.base, len(tok))  # what the run started from
+    trained = dict(full.named_parameters())
+    changed = [n for n, p in start.named_parameters() if not torch.equal(p, trained[n])]
+    assert any("vision_tower" in n for n in changed) and any("language_model" in n for n in changed)
+    base = f"task.base.path={tmp_path / 'pre' / 'model'}"
+    cfg = _cfg("paligemma", base, "run.steps=2", "run.batch_size=4", "run.ckpt_every=2", "task.method=shared_qk")
+    lora = PaliGemmaTask(cfg).build_model().eval()  # retrofit (λ(0) = 0) + LoRA (B = 0): the base's function
+    batch = paligemma_batch(tok, full.config.image_token_index, 16, ["what is this?"], ["frog"])
+    x = torch.randn(1, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(lora(pixel_values=x, **batch).logits, full(pixel_values=x, **batch).logits,
+                                   atol=1e-5, rtol=1e-5)
+    train(cfg, out=tmp_path / "lora")
+    model, _ = load_paligemma(tmp_path / "lora")
+    assert type(model).__name__ == "PeftModel"
+
+
+@pytest.mark.slow
+def test_paligemma_image_attention_is_unchanged_by_an_exact_retrofit(tmp_path, one_thread):
+    """At step 0 (λ(0) = 0) the shared-QK and split-heads retrofits compute the base model's attention, so the share
+    of the last prompt position's attention on the image tokens is the base's; the model's attention backend is
+    restored after the call."""
+    import diffattn.adapters as A
+    from diffattn.train.tasks.vlm import build_paligemma, paligemma_image_attention, word_tokenizer
+
+    cfg = _cfg("paligemma")
+    tok = word_tokenizer(["what", "is", "this", "?", "frog", "there", "a", "in", "the", "image"])
+    qs = ["what is this?", "is there a frog in the image?", "what?"]
+    x = torch.randn(3, 3, 32, 32)
+    base = build_paligemma(cfg.task.base, len(tok)).eval()
+    ref = paligemma_image_attention(base, tok, x, qs)
+    assert base.config.text_config._attn_implementation == "sdpa"
+    assert len(ref) == 2 and all(0 < s < 1 for s in ref)
+    for method in ("shared_qk", "split_heads"):
+        model = build_paligemma(cfg.task.base, len(tok)).eval()
+        A.retrofit(model, method, lambda_init=0.8, anneal_steps=10, layers=lambda i, n: "language_model" in n)
+        assert paligemma_image_attention(model, tok, x, qs) == pytest.approx(ref, abs=1e-5)

@@ -1,7 +1,7 @@
 """The ``diffattn`` command.
 
     diffattn demo      # the main job: CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end
-    diffattn study NAME|YAML  # a study (diffclip, retrofit, dgvit, noise) over seeds: mean ± std, paired tests
+    diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma): mean ± std, tests
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
     diffattn train / eval / compare / data   # registered by diffattn.train, diffattn.eval, diffattn.data
 
@@ -150,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo_command)
     st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
-    st.add_argument("config", help="a YAML file, or a name in configs/studies/ (diffclip, retrofit, dgvit, noise)")
+    st.add_argument("config", help="a YAML file, or a name in configs/studies/ (diffclip, retrofit, dgvit, noise, "
+                    "paligemma)")
     st.add_argument("--no-progress", action="store_true", help="no progress bars")
     st.set_defaults(func=_study_command)
     m = sub.add_parser("models", help="list registered models")

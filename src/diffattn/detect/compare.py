@@ -39,14 +39,18 @@ def _info(model, imgsz: int = 640) -> dict:
 
 
 def train_one(name: str, seed: int, data: Path, out: Path, *, epochs: int, imgsz: int, batch: int,
-              threads: int = 1) -> dict:
-    """Train ``name`` with ``seed`` and validate it; returns mAP50, mAP50-95, params, GFLOPs, seconds."""
+              threads: int = 1, optimizer: str = "auto", lr0: float | None = None) -> dict:
+    """Train ``name`` with ``seed`` and validate it; returns mAP50, mAP50-95, params, GFLOPs, seconds.
+    ``optimizer`` and ``lr0`` are Ultralytics' (``auto`` picks both from the iteration count; ``lr0`` applies
+    to a named optimizer)."""
     torch.set_num_threads(threads)
     model = yolo(name)
     info = _info(model)
     t0 = time.time()
-    model.train(data=str(data), epochs=epochs, imgsz=imgsz, batch=batch, seed=seed, project=str(out / "runs"),
-                name=f"{name.removesuffix('.yaml')}-s{seed}", warmup_epochs=1, val=False, **OFFLINE_TRAIN_ARGS)
+    model.train(data=str(data), epochs=epochs, imgsz=imgsz, batch=batch, seed=seed,
+                project=str((out / "runs").resolve()),  # absolute: Ultralytics puts a relative one under its runs_dir
+                name=f"{name.removesuffix('.yaml')}-s{seed}", warmup_epochs=1, val=False, optimizer=optimizer,
+                **({} if lr0 is None else {"lr0": lr0}), **OFFLINE_TRAIN_ARGS)
     train_s = time.time() - t0
     metrics = model.val(data=str(data), imgsz=imgsz, batch=batch, **OFFLINE_VAL_ARGS)
     return {"model": name, "seed": seed, "mAP50": float(metrics.box.map50), "mAP50-95": float(metrics.box.map),
@@ -117,7 +121,8 @@ def plot_maps(rows: list[dict], data: Path, out_png: Path, imgsz: int) -> list[d
 
 
 def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | None = None, epochs: int = 3,
-                imgsz: int = 128, batch: int = 16, n_train: int = 128, n_val: int = 48, threads: int = 1) -> dict:
+                imgsz: int = 128, batch: int = 16, n_train: int = 128, n_val: int = 48, threads: int = 1,
+                optimizer: str = "auto", lr0: float | None = None) -> dict:
     """Train every model with every seed on the same data and budget; write results and the map figure."""
     from ..data.detection import export_detection
 
@@ -129,15 +134,17 @@ def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | 
         if not (data_dir / "data.yaml").is_file():
             export_detection(data_dir, n_train=n_train, n_val=n_val, imgsz=imgsz, scale=(0.25, 0.6), max_objects=2)
         data = data_dir / "data.yaml"
+    budget = {"epochs": epochs, "imgsz": imgsz, "batch": batch, "data": str(data), "optimizer": optimizer,
+              "lr0": lr0}
     rows = []
     for seed in seeds:
         for name in models:
             rows.append(train_one(name, seed, Path(data), out, epochs=epochs, imgsz=imgsz, batch=batch,
-                                  threads=threads))
+                                  threads=threads, optimizer=optimizer, lr0=lr0))
             print(json.dumps(rows[-1]), flush=True)
-            _write(out, rows, {"epochs": epochs, "imgsz": imgsz, "batch": batch, "data": str(data)})
+            _write(out, rows, budget)
     maps = plot_maps(rows, Path(data), out / "attention_maps.png", imgsz)
-    return _write(out, rows, {"epochs": epochs, "imgsz": imgsz, "batch": batch, "data": str(data)}, maps)
+    return _write(out, rows, budget, maps)
 
 
 def _write(out: Path, rows: list[dict], budget: dict, maps: list[dict] | None = None) -> dict:
@@ -161,12 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n-train", type=int, default=128)
     p.add_argument("--n-val", type=int, default=48)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--optimizer", default="auto", help="Ultralytics' optimizer: auto, SGD, AdamW, MuSGD, ...")
+    p.add_argument("--lr0", type=float, default=None, help="initial learning rate of a named --optimizer")
     a = p.parse_args(argv)
     for name, v in (("--epochs", a.epochs), ("--imgsz", a.imgsz), ("--batch", a.batch), ("--threads", a.threads)):
         if v < 1:
             p.error(f"{name} must be >= 1, got {v}")
+    if a.lr0 is not None and not a.lr0 > 0:
+        p.error(f"--lr0 must be > 0, got {a.lr0}")
     res = run_compare(a.models, a.seeds, a.out, data=a.data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch,
-                      n_train=a.n_train, n_val=a.n_val, threads=a.threads)
+                      n_train=a.n_train, n_val=a.n_val, threads=a.threads, optimizer=a.optimizer, lr0=a.lr0)
     print(summarize(res["runs"]))
     return 0
 

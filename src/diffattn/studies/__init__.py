@@ -4,6 +4,7 @@
     diffattn study retrofit    # plain vs DAA / DiffQ / DiffK / DiffV (DAA 2025), DEX (Kong et al. 2025)
     diffattn study dgvit       # ViT vs DiffViT vs DGViT under noise and corruptions (M-DGSA 2025, §5.1)
     diffattn study noise       # answer vs context attention mass, standard vs differential LM (Ye et al. 2024)
+    diffattn study paligemma   # LoRA vs shared-QK / split-heads + LoRA on a PaliGemma (Li et al. 2025)
 
 A study is a YAML config (configs/studies/<name>.yaml, :mod:`.config`) naming the variants, seeds and one budget;
 its module trains every variant at every seed through the library's train / eval / diagnostics code, saves each

@@ -19,6 +19,7 @@ STUDY_MODULES: dict[str, str] = {
     "retrofit": "diffattn.studies.retrofit",
     "dgvit": "diffattn.studies.dgvit",
     "noise": "diffattn.studies.noise",
+    "paligemma": "diffattn.studies.paligemma",
 }
 #: keys every study config holds
 COMMON_KEYS = ("study", "variants", "seeds", "out")

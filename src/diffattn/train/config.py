@@ -37,7 +37,8 @@ class TaskConfig:
     retrofit: ``base`` (a transformers model: ``{type: gpt2, config: {...}}`` built from its config, or
     ``{type: gpt2, path: DIR}`` for pretrained weights a user has), ``method``, ``lambda_init``, ``anneal_steps``,
     ``train`` (``attention`` | ``adapters`` | ``all``), ``lora`` with ``lora_r``/``lora_alpha``/``lora_targets``.
-    vlm / paligemma: see :mod:`diffattn.train.tasks.vlm` (``base``, ``train``, ``method``, ``lora_*``).
+    vlm / paligemma: see :mod:`diffattn.train.tasks.vlm` (``base``, ``train``, ``method``, ``lora_*``; paligemma's
+    ``lora_r: 0`` is full fine-tuning).
     """
 
     name: str = "classify"
@@ -208,6 +209,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                "one of ('shared_qk', 'split_heads', 'none')")
         _check(isinstance(t.base, dict) and t.base.get("type") == "paligemma", "task.base", t.base,
                "a mapping with type: paligemma and 'config' or 'path'")
+        _check(_is_int(t.lora_r) and t.lora_r >= 0, "task.lora_r", t.lora_r,
+               "an integer >= 0 (0: full fine-tuning, no LoRA)")
     _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
            "an integer >= 2")
     return cfg

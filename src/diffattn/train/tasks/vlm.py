@@ -33,9 +33,12 @@ from ...io import atomic_write_dir
 from .base import Task
 
 __all__ = ["VLMTask", "PaliGemmaTask", "QuestionImages", "vlm_vocabulary", "word_tokenizer", "build_paligemma",
-           "paligemma_batch", "load_paligemma", "train_llava", "CAPTION_QUESTION", "SPLITS_ALL"]
+           "paligemma_batch", "load_paligemma", "answer_paligemma", "paligemma_image_attention", "train_llava",
+           "CAPTION_QUESTION", "SPLITS_ALL", "DATA_KEYS"]
 
 CAPTION_QUESTION = "describe the image."
+#: the ``task.base`` keys that choose the training questions (:class:`~diffattn.data.vqa.VQADataset`'s arguments)
+DATA_KEYS = ("kinds", "needle_count", "pope_splits")
 SPLITS_ALL = ("train", "val", "test")
 _CACHE: dict = {}
 
@@ -80,11 +83,13 @@ def vlm_vocabulary(root=None, seed: int = 0) -> list[str]:
 
 
 def _vqa(cfg, split: str | None = None):
-    from ...data.vqa import VQADataset
+    from ...data.vqa import POPE_SPLITS, VQADataset
 
-    kinds = tuple(cfg.task.base.get("kinds", ("what", "category", "pope", "needle")))
+    base = cfg.task.base
+    kinds = tuple(base.get("kinds", ("what", "category", "pope", "needle")))
     return VQADataset(split or cfg.data.split, kinds, root=cfg.data.path, seed=cfg.run.seed,
-                      needle_count=int(cfg.task.base.get("needle_count", 400)))
+                      needle_count=int(base.get("needle_count", 400)),
+                      pope_splits=tuple(base.get("pope_splits", POPE_SPLITS)))
 
 
 class VLMTask(Task):
@@ -96,10 +101,10 @@ class VLMTask(Task):
         from ...models import create_model, from_pretrained
 
         base, t = self.cfg.task.base, self.cfg.task
-        unknown = sorted(set(base) - {"clip", "init", "kinds", "needle_count"})
+        unknown = sorted(set(base) - {"clip", "init", *DATA_KEYS})
         if unknown:
-            raise ValueError(f"unknown config key task.base.{unknown[0]} for task vlm; valid: clip, init, kinds, "
-                             "needle_count")
+            raise ValueError(f"unknown config key task.base.{unknown[0]} for task vlm; valid: clip, init, "
+                             f"{', '.join(DATA_KEYS)}")
         if base.get("init"):
             model = from_pretrained(base["init"])
         else:
@@ -239,10 +244,10 @@ def build_paligemma(base: dict, vocab_size: int | None = None) -> nn.Module:
 
     if base.get("type") != "paligemma":
         raise ValueError(f"task.base.type must be 'paligemma', got {base.get('type')!r}")
-    unknown = sorted(set(base) - {"type", "config", "path", "kinds", "needle_count"})
+    unknown = sorted(set(base) - {"type", "config", "path", *DATA_KEYS})
     if unknown:
-        raise ValueError(f"unknown config keys task.base.{unknown[0]}; valid: type, config, path, kinds, "
-                         "needle_count")
+        raise ValueError(f"unknown config keys task.base.{unknown[0]}; valid: type, config, path, "
+                         f"{', '.join(DATA_KEYS)}")
     if base.get("path"):
         if not Path(base["path"]).is_dir():
             raise ValueError(f"task.base.path {base['path']!r} is not a directory holding a PaliGemma checkpoint")
@@ -283,16 +288,21 @@ class PaliGemmaTask(Task):
         return self._tokenizer
 
     def build_model(self) -> nn.Module:
+        """The base model, its decoder retrofitted (``method``), with LoRA on it; ``lora_r: 0`` trains every weight
+        instead (full fine-tuning, as in PaliGemma's own pretraining and transfer stages) and adds no LoRA."""
         from ... import adapters as A
 
         t = self.cfg.task
         model = build_paligemma(t.base, None if t.base.get("path") else len(self.tokenizer))
         model.config.use_cache = False
+        full = t.lora_r == 0
         if t.method != "none":
             A.retrofit(model, t.method, lambda_init=t.lambda_init, anneal_steps=t.anneal_steps,
-                       layers=_decoder_only, train="adapters")
-        else:
+                       layers=_decoder_only, train="all" if full else "adapters")
+        elif not full:
             model.requires_grad_(False)
+        if full:
+            return model
         from peft import LoraConfig, get_peft_model
 
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -330,10 +340,19 @@ class PaliGemmaTask(Task):
 
     def save_final(self, model: nn.Module, directory: Path) -> Path:
         """``adapter/`` (diffattn adapters, λ and their step; absent for ``method: none``), ``lora/`` (peft) and
-        ``tokenizer/`` (the word tokenizer of a config-built model)."""
+        ``tokenizer/`` (the word tokenizer of a config-built model). With ``lora_r: 0`` the whole model goes to
+        ``model/`` (``save_pretrained``, a retrofit recorded in its config) with the tokenizer beside it, so that
+        ``task.base: {type: paligemma, path: <run>/model}`` starts a next stage from it."""
         from ... import adapters as A
 
         directory = Path(directory)
+        with atomic_write_dir(directory / "tokenizer") as tmp:
+            self.tokenizer.save_pretrained(tmp)
+        if self.cfg.task.lora_r == 0:
+            with atomic_write_dir(directory / "model") as tmp:
+                model.save_pretrained(tmp)
+                self.tokenizer.save_pretrained(tmp)
+            return directory / "model"
         base = model.base_model.model
         if self.cfg.task.method != "none":
             lora = [p for n, p in base.named_parameters() if "lora_" in n and p.requires_grad]
@@ -347,14 +366,13 @@ class PaliGemmaTask(Task):
                     p.requires_grad_(True)
         with atomic_write_dir(directory / "lora") as tmp:
             model.save_pretrained(tmp)
-        with atomic_write_dir(directory / "tokenizer") as tmp:
-            self.tokenizer.save_pretrained(tmp)
         return directory / "lora"
 
 
 def _pg_config(model):
-    core = model.base_model.model if hasattr(model, "base_model") and hasattr(model.base_model, "model") else model
-    return core.config
+    from peft import PeftModel
+
+    return (model.base_model.model if isinstance(model, PeftModel) else model).config
 
 
 def _num_image_tokens(cfg) -> int:
@@ -374,8 +392,9 @@ def paligemma_transform(size: int):
 
 
 def load_paligemma(run_dir: str | Path, base: dict | None = None) -> tuple[nn.Module, object]:
-    """(model, tokenizer) of a trained ``paligemma`` run: the base model of its ``config.yaml`` (or ``base``),
-    retrofitted from ``adapter/`` and with ``lora/`` loaded, in eval mode."""
+    """(model, tokenizer) of a trained ``paligemma`` run, in eval mode: the base model of its ``config.yaml`` (or
+    ``base``), retrofitted from ``adapter/`` and with ``lora/`` loaded; a full fine-tuning run (``lora_r: 0``)
+    loads ``model/`` (:func:`diffattn.from_pretrained_retrofit` when it was retrofitted)."""
     import yaml
     from peft import PeftModel
     from transformers import AutoTokenizer
@@ -383,9 +402,20 @@ def load_paligemma(run_dir: str | Path, base: dict | None = None) -> tuple[nn.Mo
     from ... import adapters as A
 
     run_dir = Path(run_dir)
+    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
+    if not (run_dir / "lora").is_dir() and (run_dir / "model" / "config.json").is_file():
+        import transformers as T
+
+        from ...adapters.core import HF_CONFIG_KEY
+        from ...adapters.hf import from_pretrained_retrofit
+
+        path = run_dir / "model"
+        retrofitted = getattr(T.AutoConfig.from_pretrained(path), HF_CONFIG_KEY, None) is not None
+        model = from_pretrained_retrofit(path) if retrofitted else \
+            T.PaliGemmaForConditionalGeneration.from_pretrained(path)
+        return model.eval(), tokenizer
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     base = base or cfg["task"]["base"]
-    tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     model = build_paligemma(base, None if base.get("path") else len(tokenizer))
     if (run_dir / "adapter").is_dir():
         model = A.load_adapter(model, run_dir / "adapter")
@@ -411,6 +441,35 @@ def answer_paligemma(model, tokenizer, images: torch.Tensor, questions: Sequence
         for r, g in zip(rows, gen[:, n:]):
             out[r] = tokenizer.decode(g, skip_special_tokens=True).strip()
     return out
+
+
+@torch.no_grad()
+def paligemma_image_attention(model, tokenizer, images: torch.Tensor, questions: Sequence[str]) -> list[float]:
+    """Per decoder layer of a PaliGemma (bare, retrofitted or with LoRA): the mean share of attention (signed
+    combined map, averaged over heads and samples) that the last prompt position, the one predicting the first
+    answer token, puts on the image tokens, Σ_image a / Σ_all a (as :func:`diffattn.eval.vlm_bench.image_attention`
+    for the LLaVA-style model). The maps come from ``output_attentions``: the model runs eager attention for this
+    call (SDPA returns no maps), and a retrofitted layer returns its combined map A1 − λA2."""
+    from peft import PeftModel
+
+    core = model.base_model.model if isinstance(model, PeftModel) else model
+    cfg = core.config
+    P = _num_image_tokens(cfg)
+    batch = paligemma_batch(tokenizer, cfg.image_token_index, P, list(questions))
+    before = cfg.text_config._attn_implementation
+    core.set_attn_implementation("eager")
+    try:
+        out = model(pixel_values=images, **batch, output_attentions=True)
+    finally:
+        core.set_attn_implementation(before)
+    last = batch["attention_mask"].sum(-1) - 1  # (B,) the last prompt position
+    shares = []
+    for a in out.attentions:  # (B, heads, N, N)
+        rows = a[torch.arange(a.shape[0]), :, last].float()  # (B, heads, N)
+        total = rows.sum(-1)
+        shares.append(float((rows[..., :P].sum(-1) / total.where(total.abs() > 1e-12, torch.ones_like(total)))
+                            .mean()))
+    return shares
 
 
 # ------------------------------------------------------------------------------ CLIP vs DiffCLIP tower study
