@@ -160,3 +160,23 @@ def test_paligemma_image_attention_is_unchanged_by_an_exact_retrofit(tmp_path, o
         model = build_paligemma(cfg.task.base, len(tok)).eval()
         A.retrofit(model, method, lambda_init=0.8, anneal_steps=10, layers=lambda i, n: "language_model" in n)
         assert paligemma_image_attention(model, tok, x, qs) == pytest.approx(ref, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_llava_compare_takes_each_seeds_own_tower(tmp_path, one_thread):
+    import json
+
+    from diffattn.models import create_model
+    from diffattn.train.tasks.vlm import llava_compare
+
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        create_model("diffclip_tiny").save_pretrained(tmp_path / f"s{seed}" / "model")
+    rows = llava_compare({"diffclip": str(tmp_path / "s{seed}" / "model")}, (0, 1), stage1_steps=1, stage2_steps=1,
+                         batch_size=2, root=ROOT, needle_count=2, out=tmp_path / "cmp", log=lambda *a: None)
+    assert [r["clip"] for r in rows] == [str(tmp_path / "s0" / "model"), str(tmp_path / "s1" / "model")]
+    saved = json.loads((tmp_path / "cmp" / "results.json").read_text())
+    assert [r["seed"] for r in saved] == [0, 1]
+    for r in saved:
+        assert set(r["pope"]) == {"random", "popular", "adversarial"} and 0 <= r["vqa"]["category"] <= 1
+        assert len(r["image_attention"]) == 2

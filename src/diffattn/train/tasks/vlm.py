@@ -479,7 +479,8 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
                   root=None, needle_count: int = 100, train_pope_splits: Sequence[str] = ("random",),
                   out: str | Path | None = None, log=print) -> list[dict]:
     """The same LLaVA recipe (:func:`train_llava`) on each image tower of ``towers`` (name → a diffattn CLIP
-    ``model/`` folder, or None for a tower left at random init) and each seed; every run is evaluated on the test
+    ``model/`` folder, or None for a tower left at random init; ``{seed}`` in the folder is replaced by the seed, so
+    that VLM seed k takes the tower trained with seed k) and each seed; every run is evaluated on the test
     questions (:func:`diffattn.eval.vlm_bench.evaluate_vlm`: VQA score, POPE per split, MMNeedle) and its decoder
     attention on the image. Training asks POPE questions of ``train_pope_splits`` only (one yes and one no per
     image and split; all three would make yes/no 70 % of the data). Returns one row per (tower, seed); with
@@ -500,7 +501,7 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
             model_name = "llava_diffclip_tiny" if "diff" in name else "llava_clip_tiny"
             model = create_model(model_name, vocab=vocab)
             if clip:
-                model.load_vision_tower(clip)
+                model.load_vision_tower(clip.replace("{seed}", str(seed)))
             tf = image_transform(model.img_size)
             train = VQADataset("train", ("what", "category", "pope", "needle"), root=root, seed=seed,
                                needle_count=4 * needle_count, pope_splits=train_pope_splits)
@@ -515,7 +516,7 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
             imgs = torch.stack([tf(test.image(q)) for q in pope_qs])
             res["image_attention"] = image_attention(model, imgs, [q["question"] for q in pope_qs])
             res.pop("answers")
-            row = {"tower": name, "clip": clip, "seed": seed, "stage1_steps": stage1_steps,
+            row = {"tower": name, "clip": clip and clip.replace("{seed}", str(seed)), "seed": seed, "stage1_steps": stage1_steps,
                    "stage2_steps": stage2_steps, "batch_size": batch_size, "lr": [stage1_lr, stage2_lr],
                    "final_loss": losses[-1],
                    "train_s": round(t_train, 1), "total_s": round(time.perf_counter() - t0, 1), **res}
@@ -534,8 +535,9 @@ if __name__ == "__main__":  # python -m diffattn.train.tasks.vlm --tower clip=DI
     import argparse
 
     p = argparse.ArgumentParser(description="LLaVA-style VLM: CLIP vs DiffCLIP image tower, same budget")
-    p.add_argument("--tower", action="append", required=True, help="NAME=DIR (a diffattn CLIP model/ folder) or "
-                   "NAME=random; a NAME containing 'diff' gets the differential tower")
+    p.add_argument("--tower", action="append", required=True, help="NAME=DIR (a diffattn CLIP model/ folder; "
+                   "{seed} in it is the VLM's seed) or NAME=random; a NAME containing 'diff' gets the differential "
+                   "tower")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--stage1-steps", type=int, default=100)
     p.add_argument("--stage2-steps", type=int, default=250)
