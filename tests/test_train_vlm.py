@@ -180,3 +180,24 @@ def test_llava_compare_takes_each_seeds_own_tower(tmp_path, one_thread):
     for r in saved:
         assert set(r["pope"]) == {"random", "popular", "adversarial"} and 0 <= r["vqa"]["category"] <= 1
         assert len(r["image_attention"]) == 2
+    assert "| POPE adversarial: yes-ratio |" in (tmp_path / "cmp" / "results.md").read_text()
+
+
+def test_llava_table_means_and_stds():
+    from diffattn.train.tasks.vlm import llava_table
+
+    def row(tower, seed, what, loss):
+        return {"tower": tower, "seed": seed, "vqa": {"what": what, "category": 0.5}, "final_loss": loss,
+                "total_s": 10.0, "image_attention": [0.25, 0.5],
+                "pope": {s: {"accuracy": 0.5, "f1": 0.0, "yes_ratio": 0.0} for s in ("random", "popular")},
+                "mmneedle": {"existence": 0.5, "index": None, "exact": None, "location": None, "cells": {}}}
+
+    table = llava_table([row("clip", 0, 0.1, 1.0), row("clip", 1, 0.3, 2.0), row("diffclip", 0, 0.2, 1.5),
+                         row("diffclip", 1, 0.2, 1.5)])
+    lines = table.splitlines()
+    assert lines[0] == "| metric (test split, %, mean ± std over seeds 0, 1) | clip | diffclip |"
+    assert "| VQA score, what is this? | 20.0 ± 14.1 | 20.0 ± 0.0 |" in lines
+    assert "| final training loss | 1.500 ± 0.707 | 1.500 ± 0.000 |" in lines
+    assert "| decoder attention on image tokens, layer 1 | 50.0 ± 0.0 | 50.0 ± 0.0 |" in lines
+    assert "| MMNeedle index | – | – |" in lines  # undefined without a needle: not averaged
+    assert not any(line.startswith("| POPE adversarial") for line in lines)

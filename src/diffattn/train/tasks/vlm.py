@@ -34,7 +34,7 @@ from .base import Task
 
 __all__ = ["VLMTask", "PaliGemmaTask", "QuestionImages", "vlm_vocabulary", "word_tokenizer", "build_paligemma",
            "paligemma_batch", "load_paligemma", "answer_paligemma", "paligemma_image_attention", "train_llava",
-           "CAPTION_QUESTION", "SPLITS_ALL", "DATA_KEYS"]
+           "llava_compare", "llava_table", "CAPTION_QUESTION", "SPLITS_ALL", "DATA_KEYS"]
 
 CAPTION_QUESTION = "describe the image."
 #: the ``task.base`` keys that choose the training questions (:class:`~diffattn.data.vqa.VQADataset`'s arguments)
@@ -516,9 +516,9 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
             imgs = torch.stack([tf(test.image(q)) for q in pope_qs])
             res["image_attention"] = image_attention(model, imgs, [q["question"] for q in pope_qs])
             res.pop("answers")
-            row = {"tower": name, "clip": clip and clip.replace("{seed}", str(seed)), "seed": seed, "stage1_steps": stage1_steps,
-                   "stage2_steps": stage2_steps, "batch_size": batch_size, "lr": [stage1_lr, stage2_lr],
-                   "final_loss": losses[-1],
+            row = {"tower": name, "clip": clip and clip.replace("{seed}", str(seed)), "seed": seed,
+                   "stage1_steps": stage1_steps, "stage2_steps": stage2_steps, "batch_size": batch_size,
+                   "lr": [stage1_lr, stage2_lr], "final_loss": losses[-1],
                    "train_s": round(t_train, 1), "total_s": round(time.perf_counter() - t0, 1), **res}
             rows.append(row)
             log(json.dumps({k: row[k] for k in ("tower", "seed", "final_loss", "vqa", "total_s")}))
@@ -528,7 +528,57 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
                 Path(out).mkdir(parents=True, exist_ok=True)
                 with atomic_write_file(Path(out) / "results.json", "w") as f:
                     json.dump(rows, f, indent=1)
+                with atomic_write_file(Path(out) / "results.md", "w") as f:
+                    f.write(llava_table(rows))
     return rows
+
+
+def _row_value(row: dict, key: str):
+    value = row
+    for part in key.split("."):
+        if isinstance(value, list):
+            value = value[int(part)] if int(part) < len(value) else None
+        elif isinstance(value, dict):
+            value = value.get(part)
+        if value is None:
+            return None
+    return value
+
+
+def llava_table(rows: Sequence[dict]) -> str:
+    """The Markdown table of :func:`llava_compare`'s rows: per metric (test split, %) and tower, mean ± sample std
+    over the seeds; the wall time per run in seconds."""
+    import statistics
+
+    towers = list(dict.fromkeys(r["tower"] for r in rows))
+    by_tower = {t: [r for r in rows if r["tower"] == t] for t in towers}
+    seeds = sorted({r["seed"] for r in rows})
+    metrics = [("VQA score, what is this?", "vqa.what", 100), ("VQA score, category", "vqa.category", 100)]
+    for split in [s for s in ("random", "popular", "adversarial") if any(s in r.get("pope", {}) for r in rows)]:
+        metrics += [(f"POPE {split}: {name}", f"pope.{split}.{key}", 100)
+                    for name, key in (("accuracy", "accuracy"), ("F1", "f1"), ("yes-ratio", "yes_ratio"))]
+    metrics += [(f"MMNeedle {name}", f"mmneedle.{name}", 100) for name in ("existence", "index", "exact")]
+    metrics += [("MMNeedle two-step location", "mmneedle.location", 100)]
+    cells = sorted({c for r in rows for c in r.get("mmneedle", {}).get("cells", {})})
+    metrics += [(f"MMNeedle location, cell ({c})", f"mmneedle.cells.{c}", 100) for c in cells]
+    layers = max((len(r.get("image_attention", [])) for r in rows), default=0)
+    metrics += [(f"decoder attention on image tokens, layer {i}", f"image_attention.{i}", 100) for i in range(layers)]
+    metrics += [("final training loss", "final_loss", 1), ("wall time per run (s, train + eval)", "total_s", 1)]
+    lines = [f"| metric (test split, %, mean ± std over seeds {', '.join(map(str, seeds))}) | " + " | ".join(towers)
+             + " |", "|---|" + "---|" * len(towers)]
+    for name, key, scale in metrics:
+        cells_out = []
+        for t in towers:
+            vals = [_row_value(r, key) for r in by_tower[t]]
+            if any(v is None for v in vals):
+                cells_out.append("–")
+                continue
+            vals = [scale * float(v) for v in vals]
+            digits = 3 if key == "final_loss" else (0 if key == "total_s" else 1)
+            sd = statistics.stdev(vals) if len(vals) > 1 else 0.0
+            cells_out.append(f"{statistics.fmean(vals):.{digits}f} ± {sd:.{digits}f}")
+        lines.append(f"| {name} | " + " | ".join(cells_out) + " |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":  # python -m diffattn.train.tasks.vlm --tower clip=DIR --tower diffclip=DIR
