@@ -156,6 +156,9 @@ def test_paligemma_image_attention_is_unchanged_by_an_exact_retrofit(tmp_path, o
     ref = paligemma_image_attention(base, tok, x, qs)
     assert base.config.text_config._attn_implementation == "sdpa"
     assert len(ref) == 2 and all(0 < s < 1 for s in ref)
+    with pytest.raises(ValueError, match=r"images must be a \(B, 3, H, W\) tensor with one image per question "
+                       r"\(B = 3\), got \(2, 3, 32, 32\)"):
+        paligemma_image_attention(base, tok, x[:2], qs)
     for method in ("shared_qk", "split_heads"):
         model = build_paligemma(cfg.task.base, len(tok)).eval()
         A.retrofit(model, method, lambda_init=0.8, anneal_steps=10, layers=lambda i, n: "language_model" in n)

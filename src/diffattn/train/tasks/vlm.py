@@ -369,6 +369,13 @@ class PaliGemmaTask(Task):
         return directory / "lora"
 
 
+def _check_images(images, questions: Sequence[str]) -> None:
+    if not (isinstance(images, torch.Tensor) and images.dim() == 4 and images.shape[0] == len(questions)):
+        got = tuple(images.shape) if isinstance(images, torch.Tensor) else type(images).__name__
+        raise ValueError(f"images must be a (B, 3, H, W) tensor with one image per question (B = {len(questions)}), "
+                         f"got {got}")
+
+
 def _pg_config(model):
     from peft import PeftModel
 
@@ -428,6 +435,7 @@ def answer_paligemma(model, tokenizer, images: torch.Tensor, questions: Sequence
                      max_new_tokens: int = 8) -> list[str]:
     """Greedy answers of a PaliGemma to ``questions`` about ``images`` (B, 3, H, W), generated in groups of equal
     prompt length (no padding, so positions are exact)."""
+    _check_images(images, questions)
     cfg = _pg_config(model)
     batch = paligemma_batch(tokenizer, cfg.image_token_index, _num_image_tokens(cfg), list(questions))
     lengths = batch["attention_mask"].sum(-1).tolist()
@@ -452,6 +460,7 @@ def paligemma_image_attention(model, tokenizer, images: torch.Tensor, questions:
     call (SDPA returns no maps), and a retrofitted layer returns its combined map A1 − λA2."""
     from peft import PeftModel
 
+    _check_images(images, questions)
     core = model.base_model.model if isinstance(model, PeftModel) else model
     cfg = core.config
     P = _num_image_tokens(cfg)
