@@ -392,3 +392,18 @@ def test_compare_rejects_a_bad_learning_rate(capsys):
     with pytest.raises(SystemExit):
         main(["--lr0", "0", "--out", "unused"])
     assert "--lr0 must be > 0, got 0.0" in capsys.readouterr().err
+
+
+def test_compare_summary_pairs_each_model_with_the_first_by_seed():
+    from diffattn.detect.compare import summarize
+
+    def row(model, seed, m50):
+        return {"model": model, "seed": seed, "mAP50": m50, "mAP50-95": m50 / 2, "params": 10, "gflops_640": 1.0,
+                "train_s": 5.0}
+
+    lines = summarize([row("yolo26n.yaml", 0, 0.10), row("x", 0, 0.15), row("yolo26n.yaml", 1, 0.20),
+                       row("x", 1, 0.15), row("yolo26n.yaml", 2, 0.30), row("x", 2, 0.40)]).splitlines()
+    assert lines[0].startswith("| model | mAP50 | mAP50-95 | Δ mAP50 vs yolo26n (paired) |")
+    assert lines[2] == "| yolo26n | 20.0 ± 10.0 | 10.0 ± 5.0 | – | 10 | 1.0 | 5 | 3 |"
+    # per-seed differences +5, −5, +10 points: mean 3.3, sample std 7.6, higher on 2 of 3
+    assert lines[3] == "| x | 23.3 ± 14.4 | 11.7 ± 7.2 | +3.3 ± 7.6 (higher on 2 of 3) | 10 | 1.0 | 5 | 3 |"

@@ -62,15 +62,25 @@ def _mean_std(xs: list[float]) -> tuple[float, float]:
 
 
 def summarize(rows: list[dict]) -> str:
-    """The Markdown table of ``rows``: mAP50 and mAP50-95 as mean ± std over seeds, params, GFLOPs, time."""
-    lines = ["| model | mAP50 | mAP50-95 | params | GFLOPs (640) | train s / run | seeds |",
-             "|---|---|---|---|---|---|---|"]
-    for name in dict.fromkeys(r["model"] for r in rows):
+    """The Markdown table of ``rows``: mAP50 and mAP50-95 as mean ± std over seeds, the paired difference in mAP50
+    from the first model (same seed, mean ± std of the per-seed differences, and on how many seeds it is higher),
+    params, GFLOPs, time."""
+    names = list(dict.fromkeys(r["model"] for r in rows))
+    base = {r["seed"]: 100 * r["mAP50"] for r in rows if r["model"] == names[0]}
+    lines = [f"| model | mAP50 | mAP50-95 | Δ mAP50 vs {names[0].removesuffix('.yaml')} (paired) | params | "
+             "GFLOPs (640) | train s / run | seeds |", "|---|---|---|---|---|---|---|---|"]
+    for name in names:
         rs = [r for r in rows if r["model"] == name]
         m50, s50 = _mean_std([100 * r["mAP50"] for r in rs])
         m, s = _mean_std([100 * r["mAP50-95"] for r in rs])
         secs = statistics.fmean(r["train_s"] for r in rs)
-        lines.append(f"| {name.removesuffix('.yaml')} | {m50:.1f} ± {s50:.1f} | {m:.1f} ± {s:.1f} | "
+        diffs = [100 * r["mAP50"] - base[r["seed"]] for r in rs if r["seed"] in base]
+        if name == names[0] or not diffs:
+            delta = "–"
+        else:
+            dm, ds = _mean_std(diffs)
+            delta = f"{dm:+.1f} ± {ds:.1f} (higher on {sum(d > 0 for d in diffs)} of {len(diffs)})"
+        lines.append(f"| {name.removesuffix('.yaml')} | {m50:.1f} ± {s50:.1f} | {m:.1f} ± {s:.1f} | {delta} | "
                      f"{rs[0]['params']:,} | {rs[0]['gflops_640']:.1f} | {secs:.0f} | {len(rs)} |")
     return "\n".join(lines) + "\n"
 
