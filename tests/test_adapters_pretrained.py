@@ -112,3 +112,50 @@ def test_from_pretrained_retrofit_refuses_what_it_cannot_restore(tmp_path):
     (tmp_path / "ret" / "config.json").write_text(json.dumps(cfg))
     with pytest.raises(ValueError, match="record is invalid: method must be one of"):
         diffattn.from_pretrained_retrofit(tmp_path / "ret")
+
+
+def test_round_trip_through_transformers_key_renaming_on_save(tmp_path):
+    """transformers writes a PaliGemma's ``model.language_model.*`` as ``language_model.model.*`` (its checkpoint
+    conversion mapping, undone on load); the adapter tensors are found under the renamed keys and restored exactly."""
+    from safetensors import safe_open
+
+    torch.manual_seed(0)
+    cfg = T.PaliGemmaConfig(
+        vision_config=dict(model_type="siglip_vision_model", hidden_size=32, intermediate_size=64,
+                           num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8,
+                           projection_dim=32),
+        text_config=dict(model_type="gemma", hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=1, head_dim=8, vocab_size=40),
+        projection_dim=32, hidden_size=32, vocab_size=40, image_token_index=3)
+    model = T.PaliGemmaForConditionalGeneration(cfg).eval()
+    A.retrofit(model, "shared_qk", anneal_steps=10, layers=lambda i, name: "language_model" in name)
+    A.step(model, 4)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "diff_adapter" in n:
+                p.add_(0.1)
+    model.save_pretrained(tmp_path)
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as fh:
+        saved = set(fh.keys())
+    own = {k for k in model.state_dict() if "diff_adapter" in k}
+    renamed = A.hf.saved_names(own, saved)
+    assert not own & saved and set(renamed) == own  # every adapter tensor was written under another name
+    assert renamed["model.language_model.layers.1.self_attn.diff_adapter.step"] == \
+        "language_model.model.layers.1.self_attn.diff_adapter.step"
+    loaded = diffattn.from_pretrained_retrofit(tmp_path).eval()
+    ids = torch.tensor([[3, 3, 3, 3, 5, 6, 7]])
+    x = torch.randn(1, 3, 16, 16)
+    with torch.no_grad():
+        ref = model(input_ids=ids, pixel_values=x).logits
+        got = loaded(input_ids=ids, pixel_values=x).logits
+    assert (got - ref).abs().max().item() <= 1e-6
+    assert A.lambda_summary(loaded) == A.lambda_summary(model)
+
+
+def test_saved_names_refuses_ambiguous_or_shallow_matches():
+    saved = {"a.layers.0.attn.diff_adapter.w", "b.layers.0.attn.diff_adapter.w", "c.layers.1.attn.diff_adapter.w",
+             "x.diff_adapter.v"}
+    got = A.hf.saved_names({"m.layers.0.attn.diff_adapter.w", "m.layers.1.attn.diff_adapter.w",
+                            "m.y.diff_adapter.v"}, saved)
+    # layer 0 matches two saved keys equally well; "…diff_adapter.v" shares no module path: both stay unmatched
+    assert got == {"m.layers.1.attn.diff_adapter.w": "c.layers.1.attn.diff_adapter.w"}

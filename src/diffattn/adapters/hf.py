@@ -142,19 +142,63 @@ def _weight_files(directory: Path) -> list[Path]:
     raise ValueError(f"{directory}: holds no model.safetensors / pytorch_model.bin (sharded or not)")
 
 
+def _common_suffix(a: list[str], b: list[str]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[-1 - n] == b[-1 - n]:
+        n += 1
+    return n
+
+
+def saved_names(wanted: set[str], saved: set[str]) -> dict[str, str]:
+    """Model key → checkpoint key for the adapter tensors ``wanted``. transformers may rename keys when it saves
+    (its checkpoint conversion mappings: a PaliGemma's ``model.language_model.*`` is written as
+    ``language_model.model.*``) and renames them back when it loads, but the adapter tensors are read here from the
+    files. A key not saved under its own name is matched with the saved adapter key that shares its longest dotted
+    suffix, when that suffix reaches past the adapter into the attention module's path (``layers.0.self_attn``),
+    the best match is unique and no two keys take the same saved key; other keys stay unmatched."""
+    out = {k: k for k in wanted if k in saved}
+    pool = [s.split(".") for s in saved - set(out.values()) if f".{ADAPTER_ATTR}." in f".{s}"]
+    taken: dict[str, str] = {}
+    for k in sorted(wanted - saved):
+        parts = k.split(".")
+        if ADAPTER_ATTR not in parts or not pool:
+            continue
+        need = len(parts) - parts.index(ADAPTER_ATTR) + 2  # the adapter's names plus two levels of module path
+        scores = sorted(((_common_suffix(parts, s), ".".join(s)) for s in pool), reverse=True)
+        best, name = scores[0]
+        if best >= need and (len(scores) == 1 or scores[1][0] < best) and name not in taken.values():
+            taken[k] = name
+    return {**out, **taken}
+
+
 def _read_tensors(directory: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
-    """The tensors of ``wanted`` from the checkpoint's weight files (safetensors, or torch with weights_only)."""
-    out: dict[str, torch.Tensor] = {}
-    for f in _weight_files(directory):
+    """The tensors of ``wanted`` from the checkpoint's weight files (safetensors, or torch with weights_only), by
+    model key (:func:`saved_names` undoes transformers' renaming on save)."""
+    files = _weight_files(directory)
+    keys: dict[Path, set[str]] = {}
+    for f in files:
         if f.suffix == ".safetensors":
             from safetensors import safe_open
 
             with safe_open(str(f), framework="pt", device="cpu") as fh:
-                for k in wanted & set(fh.keys()):
-                    out[k] = fh.get_tensor(k)
+                keys[f] = set(fh.keys())
+    loaded: dict[Path, dict[str, torch.Tensor]] = {}
+    for f in files:
+        if f not in keys:
+            loaded[f] = torch.load(f, map_location="cpu", weights_only=True)
+            keys[f] = set(loaded[f])
+    names = saved_names(wanted, set().union(*keys.values()) if keys else set())
+    by_saved = {v: k for k, v in names.items()}
+    out: dict[str, torch.Tensor] = {}
+    for f in files:
+        mine = set(by_saved) & keys[f]
+        if f in loaded:
+            out.update({by_saved[k]: loaded[f][k] for k in mine})
         else:
-            sd = torch.load(f, map_location="cpu", weights_only=True)
-            out.update({k: v for k, v in sd.items() if k in wanted})
+            from safetensors import safe_open
+
+            with safe_open(str(f), framework="pt", device="cpu") as fh:
+                out.update({by_saved[k]: fh.get_tensor(k) for k in mine})
     return out
 
 
