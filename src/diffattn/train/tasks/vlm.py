@@ -509,8 +509,9 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
             torch.manual_seed(seed)
             model_name = "llava_diffclip_tiny" if "diff" in name else "llava_clip_tiny"
             model = create_model(model_name, vocab=vocab)
-            if clip:
-                model.load_vision_tower(clip.replace("{seed}", str(seed)))
+            tower = clip and clip.replace("{seed}", str(seed))  # this seed's tower
+            if tower:
+                model.load_vision_tower(tower)
             tf = image_transform(model.img_size)
             train = VQADataset("train", ("what", "category", "pope", "needle"), root=root, seed=seed,
                                needle_count=4 * needle_count, pope_splits=train_pope_splits)
@@ -525,7 +526,7 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
             imgs = torch.stack([tf(test.image(q)) for q in pope_qs])
             res["image_attention"] = image_attention(model, imgs, [q["question"] for q in pope_qs])
             res.pop("answers")
-            row = {"tower": name, "clip": clip and clip.replace("{seed}", str(seed)), "seed": seed,
+            row = {"tower": name, "clip": tower, "seed": seed,
                    "stage1_steps": stage1_steps, "stage2_steps": stage2_steps, "batch_size": batch_size,
                    "lr": [stage1_lr, stage2_lr], "final_loss": losses[-1],
                    "train_s": round(t_train, 1), "total_s": round(time.perf_counter() - t0, 1), **res}
