@@ -93,6 +93,7 @@ def _train_config(cfg: dict[str, Any], seed: int, base: dict, kinds: list[str], 
 def pretrain(cfg: dict[str, Any], seed: int, run_dir: Path, progress: bool = True) -> dict[str, Any]:
     """Step 1 (module docstring): the full model trained on ``pretrain_kinds``; ``run_dir/model`` is the
     checkpoint every variant of the seed starts from. A finished pretraining is read back, not redone."""
+    from ..io import atomic_write_file
     from ..train.loop import train
 
     done = run_dir / "model" / "config.json"
@@ -102,7 +103,8 @@ def pretrain(cfg: dict[str, Any], seed: int, run_dir: Path, progress: bool = Tru
     res = train(_train_config(cfg, seed, {"type": "paligemma", "config": cfg["model"]}, cfg["pretrain_kinds"],
                               method="none", lora_r=0, steps=cfg["pretrain_steps"], lr=cfg["pretrain_lr"],
                               progress=progress), out=run_dir)
-    (run_dir / "pretrain_loss.txt").write_text(f"{res['final_loss']:.6f}\n")
+    with atomic_write_file(run_dir / "pretrain_loss.txt", "w") as f:  # last: it marks the pretraining finished
+        f.write(f"{res['final_loss']:.6f}\n")
     print(f"[study paligemma] seed {seed}: pretrained on {cfg['pretrain_kinds']}, loss {res['final_loss']:.3f} "
           f"({time.perf_counter() - t0:.0f} s)", flush=True)
     return {"final_loss": res["final_loss"]}
@@ -112,6 +114,7 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
              progress: bool = True) -> dict[str, Any]:
     """Steps 2 and 3 (module docstring) for one variant: LoRA fine-tuning from ``pretrained`` into ``run_dir``,
     then the test-split evaluation of the reloaded run."""
+    from ..adapters import adapters, lambda_summary
     from ..eval.vlm_bench import evaluate_vlm
     from ..train.loop import train
     from ..train.tasks.vlm import answer_paligemma, load_paligemma, paligemma_image_attention, paligemma_transform
@@ -135,8 +138,6 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
     shares = paligemma_image_attention(model, tok, images, [q["question"] for q in pope_qs])
     out["image_attention"] = {str(i): share for i, share in enumerate(shares)}
     out.pop("answers")
-    from ..adapters import adapters, lambda_summary
-
     lams = [r["lambda"] for r in lambda_summary(model)] if adapters(model) else []
     return {**out, "final_loss": res["final_loss"], "lambda": lams, "train_seconds": round(train_s, 1),
             "seconds": round(time.perf_counter() - t0, 1)}
