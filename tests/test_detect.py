@@ -220,6 +220,31 @@ def test_attention_maps_cover_every_attention_layer():
             assert torch.allclose(maps[0][1].sum(-1), torch.ones(()), atol=1e-5)
 
 
+def test_diagnostics_capture_the_differential_detectors_attention():
+    """capture_attention records DiffPSAAttention (through attention_weights) and DiffAttention2d's inner
+    DiffAttention, with the maps attention_maps gives and the model's output untouched."""
+    from diffattn.diagnostics import capture_attention
+
+    torch.manual_seed(0)
+    x = torch.rand(1, 3, 64, 64)
+    for name, layers in (("yolo26n-diffpsa", ["model.10.m.0.attn", "model.22.m.0.1.attn"]),
+                         ("yolo26n-diffattn", ["model.10.attn"])):
+        net = yolo(name).model.eval()
+        with torch.no_grad():
+            ref = net(x)[0]
+            with capture_attention(net) as cap:
+                got = net(x)[0]
+        assert torch.equal(got, ref)
+        assert [m.name for m in cap.layers if m.name in layers] == layers
+        maps = {n: a for n, a, _ in attention_maps(net, x)}
+        for m in cap.layers:
+            assert m.kind == "diff" and m.second is not None and m.lambda_ is not None
+            if m.name in maps:  # the PSA layers: the same combined map as attention_maps
+                torch.testing.assert_close(m.combined, maps[m.name], atol=1e-6, rtol=1e-5)
+            lam = m.lambda_.reshape(1, -1, 1, 1)
+            torch.testing.assert_close(m.combined, m.first - lam * m.second, atol=1e-5, rtol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------ retrofit
 
 

@@ -156,13 +156,19 @@ class DiffPSAAttention(nn.Module):
         return self.proj(o + self.pe(v_map))
 
     @torch.no_grad()
-    def attention_maps(self, x: torch.Tensor) -> torch.Tensor:
-        """The combined maps A1 − λ A2, (B, num_heads/2, N, N), N = H·W in row-major order."""
+    def attention_weights(self, x: torch.Tensor):
+        """A1, A2 and the combined map A1 − λ A2 of every differential head for input ``x`` (B, C, H, W), each
+        (B, num_heads/2, N, N), N = H·W in row-major order (what :func:`diffattn.diagnostics.capture_attention`
+        records for this module)."""
         _check_map(x, self.num_heads * self.head_dim)
         q, k, v = self._heads(x)
         _, w = diff_attention(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], self._values(v),
                               self.lambda_value().to(q.dtype), scale=self.scale, return_weights=True)
-        return w.combined
+        return w
+
+    def attention_maps(self, x: torch.Tensor) -> torch.Tensor:
+        """The combined maps A1 − λ A2, (B, num_heads/2, N, N), N = H·W in row-major order."""
+        return self.attention_weights(x).combined
 
     def extra_repr(self) -> str:
         return (f"num_heads={self.num_heads}, head_dim={self.head_dim}, key_dim={self.key_dim}, "

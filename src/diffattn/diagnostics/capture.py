@@ -19,6 +19,9 @@ Which modules are captured:
   combined map A1 − λA2 for DAA / DiffQ / DiffK (A2 from the second query or key), A and no A2 for DiffV and DEX
   (one map), A1, A1 and (1 − λ)A1 for shared-QK, the channel halves' A1, A2 for split-heads (see
   :func:`diffattn.adapters.methods.run_method`); λ comes from the adapter.
+- modules that compute their maps from their input on request, through an ``attention_weights(x)`` method returning
+  (first, second, combined) (the detector's ``DiffPSAAttention`` over a feature map): a forward pre-hook calls it on
+  the module's input; the forward itself is untouched. λ comes from the module's ``lambda_value()``.
 
 Outputs are unchanged up to floating-point rounding: asking for the weights routes the layer through the ``math``
 backend (it materialises the maps) instead of the fused SDPA kernel; both compute the same equation.
@@ -62,7 +65,8 @@ def _takes_need_weights(m: nn.Module) -> bool:
 
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(name, module, how) for every capturable attention module in ``model``, in module order; ``how`` is
-    ``"layer"`` (a library layer with ``need_weights``) or ``"retrofit"`` (a module converted by retrofit).
+    ``"layer"`` (a library layer with ``need_weights``), ``"retrofit"`` (a module converted by retrofit) or
+    ``"maps"`` (a module with an ``attention_weights(x)`` method).
     Containers that merely forward ``need_weights`` to an inner attention layer (blocks) are skipped."""
     from ..layers import Attention, DiffAttention
 
@@ -73,6 +77,8 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
         elif isinstance(m, (Attention, DiffAttention)) or (
                 _takes_need_weights(m) and hasattr(m, "q_proj") and not isinstance(m, nn.MultiheadAttention)):
             out.append((name, m, "layer"))
+        elif callable(getattr(m, "attention_weights", None)):
+            out.append((name, m, "maps"))
     return out
 
 
@@ -104,6 +110,8 @@ class AttentionCapture:
             if how == "layer":
                 self._handles.append(m.register_forward_pre_hook(self._pre_layer(name), with_kwargs=True))
                 self._handles.append(m.register_forward_hook(self._post_layer(name), with_kwargs=True))
+            elif how == "maps":
+                self._handles.append(m.register_forward_pre_hook(self._pre_maps(name)))
             else:
                 m.diff_adapter.keep_maps = True
                 self._kept.append(m.diff_adapter)
@@ -155,6 +163,21 @@ class AttentionCapture:
             self.layers.append(LayerMaps(name, self._store(w.first), self._store(w.second),
                                          self._store(w.combined), self._store(lam), self._store(gate), kind))
             return output if asked else out
+        return hook
+
+    # -- modules with attention_weights(x): the maps computed from the input before the forward runs
+    def _pre_maps(self, name: str):
+        def hook(module, args):
+            w = module.attention_weights(args[0])
+            lam = getattr(module, "lambda_value", None)
+            if callable(lam) and w.second is not None:  # one λ per layer: repeat it per differential head
+                lam = torch.as_tensor(lam()).detach().float().reshape(-1).expand(w.combined.shape[1]).clone()
+            else:
+                lam = None
+            kind = "diff" if w.second is not None else "standard"
+            self.layers.append(LayerMaps(name, self._store(w.first), self._store(w.second), self._store(w.combined),
+                                         self._store(lam), None, kind))
+            return None
         return hook
 
     # -- retrofitted modules (any binding): the adapter keeps its maps while the context is active
