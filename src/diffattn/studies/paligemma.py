@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from ..data.vqa import POPE_SPLITS
 from .report import Metric, run_seeds, write_study
 
 __all__ = ["VARIANTS", "DEFAULTS", "run", "pretrain", "transfer"]
@@ -55,7 +56,6 @@ DEFAULTS: dict[str, Any] = {
     "anneal_steps": 150, "batch_size": 16, "warmup_steps": 10, "test_needle_count": 100, "max_new_tokens": 6,
     "attention_questions": 64, "threads": 1,
 }
-POPE_SPLITS = ("random", "popular", "adversarial")
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:

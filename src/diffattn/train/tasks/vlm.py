@@ -560,11 +560,13 @@ def llava_table(rows: Sequence[dict]) -> str:
     over the seeds; the wall time per run in seconds."""
     import statistics
 
+    from ...data.vqa import POPE_SPLITS
+
     towers = list(dict.fromkeys(r["tower"] for r in rows))
     by_tower = {t: [r for r in rows if r["tower"] == t] for t in towers}
     seeds = sorted({r["seed"] for r in rows})
     metrics = [("VQA score, what is this?", "vqa.what", 100), ("VQA score, category", "vqa.category", 100)]
-    for split in [s for s in ("random", "popular", "adversarial") if any(s in r.get("pope", {}) for r in rows)]:
+    for split in [s for s in POPE_SPLITS if any(s in r.get("pope", {}) for r in rows)]:
         metrics += [(f"POPE {split}: {name}", f"pope.{split}.{key}", 100)
                     for name, key in (("accuracy", "accuracy"), ("F1", "f1"), ("yes-ratio", "yes_ratio"))]
     metrics += [(f"MMNeedle {name}", f"mmneedle.{name}", 100) for name in ("existence", "index", "exact")]
