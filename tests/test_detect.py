@@ -238,11 +238,53 @@ def test_diagnostics_capture_the_differential_detectors_attention():
         assert [m.name for m in cap.layers if m.name in layers] == layers
         maps = {n: a for n, a, _ in attention_maps(net, x)}
         for m in cap.layers:
+            if type(net.get_submodule(m.name)) is Attention:  # yolo26n-diffattn keeps its C2PSA attention standard
+                assert name == "yolo26n-diffattn" and m.kind == "standard"
+                continue
             assert m.kind == "diff" and m.second is not None and m.lambda_ is not None
             if m.name in maps:  # the PSA layers: the same combined map as attention_maps
                 torch.testing.assert_close(m.combined, maps[m.name], atol=1e-6, rtol=1e-5)
             lam = m.lambda_.reshape(1, -1, 1, 1)
             torch.testing.assert_close(m.combined, m.first - lam * m.second, atol=1e-5, rtol=1e-5)
+
+
+def test_diagnostics_capture_ultralytics_standard_attention():
+    """capture_attention records Ultralytics' own Attention of yolo26n (standard softmax maps, rows summing to 1,
+    equal to attention_maps and to an independent float64 softmax(q kᵀ s)), output untouched; after a retrofit the
+    same modules are captured as retrofits instead."""
+    from diffattn.diagnostics import attention_modules, capture_attention
+
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, 64, 64)
+    net = copy.deepcopy(_base_model())
+    assert [(n, how) for n, _, how in attention_modules(net)] == [("model.10.m.0.attn", "maps"),
+                                                                  ("model.22.m.0.1.attn", "maps")]
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, a, n=n: inputs.__setitem__(n, a[0].double()))
+             for n, m, _ in attention_modules(net)]
+    with torch.no_grad():
+        ref = net(x)[0]
+        with capture_attention(net) as cap:
+            got = net(x)[0]
+    for h in hooks:
+        h.remove()
+    assert torch.equal(got, ref)
+    maps = {n: a for n, a, _ in attention_maps(net, x)}
+    assert [m.name for m in cap.layers] == list(maps)
+    for m in cap.layers:
+        assert m.kind == "standard" and m.second is None and m.lambda_ is None
+        assert torch.equal(m.first, m.combined)
+        torch.testing.assert_close(m.combined, maps[m.name])
+        torch.testing.assert_close(m.combined.sum(-1), torch.ones(m.combined.shape[:-1]), atol=1e-5, rtol=0)
+        mod = net.get_submodule(m.name).double()  # float64 reference of A = softmax(q kᵀ / √d_k)
+        inp = inputs[m.name]
+        B, _, H, W = inp.shape
+        q, k, _ = mod.qkv(inp).view(B, mod.num_heads, -1, H * W).split([mod.key_dim, mod.key_dim, mod.head_dim], 2)
+        a = torch.softmax(q.transpose(-2, -1) @ k / mod.key_dim**0.5, dim=-1)
+        mod.float()
+        torch.testing.assert_close(m.combined.double(), a, atol=1e-5, rtol=1e-4)
+    diffattn.retrofit(net, "daa")
+    assert {how for _, _, how in attention_modules(net)} == {"retrofit"}
 
 
 # ------------------------------------------------------------------------------------------ retrofit

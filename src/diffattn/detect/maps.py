@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 from ultralytics.nn.modules.block import Attention
 
+from ..adapters.bindings.ultralytics import standard_attention_weights
 from .modules import DiffAttention2d, DiffPSAAttention
 
 __all__ = ["attention_layers", "attention_maps", "standard_attention_maps"]
@@ -18,10 +19,7 @@ __all__ = ["attention_layers", "attention_maps", "standard_attention_maps"]
 
 def standard_attention_maps(m: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """softmax(q_jᵀ k_j · s) of Ultralytics' ``Attention`` for input x (B, C, H, W): (B, h, N, N)."""
-    B, _, H, W = x.shape
-    q, k, _ = m.qkv(x).view(B, m.num_heads, 2 * m.key_dim + m.head_dim, H * W).split(
-        [m.key_dim, m.key_dim, m.head_dim], dim=2)
-    return ((q * m.scale).transpose(-2, -1) @ k).softmax(dim=-1)  # (B, h, N, N)
+    return standard_attention_weights(m, x).combined
 
 
 def attention_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:

@@ -20,8 +20,10 @@ Which modules are captured:
   (one map), A1, A1 and (1 − λ)A1 for shared-QK, the channel halves' A1, A2 for split-heads (see
   :func:`diffattn.adapters.methods.run_method`); λ comes from the adapter.
 - modules that compute their maps from their input on request, through an ``attention_weights(x)`` method returning
-  (first, second, combined) (the detector's ``DiffPSAAttention`` over a feature map): a forward pre-hook calls it on
-  the module's input; the forward itself is untouched. λ comes from the module's ``lambda_value()``.
+  (first, second, combined) (the detector's ``DiffPSAAttention`` over a feature map), and Ultralytics' own standard
+  ``Attention`` (the PSA attention of YOLO11 / YOLO26, A = softmax(q_jᵀ k_j / √d_k) per head, read through the
+  Ultralytics binding): a forward pre-hook computes the maps from the module's input; the forward itself is
+  untouched. λ comes from the module's ``lambda_value()``.
 
 Outputs are unchanged up to floating-point rounding: asking for the weights routes the layer through the ``math``
 backend (it materialises the maps) instead of the fused SDPA kernel; both compute the same equation.
@@ -34,6 +36,8 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
+
+from ..adapters.bindings.ultralytics import is_standard_attention, standard_attention_weights
 
 __all__ = ["LayerMaps", "AttentionCapture", "capture_attention", "attention_modules"]
 
@@ -66,7 +70,7 @@ def _takes_need_weights(m: nn.Module) -> bool:
 def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(name, module, how) for every capturable attention module in ``model``, in module order; ``how`` is
     ``"layer"`` (a library layer with ``need_weights``), ``"retrofit"`` (a module converted by retrofit) or
-    ``"maps"`` (a module with an ``attention_weights(x)`` method).
+    ``"maps"`` (a module with an ``attention_weights(x)`` method, or Ultralytics' standard ``Attention``).
     Containers that merely forward ``need_weights`` to an inner attention layer (blocks) are skipped."""
     from ..layers import Attention, DiffAttention
 
@@ -77,7 +81,7 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
         elif isinstance(m, (Attention, DiffAttention)) or (
                 _takes_need_weights(m) and hasattr(m, "q_proj") and not isinstance(m, nn.MultiheadAttention)):
             out.append((name, m, "layer"))
-        elif callable(getattr(m, "attention_weights", None)):
+        elif callable(getattr(m, "attention_weights", None)) or is_standard_attention(m):
             out.append((name, m, "maps"))
     return out
 
@@ -105,7 +109,8 @@ class AttentionCapture:
             mods = [t for t in mods if t[0] in self.names]
         if not mods:
             raise ValueError(f"model ({type(self.model).__name__}) has no attention module that capture_attention "
-                             f"can hook: it needs diffattn layers or a model converted by diffattn.retrofit")
+                             f"can hook: it needs diffattn layers, a model converted by diffattn.retrofit or "
+                             f"Ultralytics' Attention")
         for name, m, how in mods:
             if how == "layer":
                 self._handles.append(m.register_forward_pre_hook(self._pre_layer(name), with_kwargs=True))
@@ -168,7 +173,8 @@ class AttentionCapture:
     # -- modules with attention_weights(x): the maps computed from the input before the forward runs
     def _pre_maps(self, name: str):
         def hook(module, args):
-            w = module.attention_weights(args[0])
+            fn = getattr(module, "attention_weights", None)
+            w = fn(args[0]) if callable(fn) else standard_attention_weights(module, args[0])
             lam = getattr(module, "lambda_value", None)
             if callable(lam) and w.second is not None:  # one λ per layer: repeat it per differential head
                 lam = torch.as_tensor(lam()).detach().float().reshape(-1).expand(w.combined.shape[1]).clone()

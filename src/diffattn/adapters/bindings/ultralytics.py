@@ -20,10 +20,12 @@ import sys
 import torch
 import torch.nn as nn
 
+from ...functional import AttentionWeights
 from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 
-__all__ = ["UltralyticsBinding", "ultralytics_diff_attention_class"]
+__all__ = ["UltralyticsBinding", "ultralytics_diff_attention_class", "is_standard_attention",
+           "standard_attention_weights"]
 
 
 def _split(self, x: torch.Tensor):
@@ -32,6 +34,23 @@ def _split(self, x: torch.Tensor):
     q, k, v = self.qkv(x).view(B, self.num_heads, 2 * self.key_dim + self.head_dim, H * W).split(
         [self.key_dim, self.key_dim, self.head_dim], dim=2)
     return q.transpose(-2, -1), k.transpose(-2, -1), v.transpose(-2, -1)
+
+
+@torch.no_grad()
+def standard_attention_weights(m: nn.Module, x: torch.Tensor) -> AttentionWeights:
+    """The maps of Ultralytics' standard ``Attention`` ``m`` for input ``x`` (B, C, H, W): A_j = softmax(q_jᵀ k_j · s)
+    per head j, (B, h, N, N) with N = H·W in row-major order, as ``AttentionWeights(A, None, A)`` (one map: no A2)."""
+    q, k, _ = _split(m, x)  # (B, h, N, d_k)
+    a = ((q * m.scale) @ k.transpose(-2, -1)).softmax(dim=-1)  # (B, h, N, N)
+    return AttentionWeights(a, None, a)
+
+
+def is_standard_attention(m: nn.Module) -> bool:
+    """Whether ``m`` is exactly Ultralytics' ``Attention`` (not converted by retrofit); False without ultralytics."""
+    if "ultralytics" not in sys.modules:  # an Ultralytics model has imported ultralytics already
+        return False
+    base = _ultralytics_attention()
+    return base is not None and type(m) is base
 
 
 def _core(self, x: torch.Tensor, need_weights: bool):
@@ -99,12 +118,7 @@ class UltralyticsBinding:
     families = ("Ultralytics YOLO (ultralytics.nn.modules.block.Attention, C2PSA / C3k2 attention)",)
 
     def find(self, model: nn.Module) -> list[Candidate]:
-        if "ultralytics" not in sys.modules:  # an Ultralytics model has imported ultralytics already
-            return []
-        base = _ultralytics_attention()
-        if base is None:
-            return []
-        return candidates(model, self, lambda m: type(m) is base)
+        return candidates(model, self, is_standard_attention)
 
     def dims(self, m: nn.Module) -> tuple[int, int, int, int]:
         """(D, h, d_k, d_v): channels, heads, query/key head width, value head width."""
