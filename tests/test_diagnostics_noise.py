@@ -50,8 +50,30 @@ def test_foreground_attention_hand_computed():
     assert r["inside"] == pytest.approx(0.3) and r["outside"] == pytest.approx(0.6)
     assert r["density_inside"] == pytest.approx(0.3) and r["density_outside"] == pytest.approx(0.2)
     assert r["density_ratio"] == pytest.approx(1.5)
-    with pytest.raises(ValueError, match="needs 5"):
+    with pytest.raises(ValueError, match=r"needs \(B, heads, 5, 5\)"):
         foreground_attention([a[..., :4]], mask, (2, 2))
+
+
+def test_foreground_attention_from_the_object_patches_hand_computed():
+    """query='foreground' (no CLS: a detector's feature map): the rows of the foreground patches, averaged."""
+    mask = torch.zeros(1, 4, 4)
+    mask[0, :2, :] = 1  # the top row of the 2×2 patch grid is foreground
+    a = torch.zeros(1, 1, 4, 4)
+    a[0, 0, 0] = torch.tensor([0.5, 0.2, -0.1, 0.4])  # foreground query 0: signed in 0.7, out 0.3 (ReLU 0.4)
+    a[0, 0, 1] = torch.tensor([0.3, 0.5, 0.1, 0.1])  # foreground query 1: in 0.8, out 0.2
+    a[0, 0, 2:] = torch.tensor([1.0, 0.0, 0.0, 0.0])  # background queries: not counted
+    r = foreground_attention([a], mask, (2, 2), num_prefix_tokens=0, query="foreground")
+    assert r["inside"] == pytest.approx(0.75) and r["outside"] == pytest.approx(0.25)
+    assert r["density_inside"] == pytest.approx(0.375) and r["density_ratio"] == pytest.approx(3.0)
+    r = foreground_attention([a], mask, (2, 2), num_prefix_tokens=0, query="foreground", mode="relu")
+    assert r["outside"] == pytest.approx(0.3) and r["density_ratio"] == pytest.approx(2.5)
+    uniform = torch.full((1, 2, 4, 4), 0.25)
+    assert foreground_attention([uniform], mask, (2, 2), num_prefix_tokens=0,
+                                query="foreground")["density_ratio"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="needs a CLS token"):
+        foreground_attention([a], mask, (2, 2), num_prefix_tokens=0)
+    with pytest.raises(ValueError, match="query must be"):
+        foreground_attention([a], mask, (2, 2), num_prefix_tokens=0, query="all")
 
 
 def test_rollout_matches_abnar_zuidema_for_nonnegative_maps():

@@ -1,5 +1,5 @@
-"""Attention-noise measurements on captured maps: per-branch entropy, answer-span vs context mass (text), CLS mass
-inside vs outside a foreground mask (images), and attention rollout for signed maps.
+"""Attention-noise measurements on captured maps: per-branch entropy, answer-span vs context mass (text), CLS or
+object-patch mass inside vs outside a foreground mask (images), and attention rollout for signed maps.
 
 Signed maps. A differential map A = w1 ⊙ A1 − λ ⊙ A2 has negative entries and rows that sum to w1 − λ (1 − λ for
 Ye et al. 2024 eq. 1; 2g − 1 for the M-DGSA gate), not to 1. Every function here says what it does with signs;
@@ -93,29 +93,44 @@ def patch_mask(mask: torch.Tensor, grid: tuple[int, int], threshold: float = 0.5
 
 
 def foreground_attention(maps: Sequence[torch.Tensor], mask: torch.Tensor, grid: tuple[int, int], *,
-                         num_prefix_tokens: int = 1, mode: str = "signed") -> dict[str, float]:
-    """CLS attention inside vs outside a foreground mask (the image counterpart of :func:`answer_attention`).
+                         num_prefix_tokens: int = 1, mode: str = "signed", query: str = "cls",
+                         threshold: float = 0.5) -> dict[str, float]:
+    """Attention inside vs outside a foreground mask (the image counterpart of :func:`answer_attention`).
 
     maps: per layer (B, heads, N, N) with ``num_prefix_tokens`` (CLS) before gh·gw patch tokens; mask: the pixel
-    foreground mask (B, H, W) (e.g. an alpha channel), reduced to patches by :func:`patch_mask`. From the CLS
-    row, after :func:`transform`: inside = Σ over foreground patches, outside = Σ over background patches, and
-    the per-patch densities inside / outside (mass divided by the number of patches), averaged over heads and
-    layers and images. ``density_ratio`` > 1 means the CLS token looks at the object more than at the background.
+    foreground mask (B, H, W) (e.g. an alpha channel, or the union of a detector's object boxes), reduced to patches
+    by :func:`patch_mask` with ``threshold``. ``query`` picks the attention rows: ``"cls"`` the CLS row (needs a
+    prefix token; a ViT's image summary), ``"foreground"`` the rows of the foreground patches themselves, averaged
+    over them (for models without a CLS token, e.g. a detector's attention over its feature map: how much an object
+    looks at objects). From those rows, after :func:`transform`: inside = Σ over foreground patch keys, outside = Σ
+    over background patch keys, and the per-patch densities inside / outside (mass divided by the number of
+    patches), averaged over heads, layers and images. ``density_ratio`` > 1 means the queries look at the objects
+    more than at the background; a uniform map gives 1.
     """
+    if query not in ("cls", "foreground"):
+        raise ValueError(f"query must be 'cls' or 'foreground', got {query!r}")
+    if query == "cls" and num_prefix_tokens < 1:
+        raise ValueError(f"query='cls' needs a CLS token (num_prefix_tokens >= 1), got {num_prefix_tokens}")
     gh, gw = grid
-    fg = patch_mask(mask, grid)  # (B, P)
+    p = num_prefix_tokens
+    fg = patch_mask(mask, grid, threshold)  # (B, P)
     inside, outside, d_in, d_out = [], [], [], []
     for i, a in enumerate(maps):
         a = transform(_check_map(f"maps[{i}]", a), mode).double()
-        if a.shape[-1] != num_prefix_tokens + gh * gw:
-            raise ValueError(f"maps[{i}] has {a.shape[-1]} keys; grid {grid} with {num_prefix_tokens} prefix tokens "
-                             f"needs {num_prefix_tokens + gh * gw}")
+        if a.shape[-1] != p + gh * gw or a.shape[-2] != a.shape[-1]:
+            raise ValueError(f"maps[{i}] has shape {tuple(a.shape)}; grid {grid} with {p} prefix tokens needs "
+                             f"(B, heads, {p + gh * gw}, {p + gh * gw})")
         f = fg.to(a.device).expand(a.shape[0], -1)
         if not bool(f.any(dim=1).all()) or not bool((~f).any(dim=1).all()):
             raise ValueError("mask must give every image at least one foreground and one background patch")
-        cls = a[:, :, 0, num_prefix_tokens:]  # (B, heads, P)
-        m_in = (cls * f[:, None]).sum(-1)  # (B, heads)
-        m_out = (cls * ~f[:, None]).sum(-1)
+        if query == "cls":
+            m_in = (a[:, :, 0, p:] * f[:, None]).sum(-1)  # (B, heads)
+            m_out = (a[:, :, 0, p:] * ~f[:, None]).sum(-1)
+        else:
+            rows = a[:, :, p:, p:]  # (B, heads, P, P): patch queries × patch keys
+            w = f[:, None, :].double() / f.sum(1)[:, None, None]  # (B, 1, P): mean over the foreground queries
+            m_in = ((rows * f[:, None, None]).sum(-1) * w).sum(-1)  # (B, heads)
+            m_out = ((rows * ~f[:, None, None]).sum(-1) * w).sum(-1)
         inside.append(m_in.mean().item())
         outside.append(m_out.mean().item())
         d_in.append((m_in / f.sum(1, keepdim=True)).mean().item())
