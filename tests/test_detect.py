@@ -415,6 +415,36 @@ def test_one_epoch_offline_training(detect_data, tmp_path):
     assert isinstance(reloaded.model[10], DiffAttention2d)
 
 
+@pytest.mark.parametrize("name,method", [("yolo26n-diffpsa", None), ("yolo26n-diffattn", None),
+                                         ("yolo26n.yaml", "daa"), ("yolo26n.yaml", "split_heads")])
+def test_predict_and_torchscript_export_through_ultralytics(name, method, tmp_path, monkeypatch):
+    """model.predict and model.export(format="torchscript") work on the differential models and on a retrofitted
+    yolo26n; the exported program gives the eager model's output exactly."""
+    import warnings
+
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)  # export writes beside the model's file name, in the working directory
+    torch.manual_seed(0)
+    model = yolo(name)
+    if method:
+        diffattn.retrofit(model.model, method)
+    image = (np.random.default_rng(0).random((64, 64, 3)) * 255).astype("uint8")
+    (result,) = model.predict(image, imgsz=64, device="cpu", verbose=False)
+    assert result.boxes.data.shape[-1] == 6 and result.orig_shape == (64, 64)
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        ref = model.model.eval()(x)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TracerWarnings and the torch.jit deprecation notice
+        path = model.export(format="torchscript", imgsz=64, device="cpu", verbose=False)
+        with torch.no_grad():
+            got = torch.jit.load(path)(x)
+    got = got[0] if isinstance(got, (list, tuple)) else got
+    assert got.shape == ref.shape == (1, 84, 84)  # 8² + 4² + 2² anchors, 4 box + 80 class values
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.slow
 def test_retrofitted_yolo_fine_tunes_through_ultralytics(detect_data, tmp_path):
     from diffattn.detect import OFFLINE_TRAIN_ARGS, retrofit_trainer

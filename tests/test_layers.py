@@ -131,6 +131,26 @@ def test_backends_agree_in_the_layer(cls):
 
 
 @pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])
+@pytest.mark.parametrize("num_kv_heads", [None, 2])
+def test_layer_traces_and_exports_for_deployment(cls, num_kv_heads):
+    """torch.jit.trace (TorchScript, what Ultralytics' export uses) and torch.export of the fused-kernel path give
+    the eager output; the trace also for another batch and length than it saw. The head counts reach SDPA as
+    Python values: under the tracer they used to be tensors, and ``enable_gqa`` refused them."""
+    import warnings
+
+    torch.manual_seed(0)
+    m = cls(64, 8, num_kv_heads=num_kv_heads, backend="sdpa").eval()
+    x, y = torch.randn(2, 10, 64), torch.randn(3, 7, 64)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")  # TracerWarning on the head-count ints, which are constants of the layer
+        traced = torch.jit.trace(m, x)
+        exported = torch.export.export(m, (x,)).module()
+        for t in (x, y):  # the trace also runs another batch size and length than it saw
+            torch.testing.assert_close(traced(t), m(t), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(exported(x), m(x), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])
 def test_layer_gradcheck(cls):
     torch.manual_seed(0)
     m = cls(8, 2, causal=True, rope="half").double()

@@ -302,7 +302,7 @@ def _probs(q, k, mask: PreparedMask, scale, softcap, dropout_p):
 
 
 def _math(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, softcap, dropout_p):
-    groups = q1.shape[1] // k1.shape[1]
+    groups = int(q1.shape[1]) // int(k1.shape[1])  # a Python int, also under torch.jit.trace
     k1, k2, v = (_expand_kv(t, groups) for t in (k1, k2, v))
     a1 = _probs(q1, k1, mask, scale, softcap, dropout_p)
     a2 = _probs(q2, k2, mask, scale, softcap, dropout_p)
@@ -323,8 +323,10 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
     softmax twice and are slower; stacking the branches into one call needs a second copy of V, 2.1× the peak
     memory of standard attention against 1.65× here.
     """
-    H, d = q1.shape[1], q1.shape[3]
-    Hkv, dv = k1.shape[1], v.shape[-1]
+    # Python ints, also under torch.jit.trace (where shapes are traced tensors): the head counts and widths fix the
+    # structure of the computation, and enable_gqa must be a bool
+    H, d = int(q1.shape[1]), int(q1.shape[3])
+    Hkv, dv = int(k1.shape[1]), int(v.shape[-1])
     width = max(d, dv)
 
     def padded(t: torch.Tensor) -> torch.Tensor:  # (B, h, N, w) -> (B, h, N, width), one allocation
@@ -492,7 +494,7 @@ def attention(
         raise ValueError(f"softcap={softcap} needs backend 'math' or 'auto' (the sdpa kernels do not soft-cap "
                          f"logits), got backend={backend!r}")
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
-    groups = H // k.shape[1]
+    groups = int(H) // int(k.shape[1])  # a Python int, also under torch.jit.trace (enable_gqa must be a bool)
     if return_weights or softcap is not None or backend == "math" or _empty(q, v, nk):
         mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=_compute_dtype(q.dtype),
                             device=q.device, scale=0.0)
