@@ -445,6 +445,32 @@ def test_predict_and_torchscript_export_through_ultralytics(name, method, tmp_pa
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("name,method", [("yolo26n-diffpsa", None), ("yolo26n-diffattn", None),
+                                         ("yolo26n.yaml", "split_heads")])
+def test_onnx_export_through_ultralytics_runs_in_onnxruntime(name, method, tmp_path, monkeypatch):
+    """model.export(format="onnx") (Ultralytics' defaults: TorchScript-based exporter, onnxslim) works on the
+    differential models and a retrofit, and onnxruntime gives the eager model's output."""
+    import warnings
+
+    ort = pytest.importorskip("onnxruntime", reason="ONNX export needs the extra diffattn[export]")
+    pytest.importorskip("onnxslim", reason="Ultralytics simplifies ONNX with onnxslim (diffattn[export])")
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = yolo(name)
+    if method:
+        diffattn.retrofit(model.model, method)
+    x = torch.rand(1, 3, 64, 64)
+    with torch.no_grad():
+        ref = model.model.eval()(x)[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        path = model.export(format="onnx", imgsz=64, device="cpu", verbose=False)
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    got = torch.from_numpy(session.run(None, {session.get_inputs()[0].name: x.numpy()})[0])
+    assert got.shape == ref.shape == (1, 84, 84)
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.slow
 def test_retrofitted_yolo_fine_tunes_through_ultralytics(detect_data, tmp_path):
     from diffattn.detect import OFFLINE_TRAIN_ARGS, retrofit_trainer

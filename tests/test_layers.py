@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn as nn
 
 from diffattn import Attention, DiffAttention, GatedDiffAttention, KVCache
 from diffattn.layers import SwiGLU, attention_class
@@ -148,6 +149,32 @@ def test_layer_traces_and_exports_for_deployment(cls, num_kv_heads):
         for t in (x, y):  # the trace also runs another batch size and length than it saw
             torch.testing.assert_close(traced(t), m(t), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(exported(x), m(x), atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])
+@pytest.mark.parametrize("num_kv_heads", [None, 4])
+def test_layer_exports_to_onnx_and_runs_in_onnxruntime(cls, num_kv_heads, tmp_path):
+    """torch.onnx.export (the TorchScript-based exporter: it has no aten::rms_norm, so the differential layers'
+    RMSNorm is written out while exporting) gives a program whose output in onnxruntime is the eager layer's,
+    for another batch and length than the one exported too (dynamic axes). That exporter has no SDPA with
+    ``enable_gqa`` either, so grouped K/V are repeated while exporting."""
+    import warnings
+
+    ort = pytest.importorskip("onnxruntime", reason="ONNX export needs the extra diffattn[export]")
+    torch.manual_seed(0)
+    m = cls(64, 8, num_kv_heads=num_kv_heads, backend="sdpa").eval()
+    x, y = torch.randn(2, 10, 64), torch.randn(3, 7, 64)
+    path = tmp_path / "layer.onnx"
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        # inside a model, as layers are exported (the TorchScript exporter passes every forward parameter of the
+        # top module positionally, which keyword-only parameters refuse)
+        torch.onnx.export(nn.Sequential(m), (x,), str(path), dynamo=False, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch", 1: "tokens"}, "y": {0: "batch", 1: "tokens"}})
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for t in (x, y):
+        got = torch.from_numpy(session.run(None, {"x": t.numpy()})[0])
+        torch.testing.assert_close(got, m(t).detach(), atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])

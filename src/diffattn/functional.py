@@ -328,6 +328,9 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
     H, d = int(q1.shape[1]), int(q1.shape[3])
     Hkv, dv = int(k1.shape[1]), int(v.shape[-1])
     width = max(d, dv)
+    if H != Hkv and torch.onnx.is_in_onnx_export():  # the TorchScript ONNX exporter has no SDPA with enable_gqa
+        k1, k2, v = (_expand_kv(t, H // Hkv) for t in (k1, k2, v))
+        Hkv = H
 
     def padded(t: torch.Tensor) -> torch.Tensor:  # (B, h, N, w) -> (B, h, N, width), one allocation
         if t.shape[-1] == width:
@@ -504,6 +507,8 @@ def attention(
         out = torch.matmul(pd.to(v.dtype), v)
         return (out, p) if return_weights else out
     mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=q.dtype, device=q.device, scale=scale)
+    if groups > 1 and torch.onnx.is_in_onnx_export():  # the TorchScript ONNX exporter has no SDPA with enable_gqa
+        k, v, groups = _expand_kv(k, groups), _expand_kv(v, groups), 1
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.additive(), dropout_p=dropout_p,
                                          is_causal=mask.sdpa_causal, scale=scale, enable_gqa=groups > 1)
     if mask.row_ok is not None:

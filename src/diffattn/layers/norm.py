@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
+import torch
 import torch.nn as nn
 
 __all__ = ["RMSNorm", "head_rms_norm"]
 
-RMSNorm = nn.RMSNorm  # RMSNorm(x) = x / sqrt(mean(x²) + eps) ⊙ w (Zhang & Sennrich 2019)
+
+class RMSNorm(nn.RMSNorm):
+    """RMSNorm(x) = x / sqrt(mean(x²) + eps) ⊙ w over the last ``len(normalized_shape)`` dims (Zhang & Sennrich
+    2019): PyTorch's ``nn.RMSNorm`` (same arguments, state dict and fused kernel), written out in elementary ops
+    while ``torch.onnx.export`` traces it, because the TorchScript-based ONNX exporter (the one Ultralytics' and
+    most deployment tools' ONNX export uses) has no ``aten::rms_norm`` at any opset."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.onnx.is_in_onnx_export():
+            return super().forward(x)
+        dims = tuple(range(-len(self.normalized_shape), 0))
+        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
+        y = x * torch.rsqrt(x.pow(2).mean(dims, keepdim=True) + eps)
+        return y * self.weight if self.weight is not None else y
 
 
-def head_rms_norm(width: int, *, eps: float = 1e-5, affine: bool = True) -> nn.RMSNorm:
+def head_rms_norm(width: int, *, eps: float = 1e-5, affine: bool = True) -> RMSNorm:
     """Per-head RMSNorm of width 2d, the "GroupNorm" of Ye et al. 2024 §2.1 (``diff_norm``, eps 1e-5)."""
-    return nn.RMSNorm(width, eps=eps, elementwise_affine=affine)
+    return RMSNorm(width, eps=eps, elementwise_affine=affine)
