@@ -152,6 +152,22 @@ def test_layer_traces_and_exports_for_deployment(cls, num_kv_heads):
 
 
 @pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])
+def test_layer_compiles_as_one_graph(cls):
+    """torch.compile(fullgraph=True) captures the layer without a graph break (forward and backward), with the
+    eager output; the dynamo front end alone (backend "eager"), so the test needs no C++ compiler."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    m = cls(64, 8, num_kv_heads=4, causal=True)
+    x = torch.randn(2, 12, 64, requires_grad=True)
+    compiled = torch.compile(m, fullgraph=True, backend="eager")
+    out = compiled(x)
+    torch.testing.assert_close(out, m(x))
+    out.square().sum().backward()
+    assert x.grad is not None and torch.isfinite(x.grad).all()
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("cls", [Attention, DiffAttention, GatedDiffAttention])
 @pytest.mark.parametrize("num_kv_heads", [None, 4])
 def test_layer_exports_to_onnx_and_runs_in_onnxruntime(cls, num_kv_heads, tmp_path):
     """torch.onnx.export (the TorchScript-based exporter: it has no aten::rms_norm, so the differential layers'
