@@ -90,6 +90,9 @@ def test_object_attention_matches_an_independent_reduction_of_the_maps(name):
             assert r[mode]["density_ratio"] == pytest.approx(_density_ratio(maps[layer][:2], fg, mode), rel=1e-5)
     with pytest.raises(ValueError, match="images must be"):
         object_attention(net, x, masks[:2])
+    net.train()
+    object_attention(net, x, masks)
+    assert net.training  # the caller's mode is restored
 
 
 def test_object_attention_table_pairs_each_model_with_the_first_by_seed_and_layer():
@@ -108,6 +111,10 @@ def test_object_attention_table_pairs_each_model_with_the_first_by_seed_and_laye
     rows += [row("yolo26n.yaml", 2, "model.10.m.0.attn", 1.0), row("d", 2, "model.10.attn", 2.0)]
     # differences +0.5, −0.5, +1.0: mean 1/3, sample std 0.764, t = 0.756 with 2 degrees of freedom, p = 0.529
     assert "| +0.33 ± 0.76 (higher on 2 of 3) | 0.53 |" in object_attention_table(rows).splitlines()[3]
+    # two attention modules inside one YOLO layer of a run stay two rows (a repeated block), never merged
+    rows = [row("a", 0, "model.10.m.0.attn", 1.0), row("a", 0, "model.10.m.1.attn", 3.0)]
+    lines = object_attention_table(rows).splitlines()
+    assert lines[2].startswith("| a | model.10 | 1.00 ± 0.00 |") and lines[3].startswith("| a | model.10#1 | 3.00")
 
 
 def test_command_reads_the_compare_runs_and_writes_the_tables(tmp_path, capsys):

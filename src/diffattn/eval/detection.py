@@ -105,9 +105,13 @@ def object_attention(model: nn.Module, images: torch.Tensor, masks: torch.Tensor
             or masks.shape[-2:] != images.shape[-2:]:
         raise ValueError(f"images must be (B, 3, H, W) and masks (B, H, W) of the same B, H, W, got "
                          f"{tuple(images.shape)} and {tuple(masks.shape)}")
-    model = model.eval()
-    with capture_attention(model) as cap:
-        model(images)
+    was_training = model.training
+    model.eval()
+    try:
+        with capture_attention(model) as cap:
+            model(images)
+    finally:
+        model.train(was_training)
     out = {}
     for m in cap.layers:
         grid = _grid(m.combined.shape[-1], images.shape[-2], images.shape[-1])
@@ -123,9 +127,18 @@ def object_attention(model: nn.Module, images: torch.Tensor, masks: torch.Tensor
     return out
 
 
-def _layer_key(name: str) -> str:
-    """``model.10.m.0.attn`` → ``model.10``: the YOLO layer index, the same across model YAMLs."""
-    return ".".join(name.split(".")[:2])
+def _layer_keys(rows: Sequence[dict]) -> list[str]:
+    """Per row, its attention module by YOLO layer index, the same across model YAMLs: ``model.10.m.0.attn`` and
+    ``model.10.attn`` → ``model.10``; a second attention module inside the same YOLO layer of the same run (a block
+    repeated n times) → ``model.10#1``, and so on, so no two modules of a run share a key."""
+    seen: dict[tuple, int] = {}
+    keys = []
+    for r in rows:
+        prefix = ".".join(r["layer"].split(".")[:2])
+        j = seen.get((r["model"], r["seed"], prefix), 0)
+        seen[r["model"], r["seed"], prefix] = j + 1
+        keys.append(prefix if j == 0 else f"{prefix}#{j}")
+    return keys
 
 
 def compare_object_attention(runs: Sequence[dict], data_yaml: str | Path, *, split: str = "val", imgsz: int = 128,
@@ -152,8 +165,9 @@ def object_attention_table(rows: Sequence[dict], mode: str = "signed") -> str:
     from scipy.stats import ttest_1samp
 
     models = list(dict.fromkeys(r["model"] for r in rows))
-    layers = list(dict.fromkeys(_layer_key(r["layer"]) for r in rows))
-    val = {(r["model"], _layer_key(r["layer"]), r["seed"]): r[mode]["density_ratio"] for r in rows}
+    keys = _layer_keys(rows)
+    layers = list(dict.fromkeys(keys))
+    val = {(r["model"], key, r["seed"]): r[mode]["density_ratio"] for r, key in zip(rows, keys)}
     lines = [f"| model | layer | object / background density ({mode}) | Δ vs {models[0].removesuffix('.yaml')} "
              "(paired) | p (paired t) | object tokens | seeds |", "|---|---|---|---|---|---|---|"]
 
@@ -173,8 +187,8 @@ def object_attention_table(rows: Sequence[dict], mode: str = "signed") -> str:
                 delta = f"{dm:+.2f} ± {ds:.2f} (higher on {sum(d > 0 for d in diffs)} of {len(diffs)})"
                 if len(diffs) > 1:
                     pval = "1.00" if ds == 0 and dm == 0 else f"{ttest_1samp(diffs, 0.0).pvalue:.2f}"
-            share = statistics.fmean(r["object_share"] for r in rows
-                                     if r["model"] == model and _layer_key(r["layer"]) == layer)
+            share = statistics.fmean(r["object_share"] for r, key in zip(rows, keys)
+                                     if r["model"] == model and key == layer)
             lines.append(f"| {model.removesuffix('.yaml')} | {layer} | {m:.2f} ± {s:.2f} | {delta} | {pval} | "
                          f"{100 * share:.0f} % | {len(seeds)} |")
     return "\n".join(lines) + "\n"
