@@ -144,14 +144,16 @@ def image_attention(model, images: torch.Tensor, questions: Sequence[str]) -> li
     with capture_attention(model, names=names) as cap:
         model(images, batch["input_ids"].to(images.device), batch["attention_mask"].to(images.device))
     last = batch["attention_mask"].sum(-1) - 1 + P  # (B,) the position predicting the first answer token
-    shares = []
-    for layer in cap.layers:
-        a = layer.combined  # (B, heads, Nq, Nk)
-        rows = a[torch.arange(a.shape[0]), :, last]  # (B, heads, Nk)
-        total = rows.sum(-1)
-        shares.append(float((rows[..., :P].sum(-1) / total.where(total.abs() > 1e-12, torch.ones_like(total)))
-                            .mean()))
-    return shares
+    return [image_token_share(layer.combined, last, P) for layer in cap.layers]
+
+
+def image_token_share(a: torch.Tensor, query: torch.Tensor, num_image_tokens: int) -> float:
+    """Σ_image a / Σ_all a of the rows ``query`` (B,) of one layer's map ``a`` (B, heads, Nq, Nk) whose first
+    ``num_image_tokens`` keys are the image, averaged over heads and samples (a zero row sum counts as 1)."""
+    rows = a[torch.arange(a.shape[0]), :, query].float()  # (B, heads, Nk)
+    total = rows.sum(-1)
+    return float((rows[..., :num_image_tokens].sum(-1) / total.where(total.abs() > 1e-12, torch.ones_like(total)))
+                 .mean())
 
 
 def plot_needle_cells(cells: dict[str, float], n: int, path: str | Path, *, title: str = "MMNeedle") -> Path:

@@ -376,10 +376,15 @@ def _check_images(images, questions: Sequence[str]) -> None:
                          f"got {got}")
 
 
-def _pg_config(model):
+def _pg_core(model):
+    """The PaliGemma inside a peft model, or the model itself."""
     from peft import PeftModel
 
-    return (model.base_model.model if isinstance(model, PeftModel) else model).config
+    return model.base_model.model if isinstance(model, PeftModel) else model
+
+
+def _pg_config(model):
+    return _pg_core(model).config
 
 
 def _num_image_tokens(cfg) -> int:
@@ -458,10 +463,10 @@ def paligemma_image_attention(model, tokenizer, images: torch.Tensor, questions:
     answer token, puts on the image tokens, Σ_image a / Σ_all a (as :func:`diffattn.eval.vlm_bench.image_attention`
     for the LLaVA-style model). The maps come from ``output_attentions``: the model runs eager attention for this
     call (SDPA returns no maps), and a retrofitted layer returns its combined map A1 − λA2."""
-    from peft import PeftModel
+    from ...eval.vlm_bench import image_token_share
 
     _check_images(images, questions)
-    core = model.base_model.model if isinstance(model, PeftModel) else model
+    core = _pg_core(model)
     cfg = core.config
     P = _num_image_tokens(cfg)
     batch = paligemma_batch(tokenizer, cfg.image_token_index, P, list(questions))
@@ -472,13 +477,7 @@ def paligemma_image_attention(model, tokenizer, images: torch.Tensor, questions:
     finally:
         core.set_attn_implementation(before)
     last = batch["attention_mask"].sum(-1) - 1  # (B,) the last prompt position
-    shares = []
-    for a in out.attentions:  # (B, heads, N, N)
-        rows = a[torch.arange(a.shape[0]), :, last].float()  # (B, heads, N)
-        total = rows.sum(-1)
-        shares.append(float((rows[..., :P].sum(-1) / total.where(total.abs() > 1e-12, torch.ones_like(total)))
-                            .mean()))
-    return shares
+    return [image_token_share(a, last, P) for a in out.attentions]  # each a (B, heads, N, N)
 
 
 # ------------------------------------------------------------------------------ CLIP vs DiffCLIP tower study
