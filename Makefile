@@ -7,16 +7,19 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.diffattn-installed
 TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
+# The exact versions that last passed `make test` (scripts/freeze_constraints.py). `make test CONSTRAINTS=` installs
+# the newest releases pyproject.toml allows instead (what CI runs, so a new release that breaks us fails CI first).
+CONSTRAINTS ?= constraints/tested.txt
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install data test lint demo bench clean
+.PHONY: install data test test-oldest lint demo bench constraints clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@$(PY) -c "import torch, torchvision" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q -e ".[test,detect]"
+	$(PY) -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[test,detect]"
 	@touch $@
 
 install: $(STAMP)
@@ -30,6 +33,16 @@ test: $(STAMP)
 	@bash scripts/fetch_data.sh || echo "data fetch failed: the tests that need data/ will skip with the reason"
 	$(PY) -m ruff check src tests benchmarks examples
 	$(PY) -m pytest -q
+	PY=$(PY) bash scripts/test_oldest.sh
+
+# The adapter, transformers, peft, timm and open_clip tests against the oldest supported releases
+# (constraints/oldest.txt, the lower bounds in pyproject.toml); part of `make test`.
+test-oldest: $(STAMP)
+	PY=$(PY) bash scripts/test_oldest.sh
+
+# After a green `make test CONSTRAINTS=` (the newest releases): record their versions for `make install`.
+constraints: $(STAMP)
+	$(PY) scripts/freeze_constraints.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples

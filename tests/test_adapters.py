@@ -2,6 +2,7 @@
 
 import codecs
 import copy
+import inspect
 import math
 import this
 
@@ -135,8 +136,10 @@ def test_identity_at_step0_and_generate(method):
     assert torch.equal(g1, g2)
     with torch.no_grad():
         l_full = model(input_ids=ids).logits[:, -1]
-        pkv = model(input_ids=ids[:, :-1], use_cache=True).past_key_values
-        l_step = model(input_ids=ids[:, -1:], past_key_values=pkv, use_cache=True).logits[:, -1]
+        prefix = model(input_ids=ids[:, :-1], use_cache=True)
+        # transformers 5.24 renamed past_key_values to cache (in the forward and its output): test both ends
+        name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+        l_step = model(input_ids=ids[:, -1:], use_cache=True, **{name: getattr(prefix, name)}).logits[:, -1]
     assert (l_full - l_step).abs().max().item() < 1e-5
 
 

@@ -103,6 +103,22 @@ def _split(t: torch.Tensor, n: int, second: bool) -> tuple[torch.Tensor, torch.T
     return (t[:, :n], t[:, n:]) if second else (t, None)
 
 
+#: the names the KV cache has had in the attention forward: ``cache`` from transformers 5.24 on,
+#: ``past_key_values`` before (a deprecated alias until 5.40), ``past_key_value`` / ``layer_past`` earlier still
+_CACHE_NAMES = ("cache", "past_key_values", "past_key_value", "layer_past")
+
+
+def _find_cache(a: dict):
+    """The KV cache among the forward's arguments, found by meaning: any of :data:`_CACHE_NAMES`, else any argument
+    that is a transformers ``Cache``, so that a renamed argument never makes a retrofit decode without its cache."""
+    for n in _CACHE_NAMES:
+        if a.get(n) is not None:
+            return a[n]
+    from transformers.cache_utils import Cache
+
+    return next((v for v in a.values() if isinstance(v, Cache)), None)
+
+
 def _forward(self, *args, **kwargs):
     """Retrofitted forward: the family's projection / RoPE / cache steps plus the method's second branch."""
     bound = self._diffattn_sig.bind(self, *args, **kwargs)
@@ -134,16 +150,12 @@ def _forward(self, *args, **kwargs):
         q, q2 = _split(qq, q.shape[1], q2 is not None)
         k, k2 = _split(kk, k.shape[1], k2 is not None)
 
-    cache = a.get("past_key_values")
+    cache = _find_cache(a)
     if cache is not None:
         cache = getattr(cache, "self_attention_cache", cache)  # EncoderDecoderCache (GPT-2, BERT)
         hk = k.shape[1]
         kk, vv = _cat(k, k2), _cat(v, v2)  # (B, Hkv or 2·Hkv, N, d): any head layout caches
-        if "cache_position" in a and pos is not None:
-            kk, vv = cache.update(kk, vv, self.layer_idx, {"sin": pos[1], "cos": pos[0],
-                                                          "cache_position": a["cache_position"]})
-        else:
-            kk, vv = cache.update(kk, vv, self.layer_idx)
+        kk, vv = cache.update(kk, vv, self.layer_idx)  # no cache layer of transformers >= 5.17 reads more
         k, k2 = _split(kk, hk, k2 is not None)
         v, v2 = _split(vv, hk, v2 is not None)
 
