@@ -257,10 +257,17 @@ def _flatten_lambda_names(module, state_dict, prefix, local_metadata) -> None:
 
 def _nest_lambda_names(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                        error_msgs) -> None:
-    """load_state_dict pre-hook: the flat checkpoint names back into ``lambda_fn``."""
+    """load_state_dict pre-hook: the flat checkpoint names back into ``lambda_fn``; a strict load of a state dict
+    with the λ bias of diffattn 0.1.0's ``token_sigmoid`` into a layer without it also says how to load it."""
     for name in _flat_names(module):
         if prefix + name in state_dict:
             state_dict[f"{prefix}lambda_fn.{name}"] = state_dict.pop(prefix + name)
+    proj = getattr(module.lambda_fn, "lambda_proj", None)
+    if strict and isinstance(proj, nn.Linear) and proj.bias is None and f"{prefix}lambda_fn.lambda_proj.bias" in \
+            state_dict:
+        error_msgs.append(f"{prefix}lambda_fn.lambda_proj.bias is the bias of diffattn 0.1.0's token_sigmoid λ, "
+                          f"σ(X W + b); build the layer with lambda_options={{'bias': True}}, or load the state dict "
+                          f"with diffattn.layers.load_layer(..., diffattn_format=0), which does so")
 
 
 def _report_flat_names(module, incompatible_keys) -> None:
