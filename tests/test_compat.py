@@ -268,3 +268,8 @@ def test_migrate_copies_and_leaves_current_files_alone():
     assert same_cfg == cfg
     with pytest.raises(ValueError, match="kind"):
         migrate("tensor", cfg, sd, source=0, what="x")
+    # 0.1.0's DiffAttention(lambda_std=...) set only the reparam init: it becomes the λ option, silently
+    with _no_migration():
+        old = {"attention": "diff", "dim": 16, "num_heads": 4, "lambda_std": 0.05}
+        new, _ = migrate("layer", old, DiffAttention(16, 4).state_dict(), source=0, what="x")
+    assert new == {"attention": "diff", "dim": 16, "num_heads": 4, "lambda_options": {"std": 0.05}}
