@@ -268,6 +268,11 @@ def test_migrate_copies_and_leaves_current_files_alone():
     assert same_cfg == cfg
     with pytest.raises(ValueError, match="kind"):
         migrate("tensor", cfg, sd, source=0, what="x")
+    # a token_sigmoid state dict without norm weight cannot tell whether it had a weightless sub-norm: it warns
+    cfg = {"attention": "diff", "lambda_form": "token_sigmoid", "dim": 16, "num_heads": 4, "sub_norm_affine": False}
+    with pytest.warns(FormatMigrationWarning, match="pass sub_norm=True if"):
+        new_cfg, _ = migrate("layer", cfg, {}, source=0, what="x")
+    assert "sub_norm" not in new_cfg
     # 0.1.0's DiffAttention(lambda_std=...) set only the reparam init: it becomes the λ option, silently
     with _no_migration():
         old = {"attention": "diff", "dim": 16, "num_heads": 4, "lambda_std": 0.05}

@@ -91,6 +91,10 @@ def _token_sigmoid_defaults(kind: str, config: dict[str, Any], state_dict: dict[
                 cfg["sub_norm"] = True
                 changes.append(f"{where}token_sigmoid attention keeps the RMSNorm × (1 − λ_init) sub-norm it was "
                                f"saved with (sub_norm=True; the default is now no sub-norm)")
+            elif cfg.get("sub_norm_affine") is False:  # a sub-norm without weight leaves no tensor to tell by
+                changes.append(f"{where}token_sigmoid attention is loaded without sub-norm, as diffattn 0.1.0 "
+                               f"built it; the code after 0.1.0 had an RMSNorm × (1 − λ_init) there, which "
+                               f"sub_norm_affine=False leaves no tensor of: pass sub_norm=True if it saved this")
         if kind == "layer":
             options = cfg.get("lambda_options") or {}
             if "bias" not in options and "lambda_fn.lambda_proj.bias" in state_dict:
