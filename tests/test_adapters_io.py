@@ -22,6 +22,7 @@ import diffattn.adapters as A
 from diffattn.adapters import RetrofitConfig
 from diffattn.adapters.methods import MAX_STEP
 from diffattn.adapters.saving import CONFIG_FILE, WEIGHTS_FILE
+from diffattn.formats import FORMAT
 
 
 def tiny_gpt2():
@@ -108,7 +109,8 @@ def test_config_json_roundtrip(tmp_path):
     assert meta == {"method": "split_heads", "lambda_init": "ye", "anneal_steps": 7, "layers": [0],
                     "train": "attention", "trainable": [], "layer_names": ["transformer.h.0.attn"],
                     "num_attention_layers": 2,
-                    "format_version": 1, "diffattn_version": diffattn.__version__, "base_model": "GPT2LMHeadModel"}
+                    "format_version": 1, "diffattn_format": FORMAT,
+                    "diffattn_version": diffattn.__version__, "base_model": "GPT2LMHeadModel"}
     config, _, _ = A.read_adapter(tmp_path / "ad")
     assert config == A.retrofit_config(model)
     assert RetrofitConfig.from_dict(config.to_dict()) == config

@@ -263,6 +263,36 @@ def test_other_lambda_forms_run():
     assert isinstance(DiffAttention(32, 4, lambda_form="token_sigmoid", sub_norm=False).diff_norm, torch.nn.Identity)
 
 
+@pytest.mark.parametrize("options,sub_norm", [({}, None), ({"bias": True}, None), ({}, True)])
+def test_token_sigmoid_is_the_diff_transformer_v2_form(options, sub_norm):
+    """λ = σ(X W) per token and head, no sub-norm by default (Ye et al. 2026, Diff Transformer V2); ``bias=True``
+    gives σ(X W + b) (diffattn 0.1.0); ``sub_norm=True`` adds RMSNorm × (1 − λ_init)."""
+    torch.manual_seed(0)
+    B, N, D, h = 2, 7, 32, 4
+    kw = {} if sub_norm is None else {"sub_norm": sub_norm}
+    m = randomize(DiffAttention(D, h, lambda_form="token_sigmoid", lambda_options=options, **kw)).double()
+    proj = m.lambda_fn.lambda_proj
+    assert (proj.bias is not None) == bool(options) and isinstance(m.diff_norm, nn.Identity) == (not sub_norm)
+    assert m.out_scale == (1 - m.lambda_init if sub_norm else 1.0)
+    if proj.bias is not None:
+        with torch.no_grad():
+            proj.bias.normal_()
+    x = torch.randn(B, N, D, dtype=F64)
+    d, H = m.head_dim, h // 2
+    q, k = lin(m.q_proj, x).view(B, N, h, d), lin(m.k_proj, x).view(B, N, h, d)
+    v = lin(m.v_proj, x).view(B, N, H, 2 * d)
+    lam = torch.sigmoid(lin(proj, x))  # (B, N, H)
+    ok = allowed_mask(B, N, N)
+    heads = []
+    for i in range(H):
+        a1 = ref_softmax_rows(q[:, :, 2 * i] @ k[:, :, 2 * i].transpose(1, 2) / math.sqrt(d), ok)
+        a2 = ref_softmax_rows(q[:, :, 2 * i + 1] @ k[:, :, 2 * i + 1].transpose(1, 2) / math.sqrt(d), ok)
+        o = a1 @ v[:, :, i] - lam[:, :, i:i + 1] * (a2 @ v[:, :, i])
+        heads.append(rms_norm(o, m.diff_norm.weight.detach(), 1e-5) * (1 - m.lambda_init) if sub_norm else o)
+    ref = lin(m.out_proj, torch.cat(heads, -1))
+    torch.testing.assert_close(m(x), ref, **TOLERANCES[F64])
+
+
 def test_attention_class_switch():
     assert attention_class("diff") is DiffAttention
     with pytest.raises(ValueError, match="attention"):

@@ -11,6 +11,7 @@ Importing ``diffattn`` registers its vision models with timm (``timm.create_mode
 from . import convert, functional, lambdas, layers, models
 from .adapters import from_pretrained_retrofit, load_adapter, retrofit, save_adapter
 from .data import get_dataset, list_datasets
+from .formats import FormatMigrationWarning
 from .functional import AttentionWeights, attention, diff_attention
 from .layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, KVCache, SwiGLU, attention_class
 from .models import create_model, from_pretrained, list_models
@@ -43,5 +44,6 @@ __all__ = [
     "data",
     "get_dataset",
     "list_datasets",
+    "FormatMigrationWarning",
     "__version__",
 ]

@@ -5,14 +5,19 @@ Each form is a :class:`LambdaForm`: a small module whose ``forward(x)`` returns 
 registered by name with :func:`register_lambda` and built with one signature by :func:`build_lambda`, which is
 what the attention layers call (``lambda_form=``, ``lambda_options=``):
 
-| form          | weight1 | λ                                                  | source                              |
-|---------------|---------|----------------------------------------------------|-------------------------------------|
-| reparam       | 1       | exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init           | Ye et al. 2024, eq. 2               |
-| dual_scalar   | 1       | exp(a) − exp(b) + λ_init, a = b = 0 at init        | timm ``DiffAttention``              |
-| constant      | 1       | λ_init                                             | ablations                           |
-| gate          | g       | 1 − g, g = σ(X W_g + b_g) per token and head       | M-DGSA, Lygizou & Kalamaras, eq. 3  |
-| token_sigmoid | 1       | σ(X W) per token and head                          | Diff Transformer V2 (unilm)         |
-| annealed      | 1       | (1 − α)(t/T) λ_init + α λ_learn, α = min(1, t/T)   | DEX / DAA retrofits, eq. 3          |
+| form          | weight1 | λ                                                | sub-norm | source                      |
+|---------------|---------|--------------------------------------------------|----------|-----------------------------|
+| reparam       | 1       | exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init         | yes      | Ye et al. 2024, eq. 2       |
+| dual_scalar   | 1       | exp(a) − exp(b) + λ_init, a = b = 0 at init      | yes      | timm ``DiffAttention``      |
+| constant      | 1       | λ_init                                           | yes      | ablations                   |
+| gate          | g       | 1 − g, g = σ(X W_g + b_g) per token and head     | yes      | M-DGSA 2025, eq. 3          |
+| token_sigmoid | 1       | σ(X W) per token and head                        | no       | Ye et al. 2026, Diff. T. V2 |
+| annealed      | 1       | (1 − α)(t/T) λ_init + α λ_learn, α = min(1, t/T) | yes      | DEX / DAA retrofits, eq. 3  |
+
+"sub-norm" is the form's :attr:`LambdaForm.sub_norm`: whether :class:`~diffattn.layers.DiffAttention` and
+:class:`~diffattn.layers.GatedDiffAttention` apply the per-head RMSNorm × (1 − λ_init) when ``sub_norm`` is not
+given. ``token_sigmoid`` takes ``bias=True`` for σ(X W + b), the form of diffattn 0.1.0 (whose files load with it
+through :mod:`diffattn.formats`).
 """
 
 from __future__ import annotations
@@ -97,6 +102,7 @@ class LambdaForm(nn.Module):
     """
 
     name: str = ""
+    sub_norm: bool = True  # the layers' default: RMSNorm × (1 − λ_init) per head after (w1 A1 − λ A2) V
 
     @classmethod
     def build(cls, *, dim: int, num_heads: int, head_dim: int, lambda_init: float, **options) -> LambdaForm:
@@ -271,17 +277,22 @@ class GateLambda(LambdaForm):
 
 @register_lambda("token_sigmoid")
 class TokenSigmoidLambda(LambdaForm):
-    """λ = σ(X W (+ b)) per token and head on A2 only, weight1 = 1 (Diff Transformer V2, microsoft/unilm
-    ``multihead_flashdiffv2.py``, which has no bias; used there without sub-norm)."""
+    """λ = σ(X W) per token and head on A2 only, weight1 = 1, and no sub-norm: the Differential Transformer V2
+    (Ye et al. 2026; microsoft/unilm ``multihead_flashdiffv2.py``, whose ``lambda_proj`` has no bias).
 
-    def __init__(self, dim: int, num_heads: int, *, bias: bool = True):
+    ``bias=True`` gives σ(X W + b), the form of diffattn 0.1.0.
+    """
+
+    sub_norm = False
+
+    def __init__(self, dim: int, num_heads: int, *, bias: bool = False):
         super().__init__()
         self.num_heads = num_heads
         self.lambda_proj = nn.Linear(dim, num_heads, bias=bias)
 
     @classmethod
     def build(cls, *, dim, num_heads, head_dim, lambda_init, bias: bool = False):
-        return cls(dim, num_heads, bias=bias)  # unilm's lambda_proj has no bias
+        return cls(dim, num_heads, bias=bias)
 
     def forward(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
         return _ONE, torch.sigmoid(_upcast(self.lambda_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)

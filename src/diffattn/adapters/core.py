@@ -15,6 +15,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from ..formats import FORMAT, FORMAT_KEY
 from .binding import ADAPTER_ATTR, Candidate
 from .bindings import BINDINGS
 from .config import RetrofitConfig
@@ -241,12 +242,13 @@ HF_FORMAT_VERSION = 1
 
 def retrofit_record(model: nn.Module, plan: RetrofitPlan) -> dict[str, Any]:
     """The JSON record of a retrofit: the config plus the converted layers' names (as in the bare model, without
-    peft's prefix) and the attention-layer count."""
+    peft's prefix), the attention-layer count, the record's layout version (``format_version``) and the diffattn
+    format and version (:mod:`diffattn.formats`)."""
     from .. import __version__
 
     names = [canonical_name(model, n) or n for n in plan.layer_names]
     return dict(plan.config.to_dict(), layer_names=names, num_attention_layers=len(plan.candidates),
-                format_version=HF_FORMAT_VERSION, diffattn_version=__version__)
+                format_version=HF_FORMAT_VERSION, **{FORMAT_KEY: FORMAT}, diffattn_version=__version__)
 
 
 def _record_in_hf_config(model: nn.Module, plan: RetrofitPlan) -> None:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..formats import FORMAT_KEY, read_format
 from .binding import ADAPTER_ATTR
 from .config import RetrofitConfig
 from .core import HF_CONFIG_KEY, HF_FORMAT_VERSION, apply_plan, plan_retrofit
@@ -36,7 +37,7 @@ __all__ = ["RetrofitCheckpointWarning", "from_pretrained_retrofit", "install_loa
 #: loggers transformers (4.5x and 5.x) reports unexpected checkpoint keys on
 _LOAD_LOGGERS = ("transformers.modeling_utils",)
 _RECORD_FIELDS = {"method", "lambda_init", "anneal_steps", "layers", "train", "trainable", "layer_names",
-                  "num_attention_layers", "format_version", "diffattn_version"}
+                  "num_attention_layers", "format_version", FORMAT_KEY, "diffattn_version"}
 _loading_retrofit: contextvars.ContextVar[bool] = contextvars.ContextVar("diffattn_loading_retrofit", default=False)
 
 
@@ -100,6 +101,9 @@ def _read_record(config: Any, path: str) -> dict[str, Any]:
                          f"diffattn.retrofit(model, method)")
     if not isinstance(rec, dict):
         raise ValueError(f"{path}: config.json's {HF_CONFIG_KEY!r} must be a JSON object, got {type(rec).__name__}")
+    # a newer diffattn format is refused first; older ones mean the same for retrofits (no adapter migration in
+    # diffattn.formats: one that needs tensors would have to be applied to the loaded model here)
+    read_format(rec, f"{path}: config.json's {HF_CONFIG_KEY!r} record")
     if rec.get("format_version") != HF_FORMAT_VERSION:
         raise ValueError(f"{path}: config.json's {HF_CONFIG_KEY!r} has format_version "
                          f"{rec.get('format_version')!r}; this diffattn reads {HF_FORMAT_VERSION}")

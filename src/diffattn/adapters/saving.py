@@ -5,7 +5,9 @@ A directory written by :func:`save_adapter` holds exactly two files:
 - ``diffattn_adapter.json``: the :class:`RetrofitConfig` (``method``, ``lambda_init``, ``anneal_steps``,
   ``layers``, ``train`` and ``trainable``, the latter absent in files of earlier versions), the converted modules'
   names (``layer_names``), the number of attention layers the model has (``num_attention_layers``),
-  ``format_version`` (1), ``diffattn_version`` and ``base_model``;
+  ``format_version`` (1, the layout of this file), ``diffattn_format`` (the meaning of what it holds,
+  :mod:`diffattn.formats`; absent in files of diffattn 0.1.0, which are format 0), ``diffattn_version`` and
+  ``base_model``;
 - ``diffattn_adapter.safetensors``: every adapter tensor (new matrices, λ parameters, ``step`` buffers) and every
   parameter the ``train`` mode makes trainable (and any other that requires grad at save time), under the bare
   model's names (a peft-wrapped model writes the same file).
@@ -26,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..formats import FORMAT_KEY, migrate, read_format
 from ..io import atomic_write_dir, recover_dir
 from .config import RetrofitConfig
 from .core import PLAN_ATTR, RetrofitPlan, _plan, apply_plan, plan_retrofit, retrofit_record
@@ -37,7 +40,8 @@ __all__ = ["CONFIG_FILE", "WEIGHTS_FILE", "FORMAT_VERSION", "save_adapter", "loa
 CONFIG_FILE = "diffattn_adapter.json"
 WEIGHTS_FILE = "diffattn_adapter.safetensors"
 FORMAT_VERSION = 1
-_META_KEYS = {"layer_names", "num_attention_layers", "format_version", "diffattn_version", "base_model"}
+_META_KEYS = {"layer_names", "num_attention_layers", "format_version", FORMAT_KEY, "diffattn_version", "base_model"}
+_CONFIG_KEYS = {"method", "lambda_init", "anneal_steps", "layers", "train"}
 
 
 def _trainable_names(model: nn.Module, plan: RetrofitPlan) -> set[str]:
@@ -112,7 +116,9 @@ def read_adapter(directory: str | os.PathLike) -> tuple[RetrofitConfig, dict[str
     """Read and check an adapter directory without a model: (config, metadata, tensors on the CPU).
 
     Raises ValueError naming the file and the problem: a missing file, malformed JSON, a missing or mistyped field,
-    an unknown ``format_version``, a safetensors file that cannot be parsed.
+    an unknown ``format_version``, a safetensors file that cannot be parsed; a
+    :class:`~diffattn.formats.FormatVersionError` for a newer diffattn format. A file of an older format is
+    migrated (:func:`diffattn.formats.migrate`): the metadata and tensors returned mean what they meant when saved.
     """
     directory = Path(directory)
     recover_dir(directory)
@@ -125,19 +131,16 @@ def read_adapter(directory: str | os.PathLike) -> tuple[RetrofitConfig, dict[str
         raise _fail(path, f"is not valid JSON ({e})") from None
     if not isinstance(meta, dict):
         raise _fail(path, f"must hold a JSON object, got {type(meta).__name__}")
+    source = read_format(meta, str(path))  # before the fields: a newer format may hold fields this code lacks
     if meta.get("format_version") != FORMAT_VERSION or isinstance(meta.get("format_version"), bool):
         raise _fail(path, f"has format_version {meta.get('format_version')!r}; this diffattn reads {FORMAT_VERSION}")
-    cfg_keys = {"method", "lambda_init", "anneal_steps", "layers", "train"}
-    missing = sorted((cfg_keys | {"layer_names", "num_attention_layers"}) - set(meta))
+    missing = sorted((_CONFIG_KEYS | {"layer_names", "num_attention_layers"}) - set(meta))
     if missing:
         raise _fail(path, f"lacks the fields {missing}")
-    unknown = sorted(set(meta) - cfg_keys - {"trainable"} - _META_KEYS)
+    unknown = sorted(set(meta) - _CONFIG_KEYS - {"trainable"} - _META_KEYS)
     if unknown:
         raise _fail(path, f"has unknown fields {unknown}")
-    try:
-        config = RetrofitConfig.from_dict({k: meta[k] for k in cfg_keys | ({"trainable"} & set(meta))})
-    except (TypeError, ValueError) as e:
-        raise _fail(path, str(e)) from None
+    config = _config(meta, path)
     layers, names, n = config.layers, meta["layer_names"], meta["num_attention_layers"]
     if not isinstance(layers, list):
         raise _fail(path, f"layers must be a list of layer indices, got {layers!r}")
@@ -157,7 +160,17 @@ def read_adapter(directory: str | os.PathLike) -> tuple[RetrofitConfig, dict[str
         tensors = load_file(str(wpath), device="cpu")
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise _fail(wpath, f"is not a readable safetensors file ({e})") from None
+    migrated, tensors = migrate("adapter", meta, tensors, source=source, what=str(directory))
+    if migrated != meta:
+        meta, config = migrated, _config(migrated, path)
     return config, meta, tensors
+
+
+def _config(meta: dict[str, Any], path: Path) -> RetrofitConfig:
+    try:
+        return RetrofitConfig.from_dict({k: meta[k] for k in _CONFIG_KEYS | ({"trainable"} & set(meta))})
+    except (TypeError, ValueError) as e:
+        raise _fail(path, str(e)) from None
 
 
 def _expected(model: nn.Module, plan: RetrofitPlan) -> tuple[dict[str, torch.Tensor], set[str]]:

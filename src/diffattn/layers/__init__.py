@@ -3,6 +3,7 @@
 from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
 from .blocks import Block, DropPath, PatchEmbed
 from .kv_cache import KVCache
+from .loading import load_layer
 from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
@@ -14,6 +15,7 @@ __all__ = [
     "DiffAttentionV2",
     "GatedDiffAttention",
     "attention_class",
+    "load_layer",
     "KVCache",
     "Mlp",
     "SwiGLU",

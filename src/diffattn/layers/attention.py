@@ -165,7 +165,7 @@ class Attention(_AttentionBase):
                  lambda_form: str = "reparam", lambda_options: dict | None = None, num_kv_heads: int | None = None,
                  qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
-                 sub_norm: bool = True, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
+                 sub_norm: bool | None = None, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
                  softcap: float | None = None, sliding_window: int | None = None):
         super().__init__()
         if backend == "triton":
@@ -196,13 +196,15 @@ class _DiffBase(_AttentionBase):
                       sub_norm, sub_norm_eps, sub_norm_affine, out_scale: bool) -> None:
         if lambda_options is not None and not isinstance(lambda_options, dict):
             raise ValueError(f"lambda_options must be a dict or None, got {type(lambda_options).__name__}")
-        if not isinstance(sub_norm, bool):
-            raise ValueError(f"sub_norm must be a bool, got {sub_norm!r}")
+        if sub_norm is not None and not isinstance(sub_norm, bool):
+            raise ValueError(f"sub_norm must be a bool or None (the λ form's default), got {sub_norm!r}")
         self.depth = depth
         self.lambda_init = resolve_lambda_init(lambda_init, depth)
         self.lambda_form = lambda_form
         self.lambda_fn = build_lambda(lambda_form, dim=dim, num_heads=heads, head_dim=self.head_dim,
                                       lambda_init=self.lambda_init, **(lambda_options or {}))
+        if sub_norm is None:
+            sub_norm = bool(type(self.lambda_fn).sub_norm)  # off for token_sigmoid (Diff Transformer V2)
         if sub_norm:
             if not (isinstance(sub_norm_eps, (int, float)) and 0 < sub_norm_eps < float("inf")):
                 raise ValueError(f"sub_norm_eps must be a finite float > 0, got {sub_norm_eps!r}")
@@ -255,10 +257,17 @@ def _flatten_lambda_names(module, state_dict, prefix, local_metadata) -> None:
 
 def _nest_lambda_names(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
                        error_msgs) -> None:
-    """load_state_dict pre-hook: the flat checkpoint names back into ``lambda_fn``."""
+    """load_state_dict pre-hook: the flat checkpoint names back into ``lambda_fn``; a strict load of a state dict
+    with the λ bias of diffattn 0.1.0's ``token_sigmoid`` into a layer without it also says how to load it."""
     for name in _flat_names(module):
         if prefix + name in state_dict:
             state_dict[f"{prefix}lambda_fn.{name}"] = state_dict.pop(prefix + name)
+    proj = getattr(module.lambda_fn, "lambda_proj", None)
+    if strict and isinstance(proj, nn.Linear) and proj.bias is None and f"{prefix}lambda_fn.lambda_proj.bias" in \
+            state_dict:
+        error_msgs.append(f"{prefix}lambda_fn.lambda_proj.bias is the bias of diffattn 0.1.0's token_sigmoid λ, "
+                          f"σ(X W + b); build the layer with lambda_options={{'bias': True}}, or load the state dict "
+                          f"with diffattn.layers.load_layer(..., diffattn_format=0), which does so")
 
 
 def _report_flat_names(module, incompatible_keys) -> None:
@@ -280,7 +289,9 @@ class DiffAttention(_DiffBase):
     **0-based** layer index (DiffCLIP*). ``lambda_form`` names any registered λ form (:mod:`diffattn.lambdas`),
     built with ``lambda_options`` into ``lambda_fn``; the reparam vectors and the gate's ``gate_proj`` keep their
     checkpoint names on this module (``lambda_q1`` …). ``sub_norm=False`` drops the RMSNorm and the (1 − λ_init)
-    scale. ``softcap`` soft-caps the logits (Gemma-2); ``sliding_window`` limits each query to the last keys.
+    scale; the default, None, takes the λ form's (:attr:`~diffattn.lambdas.LambdaForm.sub_norm`): on for every form
+    but ``token_sigmoid``, which follows the Differential Transformer V2 (Ye et al. 2026) without it. ``softcap``
+    soft-caps the logits (Gemma-2); ``sliding_window`` limits each query to the last keys.
     Parameters: standard attention plus 4d λ values and the 2d norm weight.
     """
 
@@ -288,7 +299,7 @@ class DiffAttention(_DiffBase):
                  lambda_form: str = "reparam", lambda_options: dict | None = None, num_kv_heads: int | None = None,
                  qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
-                 sub_norm: bool = True, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
+                 sub_norm: bool | None = None, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
                  softcap: float | None = None, sliding_window: int | None = None):
         super().__init__()
         self._setup(dim, num_heads, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
@@ -318,14 +329,15 @@ class GatedDiffAttention(DiffAttention):
 
     g scales the row of its query token, so it commutes with the product by V and the O(N) backends serve it.
     λ_init fixed at 0.8 was best in the paper (App. B.5); ``"ye"`` gives Algorithm 1's depth schedule.
-    ``gate_bias`` is the gate's ``bias`` option (``lambda_options`` may also set it).
+    ``gate_bias`` is the gate's ``bias`` option (``lambda_options`` may also set it); ``sub_norm`` as in
+    :class:`DiffAttention`.
     """
 
     def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = 0.8,
                  lambda_form: str = "gate", lambda_options: dict | None = None, num_kv_heads: int | None = None,
                  qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
-                 sub_norm: bool = True, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
+                 sub_norm: bool | None = None, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
                  softcap: float | None = None, sliding_window: int | None = None, q_residual: bool = False,
                  gate_bias: bool = True):
         if lambda_form == "gate" and (lambda_options is None or isinstance(lambda_options, dict)):

@@ -54,12 +54,14 @@ class Block(nn.Module):
         x = x + drop_path(attn(norm1(x)));   x = x + drop_path(mlp(norm2(x)))
 
     ``depth`` is the 0-based index of the block (for ``lambda_init="ye"``); ``lambda_form`` names a λ form of
-    :mod:`diffattn.lambdas` (None: the layer's default); ``causal`` makes it a text block;
+    :mod:`diffattn.lambdas` (None: the layer's default); ``sub_norm`` turns the differential layer's per-head
+    sub-norm on or off (None: the λ form's default); ``causal`` makes it a text block;
     ``q_residual`` is the [Q⁺; Q⁻] residual of M-DGSA (2025, §4.3) and needs ``attention="gated"``.
     """
 
     def __init__(self, dim: int, num_heads: int, *, depth: int = 0, attention: str = "standard",
-                 lambda_init: float | str = 0.8, lambda_form: str | None = None, mlp: str = "gelu",
+                 lambda_init: float | str = 0.8, lambda_form: str | None = None, sub_norm: bool | None = None,
+                 mlp: str = "gelu",
                  mlp_ratio: float = 4.0, mlp_dropouts: int = 2, qkv_bias: bool = True, q_residual: bool = False,
                  causal: bool = False, norm_eps: float = 1e-6, drop: float = 0.0, attn_drop: float = 0.0,
                  drop_path: float = 0.0, backend: str = "auto"):
@@ -68,6 +70,8 @@ class Block(nn.Module):
                            attn_drop=attn_drop, proj_drop=drop, backend=backend)
         if lambda_form is not None:  # None: the layer's own λ form (reparam for "diff", the gate for "gated")
             attn_kwargs["lambda_form"] = lambda_form
+        if sub_norm is not None:  # None: the layer's own default (the λ form's for "diff" and "gated")
+            attn_kwargs["sub_norm"] = sub_norm
         if attention == "gated":
             attn_kwargs["q_residual"] = q_residual
         elif q_residual:

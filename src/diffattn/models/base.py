@@ -1,13 +1,18 @@
 """Save and load for every diffattn model, through huggingface_hub's ``PyTorchModelHubMixin``, strictly and atomically.
 
 ``model.save_pretrained(dir)`` writes ``model.safetensors`` and ``config.json`` (the constructor's arguments plus
-``architecture``, the class name, and ``model_name``) into a temporary directory beside ``dir`` and swaps it into
+``architecture``, the class name, ``model_name``, and the format: ``diffattn_format`` and ``diffattn_version``,
+:mod:`diffattn.formats`) into a temporary directory beside ``dir`` and swaps it into
 place with :func:`diffattn.io.atomic_write_dir`: a process killed at any point leaves either the previous checkpoint
 or the new one, never a mix. ``diffattn.models.from_pretrained(dir_or_repo_id)`` reads the class from the config, so
 no model name is needed; ``SomeModel.from_pretrained(dir)`` works too. Both load strictly:
 
 - ``config.json`` must name a diffattn architecture and hold only its constructor's arguments; sizes are checked
   against :data:`diffattn.models.config.SIZE_BOUNDS` before anything is allocated;
+- a config of a newer diffattn format than this code reads is a :class:`~diffattn.formats.FormatVersionError`; one
+  of an older format (no ``diffattn_format``: diffattn 0.1.0) is migrated to the current meaning with a
+  :class:`~diffattn.formats.FormatMigrationWarning` where a saved setting changed meaning, so the model computes
+  what the saved one computed;
 - ``model.safetensors`` must hold exactly the model's tensors with the model's shapes: missing, unexpected and
   mismatched keys are all named in one ``ValueError``, raised before any model is returned. Weights are read with
   safetensors only (no pickle).
@@ -25,6 +30,7 @@ import torch
 import torch.nn as nn
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 
+from ..formats import FORMAT, FORMAT_KEY, VERSION_KEY, migrate, read_format
 from ..io import atomic_write_dir, recover_dir
 
 __all__ = ["DiffattnModel", "from_pretrained", "model_class", "load_state_dict_exact", "check_state_dict",
@@ -33,7 +39,8 @@ __all__ = ["DiffattnModel", "from_pretrained", "model_class", "load_state_dict_e
 
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
-_META_KEYS = ("architecture", "model_name")  # written by save_pretrained beside the constructor's arguments
+# written by save_pretrained beside the constructor's arguments
+_META_KEYS = ("architecture", "model_name", FORMAT_KEY, VERSION_KEY)
 _CLASSES: dict[str, type[DiffattnModel]] = {}
 
 
@@ -91,11 +98,15 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
     def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
                         push_to_hub: bool = False, model_card_kwargs: dict | None = None, **push_to_hub_kwargs):
         """Write ``model.safetensors``, ``config.json`` and a model card to ``save_directory``, atomically: the
-        directory is replaced as a whole (files that this save does not write are not kept)."""
+        directory is replaced as a whole (files that this save does not write are not kept). The config records
+        the diffattn format and version (:mod:`diffattn.formats`)."""
+        from .. import __version__
+
         cfg = dict(self._hub_mixin_config or {}) if config is None else dict(config)
         cfg["architecture"] = type(self).__name__
         if self.model_name is not None:
             cfg["model_name"] = self.model_name
+        cfg[FORMAT_KEY], cfg[VERSION_KEY] = FORMAT, __version__
         with atomic_write_dir(save_directory) as tmp:
             super().save_pretrained(tmp, config=cfg, model_card_kwargs=model_card_kwargs)
         if push_to_hub:
@@ -120,20 +131,25 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download: bool, local_files_only: bool,
                          token, map_location: str = "cpu", strict: bool = True, **model_kwargs):
-        """Build the model from its config (sizes bounded first) and load ``model.safetensors`` strictly."""
+        """Build the model from its config (sizes bounded first; an older format migrated) and load
+        ``model.safetensors`` strictly."""
         if not strict:
             raise ValueError("strict=False: diffattn loads checkpoints strictly; load the state dict yourself "
                              "with model.load_state_dict(..., strict=False) if a partial load is what you want")
         for k in _META_KEYS:
             model_kwargs.pop(k, None)
+        hub = dict(revision=revision, cache_dir=cache_dir, force_download=force_download, token=token,
+                   local_files_only=local_files_only)
         if os.path.isdir(model_id):
-            weights = os.path.join(recover_dir(model_id), WEIGHTS_NAME)
+            directory = recover_dir(model_id)
+            cfg_file, weights = os.path.join(directory, CONFIG_NAME), os.path.join(directory, WEIGHTS_NAME)
         else:
-            weights = hf_hub_download(repo_id=model_id, filename=WEIGHTS_NAME, revision=revision,
-                                      cache_dir=cache_dir, force_download=force_download, token=token,
-                                      local_files_only=local_files_only)
+            cfg_file = hf_hub_download(repo_id=model_id, filename=CONFIG_NAME, **hub)
+            weights = hf_hub_download(repo_id=model_id, filename=WEIGHTS_NAME, **hub)
         what = f"checkpoint {model_id}"
+        source = _read_format(cfg_file)
         sd = _read_weights(weights, what)
+        model_kwargs, sd = migrate("model", model_kwargs, sd, source=source, what=what)
         with torch.device("meta"):  # shapes only: the real tensors come from the file
             probe = cls(**model_kwargs)
         check_state_dict(probe, sd, what)  # raises before any real model exists
@@ -142,9 +158,7 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         return model.to(map_location) if map_location not in (None, "cpu") else model
 
 
-def _read_config(cfg_file: str, cls: type[DiffattnModel] | None = None) -> dict:
-    """The JSON object of ``cfg_file``, checked: an ``architecture`` entry (that of ``cls`` when given) and no entry
-    that is not an argument of that class."""
+def _load_json(cfg_file: str) -> dict:
     try:
         with open(cfg_file, encoding="utf-8") as f:
             cfg = json.load(f)
@@ -153,6 +167,20 @@ def _read_config(cfg_file: str, cls: type[DiffattnModel] | None = None) -> dict:
     if not isinstance(cfg, dict) or "architecture" not in cfg:
         raise ValueError(f"{cfg_file} must be a JSON object with an 'architecture' entry (written by diffattn's "
                          f"save_pretrained), got {type(cfg).__name__}")
+    return cfg
+
+
+def _read_format(cfg_file: str) -> int:
+    """The diffattn format of ``cfg_file`` (0 without an entry); a newer one than this code reads is an error."""
+    return read_format(_load_json(cfg_file), cfg_file)
+
+
+def _read_config(cfg_file: str, cls: type[DiffattnModel] | None = None) -> dict:
+    """The JSON object of ``cfg_file``, checked: a format this code reads (before anything else: a newer format
+    may hold what this code does not know), an ``architecture`` entry (that of ``cls`` when given) and no entry
+    that is not an argument of that class."""
+    cfg = _load_json(cfg_file)
+    read_format(cfg, cfg_file)
     arch = model_class(cfg["architecture"])
     if cls is not None and arch is not cls:
         raise ValueError(f"{cfg_file} holds a {cfg['architecture']} checkpoint, not a {cls.__name__}; load it with "

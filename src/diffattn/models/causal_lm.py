@@ -66,13 +66,15 @@ class LMBlock(nn.Module):
     """
 
     def __init__(self, dim: int, num_heads: int, *, depth: int, attention: str, lambda_init: float | str,
-                 lambda_form: str | None, num_kv_heads: int | None, mlp_hidden: int, qkv_bias: bool, out_bias: bool,
-                 mlp_bias: bool,
+                 lambda_form: str | None, sub_norm: bool | None, num_kv_heads: int | None, mlp_hidden: int,
+                 qkv_bias: bool, out_bias: bool, mlp_bias: bool,
                  norm_eps: float, diff_norm_eps: float, diff_norm_affine: bool, rope_theta: float,
                  drop: float, backend: str):
         super().__init__()
         self.norm1 = RMSNorm(dim, eps=norm_eps)
         form = {} if lambda_form is None else {"lambda_form": lambda_form}  # None: the layer's own λ form
+        if sub_norm is not None:  # None: the layer's own default (the λ form's for "diff" and "gated")
+            form["sub_norm"] = sub_norm
         self.attn = attention_class(attention)(
             dim, num_heads, depth=depth, lambda_init=lambda_init, num_kv_heads=num_kv_heads, qkv_bias=qkv_bias,
             out_bias=out_bias, causal=True, proj_drop=drop, backend=backend, rope="half", rope_theta=rope_theta,
@@ -97,6 +99,8 @@ class CausalLM(DiffattnModel):
         mlp_hidden: SwiGLU width (default :func:`llama_mlp_hidden`).
         attention, lambda_init: the attention switch; ``lambda_init`` a float or ``"ye"`` (0-based layer index).
         lambda_form: a λ form of :mod:`diffattn.lambdas` for the differential layers (None: the layer's own).
+        sub_norm: the per-head sub-norm of the differential layers on or off (None: the layer's own default, the
+            λ form's for "diff" and "gated").
         diff_norm_eps, diff_norm_affine: the per-head sub-norm of differential/gated layers (DiffLlama: eps =
             ``rms_norm_eps``, no weight; Diff Transformer: 1e-5 with a weight).
         tie_embeddings: share ``lm_head.weight`` with ``tok_embed.weight``.
@@ -105,7 +109,8 @@ class CausalLM(DiffattnModel):
 
     def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, num_heads: int = 8, *,
                  num_kv_heads: int | None = None, mlp_hidden: int | None = None, attention: str = "diff",
-                 lambda_init: float | str = "ye", lambda_form: str | None = None, rope_theta: float = 10000.0,
+                 lambda_init: float | str = "ye", lambda_form: str | None = None, sub_norm: bool | None = None,
+                 rope_theta: float = 10000.0,
                  max_seq_len: int = 2048,
                  tie_embeddings: bool = False, norm_eps: float = 1e-5, diff_norm_eps: float = 1e-5,
                  diff_norm_affine: bool = True, qkv_bias: bool = False, out_bias: bool = False,
@@ -123,6 +128,7 @@ class CausalLM(DiffattnModel):
         self.drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([
             LMBlock(dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init, lambda_form=lambda_form,
+                    sub_norm=sub_norm,
                     num_kv_heads=num_kv_heads, mlp_hidden=self.mlp_hidden, qkv_bias=qkv_bias, out_bias=out_bias,
                     mlp_bias=mlp_bias, norm_eps=norm_eps, diff_norm_eps=diff_norm_eps,
                     diff_norm_affine=diff_norm_affine, rope_theta=rope_theta, drop=drop_rate, backend=backend)

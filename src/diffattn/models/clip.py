@@ -64,7 +64,8 @@ class TextTransformer(nn.Module):
                  lambda_init: float | str = 0.8, lambda_form: str | None = None,
                  mlp: str = "quick_gelu", mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, q_residual: bool = False, norm_eps: float = 1e-5,
-                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0, backend: str = "auto"):
+                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0, backend: str = "auto",
+                 sub_norm: bool | None = None):
         super().__init__()
         check_args("TextTransformer", vocab_size=vocab_size, context_length=context_length, embed_dim=embed_dim,
                    depth=depth, num_heads=num_heads, norm_eps=norm_eps, drop_rate=drop_rate,
@@ -77,7 +78,7 @@ class TextTransformer(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(context_length, embed_dim))
         self.blocks = nn.ModuleList([
             Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
-                  lambda_form=lambda_form, mlp=mlp,
+                  lambda_form=lambda_form, sub_norm=sub_norm, mlp=mlp,
                   mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, q_residual=q_residual, causal=True,
                   norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, backend=backend)
             for i in range(depth)])

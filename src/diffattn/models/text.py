@@ -29,7 +29,8 @@ Choices (said, never guessed):
   what reproduces Table 7's differences: ×2 → ×4 adds 4 layers × 1.5·2·256² ≈ 0.8M for Rotten Tomatoes, and
   Transformer − DT×2 = 6 × (8 − 3)·256² ≈ 1.9M for AG News (15.1M − 13.2M).
 - λ_init is 0.8 for DT and DGT (App. B.5: "holding it fixed at 0.8 outperforms"); pass ``lambda_init="ye"``
-  for the depth schedule (0-based layer index).
+  for the depth schedule (0-based layer index). ``lambda_form`` and ``sub_norm`` choose the λ form and the
+  per-head sub-norm of the differential layers (None: each layer's default, as in ``diffattn.models.vit``).
 - Pooling: the paper does not say how its text models pool; we use a learnable CLS token (as its DGViT, and
   BERT) and offer ``pool="mean"`` (masked mean over real tokens). Positions: learned absolute embeddings.
 - Dropout 0.1 (App. B.3) after the embeddings, on the attention output and in the MLP; attention-map dropout
@@ -176,7 +177,7 @@ class TextClassifier(DiffattnModel):
 
     def __init__(self, vocab_size: int = 60000, num_classes: int = 2, max_len: int = 256, embed_dim: int = 256,
                  depth: int = 6, num_heads: int = 8, *, attention: str = "standard",
-                 lambda_init: float | str = 0.8, lambda_form: str | None = None,
+                 lambda_init: float | str = 0.8, lambda_form: str | None = None, sub_norm: bool | None = None,
                  mlp: str = "gelu", mlp_ratio: float = 4.0, mlp_dropouts: int = 2,
                  qkv_bias: bool = True, q_residual: bool = False, pool: str = "cls", drop_rate: float = 0.1,
                  attn_drop_rate: float = 0.0, norm_eps: float = 1e-5, pad_id: int = 0, backend: str = "auto"):
@@ -201,7 +202,7 @@ class TextClassifier(DiffattnModel):
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([
             Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
-                  lambda_form=lambda_form, mlp=mlp,
+                  lambda_form=lambda_form, sub_norm=sub_norm, mlp=mlp,
                   mlp_ratio=mlp_ratio, mlp_dropouts=mlp_dropouts, qkv_bias=qkv_bias, q_residual=q_residual,
                   norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, backend=backend)
             for i in range(depth)])

@@ -34,6 +34,8 @@ Conventions and choices (say them, never guess):
   ``drop_rate`` is also used after the position embedding and the attention output projection.
 - ``lambda_init``: a float (0.8, DiffCLIP and M-DGSA 2025, App. B.5) or ``"ye"``: 0.8 − 0.6·exp(−0.3·l) with l
   the **0-based** block index (block 0 gets 0.2; Ye et al. 2024 §2.1).
+- ``lambda_form`` and ``sub_norm``: the differential layers' λ form (:mod:`diffattn.lambdas`) and their per-head
+  sub-norm (None: each layer's default; the sub-norm is on for every λ form but ``token_sigmoid``).
 
 timm: after ``import diffattn.models`` each vision model is also in timm's registry as ``diffattn_<name>``,
 and under its own name where timm has no model of that name (``diff_vit_*``, ``dg_vit_*``, ``vit_nano``,
@@ -102,7 +104,8 @@ class VisionTransformer(DiffattnModel):
                  mlp_dropouts: int = 2, qkv_bias: bool = True, q_residual: bool = False,
                  class_token: bool = True, global_pool: str = "token", pre_norm: bool = False,
                  patch_bias: bool = True, norm_eps: float = 1e-6, drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, backend: str = "auto"):
+                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, backend: str = "auto",
+                 sub_norm: bool | None = None):
         super().__init__()
         check_args("VisionTransformer", img_size=img_size, patch_size=patch_size, in_chans=in_chans,
                    num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
@@ -127,7 +130,7 @@ class VisionTransformer(DiffattnModel):
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear stochastic-depth rule
         self.blocks = nn.ModuleList([
             Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
-                  lambda_form=lambda_form, mlp=mlp,
+                  lambda_form=lambda_form, sub_norm=sub_norm, mlp=mlp,
                   mlp_ratio=mlp_ratio, mlp_dropouts=mlp_dropouts, qkv_bias=qkv_bias, q_residual=q_residual,
                   norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i],
                   backend=backend)
