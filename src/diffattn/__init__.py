@@ -13,7 +13,7 @@ from .adapters import from_pretrained_retrofit, load_adapter, retrofit, save_ada
 from .data import get_dataset, list_datasets
 from .functional import AttentionWeights, attention, diff_attention
 from .layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, KVCache, SwiGLU, attention_class
-from .models import create_model, from_pretrained, list_models
+from .models import create_model, from_pretrained, list_models, list_pretrained
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,7 @@ __all__ = [
     "from_pretrained_retrofit",
     "create_model",
     "list_models",
+    "list_pretrained",
     "from_pretrained",
     "data",
     "get_dataset",

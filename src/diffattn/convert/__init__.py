@@ -17,9 +17,11 @@ inexpressible; every loader bounds sizes before building anything and loads stri
 
 from .checkpoint import read_checkpoint, read_torchscript, state_dict_of
 from .clip import (
+    clip_image_tower,
     convert_diffclip_state_dict,
     convert_openai_clip_state_dict,
     load_diffclip,
+    load_diffclip_image_tower,
     load_open_clip,
     load_openai_clip,
 )
@@ -61,6 +63,8 @@ __all__ = [
     "convert_diffclip_state_dict",
     "convert_openai_clip_state_dict",
     "load_diffclip",
+    "clip_image_tower",
+    "load_diffclip_image_tower",
     "load_open_clip",
     "load_openai_clip",
     "adjacent_to_halves_perm",
