@@ -14,6 +14,7 @@ from .data import get_dataset, list_datasets
 from .functional import AttentionWeights, attention, diff_attention
 from .layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, KVCache, SwiGLU, attention_class
 from .models import create_model, from_pretrained, list_models, list_pretrained
+from .openclip import create_model_and_transforms, create_model_from_pretrained, get_tokenizer
 
 __version__ = "0.1.0"
 
@@ -41,6 +42,9 @@ __all__ = [
     "list_models",
     "list_pretrained",
     "from_pretrained",
+    "create_model_and_transforms",
+    "create_model_from_pretrained",
+    "get_tokenizer",
     "data",
     "get_dataset",
     "list_datasets",
