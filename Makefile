@@ -13,7 +13,7 @@ CONSTRAINTS ?= constraints/tested.txt
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install data test test-oldest lint demo bench constraints clean
+.PHONY: install data test test-oldest lint demo bench constraints docs clean
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ test-oldest: $(STAMP)
 constraints: $(STAMP)
 	$(PY) scripts/freeze_constraints.py
 
+# The API reference from the docstrings (mkdocs build --strict into site/; the docs extra in its own .venv-docs,
+# without torch or the project's other dependencies).
+docs:
+	PYTHON=$(PYTHON) bash scripts/build_docs.sh
+
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
 
@@ -56,4 +61,4 @@ bench: $(STAMP)
 	$(PY) benchmarks/attention.py --markdown docs/benchmarks.md --json benchmarks/results/attention_cpu.json
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-docs site .pytest_cache .ruff_cache

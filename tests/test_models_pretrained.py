@@ -45,7 +45,8 @@ def test_table_is_consistent():
     assert ("diffclip_vit_b16", "cc12m") in P.PRETRAINED and ("clip_vit_b16", "openai") in P.PRETRAINED
     for (name, tag), e in P.PRETRAINED.items():
         assert is_model(name) and (e.model, e.tag) == (name, tag)
-        assert e.loader in ("diffclip", "openai_clip", "timm_vit") and (e.hf_hub or e.url) and e.source
+        assert e.loader in ("diffclip", "diffclip_image_tower", "openai_clip", "timm_vit") and (e.hf_hub or e.url)
+        assert e.source
         assert e.sha256 is None or re.fullmatch(r"[0-9a-f]{64}", e.sha256)
     openai = P.PRETRAINED[("clip_vit_b16", "openai")]
     assert openai.sha256 == openai.url.split("/")[-2]  # OpenAI publishes the hash in the URL
@@ -153,3 +154,66 @@ def test_load_diffclip_errors_point_to_the_release(tmp_path):
     del sd["image_projection"]
     with pytest.raises(ValueError, match=r"has no 'image_projection'.*official DiffCLIP release"):
         convert.load_diffclip(sd)
+
+
+# ------------------------------------------------------------------------------------ listing (timm / open_clip)
+
+
+def test_list_models_pretrained_lists_every_tag_of_list_pretrained():
+    import diffattn
+    from diffattn.models.registry import model_info
+
+    pairs = diffattn.list_pretrained()
+    assert pairs == list_pretrained() and len(pairs) == len(P.PRETRAINED) == 8
+    assert diffattn.list_models(pretrained=True) == sorted(f"{m}.{t}" for m, t in pairs)
+    assert diffattn.list_pretrained(as_str=True) == [f"{m}:{t}" for m, t in pairs]  # open_clip's as_str
+    assert diffattn.list_models("diff_vit*", pretrained=True) == ["diff_vit_base_patch16_224.diffclip_cc12m",
+                                                                  "diff_vit_base_patch16_224.diffclip_cc3m"]
+    assert diffattn.list_models("*.openai", pretrained=True) == ["clip_vit_b16.openai"]
+    assert diffattn.list_models("diff_vit_nano", pretrained=True) == []
+    assert model_info("diffclip_vit_b16")["pretrained"] == ["cc12m", "cc3m"]
+    assert model_info("diff_vit_nano")["pretrained"] == []
+    assert P.split_model_tag("clip_vit_b16.openai") == ("clip_vit_b16", "openai")
+    assert P.split_model_tag("clip_vit_b16.nope") == ("clip_vit_b16.nope", None)
+    with pytest.raises(TypeError, match="pretrained must be a bool"):
+        diffattn.list_models(pretrained="openai")
+
+
+def test_timm_lists_the_pretrained_tags_of_the_registered_vision_models():
+    timm = pytest.importorskip("timm")
+    import diffattn.models.vit as vit
+
+    want = set()
+    for name, tag in list_pretrained():
+        if name in vit.VIT_CONFIGS:
+            want |= {f"{t}.{tag}" for t in (name, f"diffattn_{name}") if t in vit.TIMM_NAMES}
+    assert len(want) == 7  # diff_vit_base (2 tags, 2 names) and the 3 timm-named ViTs under diffattn_<name>
+    assert set(timm.list_models("diff*", pretrained=True)) == want
+    assert timm.list_models("diff_vit*", pretrained=True) == ["diff_vit_base_patch16_224.diffclip_cc3m",
+                                                              "diff_vit_base_patch16_224.diffclip_cc12m"]
+    cfg = timm.models.get_pretrained_cfg("diff_vit_base_patch16_224.diffclip_cc12m")
+    assert cfg.hf_hub_id == "hammh0a/DiffCLIP_ViTB16_CC12M" and cfg.hf_hub_filename == "checkpoint_best.pt"
+    assert cfg.input_size == (3, 224, 224) and cfg.mean == (0.485, 0.456, 0.406)
+    assert "diff_vit_nano" in timm.list_models("diff_vit_nano") and timm.list_models("diff_vit_nano",
+                                                                                      pretrained=True) == []
+
+
+def test_diffclip_image_tower_tag_through_timm_and_by_name(tmp_path, hub, release):
+    """timm.create_model("<name>.<tag>", pretrained=True) and create_model("<name>.<tag>") load the DiffCLIP
+    release's image tower (toy sizes here) whose head is the image projection: it equals clip.encode_image."""
+    timm = pytest.importorskip("timm")
+    cache = tmp_path / "cache"
+    model = timm.create_model("diff_vit_base_patch16_224.diffclip_cc12m", pretrained=True, cache_dir=cache).eval()
+    assert hub == [("hammh0a/DiffCLIP_ViTB16_CC12M", "checkpoint_best.pt")]
+    assert model.pretrained_tag == "diff_vit_base_patch16_224.diffclip_cc12m"
+    assert model.pretrained_cfg["mean"] == (0.485, 0.456, 0.406)
+    clip = convert.load_diffclip(release).eval()
+    x = torch.randn(2, 3, clip.img_size, clip.img_size)
+    with torch.no_grad():
+        assert (model(x) - clip.encode_image(x)).abs().max().item() <= 1e-5  # addmm vs matmul rounding
+    again = create_model("diff_vit_base_patch16_224.diffclip_cc12m", cache_dir=cache, num_classes=0).eval()
+    assert again.num_classes == 0 and again.model_name == "diff_vit_base_patch16_224"
+    with torch.no_grad():
+        assert torch.equal(again(x), clip.visual(x))
+    with pytest.raises(ValueError, match="names tag 'diffclip_cc12m', but pretrained='diffclip_cc3m'"):
+        create_model("diff_vit_base_patch16_224.diffclip_cc12m", pretrained="diffclip_cc3m")

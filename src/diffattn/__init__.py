@@ -14,7 +14,8 @@ from .data import get_dataset, list_datasets
 from .formats import FormatMigrationWarning
 from .functional import AttentionWeights, attention, diff_attention
 from .layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, KVCache, SwiGLU, attention_class
-from .models import create_model, from_pretrained, list_models
+from .models import create_model, from_pretrained, list_models, list_pretrained
+from .openclip import create_model_and_transforms, create_model_from_pretrained, get_tokenizer
 
 __version__ = "0.1.0"
 
@@ -40,7 +41,11 @@ __all__ = [
     "from_pretrained_retrofit",
     "create_model",
     "list_models",
+    "list_pretrained",
     "from_pretrained",
+    "create_model_and_transforms",
+    "create_model_from_pretrained",
+    "get_tokenizer",
     "data",
     "get_dataset",
     "list_datasets",

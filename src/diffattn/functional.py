@@ -395,9 +395,11 @@ def diff_attention(
     Kalamaras 2025, eq. 3, passes w1 = g, λ = 1 − g).
 
     Args:
-        q1, q2: (B, H, Nq, d) queries of the two branches.
-        k1, k2: (B, Hkv, Nk, d) keys; H must be divisible by Hkv (grouped-query attention: query head i reads
-            key/value head i // (H / Hkv)).
+        q1: (B, H, Nq, d) queries of branch 1.
+        k1: (B, Hkv, Nk, d) keys of branch 1; H must be divisible by Hkv (grouped-query attention: query head i
+            reads key/value head i // (H / Hkv)).
+        q2: (B, H, Nq, d) queries of branch 2.
+        k2: (B, Hkv, Nk, d) keys of branch 2.
         v: (B, Hkv, Nk, dv) values, shared by both branches (dv = 2d in Ye et al.'s layout).
         lambda_: λ, a float or a tensor broadcastable to (B, H, Nq, 1): per layer, per head or per token and head.
         weight1: w1 on A1, same shapes as λ; default 1.

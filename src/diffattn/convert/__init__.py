@@ -5,6 +5,9 @@
 - :mod:`diffattn.convert.timm`: ``timm.layers.DiffAttention`` ↔ ``diffattn.DiffAttention``; timm ViT checkpoints
   → ``VisionTransformer`` (``load_timm_vit``).
 - :mod:`diffattn.convert.clip`: the DiffCLIP release, OpenAI CLIP and open_clip checkpoints → ``CLIP``.
+- :mod:`diffattn.convert.unilm`: the official Diff Transformer V2 module (microsoft/unilm
+  ``multihead_flashdiffv2.py``) ↔ ``DiffAttentionV2`` (``o_proj``/``out_proj``, ``lambda_proj``, interleaved or
+  half RoPE), both ways.
 - :mod:`diffattn.convert.checkpoint`: reading files without executing code (safetensors, ``weights_only`` pickles,
   TorchScript archives such as OpenAI's released CLIP ``.pt`` files).
 
@@ -14,9 +17,11 @@ inexpressible; every loader bounds sizes before building anything and loads stri
 
 from .checkpoint import read_checkpoint, read_torchscript, state_dict_of
 from .clip import (
+    clip_image_tower,
     convert_diffclip_state_dict,
     convert_openai_clip_state_dict,
     load_diffclip,
+    load_diffclip_image_tower,
     load_open_clip,
     load_openai_clip,
 )
@@ -40,6 +45,16 @@ from .timm import (
     timm_to_diffattn_state_dict,
     to_timm_diff_attention,
 )
+from .unilm import (
+    diffattn_to_unilm_v2_state_dict,
+    from_unilm_v2,
+    half_to_interleaved_perm,
+    interleaved_to_half_perm,
+    permute_head_channels,
+    to_unilm_v2_state_dict,
+    unilm_rel_pos,
+    unilm_v2_to_diffattn_state_dict,
+)
 
 __all__ = [
     "read_checkpoint",
@@ -48,6 +63,8 @@ __all__ = [
     "convert_diffclip_state_dict",
     "convert_openai_clip_state_dict",
     "load_diffclip",
+    "clip_image_tower",
+    "load_diffclip_image_tower",
     "load_open_clip",
     "load_openai_clip",
     "adjacent_to_halves_perm",
@@ -66,4 +83,12 @@ __all__ = [
     "to_timm_diff_attention",
     "convert_timm_vit_state_dict",
     "load_timm_vit",
+    "interleaved_to_half_perm",
+    "half_to_interleaved_perm",
+    "permute_head_channels",
+    "unilm_v2_to_diffattn_state_dict",
+    "diffattn_to_unilm_v2_state_dict",
+    "from_unilm_v2",
+    "to_unilm_v2_state_dict",
+    "unilm_rel_pos",
 ]

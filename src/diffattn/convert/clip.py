@@ -30,11 +30,12 @@ import torch.nn as nn
 from ..models.base import load_state_dict_exact
 from ..models.clip import CLIP
 from ..models.registry import create_model
+from ..models.vit import VisionTransformer
 from ._common import StateDict, block_count, heads_of, take, vision_args
 from .checkpoint import source_state_dict
 
 __all__ = ["convert_diffclip_state_dict", "convert_openai_clip_state_dict", "load_diffclip", "load_openai_clip",
-           "load_open_clip"]
+           "load_open_clip", "clip_image_tower", "load_diffclip_image_tower"]
 
 
 #: where to get the DiffCLIP release; every load_diffclip error ends with it
@@ -259,3 +260,37 @@ def _load_openai_format(src, name: str, act: str, overrides: dict) -> CLIP:
     fixed = dict(vision_norm_eps=1e-5, text_norm_eps=1e-5, vision_mlp=act, text_mlp=act,
                  vision_attention="standard", text_attention="standard")
     return _clip_from(sd, name, fixed, overrides, "the CLIP state dict")
+
+
+def clip_image_tower(clip: CLIP, name: str | None = None) -> VisionTransformer:
+    """CLIP's image tower as a stand-alone :class:`VisionTransformer` whose classifier is the image projection
+    (weight Pᵀ, bias 0), so ``tower(images) == clip.encode_image(images)`` (B, embed_dim): timm's convention for
+    CLIP image towers (e.g. timm's ``vit_base_patch16_clip_224.openai``). ``name`` (a registered vision model, e.g.
+    ``diff_vit_base_patch16_224``) is recorded as ``model_name``; the tower keeps its own configuration (norm eps,
+    MLP, λ_init), and ``reset_classifier(n)`` replaces the projection by a new head."""
+    if not isinstance(clip, CLIP):
+        raise ValueError(f"clip must be a diffattn CLIP, got {type(clip).__name__}")
+    cfg = dict(clip.visual._hub_mixin_config)
+    proj = clip.image_projection.detach()  # (width, embed_dim)
+    cfg["num_classes"] = proj.shape[1]
+    tower = VisionTransformer(**cfg).to(device=proj.device, dtype=proj.dtype)
+    sd = {k: v.detach().clone() for k, v in clip.visual.state_dict().items()}
+    sd["head.weight"] = proj.t().clone()
+    sd["head.bias"] = torch.zeros(proj.shape[1], dtype=proj.dtype, device=proj.device)
+    tower.load_state_dict(sd, strict=True)
+    tower.model_name = name or getattr(clip, "model_name", None)
+    return tower.train(clip.training)
+
+
+def load_diffclip_image_tower(src, name: str = "diff_vit_base_patch16_224", **overrides) -> VisionTransformer:
+    """The image tower of the DiffCLIP release (:func:`load_diffclip`) as DiffViT ``name`` with the image projection
+    as its head (:func:`clip_image_tower`): ``create_model("diff_vit_base_patch16_224", pretrained="diffclip_cc12m")``
+    and ``timm.create_model("diff_vit_base_patch16_224.diffclip_cc12m", pretrained=True)``. ``num_classes=n``
+    replaces the projection by a new head of n classes (``num_classes=0``: the pooled features)."""
+    num_classes = overrides.pop("num_classes", None)
+    if overrides:
+        raise ValueError(f"the DiffCLIP image tower takes only num_classes= as an override, got {sorted(overrides)}")
+    tower = clip_image_tower(load_diffclip(src), name)
+    if num_classes is not None:
+        tower.reset_classifier(num_classes)
+    return tower

@@ -92,7 +92,7 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
             docs/data.md says how its split is made. Ignored by the user formats (their files are the split).
         root: the data folder (default ``$DIFFATTN_DATA`` or ``./data``), or the user data's path.
         transform: applied to each image (image sets) or text (text sets).
-        kwargs: passed to the format's reader (e.g. ``img_key=``/``caption_key=`` for CSV).
+        **kwargs: passed to the format's reader (e.g. ``img_key=``/``caption_key=`` for CSV).
 
     Raises:
         DatasetNotInstalledError: a built-in set is not prepared; the message names ``make data``.

@@ -36,15 +36,17 @@ class _AttentionBase(nn.Module):
     """Projections, rotary embedding, KV cache and output path shared by the layers.
 
     q_proj: dim → q_heads·d, k_proj: dim → num_kv_heads·d, v_proj: dim → num_kv_heads·d (viewed as heads of width
-    ``v_head_dim``), out_proj: dim → dim, with d = dim / num_heads.
+    ``v_head_dim``), out_proj: num_heads·d → dim, with d = dim / num_heads unless ``head_dim`` is given.
     """
 
     def _setup(self, dim, num_heads, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
                rope, rope_theta, *, paired: bool, q_heads_per_head: int = 1, v_head_mult: int = 1,
-               softcap: float | None = None, sliding_window: int | None = None) -> None:
+               softcap: float | None = None, sliding_window: int | None = None, head_dim: int | None = None) -> None:
         _check_int("dim", dim)
         _check_int("num_heads", num_heads)
-        if dim % num_heads:
+        if head_dim is not None:
+            _check_int("head_dim", head_dim)
+        elif dim % num_heads:
             raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}")
         if paired and num_heads % 2:
             raise ValueError(f"num_heads is the standard head count and must be even for differential attention "
@@ -69,7 +71,8 @@ class _AttentionBase(nn.Module):
         if not isinstance(causal, bool):
             raise ValueError(f"causal must be a bool, got {causal!r}")
         self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
-        self.head_dim = dim // num_heads
+        self.head_dim = dim // num_heads if head_dim is None else head_dim
+        self.inner_dim = num_heads * self.head_dim  # width of the concatenated heads, out_proj's input
         self.causal, self.backend, self.attn_drop = causal, backend, attn_drop
         self.softcap, self.sliding_window = softcap, sliding_window
         self.scale = self.head_dim**-0.5
@@ -79,7 +82,7 @@ class _AttentionBase(nn.Module):
         self.q_proj = nn.Linear(dim, self.q_heads * self.head_dim, bias=qkv_bias)
         self.k_proj = nn.Linear(dim, num_kv_heads * self.head_dim, bias=qkv_bias)
         self.v_proj = nn.Linear(dim, num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(dim, dim, bias=out_bias)
+        self.out_proj = nn.Linear(self.inner_dim, dim, bias=out_bias)
         self.proj_drop = nn.Dropout(proj_drop)
         self.rotary = RotaryEmbedding(self.head_dim, base=rope_theta, style=rope) if rope is not None else None
 
@@ -142,7 +145,7 @@ class _AttentionBase(nn.Module):
             attn_mask = restrict_mask(attn_mask, sliding_window_mask(N, k.shape[2], self.sliding_window, x.device))
         drop = self.attn_drop if self.training else 0.0
         out, weights = self._attend(x, q, k, v, attn_mask, causal, drop, need_weights)  # (B, heads, N, dv)
-        out = out.transpose(1, 2).reshape(B, N, self.dim)
+        out = out.transpose(1, 2).reshape(B, N, self.inner_dim)
         out = self._output(out, q_lin)
         return (out, weights) if need_weights else out
 
@@ -364,13 +367,17 @@ class GatedDiffAttention(DiffAttention):
 class DiffAttentionV2(_DiffBase):
     """Differential Transformer V2 (Ye et al., microsoft/unilm ``multihead_flashdiffv2.py``).
 
-        Q = x W_Q: 2h heads of width d (d = dim / h),  K = x W_K, V = x W_V: h_kv heads of width d, shared by both
+        Q = x W_Q: 2h heads of width d,  K = x W_K, V = x W_V: h_kv heads of width d, shared by both
         branches;  A_j = softmax(Q_j K_{g(j)}ᵀ / √d) for query head j, g(j) = j // (2h / h_kv)
         O_i = A_{2i} V_{g(2i)} − λ_i(x_t) ⊙ A_{2i+1} V_{g(2i)},   λ_i(x_t) = σ(x_t W_λ)_i   (no bias)
         out = out_proj(concat_i O_i)   (h·d → dim; no sub-norm, no (1 − λ_init) scale)
 
-    The pair (2i, 2i+1) always sits inside one GQA group, so both branches read the same K and V head. Other λ
-    forms may be named with ``lambda_form``; ``sub_norm=True`` adds a per-head RMSNorm of width d.
+    Shapes: x (B, N, dim) → (B, N, dim); q_proj dim → 2h·d, k_proj and v_proj dim → h_kv·d, out_proj h·d → dim,
+    ``lambda_fn.lambda_proj`` dim → h. The head width d is ``head_dim`` (the official module's argument of the same
+    name, which may differ from dim / h), by default dim / h. The pair (2i, 2i+1) always sits inside one GQA group
+    (h must be divisible by h_kv), so both branches read the same K and V head. Other λ forms may be named with
+    ``lambda_form``; ``sub_norm=True`` adds a per-head RMSNorm of width d. :mod:`diffattn.convert.unilm` converts
+    the official module's state dicts (``o_proj``, ``lambda_proj``, interleaved RoPE) both ways.
     """
 
     def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = 0.8,
@@ -378,11 +385,12 @@ class DiffAttentionV2(_DiffBase):
                  num_kv_heads: int | None = None, qkv_bias: bool = True, out_bias: bool = True, causal: bool = False,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None,
                  rope_theta: float = 10000.0, sub_norm: bool = False, sub_norm_eps: float = 1e-5,
-                 sub_norm_affine: bool = True, softcap: float | None = None, sliding_window: int | None = None):
+                 sub_norm_affine: bool = True, softcap: float | None = None, sliding_window: int | None = None,
+                 head_dim: int | None = None):
         super().__init__()
         self._setup(dim, num_heads, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
                     rope, rope_theta, paired=False, q_heads_per_head=2, softcap=softcap,
-                    sliding_window=sliding_window)
+                    sliding_window=sliding_window, head_dim=head_dim)
         self.diff_heads = num_heads
         self._setup_lambda(dim=dim, depth=depth, lambda_init=lambda_init, lambda_form=lambda_form,
                            lambda_options=lambda_options, heads=num_heads, norm_width=self.head_dim,

@@ -153,6 +153,12 @@ def image_transform(img_size: int = 224, train: bool = False, *, mean=IMAGENET_M
 _TOWERS = {"vision": VisionTransformer, "text": TextTransformer}
 
 
+def _one_of(name: str, value, alias: str, other):
+    if value is not None and other is not None:
+        raise ValueError(f"pass {name} or {alias} (open_clip's name), not both")
+    return value if value is not None else other
+
+
 class CLIP(DiffattnModel):
     """Contrastive image–text model with per-tower attention (Hammoud & Ghanem 2025, §3.3).
 
@@ -225,16 +231,38 @@ class CLIP(DiffattnModel):
         """Clamp t to [0, log(max_logit_scale)] in place (SLIP does this after each optimiser step)."""
         self.logit_scale.clamp_(0, math.log(self.max_logit_scale))
 
-    def forward(self, images: torch.Tensor, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    #: open_clip's output convention (``open_clip.CLIP(output_dict=...)``): None (default) gives diffattn's dict
+    #: below; True open_clip's dict, False open_clip's tuple. ``diffattn.create_model_and_transforms`` sets it.
+    output_dict: bool | None = None
+
+    def forward(self, images: torch.Tensor | None = None, tokens: torch.Tensor | None = None, *,
+                image: torch.Tensor | None = None, text: torch.Tensor | None = None):
         """images (B_i, 3, H, W), tokens (B_t, L) → dict with ``image_embed`` (B_i, E) and ``text_embed``
         (B_t, E), both L2-normalised, ``logit_scale`` (exp, clamped), ``logits_per_image`` (B_i, B_t) and
-        ``logits_per_text`` (B_t, B_i). :func:`clip_loss` takes ``logits_per_image``."""
-        u = self.encode_image(images, normalize=True)
-        v = self.encode_text(tokens, normalize=True)
+        ``logits_per_text`` (B_t, B_i). :func:`clip_loss` takes ``logits_per_image``.
+
+        open_clip's calling convention works too: ``image=`` / ``text=`` as keywords, either one alone, and with
+        :attr:`output_dict` True the dict ``{"image_features", "text_features", "logit_scale"}`` (features
+        L2-normalised, None for a missing input; what open_clip's ``ClipLoss`` takes as ``**kwargs``), with False
+        the tuple ``(image_features, text_features, logit_scale)``."""
+        images = _one_of("images", images, "image", image)
+        tokens = _one_of("tokens", tokens, "text", text)
+        if self.output_dict is None:
+            if images is None or tokens is None:
+                raise ValueError("CLIP.forward needs both images and tokens (set model.output_dict = True for "
+                                 "open_clip's convention, which accepts either one alone)")
+            u = self.encode_image(images, normalize=True)
+            v = self.encode_text(tokens, normalize=True)
+            s = self.scale()
+            logits = s * u @ v.t()
+            return {"image_embed": u, "text_embed": v, "logit_scale": s, "logits_per_image": logits,
+                    "logits_per_text": logits.t()}
+        u = self.encode_image(images, normalize=True) if images is not None else None
+        v = self.encode_text(tokens, normalize=True) if tokens is not None else None
         s = self.scale()
-        logits = s * u @ v.t()
-        return {"image_embed": u, "text_embed": v, "logit_scale": s, "logits_per_image": logits,
-                "logits_per_text": logits.t()}
+        if self.output_dict:
+            return {"image_features": u, "text_features": v, "logit_scale": s}
+        return u, v, s
 
     @cached_property
     def tokenizer(self):

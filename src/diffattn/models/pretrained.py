@@ -35,7 +35,7 @@ import torch.nn as nn
 from ..io import atomic_write_file
 
 __all__ = ["PretrainedTag", "PRETRAINED", "HASH_RECORD", "list_pretrained", "pretrained_tag", "pretrained_cache_dir",
-           "file_sha256", "load_pretrained"]
+           "file_sha256", "load_pretrained", "split_model_tag", "timm_default_cfgs"]
 
 HASH_RECORD = "diffattn_pretrained_sha256.json"
 _DIFFCLIP_HOME = ("the DiffCLIP release (Hammoud & Ghanem 2025) lives on the Hugging Face hub at "
@@ -49,7 +49,7 @@ class PretrainedTag:
 
     model: str
     tag: str
-    loader: str  # "diffclip" | "openai_clip" | "timm_vit": the diffattn.convert loader that reads the file
+    loader: str  # "diffclip" | "diffclip_image_tower" | "openai_clip" | "timm_vit": the diffattn.convert loader
     filename: str
     hf_hub: str | None = None
     url: str | None = None
@@ -66,6 +66,7 @@ class PretrainedTag:
 _OPENAI_B16 = "5806e77cd80f8b59890b7e101eabd078d9fb84e6937f9e85e4ecb61988df416f"
 _OPENAI_MEAN, _OPENAI_STD = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
 _HALF = (("mean", (0.5, 0.5, 0.5)), ("std", (0.5, 0.5, 0.5)))
+_IMAGENET_MEAN, _IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)  # DiffCLIP's (SLIP's) normalisation
 
 PRETRAINED: dict[tuple[str, str], PretrainedTag] = {(t.model, t.tag): t for t in (
     # DiffCLIP ViT-B/16 (Hammoud & Ghanem 2025, §4.1), the official release; the hub id and file name are those of
@@ -74,6 +75,14 @@ PRETRAINED: dict[tuple[str, str], PretrainedTag] = {(t.model, t.tag): t for t in
                   hf_hub="hammh0a/DiffCLIP_ViTB16_CC12M", source=_DIFFCLIP_HOME),
     PretrainedTag("diffclip_vit_b16", "cc3m", "diffclip", "checkpoint_best.pt",
                   hf_hub="hammh0a/DiffCLIP_ViTB16_CC3M", source=_DIFFCLIP_HOME),
+    # the DiffCLIP release's image tower as a DiffViT-B/16 whose head is the image projection (timm's convention for
+    # CLIP image towers, like timm's vit_base_patch16_clip_224.openai): the public differential ViT weights
+    PretrainedTag("diff_vit_base_patch16_224", "diffclip_cc12m", "diffclip_image_tower", "checkpoint_best.pt",
+                  hf_hub="hammh0a/DiffCLIP_ViTB16_CC12M", source=_DIFFCLIP_HOME,
+                  data_cfg=(("mean", _IMAGENET_MEAN), ("std", _IMAGENET_STD))),
+    PretrainedTag("diff_vit_base_patch16_224", "diffclip_cc3m", "diffclip_image_tower", "checkpoint_best.pt",
+                  hf_hub="hammh0a/DiffCLIP_ViTB16_CC3M", source=_DIFFCLIP_HOME,
+                  data_cfg=(("mean", _IMAGENET_MEAN), ("std", _IMAGENET_STD))),
     # OpenAI CLIP ViT-B/16 (Radford et al. 2021): open_clip's "openai" tag; the SHA-256 is the URL's path component
     PretrainedTag("clip_vit_b16", "openai", "openai_clip", "ViT-B-16.pt",
                   url=f"https://openaipublic.azureedge.net/clip/models/{_OPENAI_B16}/ViT-B-16.pt", sha256=_OPENAI_B16,
@@ -94,9 +103,58 @@ PRETRAINED: dict[tuple[str, str], PretrainedTag] = {(t.model, t.tag): t for t in
 )}
 
 
-def list_pretrained(name: str | None = None) -> list[tuple[str, str]]:
-    """Sorted ``(model, tag)`` pairs of :data:`PRETRAINED` (those of model ``name`` when given)."""
-    return sorted(k for k in PRETRAINED if name is None or k[0] == name)
+def list_pretrained(name: str | None = None, as_str: bool = False) -> list[tuple[str, str]] | list[str]:
+    """Sorted ``(model, tag)`` pairs of :data:`PRETRAINED` (those of model ``name`` when given), as open_clip's
+    ``list_pretrained()``; ``as_str=True`` gives ``"model:tag"`` strings instead (open_clip's ``as_str``).
+
+    ``create_model(model, pretrained=tag)`` (or ``create_model("model.tag")``) loads each one;
+    ``diffattn.list_models(pretrained=True)`` lists the same checkpoints as ``"model.tag"`` (timm's form)."""
+    if not isinstance(as_str, bool):
+        raise TypeError(f"as_str must be a bool, got {type(as_str).__name__}")
+    pairs = sorted(k for k in PRETRAINED if name is None or k[0] == name)
+    return [f"{m}:{t}" for m, t in pairs] if as_str else pairs
+
+
+def split_model_tag(name: str) -> tuple[str, str | None]:
+    """``"model.tag"`` → ``("model", "tag")`` when ``(model, tag)`` is in :data:`PRETRAINED`, else ``(name, None)``
+    (timm's naming of a pretrained checkpoint, what ``diffattn.list_models(pretrained=True)`` returns)."""
+    base, sep, tag = str(name).partition(".")
+    if sep and (base, tag) in PRETRAINED:
+        return base, tag
+    return name, None
+
+
+def timm_default_cfgs(configs: dict[str, dict]) -> dict[str, object]:
+    """timm's ``default_cfgs`` for diffattn's vision models registered with timm: for each ``name`` of ``configs``
+    (the vision config table) with pretrained tags, one ``timm.models.DefaultCfg`` under ``name`` and under
+    ``diffattn_<name>``, one ``PretrainedCfg`` per tag (hub id or URL, file, input size, mean/std). timm's
+    ``register_model`` reads them, so ``timm.list_models(pattern, pretrained=True)`` and ``timm.list_pretrained()``
+    report the tags, and ``timm.create_model("<name>.<tag>", pretrained=True)`` loads that checkpoint through
+    :func:`load_pretrained`. Empty without timm."""
+    try:
+        from collections import deque
+
+        from timm.models import DefaultCfg, PretrainedCfg
+    except ImportError:  # timm is optional
+        return {}
+    out: dict[str, object] = {}
+    for name, cfg in configs.items():
+        entries = [PRETRAINED[k] for k in list_pretrained(name)]
+        if not entries:
+            continue
+        size, chans = cfg.get("img_size", 224), cfg.get("in_chans", 3)
+        cfgs = {}
+        for e in entries:
+            data = dict(e.data_cfg)
+            cfgs[e.tag] = PretrainedCfg(
+                url=e.url or "", hf_hub_id=e.hf_hub, hf_hub_filename=e.filename, input_size=(chans, size, size),
+                interpolation="bicubic", crop_pct=0.9 if size >= 224 else 1.0,
+                mean=tuple(data.get("mean", (0.485, 0.456, 0.406))), std=tuple(data.get("std", (0.229, 0.224, 0.225))),
+                num_classes=cfg.get("num_classes", 1000), first_conv="patch_embed.proj", classifier="head",
+                description=f"diffattn pretrained tag {e.key}: {e.source}")
+        default = DefaultCfg(tags=deque(e.tag for e in entries), cfgs=cfgs)
+        out[name] = out[f"diffattn_{name}"] = default
+    return out
 
 
 def pretrained_tag(name: str, tag: str) -> PretrainedTag:
@@ -222,8 +280,8 @@ def load_pretrained(name: str, pretrained: str | os.PathLike, overrides: dict,
         entry = pretrained_tag(name, str(pretrained))
         path = _fetch(entry, cache)
     _verify(path, entry, cache)
-    loader = {"diffclip": convert.load_diffclip, "openai_clip": convert.load_openai_clip,
-              "timm_vit": convert.load_timm_vit}[entry.loader]
+    loader = {"diffclip": convert.load_diffclip, "diffclip_image_tower": convert.load_diffclip_image_tower,
+              "openai_clip": convert.load_openai_clip, "timm_vit": convert.load_timm_vit}[entry.loader]
     model = loader(str(path), name=name, **overrides)
     from .vit import VisionTransformer
 

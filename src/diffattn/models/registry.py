@@ -135,8 +135,9 @@ def model_config(name: str) -> dict:
 
 
 def model_info(name: str) -> dict:
-    """One row describing model ``name``: its family (class and description), the attention of each tower and its
-    parameter count, counted on the meta device (nothing is allocated)."""
+    """One row describing model ``name``: its family (class and description), the attention of each tower, its
+    parameter count, counted on the meta device (nothing is allocated), and its pretrained tags (``pretrained``,
+    a list, empty for most models; :func:`diffattn.models.list_pretrained`)."""
     import torch
 
     cfg = model_config(name)
@@ -147,8 +148,11 @@ def model_info(name: str) -> dict:
         attention = {t: cfg.get(t, {}).get("attention", "standard") for t in family.towers}
     else:
         attention = cfg.get("attention", "standard")
+    from .pretrained import list_pretrained
+
     return {"name": name, "family": family.cls.__name__, "description": family.description,
-            "attention": attention, "params": params, "module": family.module}
+            "attention": attention, "params": params, "module": family.module,
+            "pretrained": [t for _, t in list_pretrained(name)]}
 
 
 def is_model(name: str) -> bool:
@@ -168,10 +172,21 @@ def model_builder(name: str) -> Callable[..., nn.Module]:
 def create_model(name: str, **overrides) -> nn.Module:
     """Build the registered model ``name``; keyword ``overrides`` replace entries of its config.
 
+    ``pretrained=TAG`` loads a public checkpoint (:func:`diffattn.models.list_pretrained`); ``"<name>.<tag>"`` as
+    the name does the same (the names ``list_models(pretrained=True)`` returns).
+
     ``features_only=True`` (vision transformers) returns timm's feature extractor instead
     (:func:`diffattn.models.vit.feature_extractor`; ``out_indices``, ``output_fmt``, ``feature_cfg``)."""
+    from .pretrained import split_model_tag
     from .vit import FEATURE_KWARGS, feature_extractor
 
+    if not is_model(name):  # "model.tag" (timm's naming, list_models(pretrained=True)): pretrained=tag
+        name, tag = split_model_tag(name)
+        if tag is not None:
+            if overrides.get("pretrained") not in (None, False, True, tag):
+                raise ValueError(f"model name {name}.{tag} names tag {tag!r}, but "
+                                 f"pretrained={overrides['pretrained']!r}")
+            overrides["pretrained"] = tag
     features_only = overrides.pop("features_only", False)
     features = {k: overrides.pop(k) for k in FEATURE_KWARGS if k in overrides}
     if features and not features_only:
@@ -184,9 +199,20 @@ def create_model(name: str, **overrides) -> nn.Module:
     return model
 
 
-def list_models(pattern: str = "*") -> list[str]:
-    """Sorted registered names matching the shell-style ``pattern``."""
+def list_models(pattern: str = "*", pretrained: bool = False) -> list[str]:
+    """Sorted registered names matching the shell-style ``pattern``.
+
+    ``pretrained=True`` lists the public checkpoints instead, as timm's ``list_models(pretrained=True)``: one
+    ``"<name>.<tag>"`` per pair of :func:`diffattn.models.list_pretrained` whose name (or full ``name.tag``) matches
+    ``pattern``; each one is a valid name for :func:`create_model`."""
+    if not isinstance(pretrained, bool):
+        raise TypeError(f"pretrained must be a bool, got {type(pretrained).__name__}")
     _ensure_loaded()
+    if pretrained:
+        from .pretrained import list_pretrained
+
+        return sorted(f"{m}.{t}" for m, t in list_pretrained()
+                      if fnmatch.fnmatchcase(m, pattern) or fnmatch.fnmatchcase(f"{m}.{t}", pattern))
     return sorted(fnmatch.filter(_BUILDERS, pattern))
 
 

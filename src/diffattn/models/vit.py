@@ -382,7 +382,13 @@ def feature_extractor(model: VisionTransformer, out_indices: int | Sequence[int]
 def _timm_entry(name: str, timm_name: str):
     """The timm entry point that builds diffattn's ``name`` (``features_only=True``: :func:`feature_extractor`)."""
 
-    def entry(pretrained: bool = False, **kwargs) -> nn.Module:
+    def entry(pretrained: bool = False, pretrained_cfg=None, **kwargs) -> nn.Module:
+        if pretrained is True:  # timm names the tag in pretrained_cfg ("name.tag"), else the default (first) tag
+            from .pretrained import list_pretrained
+
+            tag = pretrained_cfg if isinstance(pretrained_cfg, str) else getattr(pretrained_cfg, "tag", None)
+            tags = [t for _, t in list_pretrained(name)]
+            pretrained = tag or (tags[0] if tags else True)  # no tags: create_model explains pretrained=True
         return create_model(name, pretrained=pretrained, **kwargs)
 
     entry.__name__ = entry.__qualname__ = timm_name
@@ -398,6 +404,10 @@ def _register_timm() -> list[str]:
         from timm.models import register_model as timm_register
     except ImportError:  # timm is optional
         return []
+    from .pretrained import timm_default_cfgs
+
+    global default_cfgs  # timm's register_model reads the module's default_cfgs: the pretrained tags
+    default_cfgs = timm_default_cfgs(VIT_CONFIGS)
     done, exported = [], list(__all__)
     for name in VIT_CONFIGS:
         for timm_name in (f"diffattn_{name}", name):
@@ -408,4 +418,5 @@ def _register_timm() -> list[str]:
     return done
 
 
+default_cfgs: dict = {}  # timm's pretrained configs of the names registered below (filled by _register_timm)
 TIMM_NAMES = _register_timm()
