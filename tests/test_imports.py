@@ -45,7 +45,8 @@ def _run(code: str) -> dict:
 
 
 def _top_level_modules(code: str) -> set[str]:
-    return set(_run(textwrap.dedent(code) + "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"))
+    tail = "\nimport json, sys\nprint(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))"
+    return set(_run(textwrap.dedent(code) + tail))
 
 
 def test_import_diffattn_imports_no_torch_and_no_optional_library():
@@ -55,15 +56,19 @@ def test_import_diffattn_imports_no_torch_and_no_optional_library():
 
 
 def test_import_diffattn_touches_no_other_library():
-    """No logger of transformers is created (nor a filter put on it), nothing is registered with timm: what
-    ``import diffattn`` leaves behind is one finder on sys.meta_path, waiting for timm and transformers."""
+    """No environment variable is set, no logger of transformers is created (nor a filter put on it), nothing is
+    registered with timm: what ``import diffattn`` leaves behind is one finder on sys.meta_path, waiting for timm
+    and transformers."""
     out = _run("""
-        import json, logging, sys
+        import json, logging, os, sys
+        env = dict(os.environ)
         import diffattn
-        print(json.dumps({"loggers": sorted(n for n in logging.Logger.manager.loggerDict if "transformers" in n),
+        print(json.dumps({"env_changed": sorted(set(os.environ.items()) ^ set(env.items())),
+                          "loggers": sorted(n for n in logging.Logger.manager.loggerDict if "transformers" in n),
                           "finders": [type(f).__name__ for f in sys.meta_path],
                           "pending": diffattn._hooks.pending()}))
     """)
+    assert out["env_changed"] == []
     assert out["loggers"] == []
     assert out["finders"].count("_PostImportFinder") == 1
     assert out["pending"] == ["timm", "transformers.modeling_utils"]
