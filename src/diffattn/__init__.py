@@ -5,19 +5,39 @@ attention noise (Ye et al. 2024). This package has every variant of the seed pap
 memory backends and a fused Triton kernel, retrofits of pretrained Hugging Face, timm and open_clip models, and
 models (DiffCLIP, DiffViT/DGViT, text classifiers, causal LMs). See README.md.
 
-Importing ``diffattn`` registers its vision models with timm (``timm.create_model("diff_vit_tiny_patch16_224")``).
+``import diffattn`` is light: it imports neither torch nor any optional library (transformers, timm, open_clip, …);
+each name below is imported on first use (PEP 562), so ``diffattn --version`` answers at once. Once timm is imported
+too, in either order, diffattn's vision models are registered with it (``timm.create_model("diff_vit_nano")``;
+explicitly: :func:`register_timm`); once transformers loads its models, a retrofitted checkpoint loaded into a plain
+model raises :class:`~diffattn.adapters.RetrofitCheckpointWarning` (:mod:`diffattn._hooks`).
 """
 
-from . import convert, functional, lambdas, layers, models
-from .adapters import from_pretrained_retrofit, load_adapter, retrofit, save_adapter
-from .data import get_dataset, list_datasets
-from .formats import FormatMigrationWarning
-from .functional import AttentionWeights, attention, diff_attention
-from .layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, KVCache, SwiGLU, attention_class
-from .models import create_model, from_pretrained, list_models, list_pretrained
-from .openclip import create_model_and_transforms, create_model_from_pretrained, get_tokenizer
+from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib
+from typing import TYPE_CHECKING
+
+from . import _hooks
+
+if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
+    from . import convert, data, functional, lambdas, layers, models
+    from .adapters import from_pretrained_retrofit, load_adapter, retrofit, save_adapter
+    from .data import get_dataset, list_datasets
+    from .formats import FormatMigrationWarning
+    from .functional import AttentionWeights, attention, diff_attention
+    from .layers import (
+        Attention,
+        DiffAttention,
+        DiffAttentionV2,
+        GatedDiffAttention,
+        KVCache,
+        SwiGLU,
+        attention_class,
+    )
+    from .models import create_model, from_pretrained, list_models, list_pretrained, register_timm
+    from .openclip import create_model_and_transforms, create_model_from_pretrained, get_tokenizer
+
+__version__ = "0.1.0"  # a literal: `diffattn --version` reads it without importing torch
 
 __all__ = [
     "functional",
@@ -50,5 +70,53 @@ __all__ = [
     "get_dataset",
     "list_datasets",
     "FormatMigrationWarning",
+    "register_timm",
     "__version__",
 ]
+
+#: the library's subpackages, imported on first access (``diffattn.layers``) or by ``import diffattn.layers``
+_SUBMODULES = ("adapters", "convert", "data", "formats", "functional", "io", "lambdas", "layers", "losses", "models",
+               "openclip")
+#: public name -> the subpackage that defines it
+_LAZY = {
+    **dict.fromkeys(("AttentionWeights", "attention", "diff_attention"), "functional"),
+    **dict.fromkeys(("Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "KVCache", "SwiGLU",
+                     "attention_class"), "layers"),
+    **dict.fromkeys(("retrofit", "save_adapter", "load_adapter", "from_pretrained_retrofit"), "adapters"),
+    **dict.fromkeys(("create_model", "list_models", "list_pretrained", "from_pretrained", "register_timm"), "models"),
+    **dict.fromkeys(("create_model_and_transforms", "create_model_from_pretrained", "get_tokenizer"), "openclip"),
+    "FormatMigrationWarning": "formats",
+    **dict.fromkeys(("get_dataset", "list_datasets"), "data"),
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
+
+
+def _register_timm_models(timm) -> None:
+    from .models.vit import register_timm
+
+    register_timm()
+
+
+def _install_load_warning(modeling_utils) -> None:
+    from .adapters.hf import install_load_warning
+
+    install_load_warning()
+
+
+# Not at import: timm and transformers stay unimported until the user imports them (diffattn._hooks).
+_hooks.when_imported("timm", _register_timm_models)
+_hooks.when_imported("transformers.modeling_utils", _install_load_warning)

@@ -22,12 +22,25 @@ import json
 import math
 import os
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
+if TYPE_CHECKING:
+    from .studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
 
 __all__ = ["main", "demo", "study", "load_study", "build_parser", "DEMO_VARIANTS", "DEMO_DATASETS", "DEMO_ROWS",
            "demo_pairs", "demo_table"]
+
+#: defined in diffattn.studies.diffclip (torch, the training code), imported on first use so that importing this
+#: module (what the ``diffattn`` script does first) stays light and ``diffattn --version`` answers at once
+_FROM_DEMO = ("DEMO_DATASETS", "DEMO_ROWS", "DEMO_VARIANTS", "demo", "demo_pairs", "demo_table")
+
+
+def __getattr__(name: str):
+    if name in _FROM_DEMO:
+        from .studies import diffclip
+
+        return getattr(diffclip, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def load_study(config: str | os.PathLike) -> dict[str, Any]:
@@ -73,6 +86,7 @@ def bounded(kind: type, minimum: float | None = None, *, strict: bool = False):
 
 def _demo_command(args: argparse.Namespace) -> int:
     from .data._common import DatasetNotInstalledError
+    from .studies.diffclip import demo
 
     try:
         res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
@@ -133,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
 
     from . import __version__
+    from .studies.diffclip import DEMO_VARIANTS
 
     p = argparse.ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
     p.add_argument("--version", action="version", version=f"diffattn {__version__}")
@@ -165,6 +180,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["--version"]:  # before the parser imports torch
+        from . import __version__
+
+        print(f"diffattn {__version__}")
+        raise SystemExit(0)  # as argparse's version action
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

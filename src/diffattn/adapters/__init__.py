@@ -19,7 +19,7 @@ Layout: :mod:`.methods` (the math, :class:`RetrofitAdapter`), :mod:`.binding` (t
 from .binding import Binding, Candidate
 from .config import TRAIN_MODES, RetrofitConfig
 from .core import count_parameters, lambda_summary, plan_retrofit, retrofit, retrofit_config, supported_families
-from .hf import RetrofitCheckpointWarning, from_pretrained_retrofit, install_load_warning
+from .hf import RetrofitCheckpointWarning, from_pretrained_retrofit
 from .methods import METHODS, SEED001_METHODS, SEED002_METHODS, RetrofitAdapter, branch_maps
 from .saving import load_adapter, read_adapter, save_adapter
 from .schedule import adapters, attach_to_optimizer, lambda_logs, step
@@ -52,7 +52,7 @@ __all__ = [
     "branch_maps",
 ]
 
-install_load_warning()  # a retrofitted checkpoint loaded into a plain transformers model warns
+# install_load_warning() runs once transformers loads its models (diffattn/__init__.py): not at import
 
 
 def __getattr__(name: str):

@@ -83,7 +83,7 @@ def _caller_level() -> int:
 
 def install_load_warning() -> None:
     """Attach the filter that warns when a retrofitted checkpoint is loaded into a plain model (idempotent; done
-    when :mod:`diffattn.adapters` is imported)."""
+    by ``import diffattn`` once ``transformers.modeling_utils`` is imported, in either order)."""
     for name in _LOAD_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DroppedAdapterFilter) for f in logger.filters):

@@ -14,14 +14,15 @@ from .pretrained import PRETRAINED, list_pretrained
 from .registry import create_model, is_model, list_models, model_config, register_model
 from .summary import ModelSummary, parameter_count, summary
 from .text import TEXT_CONFIGS, TextClassifier, Vocabulary
-from .vit import VIT_CONFIGS, VisionTransformer  # importing it registers the vision models with timm
+from .vit import VIT_CONFIGS, VisionTransformer, register_timm
 
 __all__ = ["DiffattnModel", "from_pretrained", "PRETRAINED", "list_pretrained",
            "create_model", "is_model", "list_models", "model_config",
            "register_model", "CausalLM", "TextClassifier", "Vocabulary", "CLIP", "TextTransformer", "clip_loss",
            "image_transform", "VisionTransformer", "ModelSummary", "parameter_count", "summary", "VIT_CONFIGS",
            "CLIP_CONFIGS", "TEXT_CONFIGS", "LM_CONFIGS", "load_diffclip", "load_open_clip", "load_openai_clip",
-           "load_timm_vit", "read_checkpoint", "from_diffllama", "to_diffllama", "to_diffllama_state_dict"]
+           "load_timm_vit", "read_checkpoint", "from_diffllama", "to_diffllama", "to_diffllama_state_dict",
+           "register_timm"]
 
 # Defined in diffattn.convert, which imports the model classes above; resolved on first use so that importing
 # diffattn.models never needs diffattn.convert (no import cycle).

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = ["ModelSummary", "summary", "parameter_count"]
 
@@ -70,6 +69,8 @@ def summary(model: nn.Module, inputs: torch.Tensor | tuple | None = None) -> Mod
     params, trainable = parameter_count(model), parameter_count(model, trainable_only=True)
     if inputs is None:
         return ModelSummary(params, trainable)
+    from torch.utils.flop_counter import FlopCounterMode  # here: it imports triton (0.3 s) where installed
+
     args = _as_args(inputs)
     batch = args[0].shape[0] if args[0].dim() else 1
     with torch.no_grad(), sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:

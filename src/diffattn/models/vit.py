@@ -37,9 +37,10 @@ Conventions and choices (say them, never guess):
 - ``lambda_form`` and ``sub_norm``: the differential layers' λ form (:mod:`diffattn.lambdas`) and their per-head
   sub-norm (None: each layer's default; the sub-norm is on for every λ form but ``token_sigmoid``).
 
-timm: after ``import diffattn.models`` each vision model is also in timm's registry as ``diffattn_<name>``,
-and under its own name where timm has no model of that name (``diff_vit_*``, ``dg_vit_*``, ``vit_nano``,
-``vit_cifar``; timm's own ``vit_*_patch16_224`` are never overridden).
+timm: :func:`register_timm` puts each vision model in timm's registry as ``diffattn_<name>``, and under its own name
+where timm has no model of that name (``diff_vit_*``, ``dg_vit_*``, ``vit_nano``, ``vit_cifar``; timm's own
+``vit_*_patch16_224`` are never overridden). ``import diffattn`` calls it once timm is imported, in either order,
+without importing timm itself.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from .config import check_args, check_choice, check_size, is_int
 from .registry import ModelFamily, create_model, register_family
 
 __all__ = ["VisionTransformer", "VIT_CONFIGS", "TIMM_NAMES", "IMAGENET_MEAN", "IMAGENET_STD", "take_indices",
-           "feature_extractor", "FEATURE_KWARGS"]
+           "feature_extractor", "FEATURE_KWARGS", "register_timm"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -397,26 +398,29 @@ def _timm_entry(name: str, timm_name: str):
     return entry
 
 
-def _register_timm() -> list[str]:
-    """Register each vision model with timm as ``diffattn_<name>`` and, where timm lacks it, as ``<name>``."""
-    try:
-        import timm
-        from timm.models import register_model as timm_register
-    except ImportError:  # timm is optional
-        return []
+#: the names :func:`register_timm` has put in timm's registry (empty until timm is imported)
+TIMM_NAMES: list[str] = []
+#: timm's pretrained configs of the registered names: timm's ``register_model`` reads a module's ``default_cfgs``
+#: for the pretrained tags (filled by :func:`register_timm`)
+default_cfgs: dict = {}
+
+
+def register_timm() -> list[str]:
+    """Register each vision model with timm as ``diffattn_<name>`` and, where timm lacks it, as ``<name>``, so that
+    ``timm.create_model("diff_vit_nano")`` builds diffattn's model and ``timm.list_models(pretrained=True)`` lists
+    its public checkpoints. Idempotent; returns :data:`TIMM_NAMES`. Imports timm (``ImportError`` without it);
+    ``import diffattn`` calls this by itself once timm is imported."""
+    import timm
+    from timm.models import register_model as timm_register
+
     from .pretrained import timm_default_cfgs
 
-    global default_cfgs  # timm's register_model reads the module's default_cfgs: the pretrained tags
-    default_cfgs = timm_default_cfgs(VIT_CONFIGS)
-    done, exported = [], list(__all__)
+    default_cfgs.update(timm_default_cfgs(VIT_CONFIGS))
+    exported = list(__all__)
     for name in VIT_CONFIGS:
         for timm_name in (f"diffattn_{name}", name):
             if not timm.is_model(timm_name):  # timm's own vit_*_patch16_224 are never overridden
                 timm_register(_timm_entry(name, timm_name))
-                done.append(timm_name)
+                TIMM_NAMES.append(timm_name)
     __all__[:] = exported  # timm's register_model appends each name to the module's __all__; they are not globals
-    return done
-
-
-default_cfgs: dict = {}  # timm's pretrained configs of the names registered below (filled by _register_timm)
-TIMM_NAMES = _register_timm()
+    return TIMM_NAMES
