@@ -374,15 +374,15 @@ def _tiles(d: int, dv: int, dtype: torch.dtype) -> tuple[_Tiles, _Tiles, _Tiles]
 
     A program keeps two fp32 accumulators of width dv (forward: 2·BLOCK_M·dv values; dK/dV: BLOCK_N·(2d +
     dv)), so the register file, not the matmul shape, sets the tile size: the forward at d = 64, dv = 128
-    holds as many accumulator values as FlashAttention-2 at head width 256. No GPU was at hand to time
-    configurations, so the table below was chosen by compiling every kernel for sm_90 (bf16) and keeping, per
-    shape, the largest tiles for which ptxas reports no register spills (8 warps, 2 pipeline stages; at d =
-    128, dv = 256 a few bytes spill even at the smallest sensible tiles). Shared memory stays under 100 KiB
-    per program, well within an H100's 227 KiB. float32 inputs (tiles twice the bytes, 3×TF32 matmuls) use
-    32×32 tiles and one stage (at most 196 KiB of shared memory): a correctness path, not a fast one. In the
-    interpreter, 16×16 tiles: its speed is set by the number of numpy calls, and small tiles exercise multi-
-    tile loops, diagonal causal tiles and ragged edges on tiny test shapes. Autotuning on a GPU is the obvious
-    next step.
+    holds as many accumulator values as FlashAttention-2 at head width 256. The shapes d × dv = 64 × 128,
+    128 × 256, 32 × 64 and 64 × 64 were chosen by measurement: ``benchmarks/kernel.py --tune`` timed each kernel's
+    candidates on an NVIDIA H200 (bf16, N = 4096, non-causal; docs/benchmarks.md gives the run) and the fastest
+    are below. The backward kernels ran fastest with 4 warps and small tiles, against the 8 warps that
+    ptxas' spill reports had suggested. Other shapes keep the largest tiles for which ptxas reported no register
+    spills for sm_90 (8 warps, 2 stages). float32 inputs (tiles twice the bytes, 3×TF32 matmuls) use 32×32 tiles
+    and one stage: a correctness path, not a fast one. In the interpreter, 16×16 tiles: its speed is set by the
+    number of numpy calls, and small tiles exercise multi-tile loops, diagonal causal tiles and ragged edges on
+    tiny test shapes.
     """
     if _interpreting():
         t = _Tiles(16, 16, 1, 1)
@@ -392,13 +392,22 @@ def _tiles(d: int, dv: int, dtype: torch.dtype) -> tuple[_Tiles, _Tiles, _Tiles]
     if dtype == torch.float32:
         t = _Tiles(32, 32, 4, 1)
         return t, t, t
+    if (d, dv) in _MEASURED_TILES:
+        return _MEASURED_TILES[(d, dv)]
     if dv <= 64:  # d ≤ 64
         return _Tiles(128, 64, 8, 2), _Tiles(32, 64, 8, 2), _Tiles(128, 32, 8, 2)
-    if d <= 64:  # d = 64, dv = 128: Ye et al.'s layout at head width 64
+    if d <= 64:  # d ≤ 64, dv = 2d
         return _Tiles(128, 64, 8, 2), _Tiles(64, 32, 8, 2), _Tiles(128, 32, 8, 2)
     if dv <= 128:  # d = dv = 128
         return _Tiles(64, 64, 8, 2), _Tiles(64, 32, 8, 2), _Tiles(64, 32, 8, 2)
     return _Tiles(64, 32, 8, 2), _Tiles(32, 32, 8, 2), _Tiles(64, 32, 8, 2)  # d = 128, dv = 256
+
+
+#: (d, dv) → (forward, dK/dV, dQ) tiles chosen by timing on an NVIDIA H200 (``benchmarks/kernel.py --tune``)
+_MEASURED_TILES: dict[tuple[int, int], tuple[_Tiles, _Tiles, _Tiles]] = {
+    (64, 128): (_Tiles(128, 64, 8, 3), _Tiles(32, 64, 4, 2), _Tiles(64, 64, 4, 2)),
+    (128, 256): (_Tiles(64, 64, 8, 2), _Tiles(32, 32, 4, 2), _Tiles(128, 32, 8, 2)),
+}
 
 
 #: (d, dv) → (forward, dK/dV, dQ) tiles for fp16/bf16 that replace the table above; set by :func:`override_tiles`
