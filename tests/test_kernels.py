@@ -478,6 +478,23 @@ def test_auto_backend_runs_the_kernel_on_cuda(monkeypatch):
 
 @pytest.mark.gpu
 @needs_cuda
+def test_auto_backend_leaves_wide_values_at_long_lengths_to_sdpa(monkeypatch):
+    """At value width 256 the fused kernel is slower than the sdpa backend from 2048 keys on (measured), so
+    ``auto`` takes the kernel below that length and sdpa from it."""
+    from diffattn.functional import diff_attention
+
+    calls = []
+    real = triton_diff._fwd_impl
+    monkeypatch.setattr(triton_diff, "_fwd_impl", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for n, kernel in ((1024, True), (2048, False)):
+        calls.clear()
+        qkv = [t.detach() for t in make_inputs(B=1, H=2, Nq=n, d=128, dtype=torch.bfloat16)]
+        diff_attention(*qkv, 0.8)
+        assert bool(calls) == kernel, n
+
+
+@pytest.mark.gpu
+@needs_cuda
 def test_layer_compiles_with_inductor_on_cuda():
     """A DiffAttention layer under torch.compile(fullgraph=True) with the default (inductor) backend and bf16
     autocast: one graph, the fused kernel inside it, output and input gradient as in eager within bf16 rounding."""
