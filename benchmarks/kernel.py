@@ -55,17 +55,28 @@ LAMBDA = 0.8
 #: the fused kernel's (module docstring)
 FLOPS_PER_HEAD = {"standard": (4.0, 14.0), "diff": (6.0, 16.0)}
 
-#: tile candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel and (d, dv); the first is the default table
+#: tile candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) per (d, dv) and kernel; the first of each list is the
+#: library's table (src/diffattn/kernels/triton_diff.py, _tiles), the others its neighbours
 CANDIDATES = {
     (64, 128): {
-        "fwd": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 8, 2), (64, 128, 8, 2)],
-        "dkdv": [(64, 32, 8, 2), (32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 2), (32, 64, 4, 2), (64, 64, 4, 3)],
-        "dq": [(128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (64, 64, 8, 3)],
+        "fwd": [(128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3)],
+        "dkdv": [(32, 64, 4, 2), (32, 128, 4, 2), (16, 64, 4, 2), (32, 64, 4, 3), (64, 64, 4, 2), (32, 32, 4, 2)],
+        "dq": [(64, 64, 4, 2), (64, 32, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 4, 2), (128, 64, 8, 2)],
     },
     (128, 256): {
-        "fwd": [(64, 64, 8, 2), (64, 32, 8, 2), (64, 32, 4, 2), (128, 32, 8, 2), (32, 64, 4, 2), (64, 64, 8, 1)],
-        "dkdv": [(32, 32, 8, 2), (64, 32, 8, 2), (32, 64, 8, 2), (16, 64, 4, 2), (32, 32, 4, 2)],
-        "dq": [(64, 32, 8, 2), (64, 64, 8, 2), (32, 64, 4, 2), (128, 32, 8, 2), (32, 32, 4, 2)],
+        "fwd": [(64, 64, 8, 2), (64, 64, 8, 3), (64, 32, 8, 2), (128, 64, 8, 2), (64, 128, 8, 2), (32, 64, 4, 2)],
+        "dkdv": [(32, 32, 4, 2), (32, 64, 4, 2), (16, 32, 4, 2), (16, 64, 4, 2), (32, 32, 4, 3), (64, 32, 4, 2)],
+        "dq": [(128, 32, 8, 2), (128, 64, 8, 2), (64, 64, 8, 2), (128, 32, 8, 3), (64, 32, 4, 2), (128, 32, 4, 2)],
+    },
+    (32, 64): {
+        "fwd": [(128, 64, 8, 2), (128, 64, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
+        "dkdv": [(32, 64, 8, 2), (32, 64, 4, 2), (32, 128, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2)],
+        "dq": [(128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 64, 4, 2)],
+    },
+    (64, 64): {
+        "fwd": [(128, 64, 8, 2), (128, 64, 4, 2), (128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 2)],
+        "dkdv": [(32, 64, 8, 2), (32, 64, 4, 2), (32, 128, 4, 2), (64, 64, 4, 2), (64, 128, 8, 2)],
+        "dq": [(128, 32, 8, 2), (64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 2), (128, 64, 4, 2)],
     },
 }
 
@@ -182,7 +193,7 @@ def bench_one(method: str, batch: int, seqlen: int, dim: int, width: int, dtype:
 # ------------------------------------------------------------------------------------------------ tile tuning
 
 
-def _kernel_inputs(batch, seqlen, width, heads, dtype, causal, dev="cuda"):
+def _kernel_inputs(batch, seqlen, width, heads, dtype, causal, dev="cuda", dv=None):
     """Inputs of the kernels at the benchmark's layout, with the saved forward state for the backward."""
     from diffattn.kernels import triton_diff as td
 
@@ -191,7 +202,7 @@ def _kernel_inputs(batch, seqlen, width, heads, dtype, causal, dev="cuda"):
     def rnd(w):
         return torch.randn(batch, heads, seqlen, w, device=dev, dtype=dtype, generator=g)
 
-    q1, k1, q2, k2, v = rnd(width), rnd(width), rnd(width), rnd(width), rnd(2 * width)
+    q1, k1, q2, k2, v = rnd(width), rnd(width), rnd(width), rnd(width), rnd(dv or 2 * width)
     lam, w1 = torch.full((), LAMBDA, device=dev), torch.full((), 1.0, device=dev)
     scale = width**-0.5
     _, o1, o2, lse = td._fwd_impl(q1, k1, q2, k2, v, lam, w1, None, causal, scale, True)
@@ -229,8 +240,8 @@ def _precompile_task(task: dict) -> dict:
                     with torch.no_grad():
                         fn()
         else:
-            x = _kernel_inputs(1, 256, task["d"], task["heads"], dtype, False)
-            tiles = td._tiles(task["d"], 2 * task["d"], dtype)
+            x = _kernel_inputs(1, 256, task["d"], task["heads"], dtype, False, dv=task["dv"])
+            tiles = td._tiles(task["d"], task["dv"], dtype)
             t = td._Tiles(*task["tiles"])
             fwd, kv, q = (t if task["kind"] == k else tiles[i] for i, k in enumerate(("fwd", "dkdv", "dq")))
             _run_kernel(task["kind"], x, False, fwd, kv, q)
@@ -251,30 +262,31 @@ def precompile(tasks: list[dict], workers: int) -> list[dict]:
         return list(ex.map(_precompile_task, tasks))
 
 
-def tune(widths: list[int], dim: int, seqlen: int, tokens: int, dtype_name: str, warmup: int, rep: int,
-         workers: int) -> dict:
-    """Time each candidate tile configuration of each kernel (non-causal, ``seqlen``), one kernel at a time with
-    the others at their current choice; returns {d: {"fwd"|"dkdv"|"dq": {"best": tiles, "ms": {tiles: ms}}}}."""
+def tune(shapes: list[tuple[int, int]], dim: int, seqlen: int, tokens: int, dtype_name: str, warmup: int,
+         rep: int, workers: int) -> dict:
+    """Time each candidate tile configuration of each kernel (non-causal, ``seqlen``, D/2d heads), one kernel at a
+    time with the others at their current choice; returns {"dxdv": {"fwd"|"dkdv"|"dq": {"best", "ms"}}}."""
     from diffattn.kernels import triton_diff as td
 
     dtype = DTYPES[dtype_name]
-    tasks = [dict(kind=kind, d=d, heads=dim // d // 2, dtype=dtype_name, tiles=t)
-             for d in widths for kind, cands in CANDIDATES[(d, 2 * d)].items() for t in cands]
+    tasks = [dict(kind=kind, d=d, dv=dv, heads=dim // d // 2, dtype=dtype_name, tiles=t)
+             for d, dv in shapes for kind, cands in CANDIDATES[(d, dv)].items() for t in cands]
     t0 = time.perf_counter()
     reports = precompile(tasks, workers)
     print(f"# precompiled {len(tasks)} tile configurations in {time.perf_counter() - t0:.1f} s "
           f"({workers} processes)", file=sys.stderr, flush=True)
-    failed = {(r["kind"], r["d"], tuple(r["tiles"])): r["error"] for r in reports if "error" in r}
+    failed = {(r["kind"], r["d"], r["dv"], tuple(r["tiles"])): r["error"] for r in reports if "error" in r}
     result = {}
-    for d in widths:
-        x = _kernel_inputs(max(1, tokens // seqlen), seqlen, d, dim // d // 2, dtype, False)
-        choice = dict(zip(("fwd", "dkdv", "dq"), td._tiles(d, 2 * d, dtype)))
-        result[d] = {}
+    for d, dv in shapes:
+        x = _kernel_inputs(max(1, tokens // seqlen), seqlen, d, dim // d // 2, dtype, False, dv=dv)
+        choice = dict(zip(("fwd", "dkdv", "dq"), td._tiles(d, dv, dtype)))
+        key = f"{d}x{dv}"
+        result[key] = {}
         for kind in ("fwd", "dkdv", "dq"):
             times = {}
-            for t in CANDIDATES[(d, 2 * d)][kind]:
-                if (kind, d, t) in failed:
-                    times[str(t)] = failed[(kind, d, t)]
+            for t in CANDIDATES[(d, dv)][kind]:
+                if (kind, d, dv, t) in failed:
+                    times[str(t)] = failed[(kind, d, dv, t)]
                     continue
                 trial = dict(choice, **{kind: td._Tiles(*t)})
                 try:
@@ -286,10 +298,11 @@ def tune(widths: list[int], dim: int, seqlen: int, tokens: int, dtype_name: str,
             ok = {k: v for k, v in times.items() if isinstance(v, float)}
             if ok:
                 best = min(ok, key=ok.get)
-                choice[kind] = next(td._Tiles(*t) for t in CANDIDATES[(d, 2 * d)][kind] if str(t) == best)
-            result[d][kind] = dict(best=list(astuple(choice[kind])), ms=times)
-            print(f"# tune d={d} {kind}: " + ", ".join(f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}"
-                                                       for k, v in times.items()), file=sys.stderr, flush=True)
+                choice[kind] = next(td._Tiles(*t) for t in CANDIDATES[(d, dv)][kind] if str(t) == best)
+            result[key][kind] = dict(best=list(astuple(choice[kind])), ms=times)
+            print(f"# tune d={d} dv={dv} {kind}: " + ", ".join(
+                f"{k}: {v:.3f}" if isinstance(v, float) else f"{k}: {v}" for k, v in times.items()),
+                file=sys.stderr, flush=True)
         del x
         torch.cuda.empty_cache()
     return result
@@ -346,9 +359,9 @@ def markdown(result: dict, command: str) -> str:
     if result.get("tuning"):
         lines += ["Tiles chosen by the run's sweep (BLOCK_M, BLOCK_N, warps, stages; non-causal, N = "
                   f"{result.get('tune_seqlen')}):", ""]
-        for d, kinds in result["tuning"].items():
-            lines.append(f"- d = {d}, dv = {2 * int(d)}: " + "; ".join(
-                f"{k} {tuple(v['best'])}" for k, v in kinds.items()))
+        for shape, kinds in result["tuning"].items():
+            d, dv = shape.split("x")
+            lines.append(f"- d = {d}, dv = {dv}: " + "; ".join(f"{k} {tuple(v['best'])}" for k, v in kinds.items()))
         lines.append("")
     lines += ["Goals:", ""] + goals(rows) + [""]
     lines += ["| d | causal | N | B | method | SDPA backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | "
@@ -380,6 +393,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rep", type=int, default=60, help="do_bench repetition time, ms")
     p.add_argument("--tune", action="store_true", help="time tile candidates first and use the fastest")
     p.add_argument("--tune-seqlen", type=int, default=4096)
+    p.add_argument("--tune-extra", nargs="*", default=["32x64", "64x64"],
+                   help="more (d)x(dv) shapes to tune (their tiles go to the JSON, not to the table)")
     p.add_argument("--precompile-workers", type=int, default=min(12, os.cpu_count() or 1))
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--render", type=Path, help="do not measure: render this JSON result")
@@ -409,13 +424,18 @@ def main(argv: list[str] | None = None) -> None:
                   rows=[])
     t_start = time.perf_counter()
     if args.tune:
-        result["tuning"] = tune(args.head_dims, args.dim, args.tune_seqlen, args.tokens, args.dtype, args.warmup,
-                                args.rep, args.precompile_workers)
+        shapes = [(d, 2 * d) for d in args.head_dims]
+        extra = [tuple(map(int, x.split("x"))) for x in args.tune_extra]
+        shapes += [x for x in extra if x not in shapes]
+        result["tuning"] = tune(shapes, args.dim, args.tune_seqlen, args.tokens, args.dtype, args.warmup, args.rep,
+                                args.precompile_workers)
         result["tune_seqlen"] = args.tune_seqlen
         result["tune_seconds"] = time.perf_counter() - t_start
-    chosen = {d: tuple(td._Tiles(*result["tuning"][d][k]["best"]) for k in ("fwd", "dkdv", "dq"))
-              for d in args.head_dims} if args.tune else {d: td._tiles(d, 2 * d, DTYPES[args.dtype])
-                                                          for d in args.head_dims}
+    if args.tune:
+        chosen = {d: tuple(td._Tiles(*result["tuning"][f"{d}x{2 * d}"][k]["best"]) for k in ("fwd", "dkdv", "dq"))
+                  for d in args.head_dims}
+    else:
+        chosen = {d: td._tiles(d, 2 * d, DTYPES[args.dtype]) for d in args.head_dims}
     if "diff_triton" in args.methods:
         t0 = time.perf_counter()
         tasks = [dict(kind="method", d=d, dim=args.dim, dtype=args.dtype, causal=bool(c), train=train,

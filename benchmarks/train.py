@@ -98,6 +98,27 @@ def step_peak_mib(step, device: torch.device) -> float | None:
     return (torch.cuda.max_memory_allocated(device) - base) / 2**20
 
 
+def profile(step, device: torch.device, label: str, steps: int = 2) -> None:
+    """Print where ``steps`` steps spend their time: the host's and the device's totals and the top operators
+    (torch.profiler), to tell a launch- or Python-bound step from a kernel-bound one."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    t0 = time.perf_counter()
+    with torch_profile(activities=acts) as prof:
+        for _ in range(steps):
+            step()
+        sync(device)
+    wall = (time.perf_counter() - t0) / steps * 1e3
+    events = prof.key_averages()
+    dev_total = sum(getattr(e, "self_device_time_total", 0) for e in events) / steps / 1e3
+    print(f"\n### profile {label}: {wall:.1f} ms per step (profiled), device kernels {dev_total:.1f} ms per step")
+    key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    print(events.table(sort_by=key, row_limit=15, max_name_column_width=60))
+
+
 def markdown(result: dict) -> str:
     """The table of a result (``--json``), with its device and command."""
     lines = [f"## Training throughput, {result['where']}", "",
@@ -131,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--json", type=Path, help="write the result here")
+    p.add_argument("--profile", action="store_true", help="also print a torch.profiler summary of two steps each")
     p.add_argument("--render", type=Path, help="do not measure: print (and with --markdown write) this result")
     p.add_argument("--markdown", type=Path, help="write the table into this file's train-<device> section")
     args = p.parse_args(argv)
@@ -184,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             peak_s = f"{peak:,.0f}" if peak is not None else ""
             print(f"| {family} | {attention} | {label} | {n:,} | {sps:,.1f} | {sps / base:.2f}× | {peak_s} | "
                   f"{row['state_mib']:,.0f} |", flush=True)
+        if args.profile:
+            for attention, (step, _, _) in steps.items():
+                try:
+                    profile(step, device, f"{family} {attention}")
+                except Exception as e:  # noqa: BLE001 - the profile is a diagnostic, never fatal
+                    print(f"profile {family} {attention} failed: {type(e).__name__}: {e}")
         del steps
         if device.type == "cuda":
             torch.cuda.empty_cache()

@@ -6,7 +6,10 @@ Each registered tiny model is built once (same initial weights), and the same ba
 differential layers run the ``sdpa`` backend in float32; on the GPU ``backend="auto"`` runs the fused Triton kernel
 (asserted) with bf16 matmuls. What must agree, as relative L2 errors: the loss within 1e-2 and the gradient of all
 parameters, flattened, within 5e-2 (bf16 keeps 8 significant bits, 2^-8 ≈ 4e-3 per rounding, through two to four
-blocks), then the parameters after one AdamW step (lr 1e-3) within 1e-3 of their norm.
+blocks), then the parameters after one AdamW step (lr 1e-3) within 1e-2 of their norm. The last is loose on
+purpose: Adam's first step moves every weight by about lr · sign(gradient) (Kingma & Ba 2015, Algorithm 1, with
+m̂ / √v̂ = g / |g| at step 1), so a gradient entry near 0 whose sign differs between the two devices moves its
+weight by 2 · lr however small the gradient difference; on an H200 these gave 1.4e-3 to 2.7e-3.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ FAMILIES = {
 }
 CASES = [(family, name, overrides) for family, models in FAMILIES.items() for name, overrides in models]
 
-TOL_LOSS, TOL_GRAD, TOL_PARAM = 1e-2, 5e-2, 1e-3
+TOL_LOSS, TOL_GRAD, TOL_PARAM = 1e-2, 5e-2, 1e-2
 
 
 def _batch(family: str, model: nn.Module, B: int = 4) -> dict:
