@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--phase-a", type=float, default=160.0, help="seconds for the correctness steps")
     p.add_argument("--skip", nargs="*", default=[], help="steps to leave out")
     p.add_argument("--kernel-args", default="", help="extra arguments for benchmarks/kernel.py")
+    p.add_argument("--no-tune", dest="tune", action="store_false",
+                   help="time the kernel with the library's tile table instead of sweeping tiles first")
     p.add_argument("--render", type=Path, help="do not run: render this run's folder (with --markdown)")
     p.add_argument("--markdown", type=Path, help="write the rendered tests section into this file")
     p.add_argument("--command", default="", help="the device command to print beside the rendered tables")
@@ -172,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
 
     # ---- phase B: timing, one at a time
     plan = [
-        ("kernel", [py, "benchmarks/kernel.py", "--tune", "--out", str(out / "kernel.json"),
-                    *args.kernel_args.split()], 130.0),
+        ("kernel", [py, "benchmarks/kernel.py", *(["--tune"] if args.tune else []), "--out",
+                    str(out / "kernel.json"), *args.kernel_args.split()], 130.0),
         ("train", [py, "benchmarks/train.py", "--device", "cuda", "--families", "vit_b16", "clip_b16", "--batch",
                    "64", "--rounds", "3", "--steps", "3", "--profile", "--json", str(out / "train.json")], 80.0),
         # the attention core alone at ViT-B/16's shape (B 64, N 197, D 768): what the training step spends in it

@@ -524,3 +524,24 @@ def test_functional_triton_backend_matches_sdpa():
     a = diff_attention(*qkv, 0.8, is_causal=True, backend="triton")
     b = diff_attention(*qkv, 0.8, is_causal=True, backend="sdpa")
     assert rel_err(a, b) <= 2e-2
+
+
+def test_eager_and_compiled_paths_match_and_constants_survive_inference_mode():
+    """Eager calls run an autograd.Function around the launchers and compiled ones the operators: same output and
+    gradients. A float weight becomes a cached device constant; one first made under inference mode must still be
+    savable for backward afterwards."""
+    torch._dynamo.reset()
+    triton_diff._CONSTANTS.clear()
+    qkv, lam = _op_args()
+    with torch.inference_mode():
+        triton_diff_attention(*[t.detach() for t in qkv], 0.8, weight1=0.5)
+    eager = triton_diff_attention(*qkv, lam, weight1=0.5, is_causal=True)
+    compiled = torch.compile(lambda *a: triton_diff_attention(*a, weight1=0.5, is_causal=True), fullgraph=True,
+                             backend="aot_eager")(*qkv, lam)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    g = torch.randn_like(eager)
+    for a, b in zip(torch.autograd.grad(eager, [*qkv, lam], g), torch.autograd.grad(compiled, [*qkv, lam], g)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    out = triton_diff_attention(*qkv, 0.8, weight1=0.5)  # the cached constants, saved for backward
+    out.sum().backward()
+    torch._dynamo.reset()

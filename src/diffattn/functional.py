@@ -350,10 +350,10 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
 
 
 def _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p):
-    from .kernels import triton_diff_attention
+    """The fused kernel on inputs :func:`_triton_reason` accepted (``dropout_p`` is 0 then)."""
+    from .kernels.triton_diff import run_checked
 
-    return triton_diff_attention(q1, k1, q2, k2, v, lambda_, weight1=weight1, attn_mask=attn_mask,
-                                 is_causal=is_causal, scale=scale, dropout_p=dropout_p)
+    return run_checked(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale)
 
 
 def _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p) -> str | None:

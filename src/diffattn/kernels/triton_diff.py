@@ -376,13 +376,15 @@ def _tiles(d: int, dv: int, dtype: torch.dtype) -> tuple[_Tiles, _Tiles, _Tiles]
     dv)), so the register file, not the matmul shape, sets the tile size: the forward at d = 64, dv = 128
     holds as many accumulator values as FlashAttention-2 at head width 256. The shapes d × dv = 64 × 128,
     128 × 256, 32 × 64 and 64 × 64 were chosen by measurement: ``benchmarks/kernel.py --tune`` timed each kernel's
-    candidates on an NVIDIA H200 (bf16, N = 4096, non-causal; docs/benchmarks.md gives the run) and the fastest
-    are below. The backward kernels ran fastest with 4 warps and small tiles, against the 8 warps that
-    ptxas' spill reports had suggested. Other shapes keep the largest tiles for which ptxas reported no register
-    spills for sm_90 (8 warps, 2 stages). float32 inputs (tiles twice the bytes, 3×TF32 matmuls) use 32×32 tiles
-    and one stage: a correctness path, not a fast one. In the interpreter, 16×16 tiles: its speed is set by the
-    number of numpy calls, and small tiles exercise multi-tile loops, diagonal causal tiles and ragged edges on
-    tiny test shapes.
+    candidates on an NVIDIA H200 (bf16, N = 4096, non-causal; docs/benchmarks.md gives the runs) and the fastest
+    that also compiles for the causal mask is in ``_MEASURED_TILES`` (at 128 × 256 a 3-stage forward was 8 %
+    faster but needs 237,568 bytes of shared memory when causal, over the H200's 232,448). The backward kernels
+    ran up to 2.3× faster with 4 warps and small tiles than with the 8 warps that ptxas' spill reports had
+    suggested.
+    Other shapes keep the largest tiles for which ptxas reported no register spills for sm_90 (8 warps, 2
+    stages). float32 inputs (tiles twice the bytes, 3×TF32 matmuls) use 32×32 tiles and one stage: a correctness
+    path, not a fast one. In the interpreter, 16×16 tiles: its speed is set by the number of numpy calls, and
+    small tiles exercise multi-tile loops, diagonal causal tiles and ragged edges on tiny test shapes.
     """
     if _interpreting():
         t = _Tiles(16, 16, 1, 1)
@@ -407,6 +409,8 @@ def _tiles(d: int, dv: int, dtype: torch.dtype) -> tuple[_Tiles, _Tiles, _Tiles]
 _MEASURED_TILES: dict[tuple[int, int], tuple[_Tiles, _Tiles, _Tiles]] = {
     (64, 128): (_Tiles(128, 64, 8, 3), _Tiles(32, 64, 4, 2), _Tiles(64, 64, 4, 2)),
     (128, 256): (_Tiles(64, 64, 8, 2), _Tiles(32, 32, 4, 2), _Tiles(128, 32, 8, 2)),
+    (32, 64): (_Tiles(64, 64, 4, 3), _Tiles(64, 64, 4, 2), _Tiles(64, 32, 4, 2)),
+    (64, 64): (_Tiles(64, 64, 4, 3), _Tiles(32, 64, 4, 2), _Tiles(64, 64, 4, 2)),
 }
 
 
@@ -439,10 +443,23 @@ def _precision(dtype: torch.dtype) -> str:
 
 
 def _as_tensor(w: Weight, device: torch.device) -> torch.Tensor:
-    """A weight as a tensor for the operators: floats become 0-D fp32 tensors (which get no gradient)."""
+    """A weight as a tensor for the operators: floats become 0-D fp32 tensors (which get no gradient), kept
+    per value and device in eager mode so that a layer's constant weight costs no fill kernel per call."""
     if isinstance(w, torch.Tensor):
         return w
-    return torch.full((), float(w), dtype=torch.float32, device=device)
+    if torch.compiler.is_compiling():
+        return torch.full((), float(w), dtype=torch.float32, device=device)
+    key = (float(w), str(device))
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) > 64:
+            _CONSTANTS.clear()
+        with torch.inference_mode(False):  # a normal tensor even when first made under inference mode
+            t = _CONSTANTS[key] = torch.full((), key[0], dtype=torch.float32, device=device)
+    return t
+
+
+_CONSTANTS: dict[tuple[float, str], torch.Tensor] = {}
 
 
 def _row_weight(w: Weight, B: int, H: int, Nq: int, device: torch.device) -> torch.Tensor:
@@ -714,20 +731,42 @@ def _setup_context(ctx, inputs, output):
     ctx.is_causal, ctx.scale, ctx.store_branches = is_causal, scale, store_branches
 
 
-def _backward(ctx, do, _do1, _do2, _dlse):
-    """Gradients of (q1, k1, q2, k2, v, λ, w1); ∂L/∂w1 = rowsum(dO ⊙ O1), ∂L/∂λ = −rowsum(dO ⊙ O2), summed to the
-    shapes the weights were broadcast from."""
+def _input_grads(ctx, do, bwd):
+    """Gradients of (q1, k1, q2, k2, v, λ, w1) from the saved tensors; ``bwd`` is the backward operator or its
+    implementation. ∂L/∂w1 = rowsum(dO ⊙ O1), ∂L/∂λ = −rowsum(dO ⊙ O2), summed to the shapes the weights were
+    broadcast from."""
     if not ctx.store_branches:
         raise RuntimeError("triton_diff_attention ran without saving its branch outputs (called with no input "
                            "that requires grad, or under torch.no_grad), so it has no backward")
     q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias = ctx.saved_tensors
-    dq, dk, dv, r = _bwd_op(do, q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias, ctx.is_causal, ctx.scale)
+    dq, dk, dv, r = bwd(do, q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias, ctx.is_causal, ctx.scale)
     dlam = _sum_to(-r[1].unsqueeze(-1), lam) if ctx.needs_input_grad[5] else None
     dw1 = _sum_to(r[0].unsqueeze(-1), w1) if ctx.needs_input_grad[6] else None
-    return dq[0], dk[0], dq[1], dk[1], dv, dlam, dw1, None, None, None, None
+    return dq[0], dk[0], dq[1], dk[1], dv, dlam, dw1
+
+
+def _backward(ctx, do, _do1, _do2, _dlse):
+    return *_input_grads(ctx, do, _bwd_op), None, None, None, None
 
 
 _fwd_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _DiffAttnFunction(torch.autograd.Function):
+    """The same forward and backward as the operators, for eager mode: an autograd.Function calls the launchers
+    directly, without the operator dispatch around them (in eager mode that dispatch cost more host time per
+    layer than the kernels took on the GPU at ViT sizes). Under torch.compile the operators are used."""
+
+    @staticmethod
+    def forward(ctx, q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches):
+        o, o1, o2, lse = _fwd_impl(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches)
+        _setup_context(ctx, (q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches),
+                       (o, o1, o2, lse))
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        return *_input_grads(ctx, do, _bwd_impl), None, None, None, None
 
 
 # ------------------------------------------------------------------------------------------ public API
@@ -782,9 +821,18 @@ def triton_diff_attention(
     reason = triton_unsupported_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
     if reason is not None:
         raise ValueError(f"triton_diff_attention cannot run these inputs: {reason}")
+    return run_checked(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale)
+
+
+def run_checked(q1, k1, q2, k2, v, lambda_: Weight, weight1: Weight, attn_mask, is_causal: bool,
+                scale: float | None) -> torch.Tensor:
+    """:func:`triton_diff_attention` for inputs that :func:`triton_unsupported_reason` already accepted (the
+    ``triton`` backend of :func:`diffattn.functional.diff_attention` checks once, not twice)."""
     scale = 1.0 / math.sqrt(q1.shape[-1]) if scale is None else float(scale)
     key_bias = None if attn_mask is None else _mask_as_key_bias(attn_mask, q1.shape[0], k1.shape[2])
     lam, w1 = _as_tensor(lambda_, q1.device), _as_tensor(weight1, q1.device)
     store_branches = torch.is_grad_enabled() and any(
         t.requires_grad for t in (q1, k1, q2, k2, v, lam, w1))
-    return _fwd_op(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches)[0]
+    if torch.compiler.is_compiling():  # one operator node in the graph (fake implementation for tracing)
+        return _fwd_op(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches)[0]
+    return _DiffAttnFunction.apply(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches)
