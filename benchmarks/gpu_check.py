@@ -72,7 +72,7 @@ def render(out: Path, command: str) -> str:
                    if ln.startswith("device: ")), "?")
     failed = [ln for ln in log if ln.startswith("FAILED") or ln.startswith("ERROR")]
     records = [json.loads(ln) for ln in (out / "gpu_report.jsonl").read_text().splitlines() if ln.strip()]
-    lines = ["## GPU tests", "", f"Device: {device}. Command (the whole GPU run, every step below and the tables "
+    lines = ["### GPU tests", "", f"Device: {device}. Command (the whole GPU run, every step below and the tables "
              "that follow):", "", "```", command, "```", "",
              f"`pytest tests/test_kernels.py tests/test_train_gpu.py -m \"gpu or not gpu\"`: **{summary}**.", ""]
     lines += [f"- {ln}" for ln in failed] + ([""] if failed else [])

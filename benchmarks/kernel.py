@@ -331,26 +331,33 @@ def goals(rows: list[dict]) -> list[str]:
         if sd and "error" not in sd and n >= 2048:
             vs_sdpa.append((sd["fwd_bwd_ms"] / r["fwd_bwd_ms"], d, c, n))
     out = []
+
+    def per_width(items, ok) -> str:
+        widths = sorted({x[1] for x in items})
+        return "; ".join(f"d = {d}: {sum(ok(x) for x in items if x[1] == d)} of {sum(x[1] == d for x in items)}"
+                         for d in widths)
+
     if vs_std:
         worst = max(vs_std)
         n_ok = sum(x[0] <= 1.3 for x in vs_std)
         out.append(f"- fwd+bwd ≤ 1.3× standard SDPA (FlashAttention): **{'met' if n_ok == len(vs_std) else 'not met'}**"
-                   f" ({n_ok} of {len(vs_std)} shapes; {min(vs_std)[0]:.2f}× to {worst[0]:.2f}×, the worst at d = "
-                   f"{worst[1]}, {'causal' if worst[2] else 'full'}, N = {worst[3]})")
+                   f" ({n_ok} of {len(vs_std)} shapes, {per_width(vs_std, lambda x: x[0] <= 1.3)}; "
+                   f"{min(vs_std)[0]:.2f}× to {worst[0]:.2f}×, the worst at d = {worst[1]}, "
+                   f"{'causal' if worst[2] else 'full'}, N = {worst[3]})")
     if vs_sdpa:
         worst = min(vs_sdpa)
         n_ok = sum(x[0] >= 1.3 for x in vs_sdpa)
         out.append(f"- ≥ 1.3× faster than the `sdpa` backend for N ≥ 2048: "
-                   f"**{'met' if n_ok == len(vs_sdpa) else 'not met'}** ({n_ok} of {len(vs_sdpa)} shapes; "
-                   f"{worst[0]:.2f}× to {max(vs_sdpa)[0]:.2f}× faster, the least at d = {worst[1]}, "
-                   f"{'causal' if worst[2] else 'full'}, N = {worst[3]})")
+                   f"**{'met' if n_ok == len(vs_sdpa) else 'not met'}** ({n_ok} of {len(vs_sdpa)} shapes, "
+                   f"{per_width(vs_sdpa, lambda x: x[0] >= 1.3)}; {worst[0]:.2f}× to {max(vs_sdpa)[0]:.2f}× "
+                   f"faster, the least at d = {worst[1]}, {'causal' if worst[2] else 'full'}, N = {worst[3]})")
     return out
 
 
-def markdown(result: dict, command: str) -> str:
+def markdown(result: dict, command: str, title: str = "Fused Triton kernel") -> str:
     rows = result["rows"]
     by = _ratio_rows(rows)
-    lines = [f"## Fused Triton kernel, {result['device']}", "",
+    lines = [f"### {title}, {result['device']}", "",
              f"Device: {result['device']} (torch {result['torch']}, triton {result['triton']}, CUDA "
              f"{result.get('cuda', '?')}). {result['dtype']}, B·N = {result['tokens']} tokens, model width D = "
              f"{result['dim']} (standard: D/d heads of width d; differential: D/2d heads, Q/K width d, V width 2d). "
@@ -364,20 +371,48 @@ def markdown(result: dict, command: str) -> str:
             d, dv = shape.split("x")
             lines.append(f"- d = {d}, dv = {dv}: " + "; ".join(f"{k} {tuple(v['best'])}" for k, v in kinds.items()))
         lines.append("")
+    else:
+        lines += ["Tiles: the library's table (`_tiles` in src/diffattn/kernels/triton_diff.py).", ""]
     lines += ["Goals:", ""] + goals(rows) + [""]
     lines += ["| d | causal | N | B | method | SDPA backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | "
-              "fwd+bwd × standard | peak MiB |",
-              "|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+              "fwd+bwd × standard | `sdpa` backend time ÷ this | peak MiB |",
+              "|---:|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         head = (f"| {r['head_dim']} | {'yes' if r['causal'] else 'no'} | {r['seqlen']} | {r['batch']} | "
                 f"{r['method']} | {r.get('backend', '')} ")
         if "error" in r:
-            lines.append(head + f"| {r['error'][:80]} | | | | | |")
+            lines.append(head + f"| {r['error'][:80]} | | | | | | |")
             continue
         std = by.get((r["head_dim"], r["causal"], r["seqlen"], "sdpa_flash"))
         ratio = f"{r['fwd_bwd_ms'] / std['fwd_bwd_ms']:.2f}" if std and "error" not in std else ""
+        ours = by.get((r["head_dim"], r["causal"], r["seqlen"], "diff_sdpa"))
+        vs_ours = (f"{ours['fwd_bwd_ms'] / r['fwd_bwd_ms']:.2f}"
+                   if ours and "error" not in ours and r["method"].startswith("diff") else "")
         lines.append(head + f"| {r['fwd_ms']:.3f} | {r['fwd_tflops']:.0f} | {r['fwd_bwd_ms']:.3f} | "
-                     f"{r['fwd_bwd_tflops']:.0f} | {ratio} | {r['peak_mib']:.0f} |")
+                     f"{r['fwd_bwd_tflops']:.0f} | {ratio} | {vs_ours} | {r['peak_mib']:.0f} |")
+    return "\n".join(lines)
+
+
+def tuning_markdown(results: list[tuple[str, dict]]) -> str:
+    """The tile sweeps of ``--tune`` runs: per shape and kernel, each candidate's time and the choice."""
+    lines = ["### Tile sweeps", "",
+             "Each kernel's candidates (BLOCK_M, BLOCK_N, warps, stages) timed with the other two kernels at their "
+             "current choice, bf16, non-causal; forward: the forward alone; dK/dV and dQ: the whole backward "
+             "(preprocess, dK/dV, dQ), so the differences come from the kernel varied. ms, median of "
+             "`triton.testing.do_bench`; **bold**: fastest; a candidate that did not compile (with or without the "
+             "causal mask) says why.", ""]
+    for path, result in results:
+        lines += [f"`{path}` — device: {result['device']} (torch {result['torch']}, triton {result['triton']}); N = "
+                  f"{result['tune_seqlen']}, B·N = {result['tokens']}, D = {result['dim']}. Command:", "", "```",
+                  result["command"], "```", ""]
+        for shape, kinds in result["tuning"].items():
+            d, dv = shape.split("x") if "x" in shape else (shape, str(2 * int(shape)))
+            for kind, v in kinds.items():
+                best = str(tuple(v["best"]))
+                cells = [(f"**{k}: {t:.3f}**" if k == best else f"{k}: {t:.3f}") if isinstance(t, float)
+                         else f"{k}: {t.split(':')[0]}" for k, t in v["ms"].items()]
+                lines.append(f"- d = {d}, dv = {dv}, {kind}: " + ", ".join(cells))
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -400,16 +435,27 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", type=Path, help="write the results as JSON here")
     p.add_argument("--render", type=Path, help="do not measure: render this JSON result")
     p.add_argument("--markdown", type=Path, help="write the table into this markdown file's section")
+    p.add_argument("--section", default="kernel-gpu", help="the section's marker name in --markdown")
+    p.add_argument("--title", default="Fused Triton kernel", help="the rendered table's title")
+    p.add_argument("--render-tuning", type=Path, nargs="+", help="do not measure: render these runs' tile sweeps")
     p.add_argument("--command", default=None, help="the command to print beside the table (default: this one)")
     args = p.parse_args(argv)
 
     if args.render:
         result = json.loads(args.render.read_text())
-        text = markdown(result, result.get("command", ""))
+        text = markdown(result, result.get("command", ""), args.title)
         if args.markdown:
             from diffattn.utils import write_markdown_section
 
-            write_markdown_section(args.markdown, "kernel-gpu", text)
+            write_markdown_section(args.markdown, args.section, text)
+        print(text)
+        return
+    if args.render_tuning:
+        text = tuning_markdown([(str(path), json.loads(path.read_text())) for path in args.render_tuning])
+        if args.markdown:
+            from diffattn.utils import write_markdown_section
+
+            write_markdown_section(args.markdown, args.section, text)
         print(text)
         return
 
@@ -464,11 +510,11 @@ def main(argv: list[str] | None = None) -> None:
                         print(json.dumps(row), file=sys.stderr, flush=True)
                     save()
     save()
-    text = markdown(result, command)
+    text = markdown(result, command, args.title)
     if args.markdown:
         from diffattn.utils import write_markdown_section
 
-        write_markdown_section(args.markdown, "kernel-gpu", text)
+        write_markdown_section(args.markdown, args.section, text)
     print(text)
 
 

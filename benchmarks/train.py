@@ -113,15 +113,15 @@ def profile(step, device: torch.device, label: str, steps: int = 2) -> None:
         sync(device)
     wall = (time.perf_counter() - t0) / steps * 1e3
     events = prof.key_averages()
-    dev_total = sum(getattr(e, "self_device_time_total", 0) for e in events) / steps / 1e3
-    print(f"\n### profile {label}: {wall:.1f} ms per step (profiled), device kernels {dev_total:.1f} ms per step")
+    print(f"\n### profile {label}: {steps} steps, {wall:.1f} ms per step under the profiler (the table's totals "
+          f"are over all {steps} steps)")
     key = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     print(events.table(sort_by=key, row_limit=15, max_name_column_width=60))
 
 
 def markdown(result: dict) -> str:
     """The table of a result (``--json``), with its device and command."""
-    lines = [f"## Training throughput, {result['where']}", "",
+    lines = [f"### Training throughput, {result['where']}", "",
              f"Device: {result['where']}, torch {result['torch']}, {result['precision']}; batch {result['batch']}; "
              f"median of {result['rounds']} interleaved rounds of {result['steps']} steps after {result['warmup']} "
              f"untimed steps. Step memory: peak allocated during one step above what was allocated before it "
@@ -133,6 +133,12 @@ def markdown(result: dict) -> str:
         peak = f"{r['step_peak_mib']:,.0f}" if r.get("step_peak_mib") is not None else ""
         lines.append(f"| {r['family']} | {r['attention']} | {r['model']} | {r['params']:,} | {r['samples_s']:,.1f} | "
                      f"{r['vs_standard']:.2f} | {peak} | {r['state_mib']:,.0f} |")
+    others = [r for r in result["rows"] if r["attention"] != "standard"]
+    if others:
+        met = [r for r in others if r["vs_standard"] >= 0.93]
+        lines += ["", f"Goal: ≥ 0.93× the standard model's samples/s at the same batch: "
+                      f"**{'met' if len(met) == len(others) else 'not met'}** ({len(met)} of {len(others)} models; "
+                      + ", ".join(f"{r['model']} {r['vs_standard']:.2f}×" for r in others) + ")."]
     return "\n".join(lines)
 
 
