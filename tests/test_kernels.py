@@ -23,6 +23,8 @@ import pytest  # noqa: E402
 import diffattn.kernels.triton_diff as triton_diff  # noqa: E402
 from diffattn.kernels import triton_diff_attention, triton_unsupported_reason  # noqa: E402
 
+from .gpu_report import record  # noqa: E402
+
 if not CUDA:
     from triton.runtime.interpreter import InterpretedFunction
 
@@ -30,7 +32,7 @@ if not CUDA:
         importlib.reload(triton_diff)  # imported before TRITON_INTERPRET was set: define the kernels again
 
 DEVICE = "cuda" if CUDA else "cpu"
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (bf16 does not run in the interpreter)")
+needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (half precision does not run in the interpreter)")
 
 
 # ---------------------------------------------------------------------------------------------- reference
@@ -278,7 +280,56 @@ def test_unsupported_reasons(case, fragment):
         triton_diff_attention(a["q1"], a["k1"], a["q2"], a["k2"], a["v"], a["lambda_"], **kw)
 
 
-# --------------------------------------------------------------------------------- bfloat16 on a real GPU
+# ------------------------------------------------------------------------ the operator, torch.compile, opcheck
+
+
+def _op_args(requires_grad=True):
+    qkv = make_inputs(B=1, H=2, Nq=20, d=16)
+    if not requires_grad:
+        qkv = [t.detach() for t in qkv]
+    lam = torch.rand(1, 2, 20, 1, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    return qkv, lam.requires_grad_(requires_grad)
+
+
+def test_operator_passes_opcheck():
+    """The registered operators have a consistent schema, fake (meta) implementation and autograd formula
+    (torch.library.opcheck: schema, faketensor, autograd registration, AOT dispatch with dynamic shapes)."""
+    qkv, lam = _op_args()
+    w1 = torch.full((), 1.0, device=DEVICE)
+    torch.library.opcheck(triton_diff._fwd_op, (*qkv, lam, w1, None, True, 0.25, True))
+    mask = torch.zeros(1, 20, device=DEVICE)
+    mask[:, 15:] = float("-inf")
+    torch.library.opcheck(triton_diff._fwd_op, (*[t.detach() for t in qkv], lam.detach(), w1, mask, False, 0.25,
+                                                False))
+    o, o1, o2, lse = triton_diff._fwd_op(*[t.detach() for t in qkv], lam.detach(), w1, None, True, 0.25, True)
+    do = torch.randn_like(o)
+    torch.library.opcheck(triton_diff._bwd_op, (do, *[t.detach() for t in qkv], o1, o2, lse, lam.detach(), w1,
+                                                None, True, 0.25))
+
+
+def test_compiles_fullgraph_through_the_operator():
+    """torch.compile(fullgraph=True) traces through the kernel (fake implementation, no graph break) and AOTAutograd
+    through its backward operator; output and every gradient match eager exactly (the same kernels run)."""
+    torch._dynamo.reset()
+    qkv, lam = _op_args()
+    mask = torch.ones(1, 1, 1, 20, dtype=torch.bool, device=DEVICE)
+    mask[..., 17:] = False
+
+    def f(q1, k1, q2, k2, v, lam):
+        return triton_diff_attention(q1, k1, q2, k2, v, lam, weight1=1.0 - lam, attn_mask=mask, is_causal=True)
+
+    compiled = torch.compile(f, fullgraph=True, backend="aot_eager")
+    out, ref = compiled(*qkv, lam), f(*qkv, lam)
+    torch.testing.assert_close(out, ref, rtol=0, atol=0)
+    g = torch.randn_like(out)
+    got = torch.autograd.grad(out, [*qkv, lam], g)
+    want = torch.autograd.grad(ref, [*qkv, lam], g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    torch._dynamo.reset()
+
+
+# ------------------------------------------------------------------------------------- half precision on a GPU
 
 
 BF16_CASES = {
@@ -293,6 +344,7 @@ BF16_CASES = {
 }
 
 
+@pytest.mark.gpu
 @needs_cuda
 @pytest.mark.parametrize("name", list(BF16_CASES))
 def test_bf16_cuda(name):
@@ -300,6 +352,7 @@ def test_bf16_cuda(name):
     check(make_inputs(dtype=torch.bfloat16, **case["shape"]), tol=2e-2, **case["kw"])
 
 
+@pytest.mark.gpu
 @needs_cuda
 def test_bf16_cuda_mask_and_gate():
     B, H, N = 2, 4, 190
@@ -312,6 +365,157 @@ def test_bf16_cuda_mask_and_gate():
     check(qkv, lam, attn_mask=mask, tol=2e-2)
 
 
+#: tolerance on ‖x − ref‖ / ‖ref‖ against the float64 reference, output and every gradient: P and dS are rounded
+#: to the input dtype before their matmuls (8 or 11 significant bits), as in FlashAttention-2
+HALF_TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
+
+
+def _grads_of(out, leaves, grad_out):
+    return torch.autograd.grad(out, leaves, grad_out)
+
+
+def compare_with_reference_and_sdpa(name, qkv, lambda_, weight1=1.0, attn_mask=None, is_causal=False):
+    """The fused kernel in half precision against (1) the float64 reference, within HALF_TOL, and (2) the
+    ``sdpa`` backend on the same half-precision inputs: the kernel's error must not exceed twice that backend's
+    (+ 1e-3). Output and the gradients of q1, k1, q2, k2, v and of tensor weights that require grad."""
+    from diffattn.functional import diff_attention
+
+    dtype = qkv[0].dtype
+    weights = [w for w in (lambda_, weight1) if isinstance(w, torch.Tensor) and w.requires_grad and w.is_leaf]
+    leaves = list(qkv) + weights
+    kw = dict(weight1=weight1, attn_mask=attn_mask, is_causal=is_causal)
+    out = diff_attention(*qkv, lambda_, backend="triton", **kw)
+    alt = diff_attention(*qkv, lambda_, backend="sdpa", **kw)
+    ref = reference(*qkv, lambda_, weight1, attn_mask, is_causal)
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    got, other = _grads_of(out, leaves, grad_out), _grads_of(alt, leaves, grad_out)
+    want = _grads_of(ref, leaves, grad_out.double())
+    names = ["out", "q1", "k1", "q2", "k2", "v"] + [f"weight{i}" for i in range(len(weights))]
+    errs = {}
+    for n, a, b, c in zip(names, (out, *got), (alt, *other), (ref, *want)):
+        assert torch.isfinite(a).all(), f"{n} not finite"
+        # a gradient that is exactly 0 (q, k with one key: a softmax over one key is constant) is compared in
+        # units of the output's norm
+        scale = c.double().norm() if c.double().norm() > 0 else ref.double().norm()
+        errs[n] = tuple(((x.double() - c.double()).norm() / scale).item() for x in (a, b))
+    record("accuracy", name, dtype=str(dtype), errors={n: dict(triton=e[0], sdpa=e[1]) for n, e in errs.items()})
+    tol = HALF_TOL[dtype]
+    for n, (e_triton, e_sdpa) in errs.items():
+        assert e_triton <= tol, f"{n}: rel err {e_triton:.2e} > {tol:.0e} (sdpa backend {e_sdpa:.2e})"
+        assert e_triton <= 2 * e_sdpa + 1e-3, f"{n}: rel err {e_triton:.2e} vs sdpa backend {e_sdpa:.2e}"
+
+
+def _gpu_case(case: str, d: int, dtype: torch.dtype):
+    """(inputs, keyword arguments) of one named case at head width d, value width 2d."""
+    g = torch.Generator().manual_seed(11)
+    if case == "n1":  # one query, one key
+        return make_inputs(B=2, H=2, Nq=1, d=d, dtype=dtype), dict(lambda_=0.8)
+    if case == "decode":  # one new query against a cache of 300 keys
+        return make_inputs(B=2, H=2, Nq=1, Nk=300, d=d, dtype=dtype), dict(lambda_=0.8, is_causal=True)
+    if case == "causal_2048":
+        return make_inputs(B=1, H=2, Nq=2048, d=d, dtype=dtype), dict(lambda_=0.8, is_causal=True)
+    if case == "padded_300":  # bool key padding, per-head λ with a gradient
+        mask = torch.ones(2, 1, 1, 300, dtype=torch.bool, device=DEVICE)
+        mask[0, ..., 211:] = False
+        lam = (0.2 + 0.6 * torch.rand(1, 2, 1, 1, generator=g)).to(DEVICE).requires_grad_()
+        return make_inputs(B=2, H=2, Nq=300, d=d, dtype=dtype), dict(lambda_=lam, attn_mask=mask)
+    if case == "gqa_gate_300":  # 4 query heads on 2 kv heads, causal, per-token λ and w1 (M-DGSA gate)
+        gate = torch.rand(1, 4, 300, 1, generator=g).to(DEVICE).requires_grad_()
+        lam = (1.0 - torch.rand(1, 4, 300, 1, generator=g)).to(DEVICE).requires_grad_()
+        return (make_inputs(B=1, H=4, Hkv=2, Nq=300, d=d, dtype=dtype),
+                dict(lambda_=lam, weight1=gate, is_causal=True))
+    raise ValueError(case)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("case", ["n1", "decode", "causal_2048", "padded_300", "gqa_gate_300"])
+def test_half_precision_against_reference_and_sdpa(case, d, dtype):
+    qkv, kw = _gpu_case(case, d, dtype)
+    compare_with_reference_and_sdpa(f"{case}_d{d}_{str(dtype)[6:]}", qkv, **kw)
+
+
+@pytest.mark.gpu
+@needs_cuda
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_bf16_long_sequence_against_fp32_sdpa(d, causal):
+    """N = 16384 in bf16 against the ``sdpa`` backend on the same inputs upcast to float32 (a float64 N×N
+    reference would need tens of GiB): output and every gradient within 2e-2."""
+    from diffattn.functional import diff_attention
+
+    qkv = make_inputs(B=1, H=1, Nq=16384, d=d, dtype=torch.bfloat16)
+    up = [t.detach().float().requires_grad_() for t in qkv]
+    out = diff_attention(*qkv, 0.8, is_causal=causal, backend="triton")
+    ref = diff_attention(*up, 0.8, is_causal=causal, backend="sdpa")
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    got = torch.autograd.grad(out, qkv, grad_out)
+    want = torch.autograd.grad(ref, up, grad_out.float())
+    errs = {n: rel_err(a, b) for n, a, b in zip(["out", "q1", "k1", "q2", "k2", "v"], (out, *got), (ref, *want))}
+    record("accuracy", f"n16384_d{d}_{'causal' if causal else 'full'}_bf16", dtype="torch.bfloat16",
+            errors={n: dict(triton=e) for n, e in errs.items()})
+    for n, e in errs.items():
+        assert e <= 2e-2, f"{n}: rel err {e:.2e}"
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_auto_backend_runs_the_kernel_on_cuda(monkeypatch):
+    """backend="auto" on CUDA runs the fused kernel when it applies (the same result, bit for bit)."""
+    from diffattn.functional import diff_attention
+
+    calls = []
+    real = triton_diff._fwd_impl
+    monkeypatch.setattr(triton_diff, "_fwd_impl", lambda *a, **k: calls.append(1) or real(*a, **k))
+    qkv = [t.detach() for t in make_inputs(B=2, H=4, Hkv=2, Nq=130, d=64, dtype=torch.bfloat16)]
+    a = diff_attention(*qkv, 0.8, is_causal=True)
+    assert calls, "backend='auto' did not run the fused kernel on CUDA"
+    b = diff_attention(*qkv, 0.8, is_causal=True, backend="triton")
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_auto_backend_leaves_wide_values_at_long_lengths_to_sdpa(monkeypatch):
+    """At value width 256 the fused kernel is slower than the sdpa backend from 2048 keys on (measured), so
+    ``auto`` takes the kernel below that length and sdpa from it."""
+    from diffattn.functional import diff_attention
+
+    calls = []
+    real = triton_diff._fwd_impl
+    monkeypatch.setattr(triton_diff, "_fwd_impl", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for n, kernel in ((1024, True), (2048, False)):
+        calls.clear()
+        qkv = [t.detach() for t in make_inputs(B=1, H=2, Nq=n, d=128, dtype=torch.bfloat16)]
+        diff_attention(*qkv, 0.8)
+        assert bool(calls) == kernel, n
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_layer_compiles_with_inductor_on_cuda():
+    """A DiffAttention layer under torch.compile(fullgraph=True) with the default (inductor) backend and bf16
+    autocast: one graph, the fused kernel inside it, output and input gradient as in eager within bf16 rounding."""
+    from diffattn import DiffAttention
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layer = DiffAttention(256, 8, causal=True).to(DEVICE)
+    x = torch.randn(2, 300, 256, device=DEVICE, requires_grad=True)
+    compiled = torch.compile(layer, fullgraph=True)
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out, ref = compiled(x), layer(x)
+    assert rel_err(out, ref) <= 1e-2
+    g = torch.randn_like(out)
+    (gx,) = torch.autograd.grad(out, x, g)
+    (rx,) = torch.autograd.grad(ref, x, g)
+    assert rel_err(gx, rx) <= 2e-2
+    torch._dynamo.reset()
+
+
+@pytest.mark.gpu
 @needs_cuda
 def test_functional_triton_backend_matches_sdpa():
     from diffattn.functional import diff_attention
@@ -320,3 +524,24 @@ def test_functional_triton_backend_matches_sdpa():
     a = diff_attention(*qkv, 0.8, is_causal=True, backend="triton")
     b = diff_attention(*qkv, 0.8, is_causal=True, backend="sdpa")
     assert rel_err(a, b) <= 2e-2
+
+
+def test_eager_and_compiled_paths_match_and_constants_survive_inference_mode():
+    """Eager calls run an autograd.Function around the launchers and compiled ones the operators: same output and
+    gradients. A float weight becomes a cached device constant; one first made under inference mode must still be
+    savable for backward afterwards."""
+    torch._dynamo.reset()
+    triton_diff._CONSTANTS.clear()
+    qkv, lam = _op_args()
+    with torch.inference_mode():
+        triton_diff_attention(*[t.detach() for t in qkv], 0.8, weight1=0.5)
+    eager = triton_diff_attention(*qkv, lam, weight1=0.5, is_causal=True)
+    compiled = torch.compile(lambda *a: triton_diff_attention(*a, weight1=0.5, is_causal=True), fullgraph=True,
+                             backend="aot_eager")(*qkv, lam)
+    torch.testing.assert_close(compiled, eager, rtol=0, atol=0)
+    g = torch.randn_like(eager)
+    for a, b in zip(torch.autograd.grad(eager, [*qkv, lam], g), torch.autograd.grad(compiled, [*qkv, lam], g)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    out = triton_diff_attention(*qkv, 0.8, weight1=0.5)  # the cached constants, saved for backward
+    out.sum().backward()
+    torch._dynamo.reset()

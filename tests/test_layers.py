@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from diffattn import Attention, DiffAttention, GatedDiffAttention, KVCache
-from diffattn.layers import SwiGLU, attention_class
+from diffattn.layers import RMSNorm, SwiGLU, attention_class
 
 from .reference import F64, TOLERANCES, ref_softmax_rows, rms_norm, rope_tables, rotate
 
@@ -454,3 +454,24 @@ def test_float64_layer_with_float32_padding_mask():
     keep[0, 14:] = False
     mask32 = torch.zeros(2, 1, 1, 20).masked_fill(~keep[:, None, None, :], torch.finfo(torch.float32).min)
     torch.testing.assert_close(m(x, attn_mask=mask32), ref_layer(m, x, keep=keep), **TOLERANCES[F64])
+
+
+def test_rms_norm_of_half_input_with_float_weight_takes_one_dtype():
+    """Under autocast the sub-norm sees bf16 activations and its fp32 weight: the weight is cast to the input's
+    dtype so that PyTorch's fused kernel runs (it refuses mixed dtypes and warns); output in the input's dtype,
+    within bf16 rounding of the float64 reference, and the weight still gets its fp32 gradient."""
+    import warnings
+
+    torch.manual_seed(0)
+    norm = RMSNorm(16, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 5, 16).to(torch.bfloat16)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "Mismatch dtype ... Cannot dispatch to fused implementation"
+        out = norm(x)
+    assert out.dtype == torch.bfloat16
+    ref = rms_norm(x.double(), norm.weight.detach().double(), 1e-5)
+    assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
+    out.float().sum().backward()
+    assert norm.weight.grad is not None and norm.weight.grad.dtype == torch.float32

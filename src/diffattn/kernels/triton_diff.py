@@ -40,6 +40,7 @@ the matmuls with V, Q and K (as in FlashAttention-2). fp32 inputs use 3×TF32 ma
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -373,29 +374,63 @@ def _tiles(d: int, dv: int, dtype: torch.dtype) -> tuple[_Tiles, _Tiles, _Tiles]
 
     A program keeps two fp32 accumulators of width dv (forward: 2·BLOCK_M·dv values; dK/dV: BLOCK_N·(2d +
     dv)), so the register file, not the matmul shape, sets the tile size: the forward at d = 64, dv = 128
-    holds as many accumulator values as FlashAttention-2 at head width 256. No GPU was at hand to time
-    configurations, so the table below was chosen by compiling every kernel for sm_90 (bf16) and keeping, per
-    shape, the largest tiles for which ptxas reports no register spills (8 warps, 2 pipeline stages; at d =
-    128, dv = 256 a few bytes spill even at the smallest sensible tiles). Shared memory stays under 100 KiB
-    per program, well within an H100's 227 KiB. float32 inputs (tiles twice the bytes, 3×TF32 matmuls) use
-    32×32 tiles and one stage (at most 196 KiB of shared memory): a correctness path, not a fast one. In the
-    interpreter, 16×16 tiles: its speed is set by the number of numpy calls, and small tiles exercise multi-
-    tile loops, diagonal causal tiles and ragged edges on tiny test shapes. Autotuning on a GPU is the obvious
-    next step.
+    holds as many accumulator values as FlashAttention-2 at head width 256. The shapes d × dv = 64 × 128,
+    128 × 256, 32 × 64 and 64 × 64 were chosen by measurement: ``benchmarks/kernel.py --tune`` timed each kernel's
+    candidates on an NVIDIA H200 (bf16, N = 4096, non-causal; docs/benchmarks.md gives the runs) and the fastest
+    that also compiles for the causal mask is in ``_MEASURED_TILES`` (at 128 × 256 a 3-stage forward was 8 %
+    faster but needs 237,568 bytes of shared memory when causal, over the H200's 232,448). The backward kernels
+    ran up to 2.3× faster with 4 warps and small tiles than with the 8 warps that ptxas' spill reports had
+    suggested.
+    Other shapes keep the largest tiles for which ptxas reported no register spills for sm_90 (8 warps, 2
+    stages). float32 inputs (tiles twice the bytes, 3×TF32 matmuls) use 32×32 tiles and one stage: a correctness
+    path, not a fast one. In the interpreter, 16×16 tiles: its speed is set by the number of numpy calls, and
+    small tiles exercise multi-tile loops, diagonal causal tiles and ragged edges on tiny test shapes.
     """
     if _interpreting():
         t = _Tiles(16, 16, 1, 1)
         return t, t, t
+    if dtype != torch.float32 and (d, dv) in _TILE_OVERRIDES:
+        return _TILE_OVERRIDES[(d, dv)]
     if dtype == torch.float32:
         t = _Tiles(32, 32, 4, 1)
         return t, t, t
+    if (d, dv) in _MEASURED_TILES:
+        return _MEASURED_TILES[(d, dv)]
     if dv <= 64:  # d ≤ 64
         return _Tiles(128, 64, 8, 2), _Tiles(32, 64, 8, 2), _Tiles(128, 32, 8, 2)
-    if d <= 64:  # d = 64, dv = 128: Ye et al.'s layout at head width 64
+    if d <= 64:  # d ≤ 64, dv = 2d
         return _Tiles(128, 64, 8, 2), _Tiles(64, 32, 8, 2), _Tiles(128, 32, 8, 2)
     if dv <= 128:  # d = dv = 128
         return _Tiles(64, 64, 8, 2), _Tiles(64, 32, 8, 2), _Tiles(64, 32, 8, 2)
     return _Tiles(64, 32, 8, 2), _Tiles(32, 32, 8, 2), _Tiles(64, 32, 8, 2)  # d = 128, dv = 256
+
+
+#: (d, dv) → (forward, dK/dV, dQ) tiles chosen by timing on an NVIDIA H200 (``benchmarks/kernel.py --tune``)
+_MEASURED_TILES: dict[tuple[int, int], tuple[_Tiles, _Tiles, _Tiles]] = {
+    (64, 128): (_Tiles(128, 64, 8, 3), _Tiles(32, 64, 4, 2), _Tiles(64, 64, 4, 2)),
+    (128, 256): (_Tiles(64, 64, 8, 2), _Tiles(32, 32, 4, 2), _Tiles(128, 32, 8, 2)),
+    (32, 64): (_Tiles(64, 64, 4, 3), _Tiles(64, 64, 4, 2), _Tiles(64, 32, 4, 2)),
+    (64, 64): (_Tiles(64, 64, 4, 3), _Tiles(32, 64, 4, 2), _Tiles(64, 64, 4, 2)),
+}
+
+
+#: (d, dv) → (forward, dK/dV, dQ) tiles for fp16/bf16 that replace the table above; set by :func:`override_tiles`
+_TILE_OVERRIDES: dict[tuple[int, int], tuple[_Tiles, _Tiles, _Tiles]] = {}
+
+
+@contextlib.contextmanager
+def override_tiles(d: int, dv: int, fwd: _Tiles, dkdv: _Tiles, dq: _Tiles):
+    """Within the block, fp16/bf16 calls at head width ``d`` and value width ``dv`` use these tiles (for tuning
+    sweeps and benchmarks: ``benchmarks/kernel.py --tune``)."""
+    old = _TILE_OVERRIDES.get((d, dv))
+    _TILE_OVERRIDES[(d, dv)] = (fwd, dkdv, dq)
+    try:
+        yield
+    finally:
+        if old is None:
+            del _TILE_OVERRIDES[(d, dv)]
+        else:
+            _TILE_OVERRIDES[(d, dv)] = old
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -405,6 +440,26 @@ def _precision(dtype: torch.dtype) -> str:
     """tl.dot input precision: float32 inputs get 3×TF32 (about fp32 accuracy on tensor cores, where IEEE
     fp32 matmuls fall back to FMA loops that spill); it has no effect on fp16/bf16 inputs."""
     return "tf32x3" if dtype == torch.float32 else "tf32"
+
+
+def _as_tensor(w: Weight, device: torch.device) -> torch.Tensor:
+    """A weight as a tensor for the operators: floats become 0-D fp32 tensors (which get no gradient), kept
+    per value and device in eager mode so that a layer's constant weight costs no fill kernel per call."""
+    if isinstance(w, torch.Tensor):
+        return w
+    if torch.compiler.is_compiling():
+        return torch.full((), float(w), dtype=torch.float32, device=device)
+    key = (float(w), str(device))
+    t = _CONSTANTS.get(key)
+    if t is None:
+        if len(_CONSTANTS) > 64:
+            _CONSTANTS.clear()
+        with torch.inference_mode(False):  # a normal tensor even when first made under inference mode
+            t = _CONSTANTS[key] = torch.full((), key[0], dtype=torch.float32, device=device)
+    return t
+
+
+_CONSTANTS: dict[tuple[float, str], torch.Tensor] = {}
 
 
 def _row_weight(w: Weight, B: int, H: int, Nq: int, device: torch.device) -> torch.Tensor:
@@ -527,108 +582,191 @@ def _sum_to(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return g.to(w.dtype)
 
 
-# -------------------------------------------------------------------------------------------- autograd
+# ------------------------------------------------------------------------------------------- launchers
+
+
+def _fwd_impl(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal: bool, scale: float, store_branches: bool,
+              tiles: _Tiles | None = None):
+    """Launch the forward kernel: O, and (when ``store_branches``) O1 = A1 V, O2 = A2 V and the two log2-sum-exps
+    as one (2, B, H, Nq) fp32 tensor; without them, three empty tensors. ``tiles`` overrides the table."""
+    q1, q2 = _unit_stride(q1, q2)
+    k1, k2 = _unit_stride(k1, k2)
+    (v,) = _unit_stride(v)
+    B, H, Nq, d = q1.shape
+    Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
+    w1r = _row_weight(w1, B, H, Nq, q1.device)  # (B, H, Nq) fp32 views
+    lamr = _row_weight(lam, B, H, Nq, q1.device)
+    kb = key_bias if key_bias is not None else q1.new_empty(1, dtype=torch.float32)
+
+    o = torch.empty(B, H, Nq, dv, device=q1.device, dtype=v.dtype)
+    if store_branches:
+        o1, o2 = torch.empty_like(o), torch.empty_like(o)
+        lse = torch.empty(2, B, H, Nq, device=q1.device, dtype=torch.float32)
+        o1_arg, o2_arg, lse_arg = o1, o2, lse
+    else:  # inference: write O only (the kernel never touches the branch pointers)
+        o1, o2, lse = (q1.new_empty(0, dtype=torch.float32) for _ in range(3))  # distinct: outputs never alias
+        o1_arg, o2_arg, lse_arg = o, o, torch.empty(2, 1, device=q1.device, dtype=torch.float32)
+
+    fwd = tiles or _tiles(d, dv, q1.dtype)[0]
+    grid = (triton.cdiv(Nq, fwd.block_m), B * H)
+    _diff_attn_fwd_kernel[grid](
+        q1, q2, k1, k2, v, kb, w1r, lamr,
+        o, o1_arg, o2_arg, lse_arg[0], lse_arg[1],
+        q1.stride(0), q1.stride(1), q1.stride(2),
+        k1.stride(0), k1.stride(1), k1.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        w1r.stride(0), w1r.stride(1), w1r.stride(2),
+        lamr.stride(0), lamr.stride(1), lamr.stride(2),
+        kb.stride(0) if key_bias is not None and kb.shape[0] > 1 else 0,
+        H, Nq, Nk, scale * LOG2E,
+        GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
+        IS_CAUSAL=is_causal, HAS_KB=key_bias is not None, STORE_BRANCHES=store_branches,
+        PREC=_precision(q1.dtype), num_warps=fwd.num_warps, num_stages=fwd.num_stages,
+    )
+    return o, o1, o2, lse
+
+
+def _bwd_impl(do, q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias, is_causal: bool, scale: float,
+              tiles: tuple[_Tiles, _Tiles] | None = None):
+    """Launch the three backward kernels. Returns dQ as one (2, B, H, Nq, d) tensor (dQ1, dQ2), dK as one
+    (2, B, Hkv, Nk, d) tensor, dV (B, Hkv, Nk, dv) and r = (rowsum(dO ⊙ O1), rowsum(dO ⊙ O2)) as (2, B, H, Nq) fp32,
+    from which the weight gradients follow. ``tiles`` = (dK/dV tiles, dQ tiles) overrides the table."""
+    q1, q2 = _unit_stride(q1, q2)
+    k1, k2 = _unit_stride(k1, k2)
+    (v,) = _unit_stride(v)
+    B, H, Nq, d = q1.shape
+    Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
+    w1r = _row_weight(w1, B, H, Nq, q1.device)
+    lamr = _row_weight(lam, B, H, Nq, q1.device)
+    has_kb = key_bias is not None
+    kb = key_bias if has_kb else q1.new_empty(1, dtype=torch.float32)
+    do = do.contiguous()  # (B, H, Nq, dv), the layout of O1 and O2
+    o1, o2 = o1.contiguous(), o2.contiguous()
+    tkv, tq = tiles or _tiles(d, dv, q1.dtype)[1:]
+    common = dict(GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, IS_CAUSAL=is_causal, HAS_KB=has_kb,
+                  PREC=_precision(q1.dtype))
+    strides = (
+        q1.stride(0), q1.stride(1), q1.stride(2),
+        k1.stride(0), k1.stride(1), k1.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        w1r.stride(0), w1r.stride(1), w1r.stride(2),
+        lamr.stride(0), lamr.stride(1), lamr.stride(2),
+        kb.stride(0) if has_kb and kb.shape[0] > 1 else 0,
+    )
+    qk_scale = scale * LOG2E
+    lse = lse.contiguous()
+
+    # 1. r_b = rowsum(dO ⊙ O_b): (B, H, Nq) fp32 each
+    r = torch.empty(2, B, H, Nq, device=q1.device, dtype=torch.float32)
+    rows, block = B * H * Nq, 4096 // dv  # three (block, dv) fp32 tiles in registers
+    _diff_attn_bwd_preprocess_kernel[(triton.cdiv(rows, block),)](
+        o1, o2, do, r[0], r[1], rows, HEAD_DV=dv, BLOCK_M=block)
+
+    # 2. dK1, dK2, dV: one program per key tile and kv head
+    dk = torch.empty(2, B, Hkv, Nk, d, device=q1.device, dtype=k1.dtype)
+    dvv = torch.empty(B, Hkv, Nk, dv, device=q1.device, dtype=v.dtype)
+    _diff_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, tkv.block_n), B * Hkv)](
+        q1, q2, k1, k2, v, kb, w1r, lamr, do, lse[0], lse[1], r[0], r[1],
+        dk[0], dk[1], dvv, *strides, H, Hkv, Nq, Nk, qk_scale, scale,
+        BLOCK_M=tkv.block_m, BLOCK_N=tkv.block_n, num_warps=tkv.num_warps, num_stages=tkv.num_stages,
+        **common,
+    )
+
+    # 3. dQ1, dQ2: one program per query tile and head
+    dq = torch.empty(2, B, H, Nq, d, device=q1.device, dtype=q1.dtype)
+    _diff_attn_bwd_dq_kernel[(triton.cdiv(Nq, tq.block_m), B * H)](
+        q1, q2, k1, k2, v, kb, w1r, lamr, do, lse[0], lse[1], r[0], r[1],
+        dq[0], dq[1], *strides, H, Nq, Nk, qk_scale, scale,
+        BLOCK_M=tq.block_m, BLOCK_N=tq.block_n, num_warps=tq.num_warps, num_stages=tq.num_stages,
+        **common,
+    )
+    return dq, dk, dvv, r
+
+
+# ------------------------------------------------------------------------- PyTorch operators and autograd
+#
+# The kernels are registered as two PyTorch operators (torch.library.custom_op) with fake implementations that
+# give only the output shapes, so torch.compile and torch.export trace through the kernel as one opaque node each
+# (fullgraph=True, no graph break), and AOTAutograd sees the backward as an operator too.
+
+
+@torch.library.custom_op("diffattn::triton_diff_attn_fwd", mutates_args=())
+def _fwd_op(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
+            lam: torch.Tensor, w1: torch.Tensor, key_bias: torch.Tensor | None, is_causal: bool, scale: float,
+            store_branches: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(O, O1, O2, log2-sum-exps); O1, O2 and the log-sum-exps are empty unless ``store_branches``."""
+    return _fwd_impl(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches)
+
+
+@_fwd_op.register_fake
+def _fwd_fake(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches):
+    B, H, Nq, _ = q1.shape
+    o = q1.new_empty((B, H, Nq, v.shape[-1]), dtype=v.dtype)
+    if not store_branches:
+        empty = q1.new_empty(0, dtype=torch.float32)
+        return o, empty, empty.clone(), empty.clone()
+    return o, torch.empty_like(o), torch.empty_like(o), q1.new_empty((2, B, H, Nq), dtype=torch.float32)
+
+
+@torch.library.custom_op("diffattn::triton_diff_attn_bwd", mutates_args=())
+def _bwd_op(do: torch.Tensor, q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor,
+            v: torch.Tensor, o1: torch.Tensor, o2: torch.Tensor, lse: torch.Tensor, lam: torch.Tensor,
+            w1: torch.Tensor, key_bias: torch.Tensor | None, is_causal: bool,
+            scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ stacked (2, B, H, Nq, d), dK stacked (2, B, Hkv, Nk, d), dV, r (2, B, H, Nq) fp32)."""
+    return _bwd_impl(do, q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias, is_causal, scale)
+
+
+@_bwd_op.register_fake
+def _bwd_fake(do, q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias, is_causal, scale):
+    B, H, Nq, d = q1.shape
+    return (q1.new_empty((2, *q1.shape)), k1.new_empty((2, *k1.shape)), v.new_empty(v.shape),
+            q1.new_empty((2, B, H, Nq), dtype=torch.float32))
+
+
+def _setup_context(ctx, inputs, output):
+    q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches = inputs
+    _, o1, o2, lse = output
+    ctx.save_for_backward(q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias)
+    ctx.is_causal, ctx.scale, ctx.store_branches = is_causal, scale, store_branches
+
+
+def _input_grads(ctx, do, bwd):
+    """Gradients of (q1, k1, q2, k2, v, λ, w1) from the saved tensors; ``bwd`` is the backward operator or its
+    implementation. ∂L/∂w1 = rowsum(dO ⊙ O1), ∂L/∂λ = −rowsum(dO ⊙ O2), summed to the shapes the weights were
+    broadcast from."""
+    if not ctx.store_branches:
+        raise RuntimeError("triton_diff_attention ran without saving its branch outputs (called with no input "
+                           "that requires grad, or under torch.no_grad), so it has no backward")
+    q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias = ctx.saved_tensors
+    dq, dk, dv, r = bwd(do, q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias, ctx.is_causal, ctx.scale)
+    dlam = _sum_to(-r[1].unsqueeze(-1), lam) if ctx.needs_input_grad[5] else None
+    dw1 = _sum_to(r[0].unsqueeze(-1), w1) if ctx.needs_input_grad[6] else None
+    return dq[0], dk[0], dq[1], dk[1], dv, dlam, dw1
+
+
+def _backward(ctx, do, _do1, _do2, _dlse):
+    return *_input_grads(ctx, do, _bwd_op), None, None, None, None
+
+
+_fwd_op.register_autograd(_backward, setup_context=_setup_context)
 
 
 class _DiffAttnFunction(torch.autograd.Function):
+    """The same forward and backward as the operators, for eager mode: an autograd.Function calls the launchers
+    directly, without the operator dispatch around them (in eager mode that dispatch cost more host time per
+    layer than the kernels took on the GPU at ViT sizes). Under torch.compile the operators are used."""
+
     @staticmethod
-    def forward(ctx, q1, k1, q2, k2, v, lambda_, weight1, key_bias, is_causal, scale):
-        q1, q2 = _unit_stride(q1, q2)
-        k1, k2 = _unit_stride(k1, k2)
-        (v,) = _unit_stride(v)
-        B, H, Nq, d = q1.shape
-        Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
-        w1 = _row_weight(weight1, B, H, Nq, q1.device)  # (B, H, Nq) fp32
-        lam = _row_weight(lambda_, B, H, Nq, q1.device)
-        kb = key_bias if key_bias is not None else q1.new_empty(1, dtype=torch.float32)
-
-        needs_grad = any(ctx.needs_input_grad[:7])
-        o = torch.empty(B, H, Nq, dv, device=q1.device, dtype=v.dtype)
-        if needs_grad:
-            o1, o2 = torch.empty_like(o), torch.empty_like(o)
-            lse = torch.empty(2, B, H, Nq, device=q1.device, dtype=torch.float32)
-        else:  # inference: write O only
-            o1 = o2 = o
-            lse = torch.empty(2, 1, device=q1.device, dtype=torch.float32)
-
-        fwd, _, _ = _tiles(d, dv, q1.dtype)
-        grid = (triton.cdiv(Nq, fwd.block_m), B * H)
-        _diff_attn_fwd_kernel[grid](
-            q1, q2, k1, k2, v, kb, w1, lam,
-            o, o1, o2, lse[0], lse[1],
-            q1.stride(0), q1.stride(1), q1.stride(2),
-            k1.stride(0), k1.stride(1), k1.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            w1.stride(0), w1.stride(1), w1.stride(2),
-            lam.stride(0), lam.stride(1), lam.stride(2),
-            kb.stride(0) if key_bias is not None and kb.shape[0] > 1 else 0,
-            H, Nq, Nk, scale * LOG2E,
-            GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
-            IS_CAUSAL=is_causal, HAS_KB=key_bias is not None, STORE_BRANCHES=needs_grad,
-            PREC=_precision(q1.dtype), num_warps=fwd.num_warps, num_stages=fwd.num_stages,
-        )
-        if needs_grad:
-            ctx.save_for_backward(q1, k1, q2, k2, v, o1, o2, lse, kb)
-            ctx.weights = (lambda_, weight1)
-            ctx.has_kb, ctx.is_causal, ctx.scale = key_bias is not None, is_causal, scale
+    def forward(ctx, q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches):
+        o, o1, o2, lse = _fwd_impl(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches)
+        _setup_context(ctx, (q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches),
+                       (o, o1, o2, lse))
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q1, k1, q2, k2, v, o1, o2, lse, kb = ctx.saved_tensors
-        lambda_, weight1 = ctx.weights
-        B, H, Nq, d = q1.shape
-        Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
-        w1 = _row_weight(weight1, B, H, Nq, q1.device)
-        lam = _row_weight(lambda_, B, H, Nq, q1.device)
-        do = do.contiguous()  # (B, H, Nq, dv), the layout of O1 and O2
-        _, tkv, tq = _tiles(d, dv, q1.dtype)
-        common = dict(
-            GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, IS_CAUSAL=ctx.is_causal, HAS_KB=ctx.has_kb,
-            PREC=_precision(q1.dtype),
-        )
-        strides = (
-            q1.stride(0), q1.stride(1), q1.stride(2),
-            k1.stride(0), k1.stride(1), k1.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            w1.stride(0), w1.stride(1), w1.stride(2),
-            lam.stride(0), lam.stride(1), lam.stride(2),
-            kb.stride(0) if ctx.has_kb and kb.shape[0] > 1 else 0,
-        )
-        qk_scale = ctx.scale * LOG2E
-
-        # 1. r_b = rowsum(dO ⊙ O_b): (B, H, Nq) fp32 each
-        r = torch.empty(2, B, H, Nq, device=q1.device, dtype=torch.float32)
-        rows, block = B * H * Nq, 4096 // dv  # three (block, dv) fp32 tiles in registers
-        _diff_attn_bwd_preprocess_kernel[(triton.cdiv(rows, block),)](
-            o1, o2, do, r[0], r[1], rows, HEAD_DV=dv, BLOCK_M=block)
-
-        # 2. dK1, dK2, dV: one program per key tile and kv head
-        dk1, dk2 = torch.empty(2, B, Hkv, Nk, d, device=q1.device, dtype=k1.dtype).unbind(0)
-        dvv = torch.empty(B, Hkv, Nk, dv, device=q1.device, dtype=v.dtype)
-        _diff_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, tkv.block_n), B * Hkv)](
-            q1, q2, k1, k2, v, kb, w1, lam, do, lse[0], lse[1], r[0], r[1],
-            dk1, dk2, dvv, *strides, H, Hkv, Nq, Nk, qk_scale, ctx.scale,
-            BLOCK_M=tkv.block_m, BLOCK_N=tkv.block_n, num_warps=tkv.num_warps, num_stages=tkv.num_stages,
-            **common,
-        )
-
-        # 3. dQ1, dQ2: one program per query tile and head
-        dq1, dq2 = torch.empty(2, B, H, Nq, d, device=q1.device, dtype=q1.dtype).unbind(0)
-        _diff_attn_bwd_dq_kernel[(triton.cdiv(Nq, tq.block_m), B * H)](
-            q1, q2, k1, k2, v, kb, w1, lam, do, lse[0], lse[1], r[0], r[1],
-            dq1, dq2, *strides, H, Nq, Nk, qk_scale, ctx.scale,
-            BLOCK_M=tq.block_m, BLOCK_N=tq.block_n, num_warps=tq.num_warps, num_stages=tq.num_stages,
-            **common,
-        )
-
-        # 4. weight gradients: ∂L/∂w1 = rowsum(dO ⊙ O1), ∂L/∂λ = −rowsum(dO ⊙ O2)
-        dlam = dw1 = None
-        if ctx.needs_input_grad[5]:
-            dlam = _sum_to(-r[1].unsqueeze(-1), lambda_)
-        if ctx.needs_input_grad[6]:
-            dw1 = _sum_to(r[0].unsqueeze(-1), weight1)
-        return dq1, dk1, dq2, dk2, dvv, dlam, dw1, None, None, None
+        return *_input_grads(ctx, do, _bwd_impl), None, None, None, None
 
 
 # ------------------------------------------------------------------------------------------ public API
@@ -683,6 +821,18 @@ def triton_diff_attention(
     reason = triton_unsupported_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
     if reason is not None:
         raise ValueError(f"triton_diff_attention cannot run these inputs: {reason}")
+    return run_checked(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale)
+
+
+def run_checked(q1, k1, q2, k2, v, lambda_: Weight, weight1: Weight, attn_mask, is_causal: bool,
+                scale: float | None) -> torch.Tensor:
+    """:func:`triton_diff_attention` for inputs that :func:`triton_unsupported_reason` already accepted (the
+    ``triton`` backend of :func:`diffattn.functional.diff_attention` checks once, not twice)."""
     scale = 1.0 / math.sqrt(q1.shape[-1]) if scale is None else float(scale)
     key_bias = None if attn_mask is None else _mask_as_key_bias(attn_mask, q1.shape[0], k1.shape[2])
-    return _DiffAttnFunction.apply(q1, k1, q2, k2, v, lambda_, weight1, key_bias, is_causal, scale)
+    lam, w1 = _as_tensor(lambda_, q1.device), _as_tensor(weight1, q1.device)
+    store_branches = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (q1, k1, q2, k2, v, lam, w1))
+    if torch.compiler.is_compiling():  # one operator node in the graph (fake implementation for tracing)
+        return _fwd_op(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches)[0]
+    return _DiffAttnFunction.apply(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 __all__ = ["RMSNorm", "head_rms_norm"]
 
@@ -16,6 +17,10 @@ class RMSNorm(nn.RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not torch.onnx.is_in_onnx_export():
+            if self.weight is not None and self.weight.dtype != x.dtype:
+                # under autocast x is bf16/fp16 and the weight fp32: PyTorch's fused kernel takes one dtype and
+                # otherwise falls back to several elementwise kernels in eager mode (statistics stay fp32 in both)
+                return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
             return super().forward(x)
         dims = tuple(range(-len(self.normalized_shape), 0))
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
