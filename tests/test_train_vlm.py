@@ -105,9 +105,9 @@ def test_bad_vlm_config_values_are_named():
     from diffattn.train import load_config
 
     with pytest.raises(ValueError, match="task.train must be 'projector'"):
-        load_config(REPO / "configs/tiny/vlm.yaml", ["task.train=adapters"])
+        load_config("tiny/vlm", ["task.train=adapters"])
     with pytest.raises(ValueError, match="task.method must be one of \\('shared_qk', 'split_heads', 'none'\\)"):
-        load_config(REPO / "configs/tiny/paligemma.yaml", ["task.method=daa"])
+        load_config("tiny/paligemma", ["task.method=daa"])
 
 
 @pytest.mark.slow

@@ -34,7 +34,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "diff_vit": ("diff_vit_nano", "DiffViT"),
     "dg_vit": ("dg_vit_nano", "DGViT"),
 }
-#: the budget (configs/studies/dgvit.yaml)
+#: the budget (diffattn/configs/studies/dgvit.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 200, "batch_size": 32, "lr": 2.0e-3, "weight_decay": 0.05, "warmup_steps": 20,
     "label_smoothing": 0.1, "model": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10},

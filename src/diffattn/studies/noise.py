@@ -40,7 +40,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
 }
 #: the variants a config without ``variants`` compares (``dg_lm`` on request)
 DEFAULT_VARIANTS = ["lm", "diff_lm"]
-#: the budget (configs/studies/noise.yaml)
+#: the budget (diffattn/configs/studies/noise.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 250, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
     "model": {"vocab_size": 256, "dim": 64, "depth": 2, "num_heads": 4, "num_kv_heads": 4},

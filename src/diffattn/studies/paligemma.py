@@ -41,7 +41,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "shared_qk": ("shared_qk", "shared-QK + LoRA"),
     "split_heads": ("split_heads", "split-heads + LoRA"),
 }
-#: the budget (configs/studies/paligemma.yaml)
+#: the budget (diffattn/configs/studies/paligemma.yaml)
 DEFAULTS: dict[str, Any] = {
     "model": {"projection_dim": 64, "hidden_size": 64,
               "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64, "intermediate_size": 128,

@@ -38,7 +38,7 @@ __all__ = ["VARIANTS", "DEFAULTS", "run", "minilm_dir", "classification_part", "
 #: method → label; ``plain`` is the baseline (no conversion)
 VARIANTS: dict[str, str] = {"plain": "plain", "daa": "DAA", "dex": "DEX", "diffq": "DiffQ", "diffk": "DiffK",
                             "diffv": "DiffV"}
-#: the budget (configs/studies/retrofit.yaml)
+#: the budget (diffattn/configs/studies/retrofit.yaml)
 DEFAULTS: dict[str, Any] = {
     "parts": ["classification", "lm"], "lambda_init": 0.8,
     # (a) MiniLM on SpamAssassin

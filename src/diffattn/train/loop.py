@@ -1,6 +1,6 @@
 """The training loop: one function, every task, one process or torchrun.
 
-    cfg = load_config("configs/tiny/clip.yaml", ["optim.lr=3e-4"])
+    cfg = load_config("tiny/clip", ["optim.lr=3e-4"])
     train(cfg, out="runs/clip", resume="auto")
 
 Per optimizer step: ``accum_steps`` micro-batches (forward under bf16 autocast on CUDA, fp32 on CPU; DDP syncs
