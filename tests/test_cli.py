@@ -74,7 +74,8 @@ def test_demo_without_data_names_make_data(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DIFFATTN_DATA", str(tmp_path / "empty"))
     assert cli.main(["demo", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "`make data`" in err and "tuxpaint_captions" in err and "fashion_mnist" in err
+    assert "`diffattn data prepare " in err and "`make data`" in err
+    assert "tuxpaint_captions" in err and "fashion_mnist" in err
     assert not (tmp_path / "out").exists()
 
 

@@ -113,7 +113,7 @@ def load_backgrounds(*, fashion_mnist_root: str | os.PathLike | None = None) -> 
         tiles = None
     if not photos and tiles is None:
         raise DatasetNotInstalledError("the detection set needs real backgrounds: install scikit-image (its sample "
-                                       f"photos) or prepare Fashion-MNIST with `{SETUP_COMMAND}`")
+                                       f"photos) or prepare Fashion-MNIST with `{SETUP_COMMAND} fashion_mnist`")
     return photos, tiles
 
 

@@ -53,7 +53,7 @@ def gpt2_tokenizer(path: str | os.PathLike | None = None):
     p = _gpt2_ranks_path(path)
     if not p.is_file():
         raise DatasetNotInstalledError(
-            f"GPT-2 BPE ranks not found at {str(p)!r}. `{SETUP_COMMAND}` extracts them from the openai-whisper "
+            f"GPT-2 BPE ranks not found at {str(p)!r}. `{SETUP_COMMAND} gpt2` extracts them from the openai-whisper "
             f"sdist (pip download --no-deps --no-binary :all: openai-whisper), or pass path= a gpt2.tiktoken file.")
     return _gpt2(str(p.resolve()))
 

@@ -153,8 +153,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     from ..data._common import SETUP_COMMAND, DatasetNotInstalledError
 
     if not dataset_info("fashion_mnist").installed():
-        raise DatasetNotInstalledError(f"the dgvit study needs Fashion-MNIST; install it with `{SETUP_COMMAND}` or "
-                                       f"set DIFFATTN_DATA to the folder holding it")
+        raise DatasetNotInstalledError(f"the dgvit study needs Fashion-MNIST; install it with "
+                                       f"`{SETUP_COMMAND} fashion_mnist` or set DIFFATTN_DATA to the folder holding it")
     out = Path(cfg["out"])
     t0 = time.perf_counter()
     test = None

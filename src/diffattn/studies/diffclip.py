@@ -60,8 +60,9 @@ def _check_demo_data() -> None:
     if missing:
         raise DatasetNotInstalledError(
             f"diffattn demo needs the offline datasets {', '.join(DEMO_DATASETS)}; not installed under "
-            f"{str(default_root())!r}: {', '.join(missing)}. Install and prepare them with `{SETUP_COMMAND}` "
-            f"(runs scripts/fetch_data.sh) from the repository root, or set DIFFATTN_DATA to the folder holding them.")
+            f"{str(default_root())!r}: {', '.join(missing)}. Install and prepare them with "
+            f"`{SETUP_COMMAND} {' '.join(missing)}` (`make data` in a source checkout), or set DIFFATTN_DATA to the "
+            f"folder holding them.")
 
 
 def demo_pairs(out: str | os.PathLike, img_size: int = 32, max_pairs: int | None = None) -> Path:

@@ -163,7 +163,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
 
     if not dataset_info("state_of_the_union").installed():
         raise DatasetNotInstalledError(f"the noise study needs the State of the Union addresses; install them with "
-                                       f"`{SETUP_COMMAND}` or set DIFFATTN_DATA to the folder holding them")
+                                       f"`{SETUP_COMMAND} state_of_the_union` or set DIFFATTN_DATA to the folder "
+                                       f"holding them")
     held_out = "\n\n".join(get_dataset("state_of_the_union", split="test").texts)
     out = Path(cfg["out"])
     t0 = time.perf_counter()

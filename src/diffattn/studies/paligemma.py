@@ -167,7 +167,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
 
     if not dataset_info("tuxpaint_captions").installed():
         raise DatasetNotInstalledError(f"the paligemma study needs tuxpaint_captions; install with "
-                                       f"`{SETUP_COMMAND}` or set DIFFATTN_DATA to the folder holding it")
+                                       f"`{SETUP_COMMAND} tuxpaint_captions` or set DIFFATTN_DATA to the folder "
+                                       f"holding it")
     torch.set_num_threads(cfg["threads"])
     t0 = time.perf_counter()
     test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])
