@@ -138,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"diffattn {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end "
-                       "on the offline image–caption data (make data)")
+                       "on the offline image–caption data (diffattn data prepare)")
     d.add_argument("--out", default="runs/demo", help="folder for the runs, report.md, results.json and plots")
     d.add_argument("--variants", nargs="+", default=list(DEMO_VARIANTS), choices=list(DEMO_VARIANTS))
     d.add_argument("--steps", type=bounded(int, 1), default=None, help="override the recipes' run.steps")

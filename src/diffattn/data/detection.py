@@ -14,7 +14,8 @@ Written by :func:`export_detection` (``diffattn data export tuxpaint_detect --ou
     DIR/manifest.json             the generation settings and counts
 
 Deterministic: image i of a split depends only on (``seed``, split, i). The Tux Paint stamps are GPL-2.0 (Debian
-``tuxpaint-stamps-default``, prepared by ``make data``): the generated images are never committed or redistributed.
+``tuxpaint-stamps-default``, prepared by ``diffattn data prepare``): the generated images are never committed or
+redistributed.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 ``diffattn study diffclip`` (the demo at several seeds, aggregated).
 
 ``demo`` goes through the code path a user runs on CC3M: it lists the offline image–caption pairs (Tux Paint stamps
-+ Noto emoji, ``make data``) in an open_clip-style TSV, trains every variant with
++ Noto emoji, ``diffattn data prepare``) in an open_clip-style TSV, trains every variant with
 ``diffattn train demo/<variant>`` (same data, seed and budget; only the attention differs), evaluates
 each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text retrieval on held-out pairs,
 linear probe, CLS attention inside vs outside the foreground masks), adds zero-shot Fashion-MNIST, retrieval on
@@ -351,7 +351,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
 
     Raises:
         DatasetNotInstalledError: Tux Paint, emoji or Fashion-MNIST is not prepared (the message names
-            ``make data``).
+            ``diffattn data prepare``).
         ValueError: an unknown variant.
     """
     from ..eval import evaluate
