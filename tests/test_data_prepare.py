@@ -54,6 +54,12 @@ def test_names_resolve_in_order_with_aliases():
     assert P.resolve_names(None) == list(P.TARGETS)
     assert P.resolve_names(["gpt2", "emoji", "tuxpaint_vqa", "digits"]) == ["tuxpaint_captions", "emoji", "gpt2"]
     assert P.resolve_names(["digits"]) == []
+
+
+def test_bundled_sets_need_nothing(tmp_path):
+    lines = []
+    assert P.prepare(["digits"], root=tmp_path, log=lines.append) == {}
+    assert lines == ["digits: ships with scikit-learn (load_digits), nothing to prepare"]
     with pytest.raises(ValueError, match=r"NAME must be one of fashion_mnist, .*; got 'cifar', 'x'"):
         P.resolve_names(["emoji", "cifar", "x"])
 

@@ -615,7 +615,11 @@ def prepare(names: Iterable[str] | None = None, root: str | os.PathLike | None =
     """
     from ._common import default_root
 
+    names = list(names or [])
     targets = resolve_names(names)
+    for name in names:
+        if name in BUNDLED:
+            log(f"{name}: {BUNDLED[name]}, nothing to prepare")
     if debian not in DEBIAN_MODES:
         raise ValueError(f"debian must be one of {DEBIAN_MODES}, got {debian!r}")
     root = default_root() if root is None else Path(root)
