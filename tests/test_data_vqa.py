@@ -5,13 +5,11 @@ Tests on the real stamps are marked ``data`` and skip when ``make data`` has not
 
 from __future__ import annotations
 
-import os
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from diffattn.data import DATASETS, SETUP_COMMAND, get_dataset
+from diffattn.data import DATASETS, SETUP_COMMAND, default_root, get_dataset
 from diffattn.data.vqa import (
     POPE_SPLITS,
     VQADataset,
@@ -26,7 +24,7 @@ from diffattn.data.vqa import (
 )
 from diffattn.eval.vlm import vqa_score
 
-ROOT = Path(os.environ.get("DIFFATTN_DATA", Path(__file__).resolve().parents[1] / "data"))
+ROOT = default_root()
 needs_tuxpaint = pytest.mark.skipif(not DATASETS["tuxpaint_captions"].installed(ROOT),
                                     reason=f"tuxpaint_captions not installed under {ROOT}: run `{SETUP_COMMAND}`")
 

@@ -3,17 +3,14 @@ heat map, the decoder's image attention, and the whole evaluation on a tiny trai
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
-from diffattn.data import DATASETS, SETUP_COMMAND
+from diffattn.data import DATASETS, SETUP_COMMAND, default_root
 from diffattn.data.vqa import needle_samples, pope_questions, what_questions
 from diffattn.eval.vlm_bench import evaluate_vlm, image_attention, needle_predictions, plot_needle_cells
 
-ROOT = Path(os.environ.get("DIFFATTN_DATA", Path(__file__).resolve().parents[1] / "data"))
+ROOT = default_root()
 ROWS = [{"key": f"k{i}", "caption": f"A {w}.", "category": c} for i, (w, c) in enumerate(
     [("frog", "animals"), ("lion", "animals"), ("toad", "animals"), ("apple", "food"), ("pear", "food"),
      ("bus", "vehicles"), ("car", "vehicles"), ("tram", "vehicles")])]

@@ -14,13 +14,14 @@ import torch
 
 import diffattn.models.vit as vit_module
 from diffattn.convert import read_checkpoint
+from diffattn.data import default_root
 from diffattn.models import create_model
 from diffattn.models.vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, take_indices
 
 timm = pytest.importorskip("timm")
 
 REPO = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("DIFFATTN_DATA", REPO / "data"))
+DATA = default_root()
 
 
 def nano(name="diff_vit_nano", **kw):

@@ -7,12 +7,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from diffattn.data import default_root
 from diffattn.data.tokenizers import gpt2_tokenizer
 from diffattn.models import create_model, from_pretrained
 from diffattn.models.tokenizer import TOKENIZER_CONFIG, as_lm_tokenizer, load_lm_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
-RANKS = Path(os.environ.get("DIFFATTN_DATA", REPO / "data")) / "tokenizers" / "gpt2.tiktoken"
+RANKS = default_root() / "tokenizers" / "gpt2.tiktoken"
 needs_ranks = pytest.mark.skipif(not RANKS.is_file(), reason=f"GPT-2 ranks missing ({RANKS}): run `make data`")
 
 # Melville, Moby-Dick (1851), ch. 1: public domain

@@ -79,7 +79,7 @@ def _run(args: list[str], nproc: int, out: Path) -> list[float]:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     base = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)] if nproc > 1 else \
         [sys.executable]
-    cmd = base + ["-m", "diffattn", "train", str(ROOT / "configs/tiny/clip.yaml"), "--out", str(out),
+    cmd = base + ["-m", "diffattn", "train", "tiny/clip", "--out", str(out),
                   "--set", "run.steps=3", "--set", "run.log_every=1", "--set", "run.progress=false"] + DIGITS + args
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]

@@ -19,7 +19,7 @@ ARGS = ["--set", "run.steps=24", "--set", "run.ckpt_every=4", "--set", "run.log_
 
 
 def _cmd(out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "diffattn", "train", str(ROOT / "configs/tiny/classify.yaml"), "--out", str(out),
+    return [sys.executable, "-m", "diffattn", "train", "tiny/classify", "--out", str(out),
             *ARGS, *extra]
 
 

@@ -1,14 +1,10 @@
 """The tiny text recipe trains DGT on SpamAssassin: the loss goes down, and the saved model with its vocabulary
 classifies held-out mail better than always answering the majority class."""
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from diffattn.train import load_config, train
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
@@ -17,12 +13,12 @@ def test_tiny_text_loss_goes_down_and_model_beats_majority_on_val(tmp_path, one_
     from diffattn.data import DatasetNotInstalledError, get_dataset
     from diffattn.models import TextClassifier, Vocabulary, from_pretrained
 
-    cfg = load_config(ROOT / "configs/tiny/text.yaml",
+    cfg = load_config("tiny/text",
                       ["run.steps=40", "run.log_every=1", "run.ckpt_every=40", "run.progress=false"])
     try:
         val = get_dataset("spamassassin", split="val")
     except DatasetNotInstalledError as e:
-        pytest.skip(f"configs/tiny/text.yaml needs SpamAssassin: {e}")
+        pytest.skip(f"tiny/text needs SpamAssassin: {e}")
     losses = train(cfg, out=tmp_path)["losses"]
     assert len(losses) == 40 and all(v == v for v in losses)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5

@@ -8,18 +8,16 @@ import torch
 from diffattn.train import load_config, train
 from diffattn.train.checkpoint import latest_checkpoint, load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _train(name: str, out: Path, *extra: str) -> dict:
-    cfg = load_config(ROOT / f"configs/tiny/{name}.yaml",
+    cfg = load_config(f"tiny/{name}",
                       ["run.steps=30", "run.log_every=1", "run.ckpt_every=30", "run.progress=false", *extra])
     from diffattn.data import DatasetNotInstalledError
 
     try:
         return train(cfg, out=out)
     except DatasetNotInstalledError as e:
-        pytest.skip(f"configs/tiny/{name}.yaml needs its dataset: {e}")
+        pytest.skip(f"tiny/{name} needs its dataset: {e}")
 
 
 @pytest.mark.slow

@@ -4,16 +4,15 @@ train``, keeping the CLIP tower it was given."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from diffattn.data import DATASETS, SETUP_COMMAND
+from diffattn.data import DATASETS, SETUP_COMMAND, default_root
 
 REPO = Path(__file__).resolve().parents[1]
-ROOT = Path(os.environ.get("DIFFATTN_DATA", REPO / "data"))
+ROOT = default_root()
 pytestmark = [pytest.mark.data, pytest.mark.skipif(
     not DATASETS["tuxpaint_captions"].installed(ROOT),
     reason=f"tuxpaint_captions not installed under {ROOT}: run `{SETUP_COMMAND}`")]
@@ -24,7 +23,7 @@ FAST = ["run.log_every=1", "run.progress=false", f"data.path={ROOT}", "task.base
 def _cfg(name: str, *extra: str):
     from diffattn.train import load_config
 
-    return load_config(REPO / f"configs/tiny/{name}.yaml", [*FAST, *extra])
+    return load_config(f"tiny/{name}", [*FAST, *extra])
 
 
 def test_word_tokenizer_round_trip(tmp_path):
@@ -105,9 +104,9 @@ def test_bad_vlm_config_values_are_named():
     from diffattn.train import load_config
 
     with pytest.raises(ValueError, match="task.train must be 'projector'"):
-        load_config(REPO / "configs/tiny/vlm.yaml", ["task.train=adapters"])
+        load_config("tiny/vlm", ["task.train=adapters"])
     with pytest.raises(ValueError, match="task.method must be one of \\('shared_qk', 'split_heads', 'none'\\)"):
-        load_config(REPO / "configs/tiny/paligemma.yaml", ["task.method=daa"])
+        load_config("tiny/paligemma", ["task.method=daa"])
 
 
 @pytest.mark.slow

@@ -7,7 +7,7 @@
 
 ``demo`` is the DiffCLIP study (Hammoud & Ghanem 2025, §4) at a CPU size, through the code path a user runs on
 CC3M: it lists the offline image–caption pairs (Tux Paint stamps + Noto emoji, ``make data``) in an open_clip-style
-TSV, trains every variant with ``diffattn train configs/demo/<variant>.yaml`` (same data, seed and budget; only the
+TSV, trains every variant with ``diffattn train demo/<variant>`` (same data, seed and budget; only the
 attention differs), evaluates each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text
 retrieval on held-out pairs, linear probe, CLS attention inside vs outside the foreground masks), adds
 zero-shot Fashion-MNIST, retrieval on held-out emoji and zero-shot accuracy under common corruptions, then prints
@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"diffattn {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end "
-                       "on the offline image–caption data (make data)")
+                       "on the offline image–caption data (diffattn data prepare)")
     d.add_argument("--out", default="runs/demo", help="folder for the runs, report.md, results.json and plots")
     d.add_argument("--variants", nargs="+", default=list(DEMO_VARIANTS), choices=list(DEMO_VARIANTS))
     d.add_argument("--steps", type=bounded(int, 1), default=None, help="override the recipes' run.steps")
@@ -161,11 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--seed", type=bounded(int, 0), default=0)
     d.add_argument("--max-pairs", type=bounded(int, 1), default=None, help="cap the pairs taken from each set")
     d.add_argument("--quick", action="store_true", help="small evaluation protocol (smoke test)")
-    d.add_argument("--config-dir", default=None, help="folder of the recipes (default configs/demo)")
+    d.add_argument("--config-dir", default=None, help="folder of the recipes (default: the packaged demo/*)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo_command)
     st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
-    st.add_argument("config", help="a YAML file, or a name in configs/studies/ (diffclip, retrofit, dgvit, noise, "
+    st.add_argument("config", help="a YAML file, or a packaged study name (diffclip, retrofit, dgvit, noise, "
                     "paligemma)")
     st.add_argument("--no-progress", action="store_true", help="no progress bars")
     st.set_defaults(func=_study_command)

@@ -1,7 +1,8 @@
 """Real offline datasets, the formats users bring, tokenizers and transforms.
 
-``make data`` (``scripts/fetch_data.sh``) installs and prepares the built-in sets into ``./data`` (or
-``$DIFFATTN_DATA``); :func:`list_datasets` names them and :func:`get_dataset` reads any of them or a user format
+``diffattn data prepare`` (:mod:`diffattn.data.prepare`; ``make data`` in a source checkout) fetches and prepares the
+built-in sets into the data directory (:func:`default_root`: ``$DIFFATTN_DATA``, else a source checkout's ``data/``,
+else ``~/.cache/diffattn``); :func:`list_datasets` names them and :func:`get_dataset` reads any of them or a user format
 (webdataset shards, CSV, image folder, token memmap). docs/data.md is the card for each set.
 """
 

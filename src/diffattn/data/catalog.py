@@ -1,7 +1,7 @@
 """The one entry point to every dataset: :func:`list_datasets` and :func:`get_dataset`.
 
-Built-in offline sets are prepared by ``make data``; the user formats (``webdataset``, ``csv``, ``imagefolder``,
-``tokens``) read what the user brings, named by ``root``.
+Built-in offline sets are prepared by ``diffattn data prepare``; the user formats (``webdataset``, ``csv``,
+``imagefolder``, ``tokens``) read what the user brings, named by ``root``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ __all__ = ["DatasetInfo", "DATASETS", "USER_FORMATS", "list_datasets", "get_data
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """A built-in dataset: what it holds, where it comes from, its licence and where ``make data`` puts it."""
+    """A built-in dataset: what it holds, where it comes from, its licence and its folder in the data directory."""
 
     name: str
     kind: str  # "classification", "captions", "vqa" or "text"
@@ -95,7 +95,7 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
         **kwargs: passed to the format's reader (e.g. ``img_key=``/``caption_key=`` for CSV).
 
     Raises:
-        DatasetNotInstalledError: a built-in set is not prepared; the message names ``make data``.
+        DatasetNotInstalledError: a built-in set is not prepared; the message names ``diffattn data prepare``.
         ValueError: unknown name or split.
     """
     from .corpora import CORPORA, TextDocuments

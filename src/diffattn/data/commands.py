@@ -1,5 +1,7 @@
-"""``diffattn data``: list the datasets, export one as webdataset shards, tokenize a text set into a token memmap.
+"""``diffattn data``: prepare the built-in datasets, list them, export one as webdataset shards, tokenize a text set
+into a token memmap.
 
+    diffattn data prepare [NAMES] [--root DIR] [--force] [--debian auto|install|extract]
     diffattn data list
     diffattn data export tuxpaint_captions --format webdataset --out shards/ [--split train] [--shard-size 1000]
     diffattn data export tuxpaint_detect --out data/tuxpaint_detect [--seed 0]   (Ultralytics YOLO layout)
@@ -9,15 +11,38 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 __all__ = ["register"]
+
+#: why the data directory is where it is (:func:`diffattn.data._common.data_root`)
+_WHY = {"DIFFATTN_DATA": "from $DIFFATTN_DATA",
+        "checkout": "the source checkout's data/; set DIFFATTN_DATA to use another",
+        "user cache": "the user cache, $XDG_CACHE_HOME/diffattn or ~/.cache/diffattn; set DIFFATTN_DATA to use another",
+        "--root": "from --root"}
+
+
+def _data_dir(args: argparse.Namespace) -> tuple[Path, str]:
+    from ._common import data_root
+
+    return (Path(args.root), "--root") if args.root else data_root()
 
 
 def _list(args: argparse.Namespace) -> int:
     from .catalog import DATASETS
+    from .prepare import ALIASES, is_prepared
 
-    rows = [(d.name, d.kind, "yes" if d.installed(args.root) else "no (make data)", d.size, d.license)
+    root, why = _data_dir(args)
+    print(f"data directory: {root} ({_WHY[why]})")
+
+    def todo(name: str) -> str:
+        return f"no: diffattn data prepare {ALIASES.get(name, name)}"
+
+    rows = [(d.name, d.kind, "yes" if d.installed(root) else todo(d.name), d.size, d.license)
             for d in DATASETS.values()]
+    rows.append(("gpt2", "tokenizer", "yes" if is_prepared(root, "gpt2") else todo("gpt2"),
+                 "GPT-2 BPE ranks (tokenizers/gpt2.tiktoken)", "MIT (openai-whisper)"))
     head = ("name", "kind", "installed", "size", "license")
     widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(4)]
     for r in [head, *rows]:
@@ -25,7 +50,47 @@ def _list(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare_name(text: str) -> str:
+    """argparse type of a ``data prepare`` NAME: one clear usage error naming the valid names."""
+    from .prepare import resolve_names
+
+    try:
+        resolve_names([text])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("NAME must be", "must be")) from None
+    return text
+
+
+def _prepare(args: argparse.Namespace) -> int:
+    from .prepare import prepare
+
+    root, why = _data_dir(args)
+    print(f"data directory: {root} ({_WHY[why]})")
+    results = prepare(args.names, root=root, force=args.force, debian=args.debian)
+    failed = [r for r in results.values() if not r.ok]
+    done = [r.name for r in results.values() if r.ok]
+    if done:
+        print(f"ready in {root}: {', '.join(done)}")
+    if failed:
+        print(f"diffattn data prepare: not prepared: {', '.join(r.name for r in failed)} (the reasons are above)",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _missing_data_extra(command: str) -> bool:
+    from ..extras import missing
+
+    absent = missing("data")
+    if absent:
+        print(f"diffattn: error: diffattn data {command} needs {', '.join(absent)}: pip install 'diffattn[data]'",
+              file=sys.stderr)
+    return bool(absent)
+
+
 def _export(args: argparse.Namespace) -> int:
+    if _missing_data_extra("export"):
+        return 2
     if args.name == "tuxpaint_detect":  # generated detection set in Ultralytics' YOLO layout
         from .detection import export_detection
 
@@ -40,6 +105,8 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _tokenize(args: argparse.Namespace) -> int:
+    if _missing_data_extra("tokenize"):
+        return 2
     from .catalog import get_dataset
     from .corpora import CORPORA
     from .tokenizers import get_tokenizer
@@ -55,11 +122,28 @@ def _tokenize(args: argparse.Namespace) -> int:
 
 
 def register(subparsers) -> None:
-    """Add ``diffattn data {list,export,tokenize}``."""
-    p = subparsers.add_parser("data", help="offline datasets: list, export as webdataset shards, tokenize")
+    """Add ``diffattn data {prepare,list,export,tokenize}``."""
+    from .prepare import ALIASES, BUNDLED, DEBIAN_MODES, TARGETS
+
+    root_help = ("data folder (default: $DIFFATTN_DATA, else a source checkout's data/, else ~/.cache/diffattn; "
+                 "`diffattn data list` shows which)")
+    p = subparsers.add_parser("data", help="offline datasets: prepare, list, export as webdataset shards, tokenize")
     sub = p.add_subparsers(dest="data_command", required=True)
-    ls = sub.add_parser("list", help="every built-in dataset with its size, licence and whether it is installed")
-    ls.add_argument("--root", default=None, help="data folder (default $DIFFATTN_DATA or ./data)")
+    pr = sub.add_parser("prepare", help="fetch and prepare built-in datasets into the data directory (idempotent)",
+                        description=("Fetch and prepare built-in datasets into the data directory. Each name is "
+                                     "skipped when already prepared (--force makes it again); one that cannot be "
+                                     "prepared says why and what to run, and the others go on (exit status 1)."))
+    pr.add_argument("names", nargs="*", type=_prepare_name, metavar="NAME",
+                    help=f"what to prepare (default: all): {', '.join([*TARGETS, *ALIASES, *BUNDLED])}")
+    pr.add_argument("--root", default=None, help=root_help)
+    pr.add_argument("--force", action="store_true", help="fetch and prepare again even where already prepared")
+    pr.add_argument("--debian", choices=DEBIAN_MODES, default="auto",
+                    help="how missing Debian packages are obtained: install (apt-get install, needs root), extract "
+                    "(apt-get download + dpkg-deb -x into the data directory, no root), auto (install as root, "
+                    "else extract)")
+    pr.set_defaults(func=_prepare)
+    ls = sub.add_parser("list", help="the data directory and every built-in dataset: size, licence, prepared?")
+    ls.add_argument("--root", default=None, help=root_help)
     ls.set_defaults(func=_list)
     ex = sub.add_parser("export", help="write a built-in set as webdataset shards (open_clip's key layout), or "
                         "tuxpaint_detect as an Ultralytics YOLO detection set")
@@ -69,12 +153,12 @@ def register(subparsers) -> None:
     ex.add_argument("--out", required=True, help="folder for the shards and their manifest")
     ex.add_argument("--split", default="train", choices=["train", "val", "test", "all", "trainval"])
     ex.add_argument("--shard-size", type=int, default=1000, help="samples per shard")
-    ex.add_argument("--root", default=None, help="data folder (default $DIFFATTN_DATA or ./data)")
+    ex.add_argument("--root", default=None, help=root_help)
     ex.set_defaults(func=_export)
     tk = sub.add_parser("tokenize", help="tokenize a text set into a uint16/uint32 token file (nanoGPT layout)")
     tk.add_argument("name")
     tk.add_argument("--tokenizer", choices=["gpt2", "clip"], default="gpt2")
     tk.add_argument("--split", default="train", choices=["train", "val", "test", "all"])
     tk.add_argument("--out", required=True, help="the token file to write (a .json sidecar goes beside it)")
-    tk.add_argument("--root", default=None, help="data folder (default $DIFFATTN_DATA or ./data)")
+    tk.add_argument("--root", default=None, help=root_help)
     tk.set_defaults(func=_tokenize)

@@ -14,7 +14,8 @@ Written by :func:`export_detection` (``diffattn data export tuxpaint_detect --ou
     DIR/manifest.json             the generation settings and counts
 
 Deterministic: image i of a split depends only on (``seed``, split, i). The Tux Paint stamps are GPL-2.0 (Debian
-``tuxpaint-stamps-default``, prepared by ``make data``): the generated images are never committed or redistributed.
+``tuxpaint-stamps-default``, prepared by ``diffattn data prepare``): the generated images are never committed or
+redistributed.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def load_backgrounds(*, fashion_mnist_root: str | os.PathLike | None = None) -> 
         tiles = None
     if not photos and tiles is None:
         raise DatasetNotInstalledError("the detection set needs real backgrounds: install scikit-image (its sample "
-                                       f"photos) or prepare Fashion-MNIST with `{SETUP_COMMAND}`")
+                                       f"photos) or prepare Fashion-MNIST with `{SETUP_COMMAND} fashion_mnist`")
     return photos, tiles
 
 

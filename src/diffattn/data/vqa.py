@@ -1,4 +1,5 @@
-"""Offline visual question answering built from real captioned images (the Tux Paint stamps, after ``make data``).
+"""Offline visual question answering built from real captioned images (the Tux Paint stamps, after
+``diffattn data prepare tuxpaint_captions``).
 
 Four kinds of question, all derived deterministically from an image's human caption and category:
 

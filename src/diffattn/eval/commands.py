@@ -9,11 +9,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 __all__ = ["register"]
 
 
+def _missing_eval_extra(command: str) -> int:
+    from ..extras import missing
+
+    absent = missing("eval")
+    if absent:
+        print(f"diffattn: error: diffattn {command} needs {', '.join(absent)}: pip install 'diffattn[eval]'",
+              file=sys.stderr)
+        return 2
+    return 0
+
+
 def _eval_command(args: argparse.Namespace) -> int:
+    if _missing_eval_extra("eval"):
+        return 2
     from .runner import evaluate
 
     res = evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp, quick=args.quick,
@@ -30,6 +44,8 @@ def _eval_command(args: argparse.Namespace) -> int:
 
 
 def _compare_command(args: argparse.Namespace) -> int:
+    if _missing_eval_extra("compare"):
+        return 2
     from .runner import compare
 
     print(compare(args.runs, args.out, labels=args.labels), end="")

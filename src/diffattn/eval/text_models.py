@@ -5,7 +5,7 @@
 Tokenizers (``tokenizer=``):
 
 - ``"gpt2"``: GPT-2's byte-level BPE through :func:`diffattn.data.gpt2_tokenizer` (ranks installed by
-  ``make data``);
+  ``diffattn data prepare``);
 - ``"bytes"``: UTF-8 bytes as ids 0–255 (always available; any model with ``vocab_size >= 256``);
 - a folder or name a ``transformers.AutoTokenizer`` can load offline.
 

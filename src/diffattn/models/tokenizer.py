@@ -1,7 +1,8 @@
 """Tokenizers that travel with a causal LM: GPT-2 BPE through tiktoken, or any Hugging Face tokenizer.
 
 :func:`as_lm_tokenizer` wraps what the user has — ``"gpt2"`` (the exact GPT-2 byte-level BPE of Radford et al. 2019
-from the local ``gpt2.tiktoken`` that ``make data`` installs, :func:`diffattn.data.tokenizers.gpt2_tokenizer`), a
+from the local ``gpt2.tiktoken`` that ``diffattn data prepare gpt2`` installs,
+:func:`diffattn.data.tokenizers.gpt2_tokenizer`), a
 ``tiktoken.Encoding`` or a ``transformers`` tokenizer — in one small interface: ``encode(text) -> list[int]`` (no
 special tokens), ``decode(ids) -> str``, ``eot_token_id`` and ``vocab_size``.
 

@@ -303,7 +303,7 @@ class VisionLanguageModel(DiffattnModel):
 # --------------------------------------------------------------------------------------------- registry
 
 # The image towers of clip_tiny / diffclip_tiny (32×32, patch 4, width 64, 2 blocks; tests check they agree) and
-# lm_tiny's LM, so that the towers of `diffattn train configs/demo/*.yaml` load into them.
+# lm_tiny's LM, so that the towers of `diffattn train diffattn/configs/demo/*.yaml` load into them.
 _TOWER_TINY = dict(img_size=32, patch_size=4, mlp="gelu", norm_eps=1e-5, embed_dim=64, depth=2, num_heads=4,
                    lambda_init=0.8)
 _LM_TINY = dict(LM_CONFIGS["lm_tiny"])  # vocab_size 512 without a word list; a vocab sets it

@@ -6,8 +6,8 @@
     diffattn study noise       # answer vs context attention mass, standard vs differential LM (Ye et al. 2024)
     diffattn study paligemma   # LoRA vs shared-QK / split-heads + LoRA on a PaliGemma (Li et al. 2025)
 
-A study is a YAML config (configs/studies/<name>.yaml, :mod:`.config`) naming the variants, seeds and one budget;
-its module trains every variant at every seed through the library's train / eval / diagnostics code, saves each
+A study is a YAML config (diffattn/configs/studies/<name>.yaml, :mod:`.config`) naming the variants, seeds and one
+budget; its module trains every variant at every seed through the library's train / eval / diagnostics code, saves each
 seed's results under ``<out>/seed<k>/`` (a finished seed is not recomputed) and aggregates them with
 :mod:`.report` into ``<out>/results.json`` and ``<out>/report.md``. This is an application layer: only
 ``diffattn.cli`` imports it.
@@ -25,7 +25,7 @@ __all__ = ["STUDY_MODULES", "find_config", "load_study", "validate_study", "run_
 
 
 def run_study(config: str | os.PathLike | dict, progress: bool = True) -> dict[str, Any]:
-    """Run a study: ``config`` is a YAML path, a name in configs/studies/, or an already loaded mapping. Returns
+    """Run a study: ``config`` is a YAML path, a packaged study's name, or an already loaded mapping. Returns
     ``{"rows", "table", "seconds", "report", "results"}`` (:func:`diffattn.studies.report.write_study`)."""
     cfg = validate_study(config, "the study config") if isinstance(config, dict) else load_study(config)
     module = importlib.import_module(STUDY_MODULES[cfg["study"]])

@@ -26,16 +26,15 @@ COMMON_KEYS = ("study", "variants", "seeds", "out")
 
 
 def find_config(config: str | os.PathLike) -> Path:
-    """``config`` itself if it is a file, else ``configs/studies/<config>.yaml`` of the working directory or of the
-    source checkout."""
-    path = Path(config)
-    if path.is_file():
-        return path
-    for d in (Path("configs/studies"), Path(__file__).parents[3] / "configs/studies"):
-        if (d / f"{config}.yaml").is_file():
-            return d / f"{config}.yaml"
-    raise FileNotFoundError(f"config must be a study YAML file or the name of one in configs/studies/ "
-                            f"({', '.join(STUDY_MODULES)}), got {str(config)!r}")
+    """``config`` itself if it is a file, else the study recipe shipped with the package under that name
+    (``diffclip`` → ``<package>/configs/studies/diffclip.yaml``; :func:`diffattn.configs.find_config`)."""
+    from ..configs import find_config as _find
+
+    try:
+        return _find(config, group="studies")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"config must be a study YAML file or the name of a packaged study "
+                                f"({', '.join(STUDY_MODULES)}), got {str(config)!r}") from None
 
 
 def _check_type(where: str, key: str, value: Any, default: Any) -> None:
@@ -91,6 +90,6 @@ def validate_study(cfg: Any, where: str = "the study config") -> dict[str, Any]:
 
 
 def load_study(config: str | os.PathLike) -> dict[str, Any]:
-    """A study config (module docstring): a YAML file, or the name of one under configs/studies/."""
+    """A study config (module docstring): a YAML file, or the name of one under diffattn/configs/studies/."""
     path = find_config(config)
     return validate_study(yaml.safe_load(path.read_text()) or {}, str(path))

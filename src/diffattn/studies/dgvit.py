@@ -34,7 +34,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "diff_vit": ("diff_vit_nano", "DiffViT"),
     "dg_vit": ("dg_vit_nano", "DGViT"),
 }
-#: the budget (configs/studies/dgvit.yaml)
+#: the budget (diffattn/configs/studies/dgvit.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 200, "batch_size": 32, "lr": 2.0e-3, "weight_decay": 0.05, "warmup_steps": 20,
     "label_smoothing": 0.1, "model": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10},
@@ -153,8 +153,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     from ..data._common import SETUP_COMMAND, DatasetNotInstalledError
 
     if not dataset_info("fashion_mnist").installed():
-        raise DatasetNotInstalledError(f"the dgvit study needs Fashion-MNIST; install it with `{SETUP_COMMAND}` or "
-                                       f"set DIFFATTN_DATA to the folder holding it")
+        raise DatasetNotInstalledError(f"the dgvit study needs Fashion-MNIST; install it with "
+                                       f"`{SETUP_COMMAND} fashion_mnist` or set DIFFATTN_DATA to the folder holding it")
     out = Path(cfg["out"])
     t0 = time.perf_counter()
     test = None

@@ -2,8 +2,8 @@
 ``diffattn study diffclip`` (the demo at several seeds, aggregated).
 
 ``demo`` goes through the code path a user runs on CC3M: it lists the offline image–caption pairs (Tux Paint stamps
-+ Noto emoji, ``make data``) in an open_clip-style TSV, trains every variant with
-``diffattn train configs/demo/<variant>.yaml`` (same data, seed and budget; only the attention differs), evaluates
++ Noto emoji, ``diffattn data prepare``) in an open_clip-style TSV, trains every variant with
+``diffattn train demo/<variant>`` (same data, seed and budget; only the attention differs), evaluates
 each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text retrieval on held-out pairs,
 linear probe, CLS attention inside vs outside the foreground masks), adds zero-shot Fashion-MNIST, retrieval on
 held-out emoji and zero-shot accuracy under common corruptions, then prints a side-by-side table and writes
@@ -26,7 +26,7 @@ import torch
 
 __all__ = ["DEMO_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "demo", "demo_pairs", "demo_table", "run"]
 
-#: variant → (registered tiny model, label in the tables); configs/demo/<variant>.yaml trains it
+#: variant → (registered tiny model, label in the tables); diffattn/configs/demo/<variant>.yaml trains it
 DEMO_VARIANTS: dict[str, tuple[str, str]] = {
     "clip": ("clip_tiny", "CLIP"),
     "diffclip": ("diffclip_tiny", "DiffCLIP"),
@@ -60,8 +60,9 @@ def _check_demo_data() -> None:
     if missing:
         raise DatasetNotInstalledError(
             f"diffattn demo needs the offline datasets {', '.join(DEMO_DATASETS)}; not installed under "
-            f"{str(default_root())!r}: {', '.join(missing)}. Install and prepare them with `{SETUP_COMMAND}` "
-            f"(runs scripts/fetch_data.sh) from the repository root, or set DIFFATTN_DATA to the folder holding them.")
+            f"{str(default_root())!r}: {', '.join(missing)}. Install and prepare them with "
+            f"`{SETUP_COMMAND} {' '.join(missing)}` (`make data` in a source checkout), or set DIFFATTN_DATA to the "
+            f"folder holding them.")
 
 
 def demo_pairs(out: str | os.PathLike, img_size: int = 32, max_pairs: int | None = None) -> Path:
@@ -97,12 +98,14 @@ def demo_pairs(out: str | os.PathLike, img_size: int = 32, max_pairs: int | None
 
 
 def _config_dir(config_dir: str | os.PathLike | None) -> Path:
-    """configs/demo/ of the working directory, else of the source checkout this module comes from."""
-    for d in ([Path(config_dir)] if config_dir else [Path("configs/demo"), Path(__file__).parents[3] / "configs/demo"]):
-        if (d / "clip.yaml").is_file():
-            return d
+    """``config_dir`` if given, else the demo recipes shipped with the package (``<package>/configs/demo``)."""
+    from ..configs import CONFIG_DIR
+
+    d = Path(config_dir) if config_dir else CONFIG_DIR / "demo"
+    if (d / "clip.yaml").is_file():
+        return d
     raise FileNotFoundError(f"config_dir must hold the demo's YAML recipes (clip.yaml, diffclip.yaml, …), none found "
-                            f"in {config_dir or 'configs/demo (working directory or source checkout)'}")
+                            f"in {str(d)!r}")
 
 
 # ------------------------------------------------------------------------------------------- extra suites
@@ -342,13 +345,13 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
          config_dir: str | os.PathLike | None = None, progress: bool = True,
          max_pairs: int | None = None) -> dict[str, Any]:
     """The DiffCLIP-vs-CLIP study end to end (module docstring): train every variant in ``variants`` with
-    ``configs/demo/<variant>.yaml`` (``steps`` / ``batch_size`` / ``seed`` override the recipe), evaluate it, write
+    the packaged recipe ``demo/<variant>`` (``steps`` / ``batch_size`` / ``seed`` override it), evaluate it, write
     ``<out_dir>/report.md``, ``results.json`` and the plots, and return ``{"summary", "table", "seconds", …}``.
     ``quick`` shrinks the evaluation (:data:`QUICK_PROTOCOL`); ``max_pairs`` caps the pairs taken from each set.
 
     Raises:
         DatasetNotInstalledError: Tux Paint, emoji or Fashion-MNIST is not prepared (the message names
-            ``make data``).
+            ``diffattn data prepare``).
         ValueError: an unknown variant.
     """
     from ..eval import evaluate
@@ -447,7 +450,7 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
         "## Per-model evaluation reports", ""] + [
         f"- {label}: [{s['eval_report']}]({s['eval_report']}) (model saved in `{s['variant']}/model`, load with "
         f"`diffattn.from_pretrained`)" for label, s in summary.items()] + ["",
-        "Reproduce: `make demo` (or `diffattn demo`); one run: `diffattn train configs/demo/diffclip.yaml` then "
+        "Reproduce: `make demo` (or `diffattn demo`); one run: `diffattn train demo/diffclip` then "
         "`diffattn eval runs/demo/diffclip --dataset tuxpaint_captions --quick`.", ""]
     return "\n".join(lines)
 
@@ -456,7 +459,7 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
 
 #: the variants a study config may name (the first listed in the config is the baseline)
 VARIANTS = tuple(DEMO_VARIANTS)
-#: the budget keys of configs/studies/diffclip.yaml (None: the demo recipe's value)
+#: the budget keys of diffattn/configs/studies/diffclip.yaml (None: the demo recipe's value)
 DEFAULTS: dict[str, Any] = {"steps": None, "batch_size": None, "quick": False, "max_pairs": None}
 
 
@@ -518,7 +521,6 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
             print(f"[study] seed {seed}: reusing the finished demo in {folder}", flush=True)
         per_seed[seed] = summary
     intro = ("CLIP vs DiffCLIP variants (Hammoud & Ghanem 2025, §4) trained from scratch on the offline Tux Paint + "
-             "emoji pairs with the demo's recipes (configs/demo/), one budget, several seeds; accuracies and recalls "
-             "in %.")
+             "emoji pairs with the demo's recipes (demo/*), one budget, several seeds; accuracies and recalls in %.")
     return write_study(out, cfg, "Study: CLIP vs DiffCLIP", intro, per_seed, _metrics(), time.perf_counter() - t0,
                        ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)])

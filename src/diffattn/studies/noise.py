@@ -40,7 +40,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
 }
 #: the variants a config without ``variants`` compares (``dg_lm`` on request)
 DEFAULT_VARIANTS = ["lm", "diff_lm"]
-#: the budget (configs/studies/noise.yaml)
+#: the budget (diffattn/configs/studies/noise.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 250, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
     "model": {"vocab_size": 256, "dim": 64, "depth": 2, "num_heads": 4, "num_kv_heads": 4},
@@ -163,7 +163,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
 
     if not dataset_info("state_of_the_union").installed():
         raise DatasetNotInstalledError(f"the noise study needs the State of the Union addresses; install them with "
-                                       f"`{SETUP_COMMAND}` or set DIFFATTN_DATA to the folder holding them")
+                                       f"`{SETUP_COMMAND} state_of_the_union` or set DIFFATTN_DATA to the folder "
+                                       f"holding them")
     held_out = "\n\n".join(get_dataset("state_of_the_union", split="test").texts)
     out = Path(cfg["out"])
     t0 = time.perf_counter()

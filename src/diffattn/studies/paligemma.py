@@ -41,7 +41,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "shared_qk": ("shared_qk", "shared-QK + LoRA"),
     "split_heads": ("split_heads", "split-heads + LoRA"),
 }
-#: the budget (configs/studies/paligemma.yaml)
+#: the budget (diffattn/configs/studies/paligemma.yaml)
 DEFAULTS: dict[str, Any] = {
     "model": {"projection_dim": 64, "hidden_size": 64,
               "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 64, "intermediate_size": 128,
@@ -167,7 +167,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
 
     if not dataset_info("tuxpaint_captions").installed():
         raise DatasetNotInstalledError(f"the paligemma study needs tuxpaint_captions; install with "
-                                       f"`{SETUP_COMMAND}` or set DIFFATTN_DATA to the folder holding it")
+                                       f"`{SETUP_COMMAND} tuxpaint_captions` or set DIFFATTN_DATA to the folder "
+                                       f"holding it")
     torch.set_num_threads(cfg["threads"])
     t0 = time.perf_counter()
     test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])

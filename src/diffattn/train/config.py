@@ -250,14 +250,23 @@ def apply_overrides(d: dict[str, Any], overrides: list[str] | None) -> dict[str,
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
-    """Read a YAML recipe (or start from the defaults when ``path`` is None) and apply ``--set`` overrides."""
+    """Read a YAML recipe (or start from the defaults when ``path`` is None) and apply ``--set`` overrides.
+
+    ``path`` is a YAML file or the name of a recipe shipped with the package (``"tiny/clip"``, also spelled
+    ``"configs/tiny/clip.yaml"``; :func:`diffattn.configs.find_config`), so the recipes load from any folder."""
     import yaml
+
+    from ..configs import find_config
 
     d: dict[str, Any] = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"config file {str(path)!r} does not exist")
+        try:
+            path = find_config(path)
+        except FileNotFoundError:
+            from ..configs import config_names
+
+            raise ValueError(f"config file {str(path)!r} does not exist and is not a packaged recipe "
+                             f"({', '.join(config_names())})") from None
         d = yaml.safe_load(path.read_text()) or {}
     return config_from_dict(apply_overrides(d, overrides))
 

@@ -1,6 +1,6 @@
 """The training loop: one function, every task, one process or torchrun.
 
-    cfg = load_config("configs/tiny/clip.yaml", ["optim.lr=3e-4"])
+    cfg = load_config("tiny/clip", ["optim.lr=3e-4"])
     train(cfg, out="runs/clip", resume="auto")
 
 Per optimizer step: ``accum_steps`` micro-batches (forward under bf16 autocast on CUDA, fp32 on CPU; DDP syncs
@@ -112,7 +112,14 @@ def _truncate_metrics(path: Path, step: int) -> None:
 def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | None = None) -> dict[str, Any]:
     """Train ``cfg`` into the run directory ``out`` (default ``cfg.run.out``); ``resume``: None, ``"auto"`` or a
     checkpoint / run directory. Returns ``{"run_dir", "steps", "final_loss", "losses"}`` (losses of this process's
-    steps, averaged over ranks)."""
+    steps, averaged over ranks).
+
+    Raises:
+        diffattn.extras.MissingExtraError: a package of the ``train`` extra is missing (nothing is written then).
+    """
+    from ..extras import require
+
+    require("train", "diffattn.train.train")
     env = init_distributed()
     run_dir = Path(out if out is not None else cfg.run.out)
     if cfg.run.threads:
