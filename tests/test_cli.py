@@ -125,7 +125,7 @@ def test_models_rows_and_json_give_family_attention_and_params(capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert row["attention"] == {"vision": "diff", "text": "standard"}
     assert row["params"] == sum(p.numel() for p in create_model("diffclip_dagger_tiny").parameters())
-    assert cli.main(["models", "no_such_model*"]) == 1
+    assert cli.main(["models", "no_such_model*"]) == 2  # a user error: one line, status 2
     assert "no registered model matches 'no_such_model*'" in capsys.readouterr().err
 
 

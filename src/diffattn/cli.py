@@ -13,6 +13,11 @@ retrieval on held-out pairs, linear probe, CLS attention inside vs outside the f
 zero-shot Fashion-MNIST, retrieval on held-out emoji and zero-shot accuracy under common corruptions, then prints
 a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
 images, λ per layer, learning curves).
+
+Errors. A mistake a user can make (a typo in a config, a missing file or data set, a damaged checkpoint, a run
+directory in use) is printed as one line ``diffattn: error: …`` naming the file, key or argument, and the exit
+status is 2 (:func:`main`; :func:`diffattn.errors.is_user_error` says which errors those are). ``--debug`` (or
+``DIFFATTN_DEBUG=1``) shows the traceback instead. Under torchrun only rank 0 prints.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import os
 import sys
 from typing import Any
 
+from .errors import UsageError, is_user_error, one_line
 from .studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
 
 __all__ = ["main", "demo", "study", "load_study", "build_parser", "DEMO_VARIANTS", "DEMO_DATASETS", "DEMO_ROWS",
@@ -72,15 +78,9 @@ def bounded(kind: type, minimum: float | None = None, *, strict: bool = False):
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from .data._common import DatasetNotInstalledError
-
-    try:
-        res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
-                   quick=args.quick, config_dir=args.config_dir, progress=not args.no_progress,
-                   max_pairs=args.max_pairs)
-    except DatasetNotInstalledError as e:
-        print(f"diffattn demo: {e}", file=sys.stderr)
-        return 2
+    res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
+               quick=args.quick, config_dir=args.config_dir, progress=not args.no_progress,
+               max_pairs=args.max_pairs)
     print()
     print(res["table"])
     print(f"\n{res['seconds'] / 60:.1f} min. Report with plots: {res['report']}; models under "
@@ -89,16 +89,11 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 
 def _study_command(args: argparse.Namespace) -> int:
-    from .data._common import DatasetNotInstalledError
+    from .errors import user_input
 
-    try:
-        res = study(args.config, progress=not args.no_progress)
-    except DatasetNotInstalledError as e:
-        print(f"diffattn study: {e}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, ValueError) as e:
-        print(f"diffattn study: {e}", file=sys.stderr)
-        return 2
+    with user_input():  # a study config is what the user gave: its ValueErrors are usage errors
+        cfg = load_study(args.config)
+    res = study(cfg, progress=not args.no_progress)
     print()
     print(res["table"])
     print(f"\n{res['seconds'] / 60:.1f} min. Report with the paired tests: {res['report']}")
@@ -111,8 +106,7 @@ def _models_command(args: argparse.Namespace) -> int:
 
     names = list_models(args.pattern)
     if not names:
-        print(f"no registered model matches {args.pattern!r} (diffattn models lists them all)", file=sys.stderr)
-        return 1
+        raise UsageError(f"no registered model matches {args.pattern!r} (diffattn models lists them all)")
     if args.names:
         print("\n".join(names))
         return 0
@@ -128,14 +122,25 @@ def _models_command(args: argparse.Namespace) -> int:
     return 0
 
 
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error, ``diffattn: error: <subcommand>: <message>`` (exit status 2)."""
+
+    def error(self, message: str):
+        print(f"diffattn: error: {self.prog.removeprefix('diffattn').strip() + ': ' if self.prog != 'diffattn' else ''}"
+              f"{message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``diffattn`` argument parser with every subcommand registered."""
     import importlib
 
     from . import __version__
 
-    p = argparse.ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
+    p = ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
     p.add_argument("--version", action="version", version=f"diffattn {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error (also DIFFATTN_DEBUG=1); "
+                   "may be given anywhere on the command line")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end "
                        "on the offline image–caption data (make data)")
@@ -164,9 +169,36 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+def _finish_distributed() -> None:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Run the ``diffattn`` command; returns the exit status. A user error (module docstring) is one line on
+    stderr and status 2; ``--debug`` anywhere in ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut] or os.environ.get("DIFFATTN_DEBUG", "") not in ("", "0")
+    argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < cut)]
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as e:
+        if debug or not is_user_error(e):
+            raise
+        if _is_main_rank():
+            print(f"diffattn: error: {one_line(e)}", file=sys.stderr, flush=True)
+        _finish_distributed()
+        return 2
 
 
 if __name__ == "__main__":

@@ -92,5 +92,11 @@ def validate_study(cfg: Any, where: str = "the study config") -> dict[str, Any]:
 
 def load_study(config: str | os.PathLike) -> dict[str, Any]:
     """A study config (module docstring): a YAML file, or the name of one under configs/studies/."""
+    from ..errors import yaml_error
+
     path = find_config(config)
-    return validate_study(yaml.safe_load(path.read_text()) or {}, str(path))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise yaml_error(path, e) from None
+    return validate_study(data, str(path))

@@ -116,7 +116,7 @@ def train_and_evaluate(cfg: dict[str, Any], variant: str, seed: int, run_dir: Pa
     from ..train.loop import train
 
     t0 = time.perf_counter()
-    result = train(_train_config(cfg, variant, seed, progress), out=run_dir)
+    result = train(_train_config(cfg, variant, seed, progress), out=run_dir, overwrite=True)  # a seed rerun
     train_s = time.perf_counter() - t0
     model = from_pretrained(run_dir / "model").eval()
     mean, std = pixel_stats(get_dataset("fashion_mnist", split="train").images)

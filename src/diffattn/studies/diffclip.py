@@ -383,7 +383,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
         print(f"[demo] {label}: diffattn train {configs / f'{v}.yaml'} ({cfg.model.name}, {cfg.run.steps} steps of "
               f"{cfg.run.batch_size} pairs) -> {run_dir}", flush=True)
         t0 = time.perf_counter()
-        result = train(cfg, out=run_dir)
+        result = train(cfg, out=run_dir, overwrite=True)  # the demo retrains its runs
         train_s = time.perf_counter() - t0
         print(f"[demo] {label}: trained in {train_s:.0f} s, final loss {result['final_loss']:.3f}; diffattn eval",
               flush=True)

@@ -79,7 +79,7 @@ def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, pro
                 "log_every": max(1, cfg["steps"] // 10), "ckpt_every": cfg["steps"], "keep_last": 1,
                 "progress": progress},
     })
-    return train(tc, out=run_dir)
+    return train(tc, out=run_dir, overwrite=True)  # a seed without results is trained again
 
 
 def _span(seq: list[int], sub: list[int]) -> int:

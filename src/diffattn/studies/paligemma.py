@@ -102,7 +102,7 @@ def pretrain(cfg: dict[str, Any], seed: int, run_dir: Path, progress: bool = Tru
     t0 = time.perf_counter()
     res = train(_train_config(cfg, seed, {"type": "paligemma", "config": cfg["model"]}, cfg["pretrain_kinds"],
                               method="none", lora_r=0, steps=cfg["pretrain_steps"], lr=cfg["pretrain_lr"],
-                              progress=progress), out=run_dir)
+                              progress=progress), out=run_dir, overwrite=True)
     with atomic_write_file(run_dir / "pretrain_loss.txt", "w") as f:  # last: it marks the pretraining finished
         f.write(f"{res['final_loss']:.6f}\n")
     print(f"[study paligemma] seed {seed}: pretrained on {cfg['pretrain_kinds']}, loss {res['final_loss']:.3f} "
@@ -123,7 +123,7 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
     t0 = time.perf_counter()
     res = train(_train_config(cfg, seed, {"type": "paligemma", "path": str(pretrained)}, cfg["finetune_kinds"],
                               method=method, lora_r=cfg["lora_r"], steps=cfg["finetune_steps"],
-                              lr=cfg["finetune_lr"], progress=progress), out=run_dir)
+                              lr=cfg["finetune_lr"], progress=progress), out=run_dir, overwrite=True)
     train_s = time.perf_counter() - t0
     model, tok = load_paligemma(run_dir)
     size = int(model.base_model.model.config.vision_config.image_size)

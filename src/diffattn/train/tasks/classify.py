@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...io import atomic_write_dir
-from .base import Task
+from .base import Task, check_images, check_labels
 
 #: The vocabulary file saved next to a text classifier's weights (``Vocabulary.load`` reads it).
 VOCAB_NAME = "vocab.json"
@@ -70,6 +70,14 @@ class ClassifyTask(Task):
         from ..data import external_dataset
 
         return external_dataset(self.cfg, "classify")
+
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        if self.vocab is not None or not len(dataset):  # text: checked while the dataset is built
+            return
+        check_images(dataset[0][0], model, self.cfg.data.name)
+        tensors = getattr(dataset, "tensors", None)
+        labels = tensors[1] if tensors is not None else getattr(getattr(dataset, "base", None), "labels", None)
+        check_labels(labels, getattr(model, "num_classes", None), self.cfg.data.name)
 
     def _text_dataset(self, model) -> Dataset:
         """(ids, mask, label) of ``data.name`` at ``data.block_size`` tokens, vocabulary of ``model.vocab_size``."""

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...losses import clip_loss_from_features
-from .base import Task
+from .base import Task, check_images
 
 
 class ClipTask(Task):
@@ -35,6 +35,10 @@ class ClipTask(Task):
         from ..data import external_dataset
 
         return external_dataset(self.cfg, "clip")
+
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        if len(dataset):
+            check_images(dataset[0][0], model.visual, self.cfg.data.name)
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         images, tokens = batch

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from .base import Task
+from .base import Task, check_tokens
 
 
 def lm_dataset(cfg) -> Dataset:
@@ -39,11 +39,19 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def token_windows(dataset):
+    """The :class:`~diffattn.train.data.TokenWindows` behind an LM training set."""
+    return getattr(dataset, "windows", dataset)
+
+
 class LMTask(Task):
     name = "lm"
 
     def dataset(self) -> Dataset:
         return lm_dataset(self.cfg)
+
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        check_tokens(token_windows(dataset), model, "model.overrides.vocab_size")
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         x, y = batch  # (B, N), (B, N)

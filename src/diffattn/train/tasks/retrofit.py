@@ -17,8 +17,8 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...io import atomic_write_dir
-from .base import Task
-from .lm import lm_dataset, lm_loss
+from .base import Task, check_tokens
+from .lm import lm_dataset, lm_loss, token_windows
 
 __all__ = ["RetrofitTask", "build_base_model", "load_retrofit"]
 
@@ -76,6 +76,13 @@ class RetrofitTask(Task):
 
     def dataset(self) -> Dataset:
         return lm_dataset(self.cfg)
+
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        check_tokens(token_windows(dataset), model, "task.base.config.vocab_size")
+
+    def final_saved(self, directory: Path) -> bool:
+        d = Path(directory)
+        return (d / "adapter").is_dir() and (not self.cfg.task.lora or (d / "lora").is_dir())
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         x, y = batch
