@@ -14,6 +14,11 @@ What runs depends on the model:
 Attention diagnostics: per-layer mean λ (or gate), per-branch entropy, heat maps of A1, A2 and the combined map,
 rollout (signed; :func:`diffattn.diagnostics.rollout`). A suite whose data is missing is skipped and the reason is
 written into ``results.json`` (``"skipped"``) and the report; nothing is silently left out.
+
+The output folder is written as a whole, atomically (:func:`diffattn.io.atomic_write_dir`): a killed evaluation
+leaves the previous results, and an evaluation that skips its suite never replaces finished results (it raises a
+:class:`~diffattn.errors.UsageError` and keeps them). Everything the user gave (the target, a YAML file, the
+dataset name, the output folder) is checked before anything is computed or written.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..io import atomic_write_file
+from ..errors import UsageError, user_input, yaml_error
+from ..io import atomic_write_dir, atomic_write_file
 
 __all__ = ["evaluate", "write_report", "compare", "load_results", "flatten"]
 
@@ -50,9 +56,12 @@ FULL = {"noise_levels": (0.0, 0.1, 0.25, 0.5, 1.0), "corruptions": None, "severi
 def _read_yaml(path: Path) -> dict:
     import yaml
 
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise yaml_error(path, e) from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a YAML mapping, got {type(data).__name__}")
+        raise UsageError(f"{path} must hold a YAML mapping, got {type(data).__name__}")
     return data
 
 
@@ -64,12 +73,15 @@ def _run_config(model_dir: Path) -> dict:
 
 
 def _dataset_name(cfg: dict) -> str | None:
+    """The built-in dataset a run trained on (None for data of its own: token files, CSV, shards, …)."""
+    from ..data import DATASETS
+
     for key in ("dataset", "data"):
         v = cfg.get(key)
+        if isinstance(v, dict):
+            v = v.get("name") or v.get("dataset")
         if isinstance(v, str):
-            return v
-        if isinstance(v, dict) and isinstance(v.get("name") or v.get("dataset"), str):
-            return v.get("name") or v.get("dataset")
+            return v if v in DATASETS else None
     return None
 
 
@@ -160,7 +172,7 @@ def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progre
     if dataset is None:
         dataset = {(1, 8): "digits", (1, 28): "fashion_mnist"}.get((chans, size))
         if dataset is None:
-            raise LookupError(f"no default dataset for {chans}-channel {size}×{size} images: pass --dataset")
+            raise UsageError(f"no default dataset for {chans}-channel {size}×{size} images: pass --dataset")
     tr, te = get_dataset(dataset, split="train"), get_dataset(dataset, split="test")
     x_tr, x_te, y_te = np.asarray(tr.images), np.asarray(te.images), torch.as_tensor(np.asarray(te.labels))
     if p["max_images"]:
@@ -331,32 +343,36 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
     from .text_models import find_saved_model
 
     target = Path(target)
-    if target.is_file() and target.suffix in (".yaml", ".yml"):
-        cfg = _read_yaml(target)
-        if "model" not in cfg:
-            raise ValueError(f"{target} must name the model to evaluate under 'model:'")
-        model_path = (target.parent / cfg["model"]).resolve()
-        def rel(key):  # paths in the YAML are relative to the YAML file
-            return str((target.parent / cfg[key]).resolve()) if cfg.get(key) else None
+    with user_input():  # what the user gave: the target, a YAML file, the protocol, the dataset, the folder
+        if target.is_file() and target.suffix in (".yaml", ".yml"):
+            cfg = _read_yaml(target)
+            if "model" not in cfg:
+                raise UsageError(f"{target} must name the model to evaluate under 'model:'")
+            model_path = (target.parent / cfg["model"]).resolve()
 
-        dataset, text, mmvp = dataset or cfg.get("dataset"), text or rel("text"), mmvp or rel("mmvp")
-        quick, seed = quick or bool(cfg.get("quick", False)), int(cfg.get("seed", seed))
-        out_dir = out_dir or rel("out")
-    else:
-        model_path = target
-    model_dir = find_saved_model(model_path)
-    run_cfg = _run_config(model_dir)
-    dataset = dataset or _dataset_name(run_cfg)
-    out = Path(out_dir) if out_dir else (Path(model_path) / "eval")
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    model = from_pretrained(model_dir).eval()
-    kind = _kind(model)
-    p = dict(QUICK if quick else FULL)
-    unknown = set(protocol or {}) - set(p)
-    if unknown:
-        raise ValueError(f"protocol keys must be among {sorted(p)}, got {sorted(unknown)}")
-    p.update(protocol or {})
+            def rel(key):  # paths in the YAML are relative to the YAML file
+                return str((target.parent / cfg[key]).resolve()) if cfg.get(key) else None
+
+            dataset, text, mmvp = dataset or cfg.get("dataset"), text or rel("text"), mmvp or rel("mmvp")
+            quick, seed = quick or bool(cfg.get("quick", False)), int(cfg.get("seed", seed))
+            out_dir = out_dir or rel("out")
+        else:
+            model_path = target
+        p = dict(QUICK if quick else FULL)
+        unknown = set(protocol or {}) - set(p)
+        if unknown:
+            raise ValueError(f"protocol keys must be among {sorted(p)}, got {sorted(unknown)}")
+        p.update(protocol or {})
+        if text is not None and not Path(text).is_file():
+            raise UsageError(f"--text {str(text)!r} is not a file")
+        out = Path(out_dir) if out_dir else (Path(model_path) / "eval")
+        previous = _check_output_dir(out)
+        model_dir = find_saved_model(model_path)
+        run_cfg = _run_config(model_dir)
+        dataset = dataset or _dataset_name(run_cfg)
+        torch.manual_seed(seed)
+        model = from_pretrained(model_dir).eval()
+        kind = _kind(model)
     t0 = time.perf_counter()
     results: dict[str, Any] = {
         "model": {"path": str(model_dir), "name": getattr(model, "model_name", None), "architecture":
@@ -364,20 +380,49 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
                   "seed": _run_seed(run_cfg)},
         "protocol": "quick" if quick else "full", "eval_seed": seed, "skipped": {}}
     try:
-        if kind == "vit":
-            results["vision"] = _vit_suite(model, dataset, p, out, seed, progress)
-        elif kind == "clip":
-            results["clip"] = _clip_suite(model, dataset, p, out, seed, mmvp, progress)
-        else:
-            results["language"] = _lm_suite(model, model_dir, dataset, text, p, out, seed, progress)
-    except (LookupError, FileNotFoundError, ImportError) as e:  # missing data: recorded, never silent
-        results["skipped"][kind] = f"{type(e).__name__}: {e}"
-    results["seconds"] = round(time.perf_counter() - t0, 1)
-    results["output_dir"] = str(out)
-    with atomic_write_file(out / "results.json", "w") as f:
-        json.dump(results, f, indent=1, default=float)
-    write_report(results, out / "report.md")
+        with atomic_write_dir(out) as tmp:  # the whole folder at once: results, report and plots agree
+            try:
+                if kind == "vit":
+                    results["vision"] = _vit_suite(model, dataset, p, tmp, seed, progress)
+                elif kind == "clip":
+                    results["clip"] = _clip_suite(model, dataset, p, tmp, seed, mmvp, progress)
+                else:
+                    results["language"] = _lm_suite(model, model_dir, dataset, text, p, tmp, seed, progress)
+            except (LookupError, FileNotFoundError, ImportError) as e:  # missing data: recorded, never silent
+                results["skipped"][kind] = f"{type(e).__name__}: {e}"
+                if previous is not None:
+                    raise _KeepPrevious(results["skipped"][kind]) from None
+            results["seconds"] = round(time.perf_counter() - t0, 1)
+            results["output_dir"] = str(out)
+            with open(tmp / "results.json", "w") as f:
+                json.dump(results, f, indent=1, default=float)
+            write_report(results, tmp / "report.md")
+    except _KeepPrevious as e:
+        raise UsageError(f"the {kind} suite of {model_dir} was skipped ({e}); the finished results in {out} are kept "
+                         f"unchanged") from None
     return results
+
+
+class _KeepPrevious(Exception):
+    """An evaluation skipped its suite where finished results exist: nothing is written."""
+
+
+def _check_output_dir(out: Path) -> dict | None:
+    """The output folder may be absent, empty or a previous evaluation's (it is replaced as a whole); returns the
+    previous results when they are finished (no suite skipped), else None."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output folder {str(out)!r} is a file")
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    path = out / "results.json"
+    if not path.is_file():
+        raise UsageError(f"output folder {str(out)!r} holds other files and no results.json; the evaluation replaces "
+                         f"its output folder as a whole, so give --out an empty folder or a previous evaluation's")
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None  # a damaged result is replaced
+    return previous if isinstance(previous, dict) and not previous.get("skipped") else None
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -458,19 +503,41 @@ def write_report(results: dict, path: str | Path) -> Path:
 # ------------------------------------------------------------------------------------------------ compare
 
 
+#: numbers in results that describe the protocol, not how good the model is (left out of ``compare``)
+BOOKKEEPING = frozenset({"seconds", "eval_seed", "images", "episodes", "tokens", "examples", "C", "val_accuracy",
+                         "layers", "params", "trials", "chance", "num_classes"})
+#: the last part of a metric key where lower is better
+LOWER_IS_BETTER = frozenset({"ppl", "nll", "mce", "loss", "perplexity", "std"})
+#: the last part of a metric key where higher is better (besides recall@k and the accuracy tables)
+HIGHER_IS_BETTER = frozenset({"top1", "top5", "mean_per_class_recall", "accuracy", "mean_accuracy", "clean", "mean",
+                              "f1", "precision", "recall", "vqa_score", "exact", "existence", "index"})
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of nested results as ``{"suite.group.metric": value}`` (plots, paths and lists left out)."""
+    """Numeric leaves of nested results as ``{"suite.group.metric": value}`` in the order of the results (plots,
+    paths, lists and the protocol's own numbers, :data:`BOOKKEEPING`, left out)."""
     out: dict[str, float] = {}
     for k, v in d.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(v, dict):
-            if k in ("model", "skipped", "diagnostics", "sweep"):
+            if k in ("model", "skipped", "diagnostics", "sweep", "chance"):
                 continue
             out.update(flatten(v, key))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("seconds", "eval_seed",
-                                                                                    "images", "episodes"):
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k not in BOOKKEEPING:
             out[key] = float(v)
     return out
+
+
+def better(key: str) -> str:
+    """``"↑"`` when a higher value of metric ``key`` is better, ``"↓"`` when lower is, ``""`` when neither (an
+    attention mass, a ratio)."""
+    parts = key.split(".")
+    last = parts[-1]
+    if last in LOWER_IS_BETTER or (len(parts) > 1 and parts[-2] in ("perplexity",) and last != "tokens"):
+        return "↓"
+    if last in HIGHER_IS_BETTER or "@" in last or any(p in ("noise", "table", "needle") for p in parts[1:-1]):
+        return "↑"
+    return ""
 
 
 def load_results(path: str | Path) -> list[dict]:
@@ -478,47 +545,68 @@ def load_results(path: str | Path) -> list[dict]:
     ``<dir>/eval/results.json``, else all of them below ``<dir>`` (one per seed)."""
     path = Path(path)
     if path.is_file():
-        return [json.loads(path.read_text())]
+        return [_read_results(path)]
+    if not path.is_dir():
+        raise FileNotFoundError(f"{str(path)!r} does not exist (give results.json files or evaluated run folders)")
     for p in (path / "results.json", path / "eval" / "results.json"):
         if p.is_file():
-            return [json.loads(p.read_text())]
+            return [_read_results(p)]
     found = sorted(path.rglob("results.json"))
     if not found:
-        raise FileNotFoundError(f"no results.json under {str(path)!r}; run `diffattn eval {path}` first")
-    return [json.loads(p.read_text()) for p in found]
+        raise UsageError(f"no results.json under {str(path)!r}: it has not been evaluated; run `diffattn eval {path}` "
+                         f"first")
+    return [_read_results(p) for p in found]
+
+
+def _read_results(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} must hold a JSON object of results, got {type(data).__name__}")
+    return data
 
 
 def compare(runs: Sequence[str | Path], out: str | Path | None = None,
             labels: Sequence[str] | None = None) -> str:
     """A markdown table with one column per run argument: mean ± std (population, over the seeds found under it)
-    of every metric the runs share; written to ``out`` (and ``out`` with ``.json``) when given."""
+    of every metric the runs share, in the order of the first run's results, with the direction of better (↑/↓)
+    and one Δ column per further run (its mean minus the first run's); written to ``out`` (and ``out`` with
+    ``.json``) when given. Runs that share no metric are a :class:`~diffattn.errors.UsageError`."""
     if len(runs) < 1:
-        raise ValueError("runs must name at least one run")
+        raise UsageError("compare needs at least one run")
     labels = list(labels) if labels else [Path(r).name for r in runs]
     if len(labels) != len(runs):
-        raise ValueError(f"labels must have one entry per run ({len(runs)}), got {len(labels)}")
+        raise UsageError(f"--labels must give one name per run ({len(runs)}), got {len(labels)}")
     cols = []
     for r in runs:
         flat = [flatten(x) for x in load_results(r)]
-        keys = sorted(set.intersection(*(set(f) for f in flat)))
+        shared = set.intersection(*(set(f) for f in flat))
         cols.append({k: (float(np.mean([f[k] for f in flat])), float(np.std([f[k] for f in flat])), len(flat))
-                     for k in keys})
+                     for k in flat[0] if k in shared})
     keys = [k for k in cols[0] if all(k in c for c in cols[1:])]
-    head = "| metric | " + " | ".join(f"{lab} (n={next(iter(c.values()))[2] if c else 0})"
-                                       for lab, c in zip(labels, cols)) + " |"
-    lines = [head, "|---|" + "---:|" * len(cols)]
+    if not keys:
+        what = " and ".join(f"{lab} ({', '.join(list(c)[:3]) or 'no metric'}…)" for lab, c in zip(labels, cols))
+        raise UsageError(f"the runs share no metric to compare: {what}; evaluate them with the same suite "
+                         f"(diffattn eval)")
+    n = [next(iter(c.values()))[2] for c in cols]
+    head = ["metric", "better"] + [f"{lab} (n={k})" for lab, k in zip(labels, n)] + \
+        [f"Δ {lab}" for lab in labels[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|---|:-:|" + "---:|" * (len(cols) + len(cols) - 1)]
     for k in keys:
         cells = []
         for c in cols:
-            mean, std, n = c[k]
-            cells.append(f"{mean:.4f} ± {std:.4f}" if n > 1 else f"{mean:.4f}")
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+            mean, std, count = c[k]
+            cells.append(f"{mean:.4f} ± {std:.4f}" if count > 1 else f"{mean:.4f}")
+        deltas = [f"{c[k][0] - cols[0][k][0]:+.4f}" for c in cols[1:]]
+        lines.append(f"| {k} | {better(k)} | " + " | ".join(cells + deltas) + " |")
     table = "\n".join(lines) + "\n"
     if out is not None:
         out = Path(out)
         with atomic_write_file(out, "w") as f:
             f.write(table)
         with atomic_write_file(out.with_suffix(".json"), "w") as f:
-            json.dump({lab: {k: {"mean": v[0], "std": v[1], "n": v[2]} for k, v in c.items()}
+            json.dump({lab: {k: {"mean": v[0], "std": v[1], "n": v[2]} for k, v in c.items() if k in keys}
                        for lab, c in zip(labels, cols)}, f, indent=1)
     return table

@@ -85,13 +85,18 @@ def _tokenizer_from_run(path: Path) -> str | None:
 
 
 def _is_saved_model(p: Path) -> bool:
+    """Whether ``p`` holds a diffattn ``save_pretrained`` model; a ``config.json`` beside ``model.safetensors`` that
+    is not valid JSON is a :class:`~diffattn.errors.UsageError` naming it (a damaged save, not a missing one)."""
     cfg = p / "config.json"
     if not cfg.is_file() or not (p / "model.safetensors").is_file():
         return False
     try:
-        return "architecture" in json.loads(cfg.read_text())
-    except (json.JSONDecodeError, OSError):
-        return False
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        from ..errors import UsageError
+
+        raise UsageError(f"{cfg} is not valid JSON ({e}): the model saved in {p} is damaged") from None
+    return isinstance(data, dict) and "architecture" in data
 
 
 def find_saved_model(path: str | Path) -> Path:
