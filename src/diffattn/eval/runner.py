@@ -91,6 +91,30 @@ def _run_seed(cfg: dict):
     return run.get("seed") if isinstance(run, dict) and "seed" in run else cfg.get("seed")
 
 
+def _bare_model(model):
+    """The model inside a peft wrapper, or ``model``."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
+def _retrofit_name(run_cfg: dict) -> str:
+    task = run_cfg.get("task") if isinstance(run_cfg.get("task"), dict) else {}
+    base = task.get("base") if isinstance(task.get("base"), dict) else {}
+    lora = " + LoRA" if task.get("lora") else ""
+    return f"{base.get('type', '?')} retrofitted with {task.get('method', '?')}{lora}"
+
+
+def _lm_sizes(model) -> tuple[int, int]:
+    """(vocabulary, context length) of a diffattn causal LM or a transformers one (peft-wrapped or not)."""
+    vocab, ctx = getattr(model, "vocab_size", None), getattr(model, "max_seq_len", None)
+    config = getattr(_bare_model(model), "config", None)
+    if not isinstance(vocab, int):
+        vocab = getattr(config, "vocab_size", None)
+    if not isinstance(ctx, int):
+        ctx = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 2048
+    return int(vocab), int(ctx)
+
+
 def _kind(model) -> str:
     if hasattr(model, "encode_image") and hasattr(model, "encode_text"):
         return "clip"
@@ -279,17 +303,21 @@ def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: 
     from .language import lambada_accuracy, needle_grid, needle_prompt, perplexity
     from .text_models import get_text_tokenizer
 
-    tok = get_text_tokenizer(None, model_dir=model_dir, vocab_size=model.vocab_size)
+    vocab, max_len = _lm_sizes(model)
+    tok = get_text_tokenizer(None, model_dir=model_dir, vocab_size=vocab)
     corpus, source = _lm_text(text, dataset)
     ids = torch.tensor(tok.encode(corpus)[:p["ppl_tokens"]])
-    ctx = min(model.max_seq_len, 1024)
+    ctx = min(max_len, 1024)
     res: dict[str, Any] = {"text": source, "tokenizer": tok.name}
     res["perplexity"] = perplexity(model, ids, context_length=ctx)
     passages = [s.strip() for s in corpus.replace("\n", " ").split(". ") if len(s.split()) >= 12]
     rng = random.Random(seed)
     passages = rng.sample(passages, min(p["lambada"], len(passages)))
     res["last_word"] = lambada_accuracy(model, tok, passages, max_context=ctx, progress=progress)
-    lengths = [n for n in p["needle_lengths"] if n <= model.max_seq_len]
+    # a model with learned absolute positions (GPT-2's wpe) cannot read past its context: the prompt leaves room
+    # for the answer it generates
+    margin = 8 if getattr(getattr(_bare_model(model), "config", None), "n_positions", None) else 0
+    lengths = [n for n in p["needle_lengths"] if n <= max_len - margin] or [max_len - margin]
     grid = needle_grid(model, tok, corpus[:20000], lengths=lengths, depths=p["needle_depths"],
                        trials=p["needle_trials"], seed=seed, progress=progress)
     res["needle"] = {str(n): {str(d): a for d, a in row.items()} for n, row in grid.items()}
@@ -340,7 +368,7 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
     the results. ``protocol`` overrides entries of :data:`QUICK` / :data:`FULL` (sizes, corruption list,
     episodes, needle grid)."""
     from ..models import from_pretrained
-    from .text_models import find_saved_model
+    from .text_models import find_saved_model, is_retrofit_run, load_retrofit_run
 
     target = Path(target)
     with user_input():  # what the user gave: the target, a YAML file, the protocol, the dataset, the folder
@@ -367,17 +395,21 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
             raise UsageError(f"--text {str(text)!r} is not a file")
         out = Path(out_dir) if out_dir else (Path(model_path) / "eval")
         previous = _check_output_dir(out)
-        model_dir = find_saved_model(model_path)
+        retrofit = is_retrofit_run(model_path)
+        model_dir = Path(model_path) if retrofit else find_saved_model(model_path)
         run_cfg = _run_config(model_dir)
         dataset = dataset or _dataset_name(run_cfg)
         torch.manual_seed(seed)
-        model = from_pretrained(model_dir).eval()
-        kind = _kind(model)
+        if retrofit:  # a transformers causal LM with the run's adapters (and LoRA): a language model
+            model, kind = load_retrofit_run(model_dir), "lm"
+            name, arch = _retrofit_name(run_cfg), type(_bare_model(model)).__name__
+        else:
+            model = from_pretrained(model_dir).eval()
+            kind, name, arch = _kind(model), getattr(model, "model_name", None), type(model).__name__
     t0 = time.perf_counter()
     results: dict[str, Any] = {
-        "model": {"path": str(model_dir), "name": getattr(model, "model_name", None), "architecture":
-                  type(model).__name__, "kind": kind, "params": _params(model),
-                  "seed": _run_seed(run_cfg)},
+        "model": {"path": str(model_dir), "name": name, "architecture": arch, "kind": kind,
+                  "params": _params(model), "seed": _run_seed(run_cfg)},
         "protocol": "quick" if quick else "full", "eval_seed": seed, "skipped": {}}
     try:
         with atomic_write_dir(out) as tmp:  # the whole folder at once: results, report and plots agree
@@ -388,7 +420,7 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
                     results["clip"] = _clip_suite(model, dataset, p, tmp, seed, mmvp, progress)
                 else:
                     results["language"] = _lm_suite(model, model_dir, dataset, text, p, tmp, seed, progress)
-            except (LookupError, FileNotFoundError, ImportError) as e:  # missing data: recorded, never silent
+            except (FileNotFoundError, ImportError) as e:  # missing data (or extra): recorded, never silent
                 results["skipped"][kind] = f"{type(e).__name__}: {e}"
                 if previous is not None:
                     raise _KeepPrevious(results["skipped"][kind]) from None

@@ -401,7 +401,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
                           "clip": res["clip"], "extra": extra, "lambda": lams[label],
                           "eval_report": str(Path(v) / "eval" / "report.md")}
         curves[label] = [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
-                                                              .splitlines()) if r]
+                                                              .splitlines()) if "loss" in r]  # not eval rows
         models[label] = model
     plots = [_plot_learning_curves(curves, out / "learning_curves.png").name]
     if any(v for t in lams.values() for v in t.values()):

@@ -1,12 +1,13 @@
 """Training configuration: dataclasses loaded from YAML, with ``--set section.key=value`` overrides.
 
-A run is described by five sections::
+A run is described by five sections, and an optional sixth for validation while it trains::
 
     task:  {name: clip | classify | lm | retrofit | vlm | paligemma, ...task options}
     model: {name: a registered model (``diffattn models``), overrides: {...create_model keyword arguments}}
     data:  {name: a dataset, path: files a user supplies, ...}
     optim: {lr, weight_decay, betas, warmup_steps, min_lr_ratio, grad_clip}
     run:   {steps | epochs, batch_size (GLOBAL), accum_steps, seed, precision, distributed, checkpoints, logging}
+    eval:  {every, metric, split, path, max_samples, batch_size}
 
 An unknown key is a :class:`~diffattn.errors.UsageError` (a ``ValueError``) naming the key and the valid ones; a
 YAML syntax error names the file, line and column.
@@ -24,8 +25,9 @@ from typing import Any
 
 from ..errors import UsageError, yaml_error
 
-__all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "TrainConfig", "load_config",
-           "apply_overrides", "config_from_dict", "config_digest", "TASK_KEYS", "run_config_dict"]
+__all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
+           "load_config", "apply_overrides", "config_from_dict", "config_digest", "TASK_KEYS", "VAL_METRICS",
+           "run_config_dict", "val_metric"]
 
 TASKS = ("clip", "classify", "lm", "retrofit", "vlm", "paligemma")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -120,6 +122,28 @@ class RunConfig:
     threads: int | None = None
 
 
+#: the metrics each task's validation reports (:meth:`diffattn.train.tasks.Task.validate`); the first is the
+#: default ``eval.metric``
+VAL_METRICS: dict[str, tuple[str, ...]] = {"classify": ("top1", "loss"), "clip": ("r@1", "i2t@1", "t2i@1", "loss"),
+                                           "lm": ("loss", "ppl"), "retrofit": ("loss", "ppl")}
+#: validation metrics where lower is better (the others: higher is better)
+LOWER_IS_BETTER = ("loss", "ppl")
+
+
+@dataclass
+class EvalConfig:
+    """Validation while training: every ``every`` optimizer steps (and at the last) the task's quick evaluation runs
+    on the held-out ``split`` (``path``: another file, for data without splits), on at most ``max_samples``
+    samples; ``metric`` (default: the task's first of :data:`VAL_METRICS`) picks the checkpoint kept in ``best/``."""
+
+    every: int | None = None
+    metric: str | None = None
+    split: str = "test"
+    path: str | None = None
+    max_samples: int = 512
+    batch_size: int = 64
+
+
 @dataclass
 class TrainConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -127,6 +151,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -134,7 +159,7 @@ class TrainConfig:
 
 _SECTIONS = {f.name: f.type for f in fields(TrainConfig)}
 _SECTION_CLASSES = {"task": TaskConfig, "model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-                    "run": RunConfig}
+                    "run": RunConfig, "eval": EvalConfig}
 
 
 def _section(name: str, values: Any) -> Any:
@@ -221,6 +246,15 @@ def validate(cfg: TrainConfig) -> TrainConfig:
 
         _check(is_model(cfg.model.name), "model.name", cfg.model.name,
                "a registered model name (list them with `diffattn models`)")
+    e = cfg.eval
+    _check(e.every is None or (_is_int(e.every) and e.every >= 1), "eval.every", e.every, "null or an integer >= 1")
+    _check(_is_int(e.max_samples) and e.max_samples >= 1, "eval.max_samples", e.max_samples, "an integer >= 1")
+    _check(_is_int(e.batch_size) and e.batch_size >= 1, "eval.batch_size", e.batch_size, "an integer >= 1")
+    if e.every is not None:
+        _check(t.name in VAL_METRICS, "eval.every", e.every, f"null for task {t.name!r} (validation while training "
+               f"is there for {', '.join(VAL_METRICS)})")
+        _check(e.metric is None or e.metric in VAL_METRICS[t.name], "eval.metric", e.metric,
+               f"one of {VAL_METRICS[t.name]} for task {t.name!r}")
     if t.name in ("clip", "classify", "lm", "retrofit"):
         names = train_data_names(t.name)
         _check(cfg.data.name in names, "data.name", cfg.data.name, f"one of {names} (for task {t.name!r})")
@@ -307,6 +341,12 @@ TASK_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
+    """(the metric that picks ``best/``, whether lower is better)."""
+    metric = cfg.eval.metric or VAL_METRICS[cfg.task.name][0]
+    return metric, metric in LOWER_IS_BETTER
+
+
 def run_config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """The config a run records in ``config.yaml``: every section, with only the ``task`` keys its task reads
     (:data:`TASK_KEYS`). Loading it back gives ``cfg`` again (the left-out keys are at their defaults and unused)."""
@@ -327,6 +367,7 @@ def config_digest(cfg: TrainConfig | dict) -> dict[str, Any]:
     (:data:`RESUMABLE_KEYS`) and the ``task`` keys its task does not read. ``cfg`` may be a digest already (a
     checkpoint's), which is then reduced the same way."""
     d = json.loads(json.dumps(cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg), default=str))
+    d.setdefault("eval", dataclasses.asdict(EvalConfig()))  # checkpoints of runs made before the section existed
     for section, key in RESUMABLE_KEYS:
         d.get(section, {}).pop(key, None)
     task = d.get("task", {})

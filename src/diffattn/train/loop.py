@@ -9,6 +9,11 @@ gradients on the last one only), gradient clipping, AdamW, the warm-up + cosine 
 ``ckpt_every`` steps a checkpoint is written. The batch order depends only on (seed, step), so a run resumed from
 a checkpoint continues exactly where it stopped.
 
+With ``eval.every`` the task's quick evaluation runs on the held-out split every that many steps (and at the last);
+its metrics go to ``metrics.jsonl`` (rows ``{"step", "eval": {...}}``), TensorBoard (``val/*``) and the progress
+bar, and the model with the best ``eval.metric`` so far is kept in ``best/``. The evaluation draws no random
+numbers and the best value is part of the checkpoint, so a resumed run keeps the same ``best/``.
+
 A run directory is never replaced by accident: training into one that already holds files needs ``resume``
 (continue it) or ``overwrite`` (replace a previous run). Everything a user can get wrong (the config, the data,
 the resume point, data that do not fit the model) is checked before the directory is created or touched, and
@@ -34,7 +39,7 @@ from torch.utils.data import DataLoader
 from ..errors import RunExistsError, UsageError, user_input
 from ..io import atomic_write_file, remove_dir
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
-from .config import TrainConfig, config_digest, digest_hash, run_config_dict
+from .config import TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
 from .data import StepBatchSampler, steps_for
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler
@@ -117,6 +122,35 @@ def _truncate_metrics(path: Path, step: int) -> None:
         f.write("".join(r + "\n" for r in rows))
 
 
+def _validate(task, model, val_set, env: DistEnv, amp_dtype) -> dict[str, float]:
+    """The task's validation of ``model`` on every rank (the same set, so FSDP2's collectives match), averaged
+    over ranks so that every rank takes the same ``best/`` decision; the RNG states are left as they were."""
+    state = rng_state()
+    was_training = model.training
+    model.eval()
+    try:
+        scores = task.validate(model, val_set, env.device, amp_dtype)
+    finally:
+        model.train(was_training)
+        set_rng_state(state)
+    keys = sorted(scores)
+    mean = all_reduce_mean(torch.tensor([scores[k] for k in keys], dtype=torch.float64, device=env.device))
+    return {k: float(v) for k, v in zip(keys, mean.tolist())}
+
+
+def _save_best(task, model, optimizer, cfg: TrainConfig, env: DistEnv, run_dir: Path, record: dict) -> None:
+    """``best/`` from rank 0 (FSDP2 gathers the full weights into a fresh model first, on every rank)."""
+    if cfg.run.distributed == "fsdp2" and env.distributed:
+        model_sd, _ = _full_state(model, optimizer)
+        if env.is_main:
+            full = task.build_model()
+            full.load_state_dict(model_sd)
+            task.save_best(full, run_dir, record)
+    elif env.is_main:
+        task.save_best(model, run_dir, record)
+    barrier()
+
+
 def _last_logged_loss(path: Path) -> float:
     """The training loss of the last row of ``metrics.jsonl`` (NaN when there is none)."""
     if not path.is_file():
@@ -179,6 +213,10 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
         model = task.build_model().to(env.device)
         dataset = task.dataset()
         task.check_data(model, dataset)
+        val_set = None
+        if cfg.eval.every is not None:
+            with user_input("eval: "):
+                val_set = task.val_dataset()
         total = steps_for(cfg.run, len(dataset))
         sampler = StepBatchSampler(len(dataset), cfg.run.batch_size, world_size=env.world_size, rank=env.rank,
                                    accum_steps=cfg.run.accum_steps, seed=cfg.run.seed, start_step=0,
@@ -190,6 +228,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
         say(f"skipped checkpoint {path}: {why}")
 
     start = int(ckpt["step"]) if ckpt is not None else 0
+    best = ckpt.get("best") if ckpt is not None else None  # {"step", "metric", "value"} of best/
     metrics_path = run_dir / "metrics.jsonl"
     if start >= total:  # a finished run: nothing to train; the final model is saved if a kill prevented it
         model.load_state_dict(ckpt["model"])
@@ -237,10 +276,9 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
             _truncate_metrics(metrics_path, start)
         elif metrics_path.exists():
             metrics_path.unlink()
-        if not start and (run_dir / "tensorboard").is_dir():  # a fresh start (resume auto without a checkpoint)
-            import shutil
-
-            shutil.rmtree(run_dir / "tensorboard")
+        for stale in ("tensorboard", "best"):  # a fresh start (resume auto without a checkpoint)
+            if not start and (run_dir / stale).is_dir():
+                remove_dir(run_dir / stale)
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start + 1)
@@ -255,6 +293,8 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
 
     bar = progress(total=total, initial=start, disable=not (env.is_main and cfg.run.progress), unit="step",
                    desc="train")
+    metric, lower_better = val_metric(cfg) if val_set is not None else (None, False)
+    val_postfix: dict[str, str] = {}
     losses: list[float] = []
     epoch_losses: list[float] = []
     t_epoch = t_log = time.perf_counter()
@@ -309,7 +349,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
                     writer.add_scalar(f"train/{k}", row[k], done)
                 for i, v in enumerate(lams):
                     writer.add_scalar(f"lambda/layer_{i}", v, done)
-                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", sps=row["samples_per_s"])
+                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", sps=row["samples_per_s"], **val_postfix)
         if done % spe == 0 and env.is_main:
             dt = time.perf_counter() - t_epoch
             lams = mean_lambdas(model) if cfg.run.distributed != "fsdp2" else []
@@ -317,6 +357,19 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
                       f"{len(epoch_losses) * cfg.run.batch_size / dt:.1f} samples/s  {dt:.1f} s"
                       + (f"  λ {lams}" if lams else ""))
             epoch_losses, t_epoch = [], time.perf_counter()
+        if val_set is not None and (done % cfg.eval.every == 0 or done == total):
+            scores = _validate(task, model, val_set, env, amp_dtype)
+            value = scores[metric]
+            if env.is_main:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps({"step": done, "eval": scores}) + "\n")
+                for k, v in scores.items():
+                    writer.add_scalar(f"val/{k}", v, done)
+                val_postfix = {f"val_{metric}": f"{value:.4f}"}
+                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", **val_postfix)
+            if best is None or (value < best["value"] if lower_better else value > best["value"]):
+                best = {"step": done, "metric": metric, "value": value}
+                _save_best(task, model, optimizer, cfg, env, run_dir, best)
         if done % cfg.run.ckpt_every == 0 or done == total:
             model_sd, optim_sd = _full_state(model, optimizer)
             rngs = _gather_rng(env)
@@ -325,7 +378,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
                     "step": done, "world_size": env.world_size, "config": config_digest(cfg),
                     "model": model_sd, "optimizer": optim_sd, "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None,
-                    "rng": rngs}, cfg.run.keep_last)
+                    "rng": rngs, "best": best}, cfg.run.keep_last)
             barrier()
     bar.close()
 

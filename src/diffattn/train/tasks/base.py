@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import torch
@@ -12,7 +14,7 @@ from ...errors import UsageError
 from ...io import atomic_write_dir
 from ..config import TrainConfig
 
-__all__ = ["Task", "mean_lambdas", "check_tokens", "check_images", "check_labels", "model_vocab_size"]
+__all__ = ["Task", "mean_lambdas", "check_tokens", "check_images", "check_labels", "model_vocab_size", "eval_batches"]
 
 #: token ids read to find the largest id of a stream without a sidecar (the whole stream when it is shorter)
 _MAX_SCAN = 1 << 26
@@ -111,6 +113,18 @@ def mean_lambdas(model: nn.Module) -> list[float]:
     return out
 
 
+def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
+    """``(batch on device, its size)`` over ``dataset`` in order. No DataLoader: its iterator draws from the global
+    RNG (and under torchrun broadcasts a seed), which a validation in the middle of a run must not do."""
+    from torch.utils.data import default_collate
+
+    from ..loop import _to
+
+    for i in range(0, len(dataset), batch_size):
+        items = [dataset[j] for j in range(i, min(i + batch_size, len(dataset)))]
+        yield _to(default_collate(items), device), len(items)
+
+
 class Task:
     """A training recipe. Subclasses set ``name`` and implement :meth:`build_model`, :meth:`dataset`, :meth:`loss`."""
 
@@ -138,6 +152,47 @@ class Task:
     def after_step(self, model: nn.Module) -> None:
         """Called on the unwrapped model after every optimizer step (logit-scale clamp, λ schedule, …)."""
 
+    # --------------------------------------------------------------------------------------- validation
+
+    def val_dataset(self) -> Dataset:
+        """The held-out set of ``eval``: this task's data with ``data.split = eval.split`` (and ``data.path =
+        eval.path`` when given), at most ``eval.max_samples`` samples spread evenly over it."""
+        e = self.cfg.eval
+        data = dataclasses.replace(self.cfg.data, split=e.split, path=e.path or self.cfg.data.path)
+        val = type(self)(dataclasses.replace(self.cfg, data=data)).dataset()
+        if len(val) > e.max_samples:
+            from torch.utils.data import Subset
+
+            idx = torch.linspace(0, len(val) - 1, e.max_samples).round().long().unique().tolist()
+            val = Subset(val, idx)
+        if len(val) == 0:
+            raise UsageError(f"eval.split {e.split!r} of data.name {self.cfg.data.name!r} is empty")
+        return val
+
+    @torch.no_grad()
+    def validate(self, model: nn.Module, dataset: Dataset, device: torch.device,
+                 amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+        """The task's quick evaluation of ``model`` (in eval mode) on ``dataset``: ``{metric: value}`` with the
+        metrics of :data:`~diffattn.train.config.VAL_METRICS`. Draws no random numbers."""
+        totals: dict[str, float] = {}
+        count = 0
+        for batch, n in eval_batches(dataset, self.cfg.eval.batch_size, device):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                sums = self.val_sums(model, batch, n)
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            count += n
+        return self.val_metrics(totals, count)
+
+    def val_sums(self, model: nn.Module, batch, n: int) -> dict[str, float]:
+        """Sums over one validation batch of ``n`` samples (default: the training loss times ``n``)."""
+        return {"loss": float(self.loss(model, batch)) * n}
+
+    def val_metrics(self, totals: dict[str, float], count: int) -> dict[str, float]:
+        return {k: v / count for k, v in totals.items()}
+
+    # ------------------------------------------------------------------------------------------- saving
+
     def save_initial(self, model: nn.Module, directory: Path) -> None:
         """Save what the run needs besides its final weights to be rebuilt from ``directory`` alone (called once,
         when a run starts, on rank 0)."""
@@ -146,9 +201,22 @@ class Task:
         """Whether :meth:`save_final` has written its result under ``directory``."""
         return (Path(directory) / "model" / "model.safetensors").is_file()
 
+    def write_model(self, model: nn.Module, folder: Path) -> None:
+        """Write the trained model's files into ``folder`` (a temporary folder swapped into place by the caller)."""
+        model.save_pretrained(folder)
+
     def save_final(self, model: nn.Module, directory: Path) -> Path:
-        """Save the trained model with ``save_pretrained`` (atomically) under ``directory/model``."""
+        """Save the trained model (:meth:`write_model`, atomically) under ``directory/model``."""
         target = Path(directory) / "model"
         with atomic_write_dir(target) as tmp:
-            model.save_pretrained(tmp)
+            self.write_model(model, tmp)
+        return target
+
+    def save_best(self, model: nn.Module, directory: Path, record: dict) -> Path:
+        """Save the model of the best validation so far as ``directory/best`` (:meth:`write_model`, plus
+        ``best.json``: step, metric, value), atomically."""
+        target = Path(directory) / "best"
+        with atomic_write_dir(target) as tmp:
+            self.write_model(model, tmp)
+            (tmp / "best.json").write_text(json.dumps(record, indent=1))
         return target

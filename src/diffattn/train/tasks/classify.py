@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...io import atomic_write_dir
 from .base import Task, check_images, check_labels
 
 #: The vocabulary file saved next to a text classifier's weights (``Vocabulary.load`` reads it).
@@ -106,13 +105,20 @@ class ClassifyTask(Task):
             return torch.sum(-y * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         return F.cross_entropy(model(x).float(), y, label_smoothing=self.cfg.task.label_smoothing)
 
-    def save_final(self, model: nn.Module, directory: Path) -> Path:
-        """``save_pretrained`` under ``directory/model``; a text classifier's vocabulary goes with it as
-        ``vocab.json`` (``Vocabulary.load``), in the same atomic swap."""
-        if self.vocab is None:
-            return super().save_final(model, directory)
-        target = Path(directory) / "model"
-        with atomic_write_dir(target) as tmp:
-            model.save_pretrained(tmp)
-            self.vocab.save(Path(tmp) / VOCAB_NAME)
-        return target
+    def val_sums(self, model: nn.Module, batch, n: int) -> dict[str, float]:
+        """Cross-entropy (no label smoothing, no mixing) and correct top-1 predictions."""
+        if len(batch) == 3:
+            ids, mask, y = batch
+            logits = model(ids, mask).float()
+        else:
+            x, y = batch
+            logits = model(x).float()
+        return {"loss": float(F.cross_entropy(logits, y, reduction="sum")),
+                "top1": float((logits.argmax(-1) == y).sum())}
+
+    def write_model(self, model: nn.Module, folder: Path) -> None:
+        """``save_pretrained``; a text classifier's vocabulary goes with it as ``vocab.json``
+        (``Vocabulary.load``)."""
+        model.save_pretrained(folder)
+        if self.vocab is not None:
+            self.vocab.save(Path(folder) / VOCAB_NAME)

@@ -44,6 +44,14 @@ def token_windows(dataset):
     return getattr(dataset, "windows", dataset)
 
 
+def lm_val_metrics(totals: dict[str, float], count: int) -> dict[str, float]:
+    """Mean next-token loss over the validation windows and its perplexity."""
+    import math
+
+    loss = totals["loss"] / count
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
+
+
 class LMTask(Task):
     name = "lm"
 
@@ -56,3 +64,6 @@ class LMTask(Task):
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         x, y = batch  # (B, N), (B, N)
         return lm_loss(model(x), y)
+
+    def val_metrics(self, totals: dict[str, float], count: int) -> dict[str, float]:
+        return lm_val_metrics(totals, count)
