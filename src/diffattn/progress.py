@@ -81,8 +81,8 @@ class LineProgress:
         self.postfix = " ".join(f"{k}={v}" for k, v in items.items())
 
     def write(self, s: str, file: IO | None = None) -> None:
-        if not self.disable:
-            print(s, file=file or self.file, flush=True)
+        """Print a line (also when the bar is disabled, as ``tqdm.write`` does)."""
+        print(s, file=file or self.file, flush=True)
 
     def close(self) -> None:
         if not self.closed and not self.disable and self.n > self.start_n:

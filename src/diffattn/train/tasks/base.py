@@ -113,6 +113,16 @@ def mean_lambdas(model: nn.Module) -> list[float]:
     return out
 
 
+def save_model(model: nn.Module, folder: Path, training: str) -> None:
+    """``model.save_pretrained(folder)``; a diffattn model's card says how it was trained."""
+    from ...models import DiffattnModel
+
+    if isinstance(model, DiffattnModel):
+        model.save_pretrained(folder, model_card_kwargs={"training": training})
+    else:
+        model.save_pretrained(folder)
+
+
 def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
     """``(batch on device, its size)`` over ``dataset`` in order. No DataLoader: its iterator draws from the global
     RNG (and under torchrun broadcasts a seed), which a validation in the middle of a run must not do."""
@@ -201,9 +211,17 @@ class Task:
         """Whether :meth:`save_final` has written its result under ``directory``."""
         return (Path(directory) / "model" / "model.safetensors").is_file()
 
+    def model_card(self) -> str:
+        """What the saved model's card says about its training."""
+        c = self.cfg
+        budget = f"{c.run.steps} optimizer steps" if c.run.steps is not None else f"{c.run.epochs} epochs"
+        return (f"Trained with `diffattn train` (task `{c.task.name}`, data `{c.data.name}`, {budget} of "
+                f"{c.run.batch_size} samples, seed {c.run.seed}); the full config is `config.yaml` in the run "
+                f"directory `{c.run.out}`.")
+
     def write_model(self, model: nn.Module, folder: Path) -> None:
         """Write the trained model's files into ``folder`` (a temporary folder swapped into place by the caller)."""
-        model.save_pretrained(folder)
+        save_model(model, folder, self.model_card())
 
     def save_final(self, model: nn.Module, directory: Path) -> Path:
         """Save the trained model (:meth:`write_model`, atomically) under ``directory/model``."""

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from .base import Task, check_images, check_labels
+from .base import Task, check_images, check_labels, save_model
 
 #: The vocabulary file saved next to a text classifier's weights (``Vocabulary.load`` reads it).
 VOCAB_NAME = "vocab.json"
@@ -119,6 +119,6 @@ class ClassifyTask(Task):
     def write_model(self, model: nn.Module, folder: Path) -> None:
         """``save_pretrained``; a text classifier's vocabulary goes with it as ``vocab.json``
         (``Vocabulary.load``)."""
-        model.save_pretrained(folder)
+        save_model(model, folder, self.model_card())
         if self.vocab is not None:
             self.vocab.save(Path(folder) / VOCAB_NAME)
