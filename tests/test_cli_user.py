@@ -372,3 +372,49 @@ def test_images_and_classes_that_do_not_fit_the_model_are_refused(extra, names, 
     one_error(capsys, *names)
     assert not out.exists()
 
+
+
+# ------------------------------------------------------------------------------------- 8. honest metadata
+
+
+@pytest.mark.slow
+def test_config_yaml_is_the_config_that_ran_and_the_card_says_what_the_model_is(evaluated):
+    import yaml
+
+    cfg = yaml.safe_load((evaluated / "config.yaml").read_text())
+    assert cfg["run"]["out"] == str(evaluated)  # the real --out, not the recipe's run.out
+    assert list(cfg["task"]) == ["name", "label_smoothing", "mixup", "cutmix"]  # no retrofit/LoRA keys
+    from diffattn.train import load_config
+
+    assert load_config(evaluated / "config.yaml").to_dict()["task"]["name"] == "classify"
+    card = (evaluated / "model" / "README.md").read_text()
+    assert "# diff_vit_nano" in card and "`DiffAttention`" in card and "Trained with `diffattn train`" in card
+    assert "4 optimizer steps" in card and "More Information Needed" not in card and "pushed to the Hub" not in card
+
+
+@pytest.mark.slow
+def test_epoch_lines_show_lambda_only_for_differential_models(tmp_path, capsys):
+    epoch = ["--set", "run.batch_size=512", "--set", "run.steps=2"]
+    assert cli.main(["train", CLASSIFY, "--out", str(tmp_path / "std"), *FAST, *epoch,
+                     "--set", "model.name=vit_nano"]) == 0
+    err = capsys.readouterr().err
+    assert "epoch 1: loss" in err and "λ" not in err
+    assert cli.main(["train", CLASSIFY, "--out", str(tmp_path / "diff"), *FAST, *epoch]) == 0
+    assert "  λ [0." in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- 9. reports state chance
+
+
+@pytest.mark.slow
+def test_eval_report_states_chance_and_flags_results_at_or_below_it(evaluated):
+    res = json.loads((evaluated / "eval" / "results.json").read_text())
+    v = res["vision"]
+    assert v["chance"] == {"classification.top1": 0.1, "classification.top5": 0.5,
+                           "classification.mean_per_class_recall": 0.1}
+    report = (evaluated / "eval" / "report.md").read_text()
+    assert "| metric | value | chance |" in report and "| top1 | " in report
+    low = v["classification"]["top1"] <= 0.1
+    assert ("**At or below chance:** classification.top1" in report) == low
+    assert ("(at or below chance)" in report) == (low or v["classification"]["top5"] <= 0.5
+                                                 or v["classification"]["mean_per_class_recall"] <= 0.1)

@@ -36,11 +36,11 @@ __all__ = ["main", "demo", "study", "load_study", "build_parser", "DEMO_VARIANTS
            "demo_pairs", "demo_table"]
 
 
-def load_study(config: str | os.PathLike) -> dict[str, Any]:
+def load_study(config: str | os.PathLike, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """A study config (:func:`diffattn.studies.load_study`)."""
     from .studies import load_study as _load
 
-    return _load(config)
+    return _load(config, overrides)
 
 
 def study(config: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
@@ -89,10 +89,26 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 
 def _study_command(args: argparse.Namespace) -> int:
+    import yaml
+
     from .errors import user_input
 
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set takes key=value (a key of the study config), got {item!r}")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") \
+                from None
+    if args.out is not None:
+        overrides["out"] = args.out
+    if args.seeds is not None:
+        overrides["seeds"] = args.seeds
     with user_input():  # a study config is what the user gave: its ValueErrors are usage errors
-        cfg = load_study(args.config)
+        cfg = load_study(args.config, overrides)
     res = study(cfg, progress=not args.no_progress)
     print()
     print(res["table"])
@@ -110,15 +126,22 @@ def _models_command(args: argparse.Namespace) -> int:
     if args.names:
         print("\n".join(names))
         return 0
-    rows = [model_info(n) for n in names]
+    from .models import list_pretrained
+
+    rows = [dict(model_info(n), pretrained=[t for _, t in list_pretrained(n)]) for n in names]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    width = max(len(n) for n in names)
+    table = [("name", "params", "family", "attention", "pretrained", "description")]
     for r in rows:
         att = r["attention"] if isinstance(r["attention"], str) else \
             ", ".join(f"{t} {a}" for t, a in r["attention"].items())
-        print(f"{r['name']:<{width}}  {r['params'] / 1e6:8.2f}M  {r['family']:<17} {att:<27} {r['description']}")
+        table.append((r["name"], f"{r['params'] / 1e6:.2f}M", r["family"], att, ", ".join(r["pretrained"]) or "—",
+                      r["description"]))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        cells = [c.rjust(w) if i == 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        print("  ".join(cells + [row[-1]]).rstrip())
     return 0
 
 
@@ -157,11 +180,19 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
     st.add_argument("config", help="a YAML file, or a name in configs/studies/ (diffclip, retrofit, dgvit, noise, "
                     "paligemma)")
+    st.add_argument("--out", default=None, help="folder for the seeds' runs, results.json and report.md (default: "
+                    "the config's out)")
+    st.add_argument("--seeds", type=bounded(int, 0), nargs="+", default=None, metavar="SEED",
+                    help="the seeds to run (at least 2), e.g. --seeds 0 1 2")
+    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the study config (repeatable), e.g. --set steps=100 or "
+                    "--set model.dim=32")
     st.add_argument("--no-progress", action="store_true", help="no progress bars")
     st.set_defaults(func=_study_command)
     m = sub.add_parser("models", help="list registered models")
     m.add_argument("pattern", nargs="?", default="*", help="shell-style pattern, e.g. 'diffclip*'")
-    m.add_argument("--json", action="store_true", help="one JSON object per model (name, family, attention, params)")
+    m.add_argument("--json", action="store_true", help="a JSON list with one object per model (name, family, "
+                   "description, attention, params, module, pretrained tags)")
     m.add_argument("--names", action="store_true", help="names only, one per line")
     m.set_defaults(func=_models_command)
     for name in COMMAND_MODULES:

@@ -167,6 +167,18 @@ def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=N
     return res, layers
 
 
+def classification_chance(group: str, metrics: dict, classes: int) -> dict[str, float]:
+    """What guessing uniformly among ``classes`` classes scores on each metric of ``group``: top-k → min(k, C)/C,
+    mean per-class recall → 1/C."""
+    out = {}
+    for key in metrics:
+        if key.startswith("top") and key[3:].isdigit():
+            out[f"{group}.{key}"] = min(int(key[3:]), classes) / classes
+        elif key == "mean_per_class_recall":
+            out[f"{group}.{key}"] = 1 / classes
+    return out
+
+
 def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torch.Tensor:
     """uint8 (N, H, W[, C]) → float (N, C, size, size): /255, standardised with the train split's mean and std."""
     from ..data.transforms import pixel_stats
@@ -214,6 +226,7 @@ def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progre
     res: dict[str, Any] = {"dataset": dataset, "split": "test", "images": len(y_te),
                            "preprocessing": "pixels/255, standardised with the train split's mean and std"}
     res["classification"] = classification_metrics(logits, y_te)
+    res["chance"] = classification_chance("classification", res["classification"], len(np.unique(y_te.numpy())))
     res["noise"] = {str(k): v for k, v in noise_robustness(predict, x, y_te, p["noise_levels"], seed=seed).items()}
     table = corruption_table(predict, x_te, y_te, transform, corruptions=p["corruptions"] or COMMON_CORRUPTIONS,
                              severities=p["severities"], seed=seed, progress=progress)
@@ -253,10 +266,13 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
     classes = [c.replace("_", " ") for c in te.categories]
     w = zero_shot_classifier(model, classes)
     res["zero_shot"] = classification_metrics(zero_shot_logits(f_te, w), y_te, num_classes=len(classes))
+    res["chance"] = classification_chance("zero_shot", res["zero_shot"], len(classes))
     with torch.no_grad():
         t_emb = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256])).float()
                            for i in range(0, n_te, 256)])[:n_te]
     res["retrieval"] = recall_at_k(f_te, t_emb, torch.arange(n_te))
+    for key in res["retrieval"]:  # one correct item among n_te: a random ranking puts it in the top k with k / n
+        res["chance"][f"retrieval.{key}"] = min(int(key.rsplit("@", 1)[1]), n_te) / n_te
     try:
         res["linear_probe"] = {k: v for k, v in linear_probe(f_tr, y_tr, f_te, y_te, seed=seed,
                                                                 max_iter=p["probe_max_iter"],
@@ -264,6 +280,8 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
                                if k != "sweep"}
     except ValueError as e:
         res["skipped"]["linear_probe"] = str(e)
+    if "linear_probe" in res:
+        res["chance"]["linear_probe.accuracy"] = 1 / len(np.unique(y_te.numpy()))
     try:
         res["few_shot"] = few_shot(F.normalize(f_te, dim=-1), y_te, episodes=p["episodes"], seed=seed)
     except ValueError as e:
@@ -466,10 +484,28 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _table(rows: dict, head=("metric", "value")) -> list[str]:
-    lines = [f"| {head[0]} | {head[1]} |", "|---|---:|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows.items()]
+def _table(rows: dict, head=("metric", "value"), chance: dict | None = None, prefix: str = "") -> list[str]:
+    """A metric table; with ``chance`` (``{"group.metric": level}``) a chance column, and results at or below
+    chance marked."""
+    levels = {k: (chance or {}).get(f"{prefix}{k}") for k in rows}
+    if not any(v is not None for v in levels.values()):
+        lines = [f"| {head[0]} | {head[1]} |", "|---|---:|"]
+        return lines + [f"| {k} | {_fmt(v)} |" for k, v in rows.items()] + [""]
+    lines = [f"| {head[0]} | {head[1]} | chance |", "|---|---:|---:|"]
+    for k, v in rows.items():
+        level = levels[k]
+        flag = " **(at or below chance)**" if level is not None and isinstance(v, (int, float)) and v <= level \
+            else ""
+        lines.append(f"| {k} | {_fmt(v)}{flag} | {'' if level is None else _fmt(level)} |")
     return lines + [""]
+
+
+def _get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
 
 
 def write_report(results: dict, path: str | Path) -> Path:
@@ -483,8 +519,12 @@ def write_report(results: dict, path: str | Path) -> Path:
         if r is None:
             continue
         lines += [f"## {suite}", ""]
+        chance = r.get("chance") or {}
+        below = [k for k, level in chance.items() if isinstance(_get(r, k), (int, float)) and _get(r, k) <= level]
+        if below:
+            lines += [f"**At or below chance:** {', '.join(below)} (chance: what guessing uniformly scores).", ""]
         for key, val in r.items():
-            if key in ("plots", "diagnostics", "skipped"):
+            if key in ("plots", "diagnostics", "skipped", "chance"):
                 continue
             if key == "corruptions":
                 sev = sorted({s for row in val["table"].values() for s in row})
@@ -502,7 +542,7 @@ def write_report(results: dict, path: str | Path) -> Path:
                 lines += [f"| {d} | " + " | ".join(_fmt(val[n].get(d)) for n in lengths) + " |" for d in depths]
                 lines += [""]
             elif isinstance(val, dict) and all(not isinstance(v, dict) for v in val.values()):
-                lines += ["", f"### {key.replace('_', ' ')}", ""] + _table(val)
+                lines += ["", f"### {key.replace('_', ' ')}", ""] + _table(val, chance=chance, prefix=f"{key}.")
             elif isinstance(val, dict):
                 lines += ["", f"### {key.replace('_', ' ')}", ""]
                 for sub, sv in val.items():

@@ -59,19 +59,22 @@ DEFAULTS: dict[str, Any] = {
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
+    errors: list[str] = []  # every constraint the config breaks, reported together
     from ..data.vqa import QUESTION_KINDS
 
     for key in ("pretrain_steps", "finetune_steps", "lora_r", "lora_alpha", "anneal_steps", "batch_size",
                 "needle_count", "test_needle_count", "max_new_tokens", "attention_questions", "threads"):
         if cfg[key] < 1:
-            raise ValueError(f"{key} in {where} must be >= 1, got {cfg[key]}")
+            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
     for key in ("pretrain_kinds", "finetune_kinds"):
         if not cfg[key] or any(k not in QUESTION_KINDS for k in cfg[key]):
-            raise ValueError(f"{key} in {where} must be a non-empty list from {list(QUESTION_KINDS)}, got "
-                             f"{cfg[key]!r}")
+            errors.append(f"{key} in {where} must be a non-empty list from {list(QUESTION_KINDS)}, got "
+                          f"{cfg[key]!r}")
     if not cfg["pope_splits"] or any(s not in POPE_SPLITS for s in cfg["pope_splits"]):
-        raise ValueError(f"pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
-                         f"{cfg['pope_splits']!r}")
+        errors.append(f"pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
+                      f"{cfg['pope_splits']!r}")
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def _train_config(cfg: dict[str, Any], seed: int, base: dict, kinds: list[str], *, method: str, lora_r: int,
