@@ -89,3 +89,47 @@ def test_study_reports_every_broken_constraint_at_once(capsys):
     assert err.count("\n") == 1 and err.startswith("diffattn: error: ")
     for part in ("seeds in", "steps in", "prompt_length in", "must be <= block_size (64"):
         assert part in err, part
+
+
+# ------------------------------------------------------------------ progress: a bar on a terminal, else lines
+
+
+def test_progress_is_a_bar_on_a_terminal_and_periodic_lines_elsewhere():
+    import io
+
+    from tqdm.std import tqdm
+
+    from diffattn.progress import LineProgress, progress
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    bar = progress(total=3, file=Terminal())
+    assert isinstance(bar, tqdm)
+    bar.close()
+    log = io.StringIO()
+    for _ in progress(range(10), desc="needles", file=log, every=3600):
+        pass
+    lines = log.getvalue().splitlines()  # quicker than a line every hour: only the final count
+    assert len(lines) == 1 and lines[0].startswith("needles: 10/10 its (100%)")
+    log = io.StringIO()
+    bar = progress(total=4, desc="train", unit="step", file=log, every=0)
+    assert isinstance(bar, LineProgress)
+    for _ in range(4):
+        bar.update(1)
+        bar.set_postfix(loss="1.0")
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert "\r" not in log.getvalue() and len(lines) == 4  # one line per refresh at every=0, no duplicate at close
+    assert lines[-1].startswith("train: 4/4 steps (100%)") and lines[-1].endswith("loss=1.0")
+
+
+def test_training_without_a_terminal_writes_lines_not_bar_refreshes(tmp_path, capsys, one_thread):
+    from pathlib import Path
+
+    config = str(Path(__file__).resolve().parents[1] / "configs/tiny/classify.yaml")
+    assert cli.main(["train", config, "--out", str(tmp_path / "r"), "--set", "run.steps=3", "--set",
+                     "model.overrides.depth=1", "--set", "run.progress=true"]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "train: 3/3 steps (100%)" in err

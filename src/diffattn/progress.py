@@ -50,6 +50,7 @@ class LineProgress:
         self.every = every
         self.postfix = ""
         self.t0 = self.last = time.monotonic()
+        self.last_n = initial
         self.closed = False
 
     def _line(self) -> str:
@@ -69,7 +70,7 @@ class LineProgress:
 
     def _emit(self) -> None:
         print(self._line(), file=self.file, flush=True)
-        self.last = time.monotonic()
+        self.last, self.last_n = time.monotonic(), self.n
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -85,7 +86,7 @@ class LineProgress:
         print(s, file=file or self.file, flush=True)
 
     def close(self) -> None:
-        if not self.closed and not self.disable and self.n > self.start_n:
+        if not self.closed and not self.disable and self.n > self.last_n:  # the final count, once
             self._emit()
         self.closed = True
 
