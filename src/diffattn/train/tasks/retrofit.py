@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -68,8 +69,9 @@ class RetrofitTask(Task):
 
         t = self.cfg.task
         model = build_base_model(t.base)
-        # the initial weights of a base built from a config, saved into the run by save_initial
-        self._initial_base = None if t.base.get("path") else copy.deepcopy(model)
+        # the initial weights of a base built from a config, saved into the run by save_initial (on rank 0)
+        keep = not t.base.get("path") and os.environ.get("RANK", "0") in ("", "0")
+        self._initial_base = copy.deepcopy(model) if keep else None
         model.config.use_cache = False
         A.retrofit(model, t.method, lambda_init=t.lambda_init, anneal_steps=t.anneal_steps,
                    train="adapters" if t.lora else t.train)
