@@ -132,10 +132,14 @@ def _ref_layer(attn, c, x, allowed, cos, sin):
     def rope(t):
         return t if cos is None else rotate(t, cos[:, None].to(f64), sin[:, None].to(f64), "half")
 
+    dead = ~allowed.any(-1, keepdim=True)  # (B, N, 1): query rows with no key (left padding under causality)
+
     def A_(q, k, s):  # per query head, key head j = i // g
         out = torch.empty(B, h, N, N, dtype=f64)
         for i in range(h):
-            out[:, i] = ref_softmax_rows(q[:, i] @ k[:, i // g].transpose(-1, -2) * s, allowed)
+            a = ref_softmax_rows(q[:, i] @ k[:, i // g].transpose(-1, -2) * s, allowed)
+            # transformers' eager attention softmaxes equal finfo.min logits there: every key weighs 1/N
+            out[:, i] = torch.where(dead, torch.full_like(a, 1.0 / N), a) if c["impl"] == "eager" else a
         return out
 
     def AV(a, v):

@@ -18,12 +18,15 @@ def _need_demo_data():
 
 
 def _table_rows(report: str) -> dict[str, list[str]]:
-    """The report's side-by-side table as {metric: [cell per model]}."""
-    rows = {}
+    """The report's side-by-side table as {metric: [cell per model]} (the chance column and the ' *' marks of
+    results at or below chance left out)."""
+    rows, chance = {}, False
     for line in report.splitlines():
-        if line.startswith("| ") and not line.startswith("| metric") and "---" not in line:
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            rows[cells[0]] = cells[1:]
+        if line.startswith("| metric"):
+            chance = line.rstrip().endswith("| chance |")
+        elif line.startswith("| ") and "---" not in line:
+            cells = [c.strip().removesuffix(" *") for c in line.strip("|").split("|")]
+            rows[cells[0]] = cells[1:-1] if chance else cells[1:]
     return rows
 
 
@@ -109,6 +112,15 @@ def test_demo_table_formats_every_row():
     assert len(rows) == len(cli.DEMO_ROWS)
 
 
+def test_demo_table_states_chance_and_flags_results_at_or_below_it():
+    summary = {"CLIP": {"clip": {"zero_shot": {"top1": 0.099}, "chance": {"zero_shot.top1": 1 / 9}}},
+               "DiffCLIP": {"clip": {"zero_shot": {"top1": 0.25}, "chance": {"zero_shot.top1": 1 / 9}}}}
+    table = cli.demo_table(summary)
+    assert table.splitlines()[0] == "| metric | CLIP | DiffCLIP | chance |"
+    assert "| zero-shot Tux Paint top-1 (16 classes) | 9.9 * | 25.0 | 11.1 |" in table
+    assert table.splitlines()[-1] == "\\* at or below chance (what guessing uniformly scores)."
+
+
 def test_models_lists_registry(capsys):
     assert cli.main(["models", "diffclip*", "--names"]) == 0
     names = capsys.readouterr().out.split()
@@ -119,14 +131,14 @@ def test_models_rows_and_json_give_family_attention_and_params(capsys):
     from diffattn import create_model
 
     assert cli.main(["models", "dg_vit_nano"]) == 0
-    line = capsys.readouterr().out.strip()
+    header, line = capsys.readouterr().out.strip().splitlines()
     params = sum(p.numel() for p in create_model("dg_vit_nano").parameters())
-    assert line.split()[:5] == ["dg_vit_nano", f"{params / 1e6:.2f}M", "VisionTransformer", "gated", "vision"]
+    assert line.split()[:6] == ["dg_vit_nano", f"{params / 1e6:.2f}M", "VisionTransformer", "gated", "—", "vision"]
     assert cli.main(["models", "diffclip_dagger_tiny", "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
     assert row["attention"] == {"vision": "diff", "text": "standard"}
     assert row["params"] == sum(p.numel() for p in create_model("diffclip_dagger_tiny").parameters())
-    assert cli.main(["models", "no_such_model*"]) == 1
+    assert cli.main(["models", "no_such_model*"]) == 2  # a user error: one line, status 2
     assert "no registered model matches 'no_such_model*'" in capsys.readouterr().err
 
 

@@ -158,14 +158,18 @@ def test_compare_mean_std_over_seeds(tmp_path, capsys):
     _fake_results(tmp_path / "diff" / "seed1" / "eval", 0.6, 14.0)
     _fake_results(tmp_path / "std", 0.5, 20.0)
     table = compare([tmp_path / "diff", tmp_path / "std"], tmp_path / "cmp.md")
-    assert "| vision.classification.top1 | 0.7000 ± 0.1000 | 0.5000 |" in table
-    assert "| language.perplexity.ppl | 12.0000 ± 2.0000 | 20.0000 |" in table
+    lines = table.splitlines()
+    assert lines[0] == "| metric | better | diff (n=2) | std (n=1) | Δ std |"
+    # the results' own order (not sorted), the direction of better, and the difference to the first run
+    assert lines[2] == "| vision.classification.top1 | ↑ | 0.7000 ± 0.1000 | 0.5000 | -0.2000 |"
+    assert lines[3] == "| language.perplexity.ppl | ↓ | 12.0000 ± 2.0000 | 20.0000 | +8.0000 |"
     assert "seconds" not in table and "layers" not in table
     data = json.loads((tmp_path / "cmp.json").read_text())
     assert data["diff"]["vision.classification.top1"] == {"mean": 0.7, "std": pytest.approx(0.1), "n": 2}
     assert main(["compare", str(tmp_path / "diff"), str(tmp_path / "std"), "--labels", "A", "B"]) == 0
     assert "A (n=2)" in capsys.readouterr().out
-    with pytest.raises(FileNotFoundError, match="diffattn eval"):
+    (tmp_path / "nothing-here").mkdir()
+    with pytest.raises(ValueError, match="diffattn eval"):
         compare([tmp_path / "nothing-here"])
 
 

@@ -254,3 +254,99 @@ def test_missing_local_folder_is_a_clear_error(tmp_path, path):
     weights_file.write_bytes(b"")
     with pytest.raises(FileNotFoundError, match="is not a folder"):
         from_pretrained(str(weights_file))
+
+
+# ------------------------------------------------------------------- leftovers of killed saves, permissions
+
+
+def _hold_a_save(path: str, kind: str, ready) -> None:  # child: stops in the middle of a save until killed
+    if kind == "dir":
+        with dio.atomic_write_dir(path) as tmp:
+            (tmp / "half").write_text("written before the kill")
+            ready.set()
+            time.sleep(600)
+    else:
+        with dio.atomic_write_file(path, "w") as f:
+            f.write("half")
+            f.flush()
+            ready.set()
+            time.sleep(600)
+
+
+def _start_holder(path: Path, kind: str):
+    ctx = mp.get_context("fork")
+    ready = ctx.Event()
+    child = ctx.Process(target=_hold_a_save, args=(str(path), kind, ready), daemon=True)
+    child.start()
+    assert ready.wait(60)
+    return child
+
+
+def _temporaries(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp"))
+
+
+@pytest.mark.parametrize("then", ["save", "load"])
+def test_sigkill_during_save_then_the_next_save_or_load_leaves_no_temporary(tmp_path, then):
+    path = tmp_path / "ckpt"
+    _version_model(1).save_pretrained(path)
+    child = _start_holder(path, "dir")
+    mine = _temporaries(tmp_path)
+    assert mine == [n for n in mine if n.startswith(f".ckpt.{child.pid}.")] and len(mine) == 1
+    _version_model(2).save_pretrained(path)  # the writer is alive: its temporary is not touched
+    assert _temporaries(tmp_path) == mine
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    if then == "save":
+        _version_model(3).save_pretrained(path)
+    else:
+        assert _loaded_version(path) == 2
+    assert _temporaries(tmp_path) == []
+
+
+def test_sigkill_during_a_file_write_leaves_nothing_after_the_next_write(tmp_path):
+    path = tmp_path / "results.json"
+    child = _start_holder(path, "file")
+    assert len(_temporaries(tmp_path)) == 1
+    os.kill(child.pid, signal.SIGKILL)
+    child.join()
+    with dio.atomic_write_file(path, "w") as f:
+        f.write("{}")
+    assert sorted(os.listdir(tmp_path)) == ["results.json"]
+
+
+@pytest.mark.parametrize("mask, file_mode, dir_mode", [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700),
+                                                       (0o002, 0o664, 0o775)])
+def test_saved_files_and_folders_follow_the_umask(tmp_path, mask, file_mode, dir_mode):
+    old = os.umask(mask)
+    try:
+        _version_model(1).save_pretrained(tmp_path / "model")
+        with dio.atomic_write_file(tmp_path / "out" / "results.json", "w") as f:
+            f.write("{}")
+        with dio.atomic_write_dir(tmp_path / "ckpt") as tmp:
+            torch.save({"a": torch.ones(1)}, tmp / "state.pt")
+            (tmp / "sub").mkdir()
+            (tmp / "sub" / "x").write_text("x")
+    finally:
+        os.umask(old)
+    for p in [tmp_path / "model", tmp_path / "ckpt", tmp_path / "ckpt" / "sub"]:
+        assert p.stat().st_mode & 0o777 == dir_mode, p
+    files = [*(tmp_path / "model").iterdir(), tmp_path / "out" / "results.json", tmp_path / "ckpt" / "state.pt",
+             tmp_path / "ckpt" / "sub" / "x"]
+    for p in files:
+        assert p.stat().st_mode & 0o777 == file_mode, p
+
+
+def test_load_torch_file_names_the_file_and_the_damage(tmp_path):
+    torch.save({"w": torch.ones(4)}, tmp_path / "ok.pt")
+    assert torch.equal(dio.load_torch_file(tmp_path / "ok.pt")["w"], torch.ones(4))
+    data = (tmp_path / "ok.pt").read_bytes()
+    cases = {"cut.pt": (data[: len(data) // 2], "is damaged or truncated"),
+             "empty.pt": (b"", "is empty"),
+             "noise.bin": (b"\x13\x37" * 64, "is not a PyTorch file")}
+    for name, (content, message) in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match=rf"{tmp_path / name} {message}"):
+            dio.load_torch_file(tmp_path / name)
+    with pytest.raises(FileNotFoundError, match="missing.pt"):
+        dio.load_torch_file(tmp_path / "missing.pt")

@@ -50,7 +50,7 @@ def test_lora_retrofit_saves_and_reloads_adapter(tmp_path, one_thread):
     res = _train("retrofit", tmp_path)
     losses = res["losses"]
     assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.05
-    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["adapter", "checkpoints", "lora",
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["adapter", "base", "checkpoints", "lora",
                                                                          "tensorboard"]
     cfg = lc(tmp_path / "config.yaml")
     trained = RetrofitTask(cfg).build_model()

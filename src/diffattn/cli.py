@@ -13,6 +13,11 @@ retrieval on held-out pairs, linear probe, CLS attention inside vs outside the f
 zero-shot Fashion-MNIST, retrieval on held-out emoji and zero-shot accuracy under common corruptions, then prints
 a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
 images, λ per layer, learning curves).
+
+Errors. A mistake a user can make (a typo in a config, a missing file or data set, a damaged checkpoint, a run
+directory in use) is printed as one line ``diffattn: error: …`` naming the file, key or argument, and the exit
+status is 2 (:func:`main`; :func:`diffattn.errors.is_user_error` says which errors those are). ``--debug`` (or
+``DIFFATTN_DEBUG=1``) shows the traceback instead. Under torchrun only rank 0 prints.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ import math
 import os
 import sys
 from typing import TYPE_CHECKING, Any
+
+from .errors import UsageError, is_user_error, one_line
 
 if TYPE_CHECKING:
     from .studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
@@ -43,11 +50,11 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def load_study(config: str | os.PathLike) -> dict[str, Any]:
+def load_study(config: str | os.PathLike, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """A study config (:func:`diffattn.studies.load_study`)."""
     from .studies import load_study as _load
 
-    return _load(config)
+    return _load(config, overrides)
 
 
 def study(config: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
@@ -85,16 +92,11 @@ def bounded(kind: type, minimum: float | None = None, *, strict: bool = False):
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from .data._common import DatasetNotInstalledError
     from .studies.diffclip import demo
 
-    try:
-        res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
-                   quick=args.quick, config_dir=args.config_dir, progress=not args.no_progress,
-                   max_pairs=args.max_pairs)
-    except DatasetNotInstalledError as e:
-        print(f"diffattn demo: {e}", file=sys.stderr)
-        return 2
+    res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
+               quick=args.quick, config_dir=args.config_dir, progress=not args.no_progress,
+               max_pairs=args.max_pairs)
     print()
     print(res["table"])
     print(f"\n{res['seconds'] / 60:.1f} min. Report with plots: {res['report']}; models under "
@@ -103,16 +105,27 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 
 def _study_command(args: argparse.Namespace) -> int:
-    from .data._common import DatasetNotInstalledError
+    import yaml
 
-    try:
-        res = study(args.config, progress=not args.no_progress)
-    except DatasetNotInstalledError as e:
-        print(f"diffattn study: {e}", file=sys.stderr)
-        return 2
-    except (FileNotFoundError, ValueError) as e:
-        print(f"diffattn study: {e}", file=sys.stderr)
-        return 2
+    from .errors import user_input
+
+    overrides: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise UsageError(f"--set takes key=value (a key of the study config), got {item!r}")
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") \
+                from None
+    if args.out is not None:
+        overrides["out"] = args.out
+    if args.seeds is not None:
+        overrides["seeds"] = args.seeds
+    with user_input():  # a study config is what the user gave: its ValueErrors are usage errors
+        cfg = load_study(args.config, overrides)
+    res = study(cfg, progress=not args.no_progress)
     print()
     print(res["table"])
     print(f"\n{res['seconds'] / 60:.1f} min. Report with the paired tests: {res['report']}")
@@ -125,21 +138,36 @@ def _models_command(args: argparse.Namespace) -> int:
 
     names = list_models(args.pattern)
     if not names:
-        print(f"no registered model matches {args.pattern!r} (diffattn models lists them all)", file=sys.stderr)
-        return 1
+        raise UsageError(f"no registered model matches {args.pattern!r} (diffattn models lists them all)")
     if args.names:
         print("\n".join(names))
         return 0
-    rows = [model_info(n) for n in names]
+    from .models import list_pretrained
+
+    rows = [dict(model_info(n), pretrained=[t for _, t in list_pretrained(n)]) for n in names]
     if args.json:
         print(json.dumps(rows, indent=1))
         return 0
-    width = max(len(n) for n in names)
+    table = [("name", "params", "family", "attention", "pretrained", "description")]
     for r in rows:
         att = r["attention"] if isinstance(r["attention"], str) else \
             ", ".join(f"{t} {a}" for t, a in r["attention"].items())
-        print(f"{r['name']:<{width}}  {r['params'] / 1e6:8.2f}M  {r['family']:<17} {att:<27} {r['description']}")
+        table.append((r["name"], f"{r['params'] / 1e6:.2f}M", r["family"], att, ", ".join(r["pretrained"]) or "—",
+                      r["description"]))
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]) - 1)]
+    for row in table:
+        cells = [c.rjust(w) if i == 1 else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        print("  ".join(cells + [row[-1]]).rstrip())
     return 0
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse with a one-line error, ``diffattn: error: <subcommand>: <message>`` (exit status 2)."""
+
+    def error(self, message: str):
+        print(f"diffattn: error: {self.prog.removeprefix('diffattn').strip() + ': ' if self.prog != 'diffattn' else ''}"
+              f"{message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,8 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     from . import __version__
     from .studies.diffclip import DEMO_VARIANTS
 
-    p = argparse.ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
+    p = ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
     p.add_argument("--version", action="version", version=f"diffattn {__version__}")
+    p.add_argument("--debug", action="store_true", help="show the traceback of an error (also DIFFATTN_DEBUG=1); "
+                   "may be given anywhere on the command line")
     sub = p.add_subparsers(dest="command", required=True)
     d = sub.add_parser("demo", help="CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end "
                        "on the offline image–caption data (diffattn data prepare)")
@@ -167,11 +197,19 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
     st.add_argument("config", help="a YAML file, or a packaged study name (diffclip, retrofit, dgvit, noise, "
                     "paligemma)")
+    st.add_argument("--out", default=None, help="folder for the seeds' runs, results.json and report.md (default: "
+                    "the config's out)")
+    st.add_argument("--seeds", type=bounded(int, 0), nargs="+", default=None, metavar="SEED",
+                    help="the seeds to run (at least 2), e.g. --seeds 0 1 2")
+    st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a key of the study config (repeatable), e.g. --set steps=100 or "
+                    "--set model.dim=32")
     st.add_argument("--no-progress", action="store_true", help="no progress bars")
     st.set_defaults(func=_study_command)
     m = sub.add_parser("models", help="list registered models")
     m.add_argument("pattern", nargs="?", default="*", help="shell-style pattern, e.g. 'diffclip*'")
-    m.add_argument("--json", action="store_true", help="one JSON object per model (name, family, attention, params)")
+    m.add_argument("--json", action="store_true", help="a JSON list with one object per model (name, family, "
+                   "description, attention, params, module, pretrained tags)")
     m.add_argument("--names", action="store_true", help="names only, one per line")
     m.set_defaults(func=_models_command)
     for name in COMMAND_MODULES:
@@ -179,14 +217,41 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
+def _finish_distributed() -> None:
+    try:
+        import torch.distributed as dist
+    except ImportError:  # pragma: no cover
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
-    if (sys.argv[1:] if argv is None else list(argv))[:1] == ["--version"]:  # before the parser imports torch
+    """Run the ``diffattn`` command; returns the exit status. A user error (module docstring) is one line on
+    stderr and status 2; ``--debug`` anywhere in ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:  # before the parser imports torch
         from . import __version__
 
         print(f"diffattn {__version__}")
         raise SystemExit(0)  # as argparse's version action
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut] or os.environ.get("DIFFATTN_DEBUG", "") not in ("", "0")
+    argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < cut)]
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as e:
+        if debug or not is_user_error(e):
+            raise
+        if _is_main_rank():
+            print(f"diffattn: error: {one_line(e)}", file=sys.stderr, flush=True)
+        _finish_distributed()
+        return 2
 
 
 if __name__ == "__main__":

@@ -124,6 +124,9 @@ def _model_class(config: Any, model_class: type | None, path: str) -> type:
     import transformers
 
     archs = getattr(config, "architectures", None) or []
+    if not isinstance(archs, (list, tuple)) or not all(isinstance(a, str) for a in archs):
+        raise ValueError(f"{path}: config.json's 'architectures' must be a list of class names (strings), got "
+                         f"{archs!r}")
     for name in archs:
         cls = getattr(transformers, name, None)
         if isinstance(cls, type):
@@ -144,6 +147,24 @@ def _weight_files(directory: Path) -> list[Path]:
     if index.is_file():
         return [directory / f for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
     raise ValueError(f"{directory}: holds no model.safetensors / pytorch_model.bin (sharded or not)")
+
+
+def _check_weight_files(directory: Path) -> None:
+    """A ValueError naming the weight file that is empty, truncated or not a weights file at all, before
+    transformers reads it (its own errors do not say which file, or blame ``weights_only``)."""
+    from ..io import check_torch_file
+
+    for f in _weight_files(directory):
+        if f.suffix == ".safetensors":
+            from safetensors import safe_open
+
+            try:
+                with safe_open(str(f), framework="pt", device="cpu") as fh:
+                    fh.keys()
+            except Exception as e:  # safetensors' own error types (HeaderTooSmall, …)
+                raise ValueError(f"{f} is not a readable safetensors file ({type(e).__name__}: {e})") from None
+        else:
+            check_torch_file(f)
 
 
 def _common_suffix(a: list[str], b: list[str]) -> int:
@@ -189,7 +210,9 @@ def _read_tensors(directory: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
     loaded: dict[Path, dict[str, torch.Tensor]] = {}
     for f in files:
         if f not in keys:
-            loaded[f] = torch.load(f, map_location="cpu", weights_only=True)
+            from ..io import load_torch_file
+
+            loaded[f] = load_torch_file(f)
             keys[f] = set(loaded[f])
     names = saved_names(wanted, set().union(*keys.values()) if keys else set())
     by_saved = {v: k for k, v in names.items()}
@@ -244,6 +267,7 @@ def from_pretrained_retrofit(path: str | os.PathLike, *, model_class: type | Non
     except (TypeError, ValueError) as e:
         raise ValueError(f"{directory}: config.json's {HF_CONFIG_KEY!r} record is invalid: {e}") from None
     cls = _model_class(config, model_class, str(directory))
+    _check_weight_files(directory)
     token = _loading_retrofit.set(True)
     try:
         model, info = cls.from_pretrained(str(directory), output_loading_info=True, **kwargs)

@@ -232,18 +232,65 @@ def split_channels(head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tens
     return g1, g2
 
 
-def _attn(q, k, v, weights: bool, **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """softmax(Q Kᵀ s + M) V through :func:`diffattn.functional.attention`, with the map when ``weights``."""
-    if weights:
-        return functional.attention(q, k, v, return_weights=True, **kw)
-    return functional.attention(q, k, v, **kw), None
+#: what a query row whose every key is masked gets: ``"zero"`` (the operator's rule: output 0, map 0) or
+#: ``"uniform"`` (the softmax of equal ``finfo.min`` logits: every key weighted 1/Nk, the mean of V, as
+#: transformers' eager attention computes it)
+MASKED_ROWS = ("zero", "uniform")
 
 
-def _diff(q1, k1, q2, k2, v, lam, weights: bool, **kw) -> tuple[torch.Tensor, AttentionWeights | None]:
-    """(A1 − λ A2) V through :func:`diffattn.functional.diff_attention`, with (A1, A2, A1 − λ A2) when ``weights``."""
+def _dead_rows(attn_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """(…, Nq) True where every key of the query row is blocked (the operator's rule: False in a bool mask, at or
+    below ``finfo.min / 2`` in an additive one), or None when no row is."""
+    if attn_mask is None or attn_mask.dim() == 0:
+        return None
+    blocked = ~attn_mask if attn_mask.dtype == torch.bool else attn_mask <= torch.finfo(attn_mask.dtype).min / 2
+    rows = blocked.all(dim=-1)
+    return rows if bool(rows.any()) else None
+
+
+def _uniform_rows(out: torch.Tensor, maps, v: torch.Tensor, rows: torch.Tensor, weight, diff: bool):
+    """``out`` (B, h, Nq, dv) and the maps with the ``rows`` whose keys are all masked set to what a softmax over
+    equal logits gives: each branch's map 1/Nk, the output ``weight`` · mean over keys of V (weight 1, or 1 − λ for
+    A1 − λ A2)."""
+    h, nk = out.shape[1], v.shape[-2]
+    fill = v.mean(dim=-2, keepdim=True).repeat_interleave(h // v.shape[1], dim=1) * weight  # (B, h, 1, dv)
+    dead = rows.unsqueeze(-1)  # (…, Nq, 1)
+    out = torch.where(dead, fill.to(out.dtype), out)
+    if maps is None:
+        return out, None
+
+    def fix(m, value):
+        return None if m is None else torch.where(dead, torch.as_tensor(value, dtype=m.dtype, device=m.device), m)
+
+    if diff:
+        return out, AttentionWeights(fix(maps.first, 1.0 / nk), fix(maps.second, 1.0 / nk),
+                                     fix(maps.combined, weight / nk))
+    return out, fix(maps, 1.0 / nk)
+
+
+def _attn(q, k, v, weights: bool, masked_rows: str = "zero", **kw) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(Q Kᵀ s + M) V through :func:`diffattn.functional.attention`, with the map when ``weights``; fully
+    masked query rows as ``masked_rows`` says (:data:`MASKED_ROWS`)."""
     if weights:
-        return functional.diff_attention(q1, k1, q2, k2, v, lam, return_weights=True, **kw)
-    return functional.diff_attention(q1, k1, q2, k2, v, lam, **kw), None
+        out, p = functional.attention(q, k, v, return_weights=True, **kw)
+    else:
+        out, p = functional.attention(q, k, v, **kw), None
+    rows = _dead_rows(kw.get("attn_mask")) if masked_rows == "uniform" else None
+    return (out, p) if rows is None else _uniform_rows(out, p, v, rows, 1.0, diff=False)
+
+
+def _diff(q1, k1, q2, k2, v, lam, weights: bool, masked_rows: str = "zero",
+          **kw) -> tuple[torch.Tensor, AttentionWeights | None]:
+    """(A1 − λ A2) V through :func:`diffattn.functional.diff_attention`, with (A1, A2, A1 − λ A2) when ``weights``;
+    fully masked query rows as ``masked_rows`` says (:data:`MASKED_ROWS`)."""
+    if weights:
+        out, ws = functional.diff_attention(q1, k1, q2, k2, v, lam, return_weights=True, **kw)
+    else:
+        out, ws = functional.diff_attention(q1, k1, q2, k2, v, lam, **kw), None
+    rows = _dead_rows(kw.get("attn_mask")) if masked_rows == "uniform" else None
+    if rows is None:
+        return out, ws
+    return _uniform_rows(out, ws, v, rows, (1.0 - torch.as_tensor(lam)).to(v.device, v.dtype), diff=True)
 
 
 _SELF = "combined"  # a branch that is the combined map itself (DiffV, DEX)
@@ -265,14 +312,18 @@ def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: to
                q2: torch.Tensor | None = None, k2: torch.Tensor | None = None, v2: torch.Tensor | None = None,
                scale: float, attn_mask: torch.Tensor | None = None, is_causal: bool = False,
                dropout_p: float = 0.0, softcap: float | None = None, need_weights: bool = False,
-               backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor | None]:
+               backend: str = "auto", masked_rows: str = "zero") -> tuple[torch.Tensor, torch.Tensor | None]:
     """The attention core of a retrofitted layer, after projection, rotary embedding and cache.
 
     q, q2: (B, h, Nq, d); k, k2: (B, Hkv, Nk, d); v, v2: (B, Hkv, Nk, d) (h a multiple of Hkv: grouped-query
     attention). ``q2`` (DAA, DiffQ), ``k2`` (DiffK), ``v2`` (DiffV) are the second-branch tensors from
     :func:`second_branch`. ``attn_mask`` (bool, True = attend, or additive float, broadcastable to
     (B, h, Nq, Nk)), ``is_causal`` (end-aligned), ``dropout_p`` (on each map) and ``softcap`` (tanh(S/c)·c on the
-    logits, Gemma 2) go to the operator unchanged. A query row whose every key is masked gives 0.
+    logits, Gemma 2) go to the operator unchanged. A query row whose every key is masked gives 0
+    (``masked_rows="zero"``, the operator's rule) or, with ``masked_rows="uniform"``, what a softmax over the
+    equal ``finfo.min`` logits gives (every map row 1/Nk, so the pretrained layer's mean of V and each method's
+    combination of it): the convention of the family's own eager attention, which a retrofit follows to equal
+    the pretrained model at every position at step 0.
 
     Returns the (B, h, Nq, d) output before the output projection and, with ``need_weights``, the (B, h, Nq, Nk)
     combined map in q's dtype: A1 − λ A2 (DAA, DiffQ, DiffK), A (DiffV, DEX), (1 − λ) A1 (shared-QK), or A1 − λ A2
@@ -283,8 +334,10 @@ def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: to
     ``adapter.last_maps`` (:class:`~diffattn.functional.AttentionWeights`; what ``capture_attention`` reads).
     """
     m = adapter.method
+    if masked_rows not in MASKED_ROWS:
+        raise ValueError(f"masked_rows must be one of {MASKED_ROWS}, got {masked_rows!r}")
     kw = {"attn_mask": attn_mask, "is_causal": is_causal, "scale": scale, "dropout_p": dropout_p,
-          "softcap": softcap, "backend": backend}
+          "softcap": softcap, "backend": backend, "masked_rows": masked_rows}
     keep = bool(getattr(adapter, "keep_maps", False))
     w = need_weights or keep
     lam = adapter.lambda_value()  # 0-d, float32 (float64 for a float64 model)

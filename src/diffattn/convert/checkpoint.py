@@ -54,8 +54,10 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     elif _is_torchscript(path):
         obj = read_torchscript(path)
     else:
+        from ..io import load_torch_file
+
         with torch.serialization.safe_globals([argparse.Namespace]):
-            obj = torch.load(path, map_location="cpu", weights_only=True)
+            obj = load_torch_file(path)
     return state_dict_of(obj, f"checkpoint {path!r}")
 
 

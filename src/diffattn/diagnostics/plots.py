@@ -52,7 +52,8 @@ def plot_maps(first, second, combined, path, *, title: str = "", tokens: Sequenc
         panels.append(("A2", _as_2d("second", second), "viridis"))
     c = _as_2d("combined", combined)
     panels.append(("A1 − λA2" if second is not None else "combined", c, "RdBu_r"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.6), squeeze=False)
+    # constrained layout places every colour bar beside its own panel, clear of the next panel's labels
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6), squeeze=False, layout="constrained")
     for ax, (name, a, cmap) in zip(axes[0], panels):
         if cmap == "RdBu_r":
             v = float(a.abs().max()) or 1.0
@@ -64,7 +65,7 @@ def plot_maps(first, second, combined, path, *, title: str = "", tokens: Sequenc
         ax.set_ylabel("query")
         if tokens is not None and len(tokens) == a.shape[-1] <= 40:
             ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
-        fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     fig.suptitle(title)
     return _save(fig, path)
 
@@ -75,7 +76,7 @@ def plot_cls_maps(maps: Mapping[str, torch.Tensor], grid: tuple[int, int], path,
     (C, H, W) or (H, W, C). Signed maps use a diverging scale centred on 0."""
     plt = _plt()
     n = len(maps) + (image is not None)
-    fig, axes = plt.subplots(1, n, figsize=(3.2 * n, 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.2), squeeze=False, layout="constrained")
     ax_iter = iter(axes[0])
     if image is not None:
         img = torch.as_tensor(image).detach().float().cpu()
@@ -96,7 +97,7 @@ def plot_cls_maps(maps: Mapping[str, torch.Tensor], grid: tuple[int, int], path,
             im = ax.imshow(row.numpy(), cmap="viridis")
         ax.set_title(name)
         ax.axis("off")
-        fig.colorbar(im, ax=ax, fraction=0.046)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     fig.suptitle(title)
     return _save(fig, path)
 
@@ -112,6 +113,9 @@ def plot_lambdas(values: Sequence, path, *, label: str = "λ", title: str = "") 
     lo = [float(x.min()) for x in v]
     hi = [float(x.max()) for x in v]
     fig, ax = plt.subplots(figsize=(5, 3.2))
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
     layers = list(range(len(v)))
     ax.plot(layers, mean, marker="o", label=f"mean {label}")
     ax.fill_between(layers, lo, hi, alpha=0.25, label="min–max over heads")

@@ -28,10 +28,18 @@ def _missing_eval_extra(command: str) -> int:
 def _eval_command(args: argparse.Namespace) -> int:
     if _missing_eval_extra("eval"):
         return 2
+    from ..data import DATASETS
+    from ..errors import UsageError
     from .runner import evaluate
 
+    if args.dataset is not None and args.dataset not in DATASETS:
+        raise UsageError(f"--dataset {args.dataset!r} is not a dataset diffattn evaluates on; one of "
+                         f"{sorted(DATASETS)}")
     res = evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp, quick=args.quick,
                    seed=args.seed, progress=not args.no_progress)
+    if res["skipped"]:
+        kind, why = next(iter(res["skipped"].items()))
+        raise UsageError(f"the {kind} suite was skipped ({why}); {res['output_dir']}/results.json records it")
     summary = {k: v for k, v in res.items() if k in ("model", "skipped", "seconds")}
     print(json.dumps(summary, indent=1, default=str))
     for suite in ("vision", "clip", "language"):
@@ -40,7 +48,7 @@ def _eval_command(args: argparse.Namespace) -> int:
                         and all(isinstance(x, (int, float)) for x in v.values())}
             print(f"{suite}: " + json.dumps(headline, default=float))
     print(f"wrote results.json and report.md to {res['output_dir']}")
-    return 0 if not res["skipped"] else 2
+    return 0
 
 
 def _compare_command(args: argparse.Namespace) -> int:

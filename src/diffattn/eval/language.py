@@ -23,8 +23,8 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
 
+from ..progress import progress as progress_bar
 from ._checks import check_int
 from .text_models import Tokenizer, lm_logits
 
@@ -95,7 +95,7 @@ def lambada_accuracy(model, tokenizer: Tokenizer, texts: Sequence[str], *, max_c
         raise ValueError("texts must be a non-empty sequence of passages")
     device = next(model.parameters()).device
     hits, nll, n_tok = 0, 0.0, 0
-    for text in tqdm(texts, desc="LAMBADA", disable=not progress, leave=False):
+    for text in progress_bar(texts, desc="LAMBADA", disable=not progress, leave=False):
         context, word = _split_last_word(text)
         c, w = tokenizer.encode(context), tokenizer.encode(word)
         if max_context is not None:
@@ -155,7 +155,7 @@ def needle_grid(model, tokenizer: Tokenizer, filler_text: str, *, lengths: Seque
     rng = random.Random(seed)
     grid: dict[int, dict[float, float]] = {}
     cells = [(n, d) for n in lengths for d in depths]
-    for n, d in tqdm(cells, desc="needles", disable=not progress, leave=False):
+    for n, d in progress_bar(cells, desc="needles", disable=not progress, leave=False):
         hits = 0
         for _ in range(trials):
             prompt, answer = needle_prompt(tokenizer, filler, length=n, depth=d, n_needles=n_needles, rng=rng)

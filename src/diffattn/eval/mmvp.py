@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+
+from ..progress import progress as progress_bar
 
 __all__ = ["IMAGE_DIR", "QUESTIONS_FILE", "PROMPT_PREFIX", "read_mmvp", "mmvp_pair_correct", "mmvp_eval"]
 
@@ -88,7 +89,7 @@ def mmvp_eval(model, root: str | Path, *, transform: Callable | None = None, tok
     device = next(model.parameters()).device
     pairs = read_mmvp(root)
     hits: dict[str, list[bool]] = {}
-    for pair in tqdm(pairs, desc="MMVP-VLM", disable=not progress, leave=False):
+    for pair in progress_bar(pairs, desc="MMVP-VLM", disable=not progress, leave=False):
         imgs = torch.stack([transform(Image.open(p).convert("RGB")) for p in pair["images"]]).to(device)
         toks = tokenizer([PROMPT_PREFIX + s for s in pair["statements"]]).to(device)
         u = F.normalize(model.encode_image(imgs).float(), dim=-1)

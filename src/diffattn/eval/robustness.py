@@ -16,8 +16,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 
+from ..progress import progress as progress_bar
 from ._checks import as_tensor
 
 __all__ = ["COMMON_CORRUPTIONS", "corrupt_images", "corruption_table", "mean_corruption_error", "noise_robustness"]
@@ -89,7 +89,7 @@ def corruption_table(predict: Callable[[torch.Tensor], torch.Tensor], images: np
     clean = _accuracy(predict, transform(np.asarray(images)), y, batch_size)
     table: dict[str, dict[int, float]] = {}
     jobs = [(c, s) for c in corruptions for s in severities]
-    for c, s in tqdm(jobs, desc="corruptions", disable=not progress, leave=False):
+    for c, s in progress_bar(jobs, desc="corruptions", disable=not progress, leave=False):
         x = transform(corrupt_images(images, c, s, seed=seed))
         table.setdefault(c, {})[s] = _accuracy(predict, x, y, batch_size)
     mean_acc = float(np.mean([a for row in table.values() for a in row.values()])) if table else float("nan")

@@ -14,6 +14,11 @@ What runs depends on the model:
 Attention diagnostics: per-layer mean λ (or gate), per-branch entropy, heat maps of A1, A2 and the combined map,
 rollout (signed; :func:`diffattn.diagnostics.rollout`). A suite whose data is missing is skipped and the reason is
 written into ``results.json`` (``"skipped"``) and the report; nothing is silently left out.
+
+The output folder is written as a whole, atomically (:func:`diffattn.io.atomic_write_dir`): a killed evaluation
+leaves the previous results, and an evaluation that skips its suite never replaces finished results (it raises a
+:class:`~diffattn.errors.UsageError` and keeps them). Everything the user gave (the target, a YAML file, the
+dataset name, the output folder) is checked before anything is computed or written.
 """
 
 from __future__ import annotations
@@ -30,7 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..io import atomic_write_file
+from ..errors import UsageError, user_input, yaml_error
+from ..io import atomic_write_dir, atomic_write_file
 
 __all__ = ["evaluate", "write_report", "compare", "load_results", "flatten"]
 
@@ -50,9 +56,12 @@ FULL = {"noise_levels": (0.0, 0.1, 0.25, 0.5, 1.0), "corruptions": None, "severi
 def _read_yaml(path: Path) -> dict:
     import yaml
 
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise yaml_error(path, e) from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path} must hold a YAML mapping, got {type(data).__name__}")
+        raise UsageError(f"{path} must hold a YAML mapping, got {type(data).__name__}")
     return data
 
 
@@ -64,12 +73,15 @@ def _run_config(model_dir: Path) -> dict:
 
 
 def _dataset_name(cfg: dict) -> str | None:
+    """The built-in dataset a run trained on (None for data of its own: token files, CSV, shards, …)."""
+    from ..data import DATASETS
+
     for key in ("dataset", "data"):
         v = cfg.get(key)
+        if isinstance(v, dict):
+            v = v.get("name") or v.get("dataset")
         if isinstance(v, str):
-            return v
-        if isinstance(v, dict) and isinstance(v.get("name") or v.get("dataset"), str):
-            return v.get("name") or v.get("dataset")
+            return v if v in DATASETS else None
     return None
 
 
@@ -77,6 +89,30 @@ def _run_seed(cfg: dict):
     """The training seed a run's config.yaml records (``run.seed`` or ``seed``), for ``diffattn compare``."""
     run = cfg.get("run")
     return run.get("seed") if isinstance(run, dict) and "seed" in run else cfg.get("seed")
+
+
+def _bare_model(model):
+    """The model inside a peft wrapper, or ``model``."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
+def _retrofit_name(run_cfg: dict) -> str:
+    task = run_cfg.get("task") if isinstance(run_cfg.get("task"), dict) else {}
+    base = task.get("base") if isinstance(task.get("base"), dict) else {}
+    lora = " + LoRA" if task.get("lora") else ""
+    return f"{base.get('type', '?')} retrofitted with {task.get('method', '?')}{lora}"
+
+
+def _lm_sizes(model) -> tuple[int, int]:
+    """(vocabulary, context length) of a diffattn causal LM or a transformers one (peft-wrapped or not)."""
+    vocab, ctx = getattr(model, "vocab_size", None), getattr(model, "max_seq_len", None)
+    config = getattr(_bare_model(model), "config", None)
+    if not isinstance(vocab, int):
+        vocab = getattr(config, "vocab_size", None)
+    if not isinstance(ctx, int):
+        ctx = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None) or 2048
+    return int(vocab), int(ctx)
 
 
 def _kind(model) -> str:
@@ -131,6 +167,18 @@ def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=N
     return res, layers
 
 
+def classification_chance(group: str, metrics: dict, classes: int) -> dict[str, float]:
+    """What guessing uniformly among ``classes`` classes scores on each metric of ``group``: top-k → min(k, C)/C,
+    mean per-class recall → 1/C."""
+    out = {}
+    for key in metrics:
+        if key.startswith("top") and key[3:].isdigit():
+            out[f"{group}.{key}"] = min(int(key[3:]), classes) / classes
+        elif key == "mean_per_class_recall":
+            out[f"{group}.{key}"] = 1 / classes
+    return out
+
+
 def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torch.Tensor:
     """uint8 (N, H, W[, C]) → float (N, C, size, size): /255, standardised with the train split's mean and std."""
     from ..data.transforms import pixel_stats
@@ -160,7 +208,7 @@ def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progre
     if dataset is None:
         dataset = {(1, 8): "digits", (1, 28): "fashion_mnist"}.get((chans, size))
         if dataset is None:
-            raise LookupError(f"no default dataset for {chans}-channel {size}×{size} images: pass --dataset")
+            raise UsageError(f"no default dataset for {chans}-channel {size}×{size} images: pass --dataset")
     tr, te = get_dataset(dataset, split="train"), get_dataset(dataset, split="test")
     x_tr, x_te, y_te = np.asarray(tr.images), np.asarray(te.images), torch.as_tensor(np.asarray(te.labels))
     if p["max_images"]:
@@ -178,6 +226,7 @@ def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progre
     res: dict[str, Any] = {"dataset": dataset, "split": "test", "images": len(y_te),
                            "preprocessing": "pixels/255, standardised with the train split's mean and std"}
     res["classification"] = classification_metrics(logits, y_te)
+    res["chance"] = classification_chance("classification", res["classification"], len(np.unique(y_te.numpy())))
     res["noise"] = {str(k): v for k, v in noise_robustness(predict, x, y_te, p["noise_levels"], seed=seed).items()}
     table = corruption_table(predict, x_te, y_te, transform, corruptions=p["corruptions"] or COMMON_CORRUPTIONS,
                              severities=p["severities"], seed=seed, progress=progress)
@@ -217,10 +266,13 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
     classes = [c.replace("_", " ") for c in te.categories]
     w = zero_shot_classifier(model, classes)
     res["zero_shot"] = classification_metrics(zero_shot_logits(f_te, w), y_te, num_classes=len(classes))
+    res["chance"] = classification_chance("zero_shot", res["zero_shot"], len(classes))
     with torch.no_grad():
         t_emb = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256])).float()
                            for i in range(0, n_te, 256)])[:n_te]
     res["retrieval"] = recall_at_k(f_te, t_emb, torch.arange(n_te))
+    for key in res["retrieval"]:  # one correct item among n_te: a random ranking puts it in the top k with k / n
+        res["chance"][f"retrieval.{key}"] = min(int(key.rsplit("@", 1)[1]), n_te) / n_te
     try:
         res["linear_probe"] = {k: v for k, v in linear_probe(f_tr, y_tr, f_te, y_te, seed=seed,
                                                                 max_iter=p["probe_max_iter"],
@@ -228,6 +280,8 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
                                if k != "sweep"}
     except ValueError as e:
         res["skipped"]["linear_probe"] = str(e)
+    if "linear_probe" in res:
+        res["chance"]["linear_probe.accuracy"] = 1 / len(np.unique(y_te.numpy()))
     try:
         res["few_shot"] = few_shot(F.normalize(f_te, dim=-1), y_te, episodes=p["episodes"], seed=seed)
     except ValueError as e:
@@ -267,17 +321,21 @@ def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: 
     from .language import lambada_accuracy, needle_grid, needle_prompt, perplexity
     from .text_models import get_text_tokenizer
 
-    tok = get_text_tokenizer(None, model_dir=model_dir, vocab_size=model.vocab_size)
+    vocab, max_len = _lm_sizes(model)
+    tok = get_text_tokenizer(None, model_dir=model_dir, vocab_size=vocab)
     corpus, source = _lm_text(text, dataset)
     ids = torch.tensor(tok.encode(corpus)[:p["ppl_tokens"]])
-    ctx = min(model.max_seq_len, 1024)
+    ctx = min(max_len, 1024)
     res: dict[str, Any] = {"text": source, "tokenizer": tok.name}
     res["perplexity"] = perplexity(model, ids, context_length=ctx)
     passages = [s.strip() for s in corpus.replace("\n", " ").split(". ") if len(s.split()) >= 12]
     rng = random.Random(seed)
     passages = rng.sample(passages, min(p["lambada"], len(passages)))
     res["last_word"] = lambada_accuracy(model, tok, passages, max_context=ctx, progress=progress)
-    lengths = [n for n in p["needle_lengths"] if n <= model.max_seq_len]
+    # a model with learned absolute positions (GPT-2's wpe) cannot read past its context: the prompt leaves room
+    # for the answer it generates
+    margin = 8 if getattr(getattr(_bare_model(model), "config", None), "n_positions", None) else 0
+    lengths = [n for n in p["needle_lengths"] if n <= max_len - margin] or [max_len - margin]
     grid = needle_grid(model, tok, corpus[:20000], lengths=lengths, depths=p["needle_depths"],
                        trials=p["needle_trials"], seed=seed, progress=progress)
     res["needle"] = {str(n): {str(d): a for d, a in row.items()} for n, row in grid.items()}
@@ -328,56 +386,93 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
     the results. ``protocol`` overrides entries of :data:`QUICK` / :data:`FULL` (sizes, corruption list,
     episodes, needle grid)."""
     from ..models import from_pretrained
-    from .text_models import find_saved_model
+    from .text_models import find_saved_model, is_retrofit_run, load_retrofit_run
 
     target = Path(target)
-    if target.is_file() and target.suffix in (".yaml", ".yml"):
-        cfg = _read_yaml(target)
-        if "model" not in cfg:
-            raise ValueError(f"{target} must name the model to evaluate under 'model:'")
-        model_path = (target.parent / cfg["model"]).resolve()
-        def rel(key):  # paths in the YAML are relative to the YAML file
-            return str((target.parent / cfg[key]).resolve()) if cfg.get(key) else None
+    with user_input():  # what the user gave: the target, a YAML file, the protocol, the dataset, the folder
+        if target.is_file() and target.suffix in (".yaml", ".yml"):
+            cfg = _read_yaml(target)
+            if "model" not in cfg:
+                raise UsageError(f"{target} must name the model to evaluate under 'model:'")
+            model_path = (target.parent / cfg["model"]).resolve()
 
-        dataset, text, mmvp = dataset or cfg.get("dataset"), text or rel("text"), mmvp or rel("mmvp")
-        quick, seed = quick or bool(cfg.get("quick", False)), int(cfg.get("seed", seed))
-        out_dir = out_dir or rel("out")
-    else:
-        model_path = target
-    model_dir = find_saved_model(model_path)
-    run_cfg = _run_config(model_dir)
-    dataset = dataset or _dataset_name(run_cfg)
-    out = Path(out_dir) if out_dir else (Path(model_path) / "eval")
-    out.mkdir(parents=True, exist_ok=True)
-    torch.manual_seed(seed)
-    model = from_pretrained(model_dir).eval()
-    kind = _kind(model)
-    p = dict(QUICK if quick else FULL)
-    unknown = set(protocol or {}) - set(p)
-    if unknown:
-        raise ValueError(f"protocol keys must be among {sorted(p)}, got {sorted(unknown)}")
-    p.update(protocol or {})
+            def rel(key):  # paths in the YAML are relative to the YAML file
+                return str((target.parent / cfg[key]).resolve()) if cfg.get(key) else None
+
+            dataset, text, mmvp = dataset or cfg.get("dataset"), text or rel("text"), mmvp or rel("mmvp")
+            quick, seed = quick or bool(cfg.get("quick", False)), int(cfg.get("seed", seed))
+            out_dir = out_dir or rel("out")
+        else:
+            model_path = target
+        p = dict(QUICK if quick else FULL)
+        unknown = set(protocol or {}) - set(p)
+        if unknown:
+            raise ValueError(f"protocol keys must be among {sorted(p)}, got {sorted(unknown)}")
+        p.update(protocol or {})
+        if text is not None and not Path(text).is_file():
+            raise UsageError(f"--text {str(text)!r} is not a file")
+        out = Path(out_dir) if out_dir else (Path(model_path) / "eval")
+        previous = _check_output_dir(out)
+        retrofit = is_retrofit_run(model_path)
+        model_dir = Path(model_path) if retrofit else find_saved_model(model_path)
+        run_cfg = _run_config(model_dir)
+        dataset = dataset or _dataset_name(run_cfg)
+        torch.manual_seed(seed)
+        if retrofit:  # a transformers causal LM with the run's adapters (and LoRA): a language model
+            model, kind = load_retrofit_run(model_dir), "lm"
+            name, arch = _retrofit_name(run_cfg), type(_bare_model(model)).__name__
+        else:
+            model = from_pretrained(model_dir).eval()
+            kind, name, arch = _kind(model), getattr(model, "model_name", None), type(model).__name__
     t0 = time.perf_counter()
     results: dict[str, Any] = {
-        "model": {"path": str(model_dir), "name": getattr(model, "model_name", None), "architecture":
-                  type(model).__name__, "kind": kind, "params": _params(model),
-                  "seed": _run_seed(run_cfg)},
+        "model": {"path": str(model_dir), "name": name, "architecture": arch, "kind": kind,
+                  "params": _params(model), "seed": _run_seed(run_cfg)},
         "protocol": "quick" if quick else "full", "eval_seed": seed, "skipped": {}}
     try:
-        if kind == "vit":
-            results["vision"] = _vit_suite(model, dataset, p, out, seed, progress)
-        elif kind == "clip":
-            results["clip"] = _clip_suite(model, dataset, p, out, seed, mmvp, progress)
-        else:
-            results["language"] = _lm_suite(model, model_dir, dataset, text, p, out, seed, progress)
-    except (LookupError, FileNotFoundError, ImportError) as e:  # missing data: recorded, never silent
-        results["skipped"][kind] = f"{type(e).__name__}: {e}"
-    results["seconds"] = round(time.perf_counter() - t0, 1)
-    results["output_dir"] = str(out)
-    with atomic_write_file(out / "results.json", "w") as f:
-        json.dump(results, f, indent=1, default=float)
-    write_report(results, out / "report.md")
+        with atomic_write_dir(out) as tmp:  # the whole folder at once: results, report and plots agree
+            try:
+                if kind == "vit":
+                    results["vision"] = _vit_suite(model, dataset, p, tmp, seed, progress)
+                elif kind == "clip":
+                    results["clip"] = _clip_suite(model, dataset, p, tmp, seed, mmvp, progress)
+                else:
+                    results["language"] = _lm_suite(model, model_dir, dataset, text, p, tmp, seed, progress)
+            except (FileNotFoundError, ImportError) as e:  # missing data (or extra): recorded, never silent
+                results["skipped"][kind] = f"{type(e).__name__}: {e}"
+                if previous is not None:
+                    raise _KeepPrevious(results["skipped"][kind]) from None
+            results["seconds"] = round(time.perf_counter() - t0, 1)
+            results["output_dir"] = str(out)
+            with open(tmp / "results.json", "w") as f:
+                json.dump(results, f, indent=1, default=float)
+            write_report(results, tmp / "report.md")
+    except _KeepPrevious as e:
+        raise UsageError(f"the {kind} suite of {model_dir} was skipped ({e}); the finished results in {out} are kept "
+                         f"unchanged") from None
     return results
+
+
+class _KeepPrevious(Exception):
+    """An evaluation skipped its suite where finished results exist: nothing is written."""
+
+
+def _check_output_dir(out: Path) -> dict | None:
+    """The output folder may be absent, empty or a previous evaluation's (it is replaced as a whole); returns the
+    previous results when they are finished (no suite skipped), else None."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"output folder {str(out)!r} is a file")
+    if not out.is_dir() or not any(out.iterdir()):
+        return None
+    path = out / "results.json"
+    if not path.is_file():
+        raise UsageError(f"output folder {str(out)!r} holds other files and no results.json; the evaluation replaces "
+                         f"its output folder as a whole, so give --out an empty folder or a previous evaluation's")
+    try:
+        previous = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        return None  # a damaged result is replaced
+    return previous if isinstance(previous, dict) and not previous.get("skipped") else None
 
 
 # ------------------------------------------------------------------------------------------------- report
@@ -389,10 +484,28 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def _table(rows: dict, head=("metric", "value")) -> list[str]:
-    lines = [f"| {head[0]} | {head[1]} |", "|---|---:|"]
-    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows.items()]
+def _table(rows: dict, head=("metric", "value"), chance: dict | None = None, prefix: str = "") -> list[str]:
+    """A metric table; with ``chance`` (``{"group.metric": level}``) a chance column, and results at or below
+    chance marked."""
+    levels = {k: (chance or {}).get(f"{prefix}{k}") for k in rows}
+    if not any(v is not None for v in levels.values()):
+        lines = [f"| {head[0]} | {head[1]} |", "|---|---:|"]
+        return lines + [f"| {k} | {_fmt(v)} |" for k, v in rows.items()] + [""]
+    lines = [f"| {head[0]} | {head[1]} | chance |", "|---|---:|---:|"]
+    for k, v in rows.items():
+        level = levels[k]
+        flag = " **(at or below chance)**" if level is not None and isinstance(v, (int, float)) and v <= level \
+            else ""
+        lines.append(f"| {k} | {_fmt(v)}{flag} | {'' if level is None else _fmt(level)} |")
     return lines + [""]
+
+
+def _get(d: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(d, dict) or part not in d:
+            return None
+        d = d[part]
+    return d
 
 
 def write_report(results: dict, path: str | Path) -> Path:
@@ -406,8 +519,12 @@ def write_report(results: dict, path: str | Path) -> Path:
         if r is None:
             continue
         lines += [f"## {suite}", ""]
+        chance = r.get("chance") or {}
+        below = [k for k, level in chance.items() if isinstance(_get(r, k), (int, float)) and _get(r, k) <= level]
+        if below:
+            lines += [f"**At or below chance:** {', '.join(below)} (chance: what guessing uniformly scores).", ""]
         for key, val in r.items():
-            if key in ("plots", "diagnostics", "skipped"):
+            if key in ("plots", "diagnostics", "skipped", "chance"):
                 continue
             if key == "corruptions":
                 sev = sorted({s for row in val["table"].values() for s in row})
@@ -425,7 +542,7 @@ def write_report(results: dict, path: str | Path) -> Path:
                 lines += [f"| {d} | " + " | ".join(_fmt(val[n].get(d)) for n in lengths) + " |" for d in depths]
                 lines += [""]
             elif isinstance(val, dict) and all(not isinstance(v, dict) for v in val.values()):
-                lines += ["", f"### {key.replace('_', ' ')}", ""] + _table(val)
+                lines += ["", f"### {key.replace('_', ' ')}", ""] + _table(val, chance=chance, prefix=f"{key}.")
             elif isinstance(val, dict):
                 lines += ["", f"### {key.replace('_', ' ')}", ""]
                 for sub, sv in val.items():
@@ -458,19 +575,41 @@ def write_report(results: dict, path: str | Path) -> Path:
 # ------------------------------------------------------------------------------------------------ compare
 
 
+#: numbers in results that describe the protocol, not how good the model is (left out of ``compare``)
+BOOKKEEPING = frozenset({"seconds", "eval_seed", "images", "episodes", "tokens", "examples", "C", "val_accuracy",
+                         "layers", "params", "trials", "chance", "num_classes"})
+#: the last part of a metric key where lower is better
+LOWER_IS_BETTER = frozenset({"ppl", "nll", "mce", "loss", "perplexity", "std"})
+#: the last part of a metric key where higher is better (besides recall@k and the accuracy tables)
+HIGHER_IS_BETTER = frozenset({"top1", "top5", "mean_per_class_recall", "accuracy", "mean_accuracy", "clean", "mean",
+                              "f1", "precision", "recall", "vqa_score", "exact", "existence", "index"})
+
+
 def flatten(d: dict, prefix: str = "") -> dict[str, float]:
-    """Numeric leaves of nested results as ``{"suite.group.metric": value}`` (plots, paths and lists left out)."""
+    """Numeric leaves of nested results as ``{"suite.group.metric": value}`` in the order of the results (plots,
+    paths, lists and the protocol's own numbers, :data:`BOOKKEEPING`, left out)."""
     out: dict[str, float] = {}
     for k, v in d.items():
         key = f"{prefix}.{k}" if prefix else str(k)
         if isinstance(v, dict):
-            if k in ("model", "skipped", "diagnostics", "sweep"):
+            if k in ("model", "skipped", "diagnostics", "sweep", "chance"):
                 continue
             out.update(flatten(v, key))
-        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k not in ("seconds", "eval_seed",
-                                                                                    "images", "episodes"):
+        elif isinstance(v, (int, float)) and not isinstance(v, bool) and k not in BOOKKEEPING:
             out[key] = float(v)
     return out
+
+
+def better(key: str) -> str:
+    """``"↑"`` when a higher value of metric ``key`` is better, ``"↓"`` when lower is, ``""`` when neither (an
+    attention mass, a ratio)."""
+    parts = key.split(".")
+    last = parts[-1]
+    if last in LOWER_IS_BETTER or (len(parts) > 1 and parts[-2] in ("perplexity",) and last != "tokens"):
+        return "↓"
+    if last in HIGHER_IS_BETTER or "@" in last or any(p in ("noise", "table", "needle") for p in parts[1:-1]):
+        return "↑"
+    return ""
 
 
 def load_results(path: str | Path) -> list[dict]:
@@ -478,47 +617,68 @@ def load_results(path: str | Path) -> list[dict]:
     ``<dir>/eval/results.json``, else all of them below ``<dir>`` (one per seed)."""
     path = Path(path)
     if path.is_file():
-        return [json.loads(path.read_text())]
+        return [_read_results(path)]
+    if not path.is_dir():
+        raise FileNotFoundError(f"{str(path)!r} does not exist (give results.json files or evaluated run folders)")
     for p in (path / "results.json", path / "eval" / "results.json"):
         if p.is_file():
-            return [json.loads(p.read_text())]
+            return [_read_results(p)]
     found = sorted(path.rglob("results.json"))
     if not found:
-        raise FileNotFoundError(f"no results.json under {str(path)!r}; run `diffattn eval {path}` first")
-    return [json.loads(p.read_text()) for p in found]
+        raise UsageError(f"no results.json under {str(path)!r}: it has not been evaluated; run `diffattn eval {path}` "
+                         f"first")
+    return [_read_results(p) for p in found]
+
+
+def _read_results(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"{path} must hold a JSON object of results, got {type(data).__name__}")
+    return data
 
 
 def compare(runs: Sequence[str | Path], out: str | Path | None = None,
             labels: Sequence[str] | None = None) -> str:
     """A markdown table with one column per run argument: mean ± std (population, over the seeds found under it)
-    of every metric the runs share; written to ``out`` (and ``out`` with ``.json``) when given."""
+    of every metric the runs share, in the order of the first run's results, with the direction of better (↑/↓)
+    and one Δ column per further run (its mean minus the first run's); written to ``out`` (and ``out`` with
+    ``.json``) when given. Runs that share no metric are a :class:`~diffattn.errors.UsageError`."""
     if len(runs) < 1:
-        raise ValueError("runs must name at least one run")
+        raise UsageError("compare needs at least one run")
     labels = list(labels) if labels else [Path(r).name for r in runs]
     if len(labels) != len(runs):
-        raise ValueError(f"labels must have one entry per run ({len(runs)}), got {len(labels)}")
+        raise UsageError(f"--labels must give one name per run ({len(runs)}), got {len(labels)}")
     cols = []
     for r in runs:
         flat = [flatten(x) for x in load_results(r)]
-        keys = sorted(set.intersection(*(set(f) for f in flat)))
+        shared = set.intersection(*(set(f) for f in flat))
         cols.append({k: (float(np.mean([f[k] for f in flat])), float(np.std([f[k] for f in flat])), len(flat))
-                     for k in keys})
+                     for k in flat[0] if k in shared})
     keys = [k for k in cols[0] if all(k in c for c in cols[1:])]
-    head = "| metric | " + " | ".join(f"{lab} (n={next(iter(c.values()))[2] if c else 0})"
-                                       for lab, c in zip(labels, cols)) + " |"
-    lines = [head, "|---|" + "---:|" * len(cols)]
+    if not keys:
+        what = " and ".join(f"{lab} ({', '.join(list(c)[:3]) or 'no metric'}…)" for lab, c in zip(labels, cols))
+        raise UsageError(f"the runs share no metric to compare: {what}; evaluate them with the same suite "
+                         f"(diffattn eval)")
+    n = [next(iter(c.values()))[2] for c in cols]
+    head = ["metric", "better"] + [f"{lab} (n={k})" for lab, k in zip(labels, n)] + \
+        [f"Δ {lab}" for lab in labels[1:]]
+    lines = ["| " + " | ".join(head) + " |", "|---|:-:|" + "---:|" * (len(cols) + len(cols) - 1)]
     for k in keys:
         cells = []
         for c in cols:
-            mean, std, n = c[k]
-            cells.append(f"{mean:.4f} ± {std:.4f}" if n > 1 else f"{mean:.4f}")
-        lines.append(f"| {k} | " + " | ".join(cells) + " |")
+            mean, std, count = c[k]
+            cells.append(f"{mean:.4f} ± {std:.4f}" if count > 1 else f"{mean:.4f}")
+        deltas = [f"{c[k][0] - cols[0][k][0]:+.4f}" for c in cols[1:]]
+        lines.append(f"| {k} | {better(k)} | " + " | ".join(cells + deltas) + " |")
     table = "\n".join(lines) + "\n"
     if out is not None:
         out = Path(out)
         with atomic_write_file(out, "w") as f:
             f.write(table)
         with atomic_write_file(out.with_suffix(".json"), "w") as f:
-            json.dump({lab: {k: {"mean": v[0], "std": v[1], "n": v[2]} for k, v in c.items()}
+            json.dump({lab: {k: {"mean": v[0], "std": v[1], "n": v[2]} for k, v in c.items() if k in keys}
                        for lab, c in zip(labels, cols)}, f, indent=1)
     return table

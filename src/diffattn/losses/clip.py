@@ -32,9 +32,13 @@ def gather_features(features: torch.Tensor) -> torch.Tensor:
     """
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return features
-    from torch.distributed.nn.functional import all_gather
+    # functional collectives (the API torch.distributed.nn.functional.all_gather is deprecated for): the backward
+    # reduce-scatters (sums) the gradient, so each rank receives the gradient of its own slice from every rank
+    from torch.distributed import _functional_collectives as fc
 
-    return torch.cat(all_gather(features.contiguous()), dim=0)
+    gather = getattr(fc, "all_gather_single_autograd", None) or fc.all_gather_tensor_autograd
+    out = gather(features.contiguous(), 0, dist.group.WORLD)
+    return out.wait() if hasattr(out, "wait") else out
 
 
 def clip_loss_from_features(image_features: torch.Tensor, text_features: torch.Tensor,

@@ -42,6 +42,8 @@ CONFIG_NAME = "config.json"
 # written by save_pretrained beside the constructor's arguments
 _META_KEYS = ("architecture", "model_name", FORMAT_KEY, VERSION_KEY)
 _CLASSES: dict[str, type[DiffattnModel]] = {}
+#: the attention layer classes a model card names
+_ATTENTION_CLASSES = ("Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2")
 
 
 def _names(keys, limit: int = 10) -> str:
@@ -113,6 +115,27 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
             return self.push_to_hub(repo_id=repo_id or Path(save_directory).name, config=cfg,
                                     model_card_kwargs=model_card_kwargs, **push_to_hub_kwargs)
         return None
+
+    def generate_model_card(self, *args, training: str | None = None, **kwargs):
+        """The ``README.md`` saved beside the weights: what the model is (its registered name, class, size and
+        attention layers), how it was trained when ``training`` says so (``diffattn train`` does), and how to
+        load it; no placeholder for a hub push that never happened."""
+        from huggingface_hub import ModelCard
+
+        name = self.model_name or type(self).__name__
+        kinds = sorted({type(m).__name__ for m in self.modules() if type(m).__name__ in _ATTENTION_CLASSES})
+        params = sum(p.numel() for p in self.parameters())
+        lines = ["---", "library_name: diffattn", "tags:", "- diffattn", "- differential-attention", "---", "",
+                 f"# {name}", "",
+                 f"A diffattn `{type(self).__name__}` ({params:,} parameters; attention layers: "
+                 f"{', '.join(f'`{k}`' for k in kinds) or 'none'}).", ""]
+        if training:
+            lines += [training, ""]
+        lines += ["Load it (the saved `config.json` names the class, so no model name is needed):", "", "```python",
+                  "import diffattn", "", 'model = diffattn.from_pretrained("path/to/this/folder")', "```", "",
+                  "Differential attention: Ye et al. 2024, *Differential Transformer*; docs/design.md in the "
+                  "diffattn source gives the equation of every variant.", ""]
+        return ModelCard("\n".join(lines))
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs):

@@ -68,28 +68,63 @@ def validate_study(cfg: Any, where: str = "the study config") -> dict[str, Any]:
     if unknown:
         raise ValueError(f"unknown study keys {unknown} in {where}; valid keys for study {name!r}: "
                          f"{', '.join(valid)}")
+    errors: list[str] = []  # every problem of the config, reported together
     seeds = cfg.get("seeds")
-    if not isinstance(seeds, list) or len(seeds) < 2 or len(set(seeds)) != len(seeds) or \
+    if not isinstance(seeds, list) or len(seeds) < 2 or not all(_hashable(x) for x in seeds) or \
+            len(set(seeds)) != len(seeds) or \
             not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in seeds):
-        raise ValueError(f"seeds in {where} must be a list of at least 2 distinct integers >= 0, got {seeds!r}")
+        errors.append(f"seeds in {where} must be a list of at least 2 distinct integers >= 0, got {seeds!r}")
     variants = cfg.get("variants", defaults["variants"])
-    if not isinstance(variants, list) or len(variants) < 2 or len(set(variants)) != len(variants) or \
-            any(v not in module.VARIANTS for v in variants):
-        raise ValueError(f"variants in {where} must be a list of at least 2 distinct names from "
-                         f"{list(module.VARIANTS)} (the first is the baseline), got {variants!r}")
+    if not isinstance(variants, list) or len(variants) < 2 or not all(_hashable(v) for v in variants) or \
+            len(set(variants)) != len(variants) or any(v not in module.VARIANTS for v in variants):
+        errors.append(f"variants in {where} must be a list of at least 2 distinct names from "
+                      f"{list(module.VARIANTS)} (the first is the baseline), got {variants!r}")
+        variants = defaults["variants"]
     if not isinstance(cfg.get("out", defaults["out"]), str):
-        raise ValueError(f"out in {where} must be a folder path (str), got {cfg.get('out')!r}")
+        errors.append(f"out in {where} must be a folder path (str), got {cfg.get('out')!r}")
+    typed = True
     for key, value in cfg.items():
         if key in module.DEFAULTS:
-            _check_type(where, key, value, module.DEFAULTS[key])
+            try:
+                _check_type(where, key, value, module.DEFAULTS[key])
+            except ValueError as e:
+                errors.append(str(e))
+                typed = False
     full = {**defaults, **cfg, "variants": variants}
     check = getattr(module, "check_config", None)
-    if check is not None:
-        check(full, where)
+    if check is not None and typed:  # the budget's constraints need the types right
+        try:
+            check(full, where)
+        except ValueError as e:
+            errors.append(str(e))
+    if errors:
+        raise ValueError("; ".join(errors))
     return full
 
 
-def load_study(config: str | os.PathLike) -> dict[str, Any]:
-    """A study config (module docstring): a YAML file, or the name of one under diffattn/configs/studies/."""
+def _hashable(v: Any) -> bool:
+    return isinstance(v, (str, int, float, bool)) or v is None
+
+
+def load_study(config: str | os.PathLike, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A study config (module docstring): a YAML file, or the name of one under diffattn/configs/studies/; ``overrides``
+    (``{"out": ..., "seeds": [...], "model.dim": 32}``: a dotted key sets an entry of a mapping) replace its
+    entries before it is checked."""
+    from ..errors import yaml_error
+
     path = find_config(config)
-    return validate_study(yaml.safe_load(path.read_text()) or {}, str(path))
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as e:
+        raise yaml_error(path, e) from None
+    for key, value in (overrides or {}).items():
+        if not isinstance(data, dict):
+            break
+        *parents, last = key.split(".")
+        node = data
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ValueError(f"--set {key}: {p!r} in {path} is not a mapping")
+        node[last] = value
+    return validate_study(data, str(path) + (" with the command-line overrides" if overrides else ""))

@@ -45,20 +45,23 @@ DEFAULTS: dict[str, Any] = {
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
+    errors: list[str] = []  # every constraint the config breaks, reported together
     for key in ("steps", "batch_size", "test_images", "threads"):
         if cfg[key] < 1:
-            raise ValueError(f"{key} in {where} must be >= 1, got {cfg[key]}")
+            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
     if not cfg["noise_levels"] or any(not isinstance(s, (int, float)) or s <= 0 for s in cfg["noise_levels"]):
-        raise ValueError(f"noise_levels in {where} must be a non-empty list of numbers > 0, got "
-                         f"{cfg['noise_levels']!r}")
+        errors.append(f"noise_levels in {where} must be a non-empty list of numbers > 0, got "
+                      f"{cfg['noise_levels']!r}")
     if any(s not in (1, 2, 3, 4, 5) for s in cfg["severities"]) or not cfg["severities"]:
-        raise ValueError(f"severities in {where} must be a non-empty list from 1..5, got {cfg['severities']!r}")
+        errors.append(f"severities in {where} must be a non-empty list from 1..5, got {cfg['severities']!r}")
     from ..eval.robustness import COMMON_CORRUPTIONS
 
     bad = [c for c in cfg["corruptions"] if c not in COMMON_CORRUPTIONS]
     if bad or not cfg["corruptions"]:
-        raise ValueError(f"corruptions in {where} must be a non-empty list from {list(COMMON_CORRUPTIONS)}, got "
-                         f"{cfg['corruptions']!r}")
+        errors.append(f"corruptions in {where} must be a non-empty list from {list(COMMON_CORRUPTIONS)}, got "
+                      f"{cfg['corruptions']!r}")
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def _train_config(cfg: dict[str, Any], variant: str, seed: int, progress: bool):
@@ -116,7 +119,7 @@ def train_and_evaluate(cfg: dict[str, Any], variant: str, seed: int, run_dir: Pa
     from ..train.loop import train
 
     t0 = time.perf_counter()
-    result = train(_train_config(cfg, variant, seed, progress), out=run_dir)
+    result = train(_train_config(cfg, variant, seed, progress), out=run_dir, overwrite=True)  # a seed rerun
     train_s = time.perf_counter() - t0
     model = from_pretrained(run_dir / "model").eval()
     mean, std = pixel_stats(get_dataset("fashion_mnist", split="train").images)

@@ -161,6 +161,11 @@ def demo_extra_suites(model, protocol: dict, seed: int = 0, progress: bool = Tru
     txt = torch.cat([model.encode_text(model.tokenizer(em.captions[i:i + 256])).float()
                      for i in range(0, len(em), 256)])
     out["retrieval_emoji"] = recall_at_k(encode(imgs), txt, torch.arange(len(em)))
+    from ..eval.runner import classification_chance
+
+    out["chance"] = {**classification_chance("zero_shot_fashion_mnist", out["zero_shot_fashion_mnist"], 10),
+                     **{f"retrieval_emoji.{k}": min(int(k.rsplit("@", 1)[1]), len(em)) / len(em)
+                        for k in out["retrieval_emoji"]}}
     tux = get_dataset("tuxpaint_captions", split="test")
     w = zero_shot_classifier(model, [c.replace("_", " ") for c in tux.categories])
     table = corruption_table(lambda b: zero_shot_logits(model.encode_image(b).float(), w),
@@ -328,12 +333,36 @@ def _fmt(v, kind: str) -> str:
     return format(float(v), kind)
 
 
+def _chance(variant: dict, key: str) -> float | None:
+    """The chance level of ``key`` (``suite.group.metric``) that the suite recorded under ``suite.chance``."""
+    suite, _, rest = key.partition(".")
+    level = _get(variant, suite)
+    level = level.get("chance", {}).get(rest) if isinstance(level, dict) else None
+    return float(level) if isinstance(level, (int, float)) else None
+
+
 def demo_table(summary: dict[str, dict]) -> str:
-    """The side-by-side markdown table: one column per variant (accuracies and recalls in %)."""
+    """The side-by-side markdown table: one column per variant (accuracies and recalls in %); where the suites
+    recorded chance levels, a chance column, and results at or below chance marked ``*``."""
     labels = list(summary)
-    lines = ["| metric | " + " | ".join(labels) + " |", "|---|" + "---:|" * len(labels)]
+    chances = {key: next((c for lab in labels if (c := _chance(summary[lab], key)) is not None), None)
+               for _, key, _ in DEMO_ROWS}
+    with_chance = any(c is not None for c in chances.values())
+    lines = ["| metric | " + " | ".join(labels) + (" | chance |" if with_chance else " |"),
+             "|---|" + "---:|" * (len(labels) + with_chance)]
+    flagged = False
     for name, key, kind in DEMO_ROWS:
-        lines.append(f"| {name} | " + " | ".join(_fmt(_get(summary[lab], key), kind) for lab in labels) + " |")
+        cells = []
+        for lab in labels:
+            v, c = _get(summary[lab], key), chances[key]
+            low = c is not None and isinstance(v, (int, float)) and v <= c
+            flagged |= low
+            cells.append(_fmt(v, kind) + (" *" if low else ""))
+        if with_chance:
+            cells.append(_fmt(chances[key], kind) if chances[key] is not None else "")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if flagged:
+        lines += ["", "\\* at or below chance (what guessing uniformly scores)."]
     return "\n".join(lines)
 
 
@@ -386,7 +415,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
         print(f"[demo] {label}: diffattn train {configs / f'{v}.yaml'} ({cfg.model.name}, {cfg.run.steps} steps of "
               f"{cfg.run.batch_size} pairs) -> {run_dir}", flush=True)
         t0 = time.perf_counter()
-        result = train(cfg, out=run_dir)
+        result = train(cfg, out=run_dir, overwrite=True)  # the demo retrains its runs
         train_s = time.perf_counter() - t0
         print(f"[demo] {label}: trained in {train_s:.0f} s, final loss {result['final_loss']:.3f}; diffattn eval",
               flush=True)
@@ -404,7 +433,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
                           "clip": res["clip"], "extra": extra, "lambda": lams[label],
                           "eval_report": str(Path(v) / "eval" / "report.md")}
         curves[label] = [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
-                                                              .splitlines()) if r]
+                                                              .splitlines()) if "loss" in r]  # not eval rows
         models[label] = model
     plots = [_plot_learning_curves(curves, out / "learning_curves.png").name]
     if any(v for t in lams.values() for v in t.values()):
@@ -465,10 +494,13 @@ DEFAULTS: dict[str, Any] = {"steps": None, "batch_size": None, "quick": False, "
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
     """``steps``, ``batch_size`` and ``max_pairs`` are None (the recipes' values) or ints >= 1."""
+    errors: list[str] = []  # every constraint the config breaks, reported together
     for key in ("steps", "batch_size", "max_pairs"):
         v = cfg[key]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise ValueError(f"{key} in {where} must be null (the demo recipe's value) or an int >= 1, got {v!r}")
+            errors.append(f"{key} in {where} must be null (the demo recipe's value) or an int >= 1, got {v!r}")
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def _metrics():

@@ -52,17 +52,20 @@ MIN_NEEDLE_LENGTH = 112
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
+    errors: list[str] = []  # every constraint the config breaks, reported together
     for key in ("steps", "batch_size", "block_size", "prompt_length", "trials", "ppl_bytes", "threads"):
         if cfg[key] < 1:
-            raise ValueError(f"{key} in {where} must be >= 1, got {cfg[key]}")
+            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
     if cfg["prompt_length"] < MIN_NEEDLE_LENGTH:
-        raise ValueError(f"prompt_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take up "
-                         f"to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['prompt_length']}")
+        errors.append(f"prompt_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take up "
+                      f"to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['prompt_length']}")
     if cfg["prompt_length"] > cfg["block_size"]:
-        raise ValueError(f"prompt_length in {where} must be <= block_size ({cfg['block_size']}, the context the "
-                         f"models are trained on), got {cfg['prompt_length']}")
+        errors.append(f"prompt_length in {where} must be <= block_size ({cfg['block_size']}, the context the "
+                      f"models are trained on), got {cfg['prompt_length']}")
     if not cfg["depths"] or any(not isinstance(d, (int, float)) or not 0 <= d <= 1 for d in cfg["depths"]):
-        raise ValueError(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
+        errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, progress: bool = True) -> dict:
@@ -79,7 +82,7 @@ def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, pro
                 "log_every": max(1, cfg["steps"] // 10), "ckpt_every": cfg["steps"], "keep_last": 1,
                 "progress": progress},
     })
-    return train(tc, out=run_dir)
+    return train(tc, out=run_dir, overwrite=True)  # a seed without results is trained again
 
 
 def _span(seq: list[int], sub: list[int]) -> int:

@@ -59,19 +59,22 @@ DEFAULTS: dict[str, Any] = {
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
+    errors: list[str] = []  # every constraint the config breaks, reported together
     from ..data.vqa import QUESTION_KINDS
 
     for key in ("pretrain_steps", "finetune_steps", "lora_r", "lora_alpha", "anneal_steps", "batch_size",
                 "needle_count", "test_needle_count", "max_new_tokens", "attention_questions", "threads"):
         if cfg[key] < 1:
-            raise ValueError(f"{key} in {where} must be >= 1, got {cfg[key]}")
+            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
     for key in ("pretrain_kinds", "finetune_kinds"):
         if not cfg[key] or any(k not in QUESTION_KINDS for k in cfg[key]):
-            raise ValueError(f"{key} in {where} must be a non-empty list from {list(QUESTION_KINDS)}, got "
-                             f"{cfg[key]!r}")
+            errors.append(f"{key} in {where} must be a non-empty list from {list(QUESTION_KINDS)}, got "
+                          f"{cfg[key]!r}")
     if not cfg["pope_splits"] or any(s not in POPE_SPLITS for s in cfg["pope_splits"]):
-        raise ValueError(f"pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
-                         f"{cfg['pope_splits']!r}")
+        errors.append(f"pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
+                      f"{cfg['pope_splits']!r}")
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def _train_config(cfg: dict[str, Any], seed: int, base: dict, kinds: list[str], *, method: str, lora_r: int,
@@ -102,7 +105,7 @@ def pretrain(cfg: dict[str, Any], seed: int, run_dir: Path, progress: bool = Tru
     t0 = time.perf_counter()
     res = train(_train_config(cfg, seed, {"type": "paligemma", "config": cfg["model"]}, cfg["pretrain_kinds"],
                               method="none", lora_r=0, steps=cfg["pretrain_steps"], lr=cfg["pretrain_lr"],
-                              progress=progress), out=run_dir)
+                              progress=progress), out=run_dir, overwrite=True)
     with atomic_write_file(run_dir / "pretrain_loss.txt", "w") as f:  # last: it marks the pretraining finished
         f.write(f"{res['final_loss']:.6f}\n")
     print(f"[study paligemma] seed {seed}: pretrained on {cfg['pretrain_kinds']}, loss {res['final_loss']:.3f} "
@@ -123,7 +126,7 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
     t0 = time.perf_counter()
     res = train(_train_config(cfg, seed, {"type": "paligemma", "path": str(pretrained)}, cfg["finetune_kinds"],
                               method=method, lora_r=cfg["lora_r"], steps=cfg["finetune_steps"],
-                              lr=cfg["finetune_lr"], progress=progress), out=run_dir)
+                              lr=cfg["finetune_lr"], progress=progress), out=run_dir, overwrite=True)
     train_s = time.perf_counter() - t0
     model, tok = load_paligemma(run_dir)
     size = int(model.base_model.model.config.vision_config.image_size)

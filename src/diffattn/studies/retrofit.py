@@ -55,30 +55,33 @@ PARTS = ("classification", "lm")
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
+    errors: list[str] = []  # every constraint the config breaks, reported together
     if cfg["variants"][0] != "plain":
-        raise ValueError(f"variants in {where} must start with 'plain' (the baseline every retrofit is compared "
-                         f"with), got {cfg['variants']!r}")
+        errors.append(f"variants in {where} must start with 'plain' (the baseline every retrofit is compared "
+                      f"with), got {cfg['variants']!r}")
     if not cfg["parts"] or any(p not in PARTS for p in cfg["parts"]):
-        raise ValueError(f"parts in {where} must be a non-empty list from {list(PARTS)}, got {cfg['parts']!r}")
+        errors.append(f"parts in {where} must be a non-empty list from {list(PARTS)}, got {cfg['parts']!r}")
     for key in ("minilm_layers", "n_train", "n_test", "max_len", "cls_batch_size", "cls_epochs", "block_size",
                 "lm_batch_size", "pretrain_steps", "finetune_steps", "ppl_bytes", "needle_length", "needle_trials",
                 "threads"):
         if cfg[key] < 1:
-            raise ValueError(f"{key} in {where} must be >= 1, got {cfg[key]}")
+            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
     if not 1 <= cfg["minilm_layers"] <= 6:
-        raise ValueError(f"minilm_layers in {where} must be in 1..6 (all-MiniLM-L6-v2 has 6 layers), got "
-                         f"{cfg['minilm_layers']}")
+        errors.append(f"minilm_layers in {where} must be in 1..6 (all-MiniLM-L6-v2 has 6 layers), got "
+                      f"{cfg['minilm_layers']}")
     from .noise import MIN_NEEDLE_LENGTH
 
     if cfg["needle_length"] < MIN_NEEDLE_LENGTH:
-        raise ValueError(f"needle_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take "
-                         f"up to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['needle_length']}")
+        errors.append(f"needle_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take "
+                      f"up to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['needle_length']}")
     if cfg["needle_length"] > cfg["block_size"] * 2:
-        raise ValueError(f"needle_length in {where} must be at most 2 × block_size ({2 * cfg['block_size']}), got "
-                         f"{cfg['needle_length']}")
+        errors.append(f"needle_length in {where} must be at most 2 × block_size ({2 * cfg['block_size']}), got "
+                      f"{cfg['needle_length']}")
 
 
 # ------------------------------------------------------------------------------- (a) MiniLM on SpamAssassin
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def minilm_dir() -> Path | None:

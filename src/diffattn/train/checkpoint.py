@@ -1,6 +1,9 @@
 """Checkpoints that lose nothing: model, optimizer, scheduler, grad scaler, EMA, every rank's RNG states and the
 step (which fixes the data position, see :class:`~diffattn.train.data.StepBatchSampler`), written atomically
-(one directory swapped into place) by rank 0, the last k kept, loaded with ``torch.load(weights_only=True)``."""
+(one directory swapped into place) by rank 0, the last k kept, loaded with ``torch.load(weights_only=True)``.
+
+Resuming with ``auto`` (or from a run directory) takes the newest checkpoint that reads back whole: one that is
+truncated or damaged (a disk filled up, a file copied in part) is skipped, and the caller is told which and why."""
 
 from __future__ import annotations
 
@@ -13,13 +16,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..io import atomic_write_dir, recover_dir
+from ..errors import UsageError
+from ..io import atomic_write_dir, load_torch_file, recover_dir
 
 __all__ = ["rng_state", "set_rng_state", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
-           "resolve_resume", "checkpoint_dirs"]
+           "resolve_resume", "find_resume", "checkpoint_dirs"]
 
 STATE_FILE = "state.pt"
 _NAME = re.compile(r"^step_(\d{8})$")
+#: what every checkpoint holds
+STATE_KEYS = ("step", "world_size", "config", "model", "optimizer", "scheduler", "scaler", "rng")
 
 
 def rng_state() -> dict[str, Any]:
@@ -48,7 +54,7 @@ def checkpoint_dirs(run_dir: str | Path) -> list[Path]:
     if not folder.is_dir():
         return []
     out = []
-    for p in folder.iterdir():
+    for p in list(folder.iterdir()):
         if _NAME.match(p.name):
             recover_dir(p)
             if (p / STATE_FILE).is_file():
@@ -73,27 +79,54 @@ def save_checkpoint(run_dir: str | Path, step: int, state: dict[str, Any], keep_
 
 
 def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The state saved by :func:`save_checkpoint` (``path`` is the ``step_…`` directory)."""
+    """The state saved by :func:`save_checkpoint` (``path`` is the ``step_…`` directory). A missing, truncated or
+    damaged ``state.pt``, or one that lacks an entry of :data:`STATE_KEYS`, is a ``ValueError`` naming the file."""
     path = Path(path)
     recover_dir(path)
     f = path / STATE_FILE
     if not f.is_file():
-        raise ValueError(f"--resume {str(path)!r}: no {STATE_FILE} there; give a checkpoints/step_* directory, a "
-                         f"run directory or 'auto'")
-    return torch.load(f, map_location="cpu", weights_only=True)
+        raise UsageError(f"{path}: no {STATE_FILE} there; give a checkpoints/step_* directory, a run directory or "
+                         f"'auto'")
+    state = load_torch_file(f)
+    missing = [k for k in STATE_KEYS if not isinstance(state, dict) or k not in state]
+    if missing:
+        raise ValueError(f"{f} is not a diffattn training checkpoint (it lacks {missing})")
+    return state
+
+
+def find_resume(resume: str | None, run_dir: str | Path) -> tuple[Path | None, dict | None, list[tuple[Path, str]]]:
+    """The checkpoint to resume from: ``(its directory, its state, [(skipped checkpoint, why), …])``.
+
+    ``None`` → a fresh run ``(None, None, [])``; ``auto`` → the newest intact checkpoint of ``run_dir`` (a fresh
+    run if it has none); a run directory → its newest intact checkpoint; a ``step_…`` directory → itself.
+    Damaged checkpoints are skipped, newest first, and listed; when every one is damaged, or the one named
+    explicitly is, or ``resume`` names nothing, a :class:`UsageError` says so."""
+    if resume is None:
+        return None, None, []
+    p = Path(resume)
+    if resume == "auto":
+        candidates = checkpoint_dirs(run_dir)[::-1]
+    elif (p / STATE_FILE).is_file():
+        try:
+            return p, load_checkpoint(p), []
+        except ValueError as e:
+            raise UsageError(f"--resume {resume}: {e}") from e
+    elif p.is_dir() and checkpoint_dirs(p):
+        candidates = checkpoint_dirs(p)[::-1]
+    else:
+        raise UsageError(f"--resume {resume!r} is neither 'auto', a checkpoint directory (with {STATE_FILE}) nor a "
+                         f"run directory with checkpoints")
+    skipped: list[tuple[Path, str]] = []
+    for c in candidates:
+        try:
+            return c, load_checkpoint(c), skipped
+        except ValueError as e:
+            skipped.append((c, str(e)))
+    if skipped:
+        raise UsageError(f"--resume {resume}: no intact checkpoint: " + "; ".join(why for _, why in skipped))
+    return None, None, []
 
 
 def resolve_resume(resume: str | None, run_dir: str | Path) -> Path | None:
-    """``None`` → fresh run; ``auto`` → the newest checkpoint of ``run_dir`` (fresh if none); a run directory →
-    its newest checkpoint; a ``step_…`` directory → itself."""
-    if resume is None:
-        return None
-    if resume == "auto":
-        return latest_checkpoint(run_dir)
-    p = Path(resume)
-    if (p / STATE_FILE).is_file():
-        return p
-    if p.is_dir() and (latest := latest_checkpoint(p)) is not None:
-        return latest
-    raise ValueError(f"--resume {resume!r} is neither 'auto', a checkpoint directory nor a run directory with "
-                     f"checkpoints")
+    """The directory of the checkpoint :func:`find_resume` picks (None for a fresh run)."""
+    return find_resume(resume, run_dir)[0]

@@ -1,9 +1,10 @@
-"""``diffattn train CONFIG [--set key=value …] [--out DIR] [--resume auto|PATH]`` (also under torchrun:
-``torchrun --nproc_per_node 2 -m diffattn train CONFIG``)."""
+"""``diffattn train CONFIG [--set key=value …] [--out DIR] [--resume auto|PATH | --overwrite]`` (also under
+torchrun: ``torchrun --nproc_per_node 2 -m diffattn train CONFIG``)."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 __all__ = ["register"]
@@ -20,15 +21,19 @@ def _train_command(args: argparse.Namespace) -> int:
     from .config import load_config
     from .loop import train
 
-    try:
-        cfg = load_config(args.config, args.set)
-    except ValueError as e:
-        raise SystemExit(f"diffattn train: {e}") from None
-    result = train(cfg, out=args.out, resume=args.resume)
+    cfg = load_config(args.config, args.set)
+    result = train(cfg, out=args.out, resume=args.resume, overwrite=args.overwrite)
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_rank() == 0:
-        print(f"trained {result['steps']} steps, final loss {result['final_loss']:.4f}; run in {result['run_dir']}")
+        loss = result["final_loss"]
+        loss_text = f"final loss {loss:.4f}" if not math.isnan(loss) else "no loss logged"
+        if result.get("finished"):
+            print(f"nothing to train: the run was already finished at step {result['steps']} ({loss_text}); run in "
+                  f"{result['run_dir']}")
+        else:
+            resumed = f" (resumed from step {result['resumed_from']})" if result.get("resumed_from") else ""
+            print(f"trained {result['steps']} steps{resumed}, {loss_text}; run in {result['run_dir']}")
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
@@ -42,6 +47,9 @@ def register(subparsers) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (repeatable), e.g. --set optim.lr=3e-4")
     p.add_argument("--out", default=None, help="run directory (default: the config's run.out)")
-    p.add_argument("--resume", default=None, help="'auto' (newest checkpoint of the run directory, if any), a "
-                   "checkpoint directory or a run directory")
+    run = p.add_mutually_exclusive_group()
+    run.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run directory, if any), "
+                     "a checkpoint directory or a run directory")
+    run.add_argument("--overwrite", action="store_true", help="replace the previous run in the run directory "
+                     "(without it, a run directory that is not empty is refused)")
     p.set_defaults(func=_train_command)

@@ -1,14 +1,16 @@
 """Training configuration: dataclasses loaded from YAML, with ``--set section.key=value`` overrides.
 
-A run is described by five sections::
+A run is described by five sections, and an optional sixth for validation while it trains::
 
     task:  {name: clip | classify | lm | retrofit | vlm | paligemma, ...task options}
     model: {name: a registered model (``diffattn models``), overrides: {...create_model keyword arguments}}
     data:  {name: a dataset, path: files a user supplies, ...}
     optim: {lr, weight_decay, betas, warmup_steps, min_lr_ratio, grad_clip}
     run:   {steps | epochs, batch_size (GLOBAL), accum_steps, seed, precision, distributed, checkpoints, logging}
+    eval:  {every, metric, split, path, max_samples, batch_size}
 
-An unknown key is a ``ValueError`` naming the key and the valid ones.
+An unknown key is a :class:`~diffattn.errors.UsageError` (a ``ValueError``) naming the key and the valid ones; a
+YAML syntax error names the file, line and column.
 """
 
 from __future__ import annotations
@@ -21,8 +23,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "TrainConfig", "load_config",
-           "apply_overrides", "config_from_dict", "config_digest"]
+from ..errors import UsageError, yaml_error
+
+__all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
+           "load_config", "apply_overrides", "config_from_dict", "config_digest", "TASK_KEYS", "VAL_METRICS",
+           "run_config_dict", "val_metric"]
 
 TASKS = ("clip", "classify", "lm", "retrofit", "vlm", "paligemma")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
@@ -117,6 +122,28 @@ class RunConfig:
     threads: int | None = None
 
 
+#: the metrics each task's validation reports (:meth:`diffattn.train.tasks.Task.validate`); the first is the
+#: default ``eval.metric``
+VAL_METRICS: dict[str, tuple[str, ...]] = {"classify": ("top1", "loss"), "clip": ("r@1", "i2t@1", "t2i@1", "loss"),
+                                           "lm": ("loss", "ppl"), "retrofit": ("loss", "ppl")}
+#: validation metrics where lower is better (the others: higher is better)
+LOWER_IS_BETTER = ("loss", "ppl")
+
+
+@dataclass
+class EvalConfig:
+    """Validation while training: every ``every`` optimizer steps (and at the last) the task's quick evaluation runs
+    on the held-out ``split`` (``path``: another file, for data without splits), on at most ``max_samples``
+    samples; ``metric`` (default: the task's first of :data:`VAL_METRICS`) picks the checkpoint kept in ``best/``."""
+
+    every: int | None = None
+    metric: str | None = None
+    split: str = "test"
+    path: str | None = None
+    max_samples: int = 512
+    batch_size: int = 64
+
+
 @dataclass
 class TrainConfig:
     task: TaskConfig = field(default_factory=TaskConfig)
@@ -124,6 +151,7 @@ class TrainConfig:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,7 +159,7 @@ class TrainConfig:
 
 _SECTIONS = {f.name: f.type for f in fields(TrainConfig)}
 _SECTION_CLASSES = {"task": TaskConfig, "model": ModelConfig, "data": DataConfig, "optim": OptimConfig,
-                    "run": RunConfig}
+                    "run": RunConfig, "eval": EvalConfig}
 
 
 def _section(name: str, values: Any) -> Any:
@@ -139,11 +167,11 @@ def _section(name: str, values: Any) -> Any:
     if values is None:
         values = {}
     if not isinstance(values, dict):
-        raise ValueError(f"config section {name!r} must be a mapping, got {type(values).__name__}")
+        raise UsageError(f"config section {name!r} must be a mapping, got {type(values).__name__}")
     valid = [f.name for f in fields(cls)]
     for key in values:
         if key not in valid:
-            raise ValueError(f"unknown config key {name}.{key}; valid keys in {name!r}: {', '.join(valid)}")
+            raise UsageError(f"unknown config key {name}.{key}; valid keys in {name!r}: {', '.join(valid)}")
     types = {f.name: str(f.type) for f in fields(cls)}
     values = {k: _number(v) if "float" in types[k] else v for k, v in values.items()}
     return cls(**values)
@@ -159,7 +187,7 @@ def _number(v: Any) -> Any:
 
 def _check(ok: bool, key: str, got: Any, need: str) -> None:
     if not ok:
-        raise ValueError(f"config {key} must be {need}, got {got!r}")
+        raise UsageError(f"config {key} must be {need}, got {got!r}")
 
 
 def _is_int(v: Any) -> bool:
@@ -213,16 +241,44 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                "an integer >= 0 (0: full fine-tuning, no LoRA)")
     _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
            "an integer >= 2")
+    if cfg.model.name and t.name not in ("retrofit", "paligemma"):
+        from ..models import is_model
+
+        _check(is_model(cfg.model.name), "model.name", cfg.model.name,
+               "a registered model name (list them with `diffattn models`)")
+    e = cfg.eval
+    _check(e.every is None or (_is_int(e.every) and e.every >= 1), "eval.every", e.every, "null or an integer >= 1")
+    _check(_is_int(e.max_samples) and e.max_samples >= 1, "eval.max_samples", e.max_samples, "an integer >= 1")
+    _check(_is_int(e.batch_size) and e.batch_size >= 1, "eval.batch_size", e.batch_size, "an integer >= 1")
+    if e.every is not None:
+        _check(t.name in VAL_METRICS, "eval.every", e.every, f"null for task {t.name!r} (validation while training "
+               f"is there for {', '.join(VAL_METRICS)})")
+        _check(e.metric is None or e.metric in VAL_METRICS[t.name], "eval.metric", e.metric,
+               f"one of {VAL_METRICS[t.name]} for task {t.name!r}")
+    if t.name in ("clip", "classify", "lm", "retrofit"):
+        names = train_data_names(t.name)
+        _check(cfg.data.name in names, "data.name", cfg.data.name, f"one of {names} (for task {t.name!r})")
     return cfg
+
+
+def train_data_names(task: str) -> list[str]:
+    """The ``data.name`` values task ``task`` trains on: its kinds of built-in sets and the formats it reads."""
+    from ..data.catalog import DATASETS
+
+    kinds, formats = {"clip": (("captions",), ("digits", "csv", "webdataset")),
+                      "classify": (("classification", "text"), ("digits", "imagefolder")),
+                      "lm": (("text",), ("tokens", "text", "sklearn_text")),
+                      "retrofit": (("text",), ("tokens", "text", "sklearn_text"))}[task]
+    return sorted({*formats, *(n for n, d in DATASETS.items() if d.kind in kinds)})
 
 
 def config_from_dict(d: dict[str, Any]) -> TrainConfig:
     """A :class:`TrainConfig` from a nested mapping; unknown sections or keys raise ``ValueError``."""
     if not isinstance(d, dict):
-        raise ValueError(f"a config must be a mapping of sections {list(_SECTIONS)}, got {type(d).__name__}")
+        raise UsageError(f"a config must be a mapping of sections {list(_SECTIONS)}, got {type(d).__name__}")
     for key in d:
         if key not in _SECTIONS:
-            raise ValueError(f"unknown config section {key!r}; valid sections: {', '.join(_SECTIONS)}")
+            raise UsageError(f"unknown config section {key!r}; valid sections: {', '.join(_SECTIONS)}")
     return validate(TrainConfig(**{name: _section(name, d.get(name)) for name in _SECTIONS}))
 
 
@@ -234,18 +290,22 @@ def apply_overrides(d: dict[str, Any], overrides: list[str] | None) -> dict[str,
     d = json.loads(json.dumps(d))  # deep copy of plain data
     for item in overrides or []:
         if "=" not in item:
-            raise ValueError(f"--set takes section.key=value, got {item!r}")
+            raise UsageError(f"--set takes section.key=value, got {item!r}")
         key, value = item.split("=", 1)
         parts = key.strip().split(".")
         if len(parts) < 2:
-            raise ValueError(f"--set key must be section.key (e.g. optim.lr), got {key!r}; "
+            raise UsageError(f"--set key must be section.key (e.g. optim.lr), got {key!r}; "
                              f"sections: {', '.join(_SECTIONS)}")
         node = d
         for p in parts[:-1]:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
-                raise ValueError(f"--set {key}: {p!r} is not a mapping")
-        node[parts[-1]] = yaml.safe_load(value)
+                raise UsageError(f"--set {key}: {p!r} is not a mapping")
+        try:
+            node[parts[-1]] = yaml.safe_load(value)
+        except yaml.YAMLError as e:
+            raise UsageError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") \
+                from None
     return d
 
 
@@ -265,10 +325,45 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         except FileNotFoundError:
             from ..configs import config_names
 
-            raise ValueError(f"config file {str(path)!r} does not exist and is not a packaged recipe "
+            raise UsageError(f"config file {str(path)!r} does not exist and is not a packaged recipe "
                              f"({', '.join(config_names())})") from None
-        d = yaml.safe_load(path.read_text()) or {}
+        try:
+            d = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as e:
+            raise yaml_error(path, e) from None
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
+        if not isinstance(d, dict):
+            raise UsageError(f"{path} must hold a mapping of sections {list(_SECTIONS)}, got {type(d).__name__}")
     return config_from_dict(apply_overrides(d, overrides))
+
+
+#: the ``task`` keys each task reads (``config.yaml`` records only these; the others keep their defaults)
+TASK_KEYS: dict[str, tuple[str, ...]] = {
+    "clip": ("name",),
+    "classify": ("name", "label_smoothing", "mixup", "cutmix"),
+    "lm": ("name",),
+    "retrofit": ("name", "base", "method", "lambda_init", "anneal_steps", "train", "lora", "lora_r", "lora_alpha",
+                 "lora_targets"),
+    "vlm": ("name", "base", "train"),
+    "paligemma": ("name", "base", "method", "lambda_init", "anneal_steps", "lora_r", "lora_alpha", "lora_targets"),
+}
+
+
+def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
+    """(the metric that picks ``best/``, whether lower is better)."""
+    metric = cfg.eval.metric or VAL_METRICS[cfg.task.name][0]
+    return metric, metric in LOWER_IS_BETTER
+
+
+def run_config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The config a run records in ``config.yaml``: every section, with only the ``task`` keys its task reads
+    (:data:`TASK_KEYS`). Loading it back gives ``cfg`` again (the left-out keys are at their defaults and unused)."""
+    d = cfg.to_dict()
+    keep = TASK_KEYS.get(cfg.task.name)
+    if keep is not None:
+        d["task"] = {k: v for k, v in d["task"].items() if k in keep}
+    return d
 
 
 #: keys that may differ between a run and its resumption (they do not change the computation)
@@ -276,11 +371,18 @@ RESUMABLE_KEYS = {("run", "out"), ("run", "progress"), ("run", "log_every"), ("r
                   ("run", "keep_last"), ("data", "num_workers"), ("run", "threads")}
 
 
-def config_digest(cfg: TrainConfig) -> dict[str, Any]:
-    """The part of the config a checkpoint must match to be resumed (everything but logging/output keys)."""
-    d = dataclasses.asdict(cfg)
+def config_digest(cfg: TrainConfig | dict) -> dict[str, Any]:
+    """The part of the config a checkpoint must match to be resumed: everything but the logging/output keys
+    (:data:`RESUMABLE_KEYS`) and the ``task`` keys its task does not read. ``cfg`` may be a digest already (a
+    checkpoint's), which is then reduced the same way."""
+    d = json.loads(json.dumps(cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg), default=str))
+    d.setdefault("eval", dataclasses.asdict(EvalConfig()))  # checkpoints of runs made before the section existed
     for section, key in RESUMABLE_KEYS:
-        d[section].pop(key, None)
+        d.get(section, {}).pop(key, None)
+    task = d.get("task", {})
+    keep = TASK_KEYS.get(task.get("name"))
+    if keep is not None:
+        d["task"] = {k: v for k, v in task.items() if k in keep}
     return d
 
 

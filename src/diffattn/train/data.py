@@ -121,12 +121,32 @@ class TokenWindows(Dataset):
             raise ValueError(f"the token stream has {len(tokens)} tokens, fewer than data.block_size + 1 = "
                              f"{block_size + 1}")
         self.tokens, self.block_size = tokens, block_size
+        self.source: str | None = None  # the token file, when read from one
+        self.vocab_size: int | None = None  # the vocabulary its sidecar declares
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, block_size: int, dtype: str = "uint16") -> TokenWindows:
         if not Path(path).is_file():
-            raise ValueError(f"data.path {str(path)!r} does not exist (a token memmap: a flat {dtype} array)")
-        return cls(np.memmap(path, dtype=np.dtype(dtype), mode="r"), block_size)
+            raise FileNotFoundError(f"data.path {str(path)!r} does not exist (a token memmap: a flat {dtype} array)")
+        from ..data import read_token_meta
+
+        try:
+            meta = read_token_meta(path)
+        except (ValueError, UnicodeDecodeError) as e:
+            raise ValueError(f"the sidecar of data.path {str(path)!r} is not valid JSON ({e})") from None
+        width = np.dtype(dtype).itemsize
+        size = Path(path).stat().st_size
+        if size % width:
+            raise ValueError(f"data.path {str(path)!r} has {size} bytes, not a multiple of {width} (data.dtype "
+                             f"{dtype!r})")
+        if isinstance(meta, dict) and meta.get("dtype") not in (None, dtype):
+            raise ValueError(f"data.path {str(path)!r} holds {meta['dtype']} ids (its sidecar says so), data.dtype is "
+                             f"{dtype!r}; set data.dtype={meta['dtype']}")
+        windows = cls(np.memmap(path, dtype=np.dtype(dtype), mode="r"), block_size)
+        windows.source = str(path)
+        vocab = meta.get("vocab_size") if isinstance(meta, dict) else None
+        windows.vocab_size = int(vocab) if isinstance(vocab, int) and not isinstance(vocab, bool) else None
+        return windows
 
     def __len__(self) -> int:
         return (len(self.tokens) - 1) // self.block_size
@@ -196,9 +216,21 @@ def steps_for(cfg_run, n: int) -> int:
 def external_dataset(cfg, task: str) -> Dataset:
     """``diffattn.data.get_dataset(data.name, split=data.split, root=data.path)`` shaped for ``task``: image sets as
     (image tensor, label), caption sets as (image tensor, tokens), text sets as LM windows of their GPT-2 tokens."""
-    from ..data import get_dataset
+    from ..data import DatasetNotInstalledError, get_dataset
+    from ..errors import UsageError
 
-    base = get_dataset(cfg.data.name, split=cfg.data.split, root=cfg.data.path)
+    d = cfg.data
+    where = f"data.name {d.name!r}" + (f", data.path {d.path!r}" if d.path else "")
+    try:
+        base = get_dataset(d.name, split=d.split, root=d.path)
+    except DatasetNotInstalledError as e:
+        if d.path is None:
+            raise
+        raise DatasetNotInstalledError(f"{where}: {e}") from None
+    except FileNotFoundError as e:
+        raise FileNotFoundError(f"{where}: {e}") from None
+    except ValueError as e:
+        raise UsageError(f"{where}: {e}") from None
     return _ExternalAdapter(base, cfg, task)
 
 

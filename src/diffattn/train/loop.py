@@ -8,11 +8,22 @@ gradients on the last one only), gradient clipping, AdamW, the warm-up + cosine 
 (CLIP logit-scale clamp, retrofit λ schedule), the EMA; then the loss averaged over ranks is logged, and every
 ``ckpt_every`` steps a checkpoint is written. The batch order depends only on (seed, step), so a run resumed from
 a checkpoint continues exactly where it stopped.
+
+With ``eval.every`` the task's quick evaluation runs on the held-out split every that many steps (and at the last);
+its metrics go to ``metrics.jsonl`` (rows ``{"step", "eval": {...}}``), TensorBoard (``val/*``) and the progress
+bar, and the model with the best ``eval.metric`` so far is kept in ``best/``. The evaluation draws no random
+numbers and the best value is part of the checkpoint, so a resumed run keeps the same ``best/``.
+
+A run directory is never replaced by accident: training into one that already holds files needs ``resume``
+(continue it) or ``overwrite`` (replace a previous run). Everything a user can get wrong (the config, the data,
+the resume point, data that do not fit the model) is checked before the directory is created or touched, and
+reported as a :class:`~diffattn.errors.UsageError`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -25,9 +36,10 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from ..io import atomic_write_file
-from .checkpoint import load_checkpoint, resolve_resume, rng_state, save_checkpoint, set_rng_state
-from .config import TrainConfig, config_digest, digest_hash
+from ..errors import RunExistsError, UsageError, user_input
+from ..io import atomic_write_file, remove_dir
+from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
+from .config import TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
 from .data import StepBatchSampler, steps_for
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler
@@ -91,13 +103,14 @@ def _gather_rng(env: DistEnv) -> list[dict]:
 
 def _check_resume(ckpt: dict, cfg: TrainConfig, env: DistEnv, path: Path) -> None:
     if ckpt["world_size"] != env.world_size:
-        raise ValueError(f"checkpoint {path} was written by {ckpt['world_size']} processes, this run has "
+        raise UsageError(f"checkpoint {path} was written by {ckpt['world_size']} processes, this run has "
                          f"{env.world_size}; resume with the same world size (the RNG states are per rank)")
-    mine, theirs = config_digest(cfg), ckpt["config"]
+    mine, theirs = config_digest(cfg), config_digest(ckpt["config"])
     if digest_hash(mine) != digest_hash(theirs):
-        diffs = [f"{s}.{k}: checkpoint {theirs.get(s, {}).get(k)!r} vs now {v!r}"
-                 for s, sec in mine.items() for k, v in sec.items() if theirs.get(s, {}).get(k) != v]
-        raise ValueError(f"checkpoint {path} is from another config; differing keys: {'; '.join(diffs)}")
+        keys = sorted({(s, k) for d in (mine, theirs) for s, sec in d.items() for k in sec})
+        diffs = [f"{s}.{k}: checkpoint {theirs.get(s, {}).get(k)!r} vs now {mine.get(s, {}).get(k)!r}"
+                 for s, k in keys if theirs.get(s, {}).get(k) != mine.get(s, {}).get(k)]
+        raise UsageError(f"checkpoint {path} is from another config; differing keys: {'; '.join(diffs)}")
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -109,10 +122,75 @@ def _truncate_metrics(path: Path, step: int) -> None:
         f.write("".join(r + "\n" for r in rows))
 
 
-def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | None = None) -> dict[str, Any]:
-    """Train ``cfg`` into the run directory ``out`` (default ``cfg.run.out``); ``resume``: None, ``"auto"`` or a
-    checkpoint / run directory. Returns ``{"run_dir", "steps", "final_loss", "losses"}`` (losses of this process's
-    steps, averaged over ranks).
+def _validate(task, model, val_set, env: DistEnv, amp_dtype) -> dict[str, float]:
+    """The task's validation of ``model`` on every rank (the same set, so FSDP2's collectives match), averaged
+    over ranks so that every rank takes the same ``best/`` decision; the RNG states are left as they were."""
+    state = rng_state()
+    was_training = model.training
+    model.eval()
+    try:
+        scores = task.validate(model, val_set, env.device, amp_dtype)
+    finally:
+        model.train(was_training)
+        set_rng_state(state)
+    keys = sorted(scores)
+    mean = all_reduce_mean(torch.tensor([scores[k] for k in keys], dtype=torch.float64, device=env.device))
+    return {k: float(v) for k, v in zip(keys, mean.tolist())}
+
+
+def _save_best(task, model, optimizer, cfg: TrainConfig, env: DistEnv, run_dir: Path, record: dict) -> None:
+    """``best/`` from rank 0 (FSDP2 gathers the full weights into a fresh model first, on every rank)."""
+    if cfg.run.distributed == "fsdp2" and env.distributed:
+        model_sd, _ = _full_state(model, optimizer)
+        if env.is_main:
+            full = task.build_model()
+            full.load_state_dict(model_sd)
+            task.save_best(full, run_dir, record)
+    elif env.is_main:
+        task.save_best(model, run_dir, record)
+    barrier()
+
+
+def _last_logged_loss(path: Path) -> float:
+    """The training loss of the last row of ``metrics.jsonl`` (NaN when there is none)."""
+    if not path.is_file():
+        return math.nan
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    losses = [r["loss"] for r in rows if "loss" in r]
+    return float(losses[-1]) if losses else math.nan
+
+
+def check_run_dir(run_dir: Path, resume: str | None, overwrite: bool) -> None:
+    """Refuse to train into ``run_dir`` when that would replace files by accident: it holds anything and neither
+    ``resume`` nor ``overwrite`` is given; ``overwrite`` of a directory that is not a run (no ``config.yaml``);
+    ``resume`` together with ``overwrite``; a file where the directory should be."""
+    if resume is not None and overwrite:
+        raise UsageError("--resume and --overwrite exclude each other: continue the run, or replace it")
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"run directory {str(run_dir)!r} is a file; give --out a folder")
+    if resume is not None or not run_dir.is_dir():
+        return
+    entries = sorted(p.name for p in run_dir.iterdir())
+    if not entries:
+        return
+    if not overwrite:
+        shown = ", ".join(entries[:4]) + (", …" if len(entries) > 4 else "")
+        raise RunExistsError(f"run directory {str(run_dir)!r} is not empty ({shown}); continue the run with "
+                             f"--resume auto, replace it with --overwrite, or choose another --out")
+    leftovers = all(e.startswith(".") and e.endswith(".tmp") for e in entries)  # a run killed before config.yaml
+    if not (run_dir / "config.yaml").is_file() and not leftovers:
+        raise UsageError(f"--overwrite replaces a previous run, but {str(run_dir)!r} holds no config.yaml (it is not a "
+                         f"run directory) and is not empty; choose another --out")
+
+
+def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | None = None, *,
+          overwrite: bool = False) -> dict[str, Any]:
+    """Train ``cfg`` into the run directory ``out`` (default ``cfg.run.out``).
+
+    ``resume``: None (a new run: ``out`` must be empty or absent, unless ``overwrite`` replaces the previous run),
+    ``"auto"`` (the newest intact checkpoint of ``out``; a new run if there is none) or a checkpoint / run
+    directory. Returns ``{"run_dir", "steps", "final_loss", "losses", "resumed_from"}`` (losses of the steps this
+    call trained, averaged over ranks; ``resumed_from`` is the step it started at).
 
     Raises:
         diffattn.extras.MissingExtraError: a package of the ``train`` extra is missing (nothing is written then).
@@ -122,18 +200,53 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
     require("train", "diffattn.train.train")
     env = init_distributed()
     run_dir = Path(out if out is not None else cfg.run.out)
+    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, out=str(run_dir)))  # the config that runs
+
+    def say(msg: str) -> None:
+        if env.is_main:
+            print(msg, file=sys.stderr, flush=True)
+
+    # --- everything a user can get wrong is checked before the run directory is created or touched
+    check_run_dir(run_dir, resume, overwrite)
     if cfg.run.threads:
         torch.set_num_threads(cfg.run.threads)
     if cfg.run.ema_decay is not None and cfg.run.distributed == "fsdp2" and env.distributed:
-        raise ValueError("run.ema_decay is not supported with run.distributed 'fsdp2' (the weights are sharded)")
-    amp_dtype = _precision(cfg, env)
+        raise UsageError("run.ema_decay is not supported with run.distributed 'fsdp2' (the weights are sharded)")
+    with user_input():
+        amp_dtype = _precision(cfg, env)
+        # model, data, optimizer: the same initial weights on every rank (seeded identically)
+        seed_everything(cfg.run.seed)
+        task = build_task(cfg)
+        model = task.build_model().to(env.device)
+        dataset = task.dataset()
+        task.check_data(model, dataset)
+        val_set = None
+        if cfg.eval.every is not None:
+            with user_input("eval: "):
+                val_set = task.val_dataset()
+        total = steps_for(cfg.run, len(dataset))
+        sampler = StepBatchSampler(len(dataset), cfg.run.batch_size, world_size=env.world_size, rank=env.rank,
+                                   accum_steps=cfg.run.accum_steps, seed=cfg.run.seed, start_step=0,
+                                   total_steps=total)
+        ckpt_path, ckpt, skipped = find_resume(resume, run_dir)
+        if ckpt is not None:
+            _check_resume(ckpt, cfg, env, ckpt_path)
+    for path, why in skipped:
+        say(f"skipped checkpoint {path}: {why}")
 
-    # --- model, data, optimizer: the same initial weights on every rank (seeded identically)
-    seed_everything(cfg.run.seed)
-    task = build_task(cfg)
-    model = task.build_model().to(env.device)
-    dataset = task.dataset()
-    total = steps_for(cfg.run, len(dataset))
+    start = int(ckpt["step"]) if ckpt is not None else 0
+    best = ckpt.get("best") if ckpt is not None else None  # {"step", "metric", "value"} of best/
+    metrics_path = run_dir / "metrics.jsonl"
+    if start >= total:  # a finished run: nothing to train; the final model is saved if a kill prevented it
+        model.load_state_dict(ckpt["model"])
+        final_loss = _last_logged_loss(metrics_path)
+        if env.is_main and not task.final_saved(run_dir):
+            task.save_final(model, run_dir)
+        say(f"{run_dir} already finished at step {start} of {total}; nothing to train")
+        barrier()
+        return {"run_dir": str(run_dir), "steps": total, "final_loss": final_loss, "losses": [],
+                "resumed_from": start, "finished": True}
+
     ddp_model = wrap_model(model, env, cfg.run.distributed)  # FSDP2 shards ``model`` in place and returns it
     fwd_model = torch.compile(ddp_model) if cfg.run.compile else ddp_model
     optimizer = build_optimizer(model, cfg.optim)
@@ -142,49 +255,53 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
     ema = EMA(model, cfg.run.ema_decay) if cfg.run.ema_decay is not None else None
 
     # --- resume, or seed each rank differently for dropout / mixup / augmentation
-    start = 0
-    ckpt_path = resolve_resume(resume, run_dir)
-    if ckpt_path is not None:
-        ckpt = load_checkpoint(ckpt_path)
-        _check_resume(ckpt, cfg, env, ckpt_path)
+    if ckpt is not None:
         _load_full_state(model, optimizer, ckpt["model"], ckpt["optimizer"])
         scheduler.load_state_dict(ckpt["scheduler"])
         scaler.load_state_dict(ckpt["scaler"])
         if ema is not None:
             ema.load_state_dict(ckpt["ema"])
         set_rng_state(ckpt["rng"][env.rank])
-        start = int(ckpt["step"])
+        say(f"resumed from step {start} of {total} ({ckpt_path})")
     else:
         seed_everything(cfg.run.seed + 1_000_003 * env.rank + 1)
+    del ckpt
 
-    metrics_path = run_dir / "metrics.jsonl"
+    barrier()  # every rank has checked the run directory before rank 0 changes it
     writer = None
     if env.is_main:
         import yaml
 
+        if overwrite and run_dir.is_dir():
+            remove_dir(run_dir)
+            say(f"replaced the previous run in {run_dir} (--overwrite)")
         run_dir.mkdir(parents=True, exist_ok=True)
+        task.save_initial(model, run_dir)
         with atomic_write_file(run_dir / "config.yaml", "w") as f:
-            yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+            yaml.safe_dump(run_config_dict(cfg), f, sort_keys=False)
         if start:
             _truncate_metrics(metrics_path, start)
         elif metrics_path.exists():
             metrics_path.unlink()
+        for stale in ("tensorboard", "best"):  # a fresh start (resume auto without a checkpoint)
+            if not start and (run_dir / stale).is_dir():
+                remove_dir(run_dir / stale)
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start + 1)
 
-    sampler = StepBatchSampler(len(dataset), cfg.run.batch_size, world_size=env.world_size, rank=env.rank,
-                               accum_steps=cfg.run.accum_steps, seed=cfg.run.seed, start_step=start,
-                               total_steps=total)
+    sampler.start_step = start
     loader = DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.data.num_workers,
                         pin_memory=env.device.type == "cuda")
     batches = iter(loader)
     spe = sampler.steps_per_epoch
 
-    from tqdm.auto import tqdm
+    from ..progress import progress
 
-    bar = tqdm(total=total, initial=start, disable=not (env.is_main and cfg.run.progress), unit="step",
-               dynamic_ncols=True, file=sys.stderr)
+    bar = progress(total=total, initial=start, disable=not (env.is_main and cfg.run.progress), unit="step",
+                   desc="train")
+    metric, lower_better = val_metric(cfg) if val_set is not None else (None, False)
+    val_postfix: dict[str, str] = {}
     losses: list[float] = []
     epoch_losses: list[float] = []
     t_epoch = t_log = time.perf_counter()
@@ -239,13 +356,27 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
                     writer.add_scalar(f"train/{k}", row[k], done)
                 for i, v in enumerate(lams):
                     writer.add_scalar(f"lambda/layer_{i}", v, done)
-                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", sps=row["samples_per_s"])
+                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", sps=row["samples_per_s"], **val_postfix)
         if done % spe == 0 and env.is_main:
             dt = time.perf_counter() - t_epoch
+            lams = mean_lambdas(model) if cfg.run.distributed != "fsdp2" else []
             bar.write(f"epoch {done // spe}: loss {sum(epoch_losses) / len(epoch_losses):.4f}  lr {lr:.2e}  "
                       f"{len(epoch_losses) * cfg.run.batch_size / dt:.1f} samples/s  {dt:.1f} s"
-                      + (f"  λ {mean_lambdas(model)}" if cfg.run.distributed != "fsdp2" else ""))
+                      + (f"  λ {lams}" if lams else ""))
             epoch_losses, t_epoch = [], time.perf_counter()
+        if val_set is not None and (done % cfg.eval.every == 0 or done == total):
+            scores = _validate(task, model, val_set, env, amp_dtype)
+            value = scores[metric]
+            if env.is_main:
+                with open(metrics_path, "a") as f:
+                    f.write(json.dumps({"step": done, "eval": scores}) + "\n")
+                for k, v in scores.items():
+                    writer.add_scalar(f"val/{k}", v, done)
+                val_postfix = {f"val_{metric}": f"{value:.4f}"}
+                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", **val_postfix)
+            if best is None or (value < best["value"] if lower_better else value > best["value"]):
+                best = {"step": done, "metric": metric, "value": value}
+                _save_best(task, model, optimizer, cfg, env, run_dir, best)
         if done % cfg.run.ckpt_every == 0 or done == total:
             model_sd, optim_sd = _full_state(model, optimizer)
             rngs = _gather_rng(env)
@@ -254,7 +385,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
                     "step": done, "world_size": env.world_size, "config": config_digest(cfg),
                     "model": model_sd, "optimizer": optim_sd, "scheduler": scheduler.state_dict(),
                     "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None,
-                    "rng": rngs}, cfg.run.keep_last)
+                    "rng": rngs, "best": best}, cfg.run.keep_last)
             barrier()
     bar.close()
 
@@ -274,4 +405,5 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
         writer.close()
     barrier()
     final_loss = losses[-1] if losses else math.nan
-    return {"run_dir": str(run_dir), "steps": total, "final_loss": final_loss, "losses": losses}
+    return {"run_dir": str(run_dir), "steps": total, "final_loss": final_loss, "losses": losses,
+            "resumed_from": start}

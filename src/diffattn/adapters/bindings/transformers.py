@@ -171,12 +171,12 @@ def _forward(self, *args, **kwargs):
             mask = sliding_window_mask(nq, nk, window, q.device)  # (Nq, Nk), causal inside the window
         else:
             is_causal = bool(a.get("is_causal", getattr(self, "is_causal", False)))
-    want_maps = bool(a.get("output_attentions", False)) or getattr(self.config, "_attn_implementation",
-                                                                   "eager") == "eager"
+    eager = getattr(self.config, "_attn_implementation", "eager") == "eager"
+    want_maps = bool(a.get("output_attentions", False)) or eager
     out, maps = run_method(
         ad, q, k, v, q2=q2, k2=k2, v2=v2, scale=_scaling(self, d), attn_mask=mask, is_causal=is_causal,
         dropout_p=_dropout(self) if self.training else 0.0, softcap=getattr(self, "attn_logit_softcapping", None),
-        need_weights=want_maps)
+        need_weights=want_maps, masked_rows="uniform" if eager else "zero")  # eager: softmax of equal logits
     out = out.transpose(1, 2).reshape(*x.shape[:-1], -1).contiguous()  # (B, N, h·d)
     for n in _OUT_NAMES:
         if hasattr(self, n):

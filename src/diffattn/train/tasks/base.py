@@ -2,16 +2,93 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...errors import UsageError
 from ...io import atomic_write_dir
 from ..config import TrainConfig
 
-__all__ = ["Task", "mean_lambdas"]
+__all__ = ["Task", "mean_lambdas", "check_tokens", "check_images", "check_labels", "model_vocab_size", "eval_batches"]
+
+#: token ids read to find the largest id of a stream without a sidecar (the whole stream when it is shorter)
+_MAX_SCAN = 1 << 26
+
+
+def model_vocab_size(model: nn.Module) -> int | None:
+    """The number of token ids ``model`` embeds: its input embedding's rows, else its ``vocab_size``."""
+    get = getattr(model, "get_input_embeddings", None)
+    if callable(get):
+        try:
+            emb = get()
+        except (NotImplementedError, AttributeError):
+            emb = None
+        if isinstance(emb, nn.Embedding):
+            return int(emb.num_embeddings)
+    v = getattr(model, "vocab_size", None)
+    return int(v) if isinstance(v, int) else None
+
+
+def _max_id(tokens) -> int:
+    import numpy as np
+
+    n = min(len(tokens), _MAX_SCAN)
+    step = 1 << 22
+    return max((int(np.asarray(tokens[i:min(i + step, n)]).max()) for i in range(0, n, step)), default=-1)
+
+
+def check_tokens(windows, model: nn.Module, vocab_key: str) -> None:
+    """The token stream of ``windows`` (a :class:`~diffattn.train.data.TokenWindows`) fits ``model``: its
+    vocabulary (the token file's sidecar, else its largest id) is at most the model's, and ``data.block_size`` is at
+    most the model's context. ``vocab_key`` names the config key that sets the model's vocabulary."""
+    vocab = model_vocab_size(model)
+    if vocab is None:
+        return
+    source = getattr(windows, "source", None) or "the training data"
+    declared = getattr(windows, "vocab_size", None)
+    if declared is not None and declared > vocab:
+        raise UsageError(f"data.path {source} holds ids of a {declared}-token vocabulary (its sidecar says so), but "
+                         f"the model embeds {vocab} ids; set {vocab_key} to at least {declared}, or tokenize the data "
+                         f"for this model")
+    top = _max_id(windows.tokens)
+    if top >= vocab:
+        raise UsageError(f"{source} holds token id {top}, but the model embeds {vocab} ids; set {vocab_key} to at "
+                         f"least {top + 1}, or use data.tokenizer that matches the model")
+    context = getattr(model, "max_seq_len", None)
+    config = getattr(model, "config", None)
+    if context is None and config is not None:
+        context = getattr(config, "n_positions", None) or getattr(config, "max_position_embeddings", None)
+    if isinstance(context, int) and windows.block_size > context:
+        raise UsageError(f"data.block_size {windows.block_size} exceeds the model's context of {context} positions")
+
+
+def check_images(sample: torch.Tensor, vit: nn.Module, what: str) -> None:
+    """One training image (C, H, W) has the channels and size the vision transformer ``vit`` takes."""
+    pe = getattr(vit, "patch_embed", None)
+    if pe is None or not isinstance(sample, torch.Tensor) or sample.dim() != 3:
+        return
+    size = pe.img_size if isinstance(pe.img_size, (tuple, list)) else (pe.img_size, pe.img_size)
+    want = (pe.proj.in_channels, *size)
+    if tuple(sample.shape) != tuple(want):
+        raise UsageError(f"data.name {what!r} gives {'×'.join(map(str, sample.shape))} images (C×H×W), the model "
+                         f"takes {'×'.join(map(str, want))}; set data.img_size or the model's img_size / in_chans "
+                         f"(model.overrides)")
+
+
+def check_labels(labels, num_classes: int | None, what: str) -> None:
+    """Class labels lie in [0, num_classes)."""
+    if labels is None or num_classes is None or not len(labels):
+        return
+    labels = torch.as_tensor(labels)
+    lo, hi = int(labels.min()), int(labels.max())
+    if lo < 0 or hi >= num_classes:
+        raise UsageError(f"data.name {what!r} has class labels in [{lo}, {hi}], the model has num_classes="
+                         f"{num_classes}; set model.overrides.num_classes to at least {hi + 1}")
 
 
 @torch.no_grad()
@@ -36,6 +113,28 @@ def mean_lambdas(model: nn.Module) -> list[float]:
     return out
 
 
+def save_model(model: nn.Module, folder: Path, training: str) -> None:
+    """``model.save_pretrained(folder)``; a diffattn model's card says how it was trained."""
+    from ...models import DiffattnModel
+
+    if isinstance(model, DiffattnModel):
+        model.save_pretrained(folder, model_card_kwargs={"training": training})
+    else:
+        model.save_pretrained(folder)
+
+
+def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
+    """``(batch on device, its size)`` over ``dataset`` in order. No DataLoader: its iterator draws from the global
+    RNG (and under torchrun broadcasts a seed), which a validation in the middle of a run must not do."""
+    from torch.utils.data import default_collate
+
+    from ..loop import _to
+
+    for i in range(0, len(dataset), batch_size):
+        items = [dataset[j] for j in range(i, min(i + batch_size, len(dataset)))]
+        yield _to(default_collate(items), device), len(items)
+
+
 class Task:
     """A training recipe. Subclasses set ``name`` and implement :meth:`build_model`, :meth:`dataset`, :meth:`loss`."""
 
@@ -52,6 +151,10 @@ class Task:
     def dataset(self) -> Dataset:
         raise NotImplementedError
 
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        """Raise :class:`~diffattn.errors.UsageError` when ``dataset`` does not fit ``model`` (vocabulary, image
+        size, number of classes); called before the first step, before the run directory is created."""
+
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         """The scalar loss of this rank's micro-batch (mean over its samples), computed under autocast."""
         raise NotImplementedError
@@ -59,9 +162,79 @@ class Task:
     def after_step(self, model: nn.Module) -> None:
         """Called on the unwrapped model after every optimizer step (logit-scale clamp, λ schedule, …)."""
 
+    # --------------------------------------------------------------------------------------- validation
+
+    def val_dataset(self) -> Dataset:
+        """The held-out set of ``eval``: this task's data with ``data.split = eval.split`` (and ``data.path =
+        eval.path`` when given), at most ``eval.max_samples`` samples spread evenly over it."""
+        e = self.cfg.eval
+        data = dataclasses.replace(self.cfg.data, split=e.split, path=e.path or self.cfg.data.path)
+        val = type(self)(dataclasses.replace(self.cfg, data=data)).dataset()
+        if len(val) > e.max_samples:
+            from torch.utils.data import Subset
+
+            idx = torch.linspace(0, len(val) - 1, e.max_samples).round().long().unique().tolist()
+            val = Subset(val, idx)
+        if len(val) == 0:
+            raise UsageError(f"eval.split {e.split!r} of data.name {self.cfg.data.name!r} is empty")
+        return val
+
+    @torch.no_grad()
+    def validate(self, model: nn.Module, dataset: Dataset, device: torch.device,
+                 amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+        """The task's quick evaluation of ``model`` (in eval mode) on ``dataset``: ``{metric: value}`` with the
+        metrics of :data:`~diffattn.train.config.VAL_METRICS`. Draws no random numbers."""
+        totals: dict[str, float] = {}
+        count = 0
+        for batch, n in eval_batches(dataset, self.cfg.eval.batch_size, device):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                sums = self.val_sums(model, batch, n)
+            for k, v in sums.items():
+                totals[k] = totals.get(k, 0.0) + float(v)
+            count += n
+        return self.val_metrics(totals, count)
+
+    def val_sums(self, model: nn.Module, batch, n: int) -> dict[str, float]:
+        """Sums over one validation batch of ``n`` samples (default: the training loss times ``n``)."""
+        return {"loss": float(self.loss(model, batch)) * n}
+
+    def val_metrics(self, totals: dict[str, float], count: int) -> dict[str, float]:
+        return {k: v / count for k, v in totals.items()}
+
+    # ------------------------------------------------------------------------------------------- saving
+
+    def save_initial(self, model: nn.Module, directory: Path) -> None:
+        """Save what the run needs besides its final weights to be rebuilt from ``directory`` alone (called once,
+        when a run starts, on rank 0)."""
+
+    def final_saved(self, directory: Path) -> bool:
+        """Whether :meth:`save_final` has written its result under ``directory``."""
+        return (Path(directory) / "model" / "model.safetensors").is_file()
+
+    def model_card(self) -> str:
+        """What the saved model's card says about its training."""
+        c = self.cfg
+        budget = f"{c.run.steps} optimizer steps" if c.run.steps is not None else f"{c.run.epochs} epochs"
+        return (f"Trained with `diffattn train` (task `{c.task.name}`, data `{c.data.name}`, {budget} of "
+                f"{c.run.batch_size} samples, seed {c.run.seed}); the full config is `config.yaml` in the run "
+                f"directory `{c.run.out}`.")
+
+    def write_model(self, model: nn.Module, folder: Path) -> None:
+        """Write the trained model's files into ``folder`` (a temporary folder swapped into place by the caller)."""
+        save_model(model, folder, self.model_card())
+
     def save_final(self, model: nn.Module, directory: Path) -> Path:
-        """Save the trained model with ``save_pretrained`` (atomically) under ``directory/model``."""
+        """Save the trained model (:meth:`write_model`, atomically) under ``directory/model``."""
         target = Path(directory) / "model"
         with atomic_write_dir(target) as tmp:
-            model.save_pretrained(tmp)
+            self.write_model(model, tmp)
+        return target
+
+    def save_best(self, model: nn.Module, directory: Path, record: dict) -> Path:
+        """Save the model of the best validation so far as ``directory/best`` (:meth:`write_model`, plus
+        ``best.json``: step, metric, value), atomically."""
+        target = Path(directory) / "best"
+        with atomic_write_dir(target) as tmp:
+            self.write_model(model, tmp)
+            (tmp / "best.json").write_text(json.dumps(record, indent=1))
         return target

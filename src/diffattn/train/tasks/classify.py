@@ -12,8 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...io import atomic_write_dir
-from .base import Task
+from .base import Task, check_images, check_labels, save_model
 
 #: The vocabulary file saved next to a text classifier's weights (``Vocabulary.load`` reads it).
 VOCAB_NAME = "vocab.json"
@@ -71,6 +70,14 @@ class ClassifyTask(Task):
 
         return external_dataset(self.cfg, "classify")
 
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        if self.vocab is not None or not len(dataset):  # text: checked while the dataset is built
+            return
+        check_images(dataset[0][0], model, self.cfg.data.name)
+        tensors = getattr(dataset, "tensors", None)
+        labels = tensors[1] if tensors is not None else getattr(getattr(dataset, "base", None), "labels", None)
+        check_labels(labels, getattr(model, "num_classes", None), self.cfg.data.name)
+
     def _text_dataset(self, model) -> Dataset:
         """(ids, mask, label) of ``data.name`` at ``data.block_size`` tokens, vocabulary of ``model.vocab_size``."""
         from ..data import text_classification_dataset
@@ -98,13 +105,20 @@ class ClassifyTask(Task):
             return torch.sum(-y * F.log_softmax(logits.float(), dim=-1), dim=-1).mean()
         return F.cross_entropy(model(x).float(), y, label_smoothing=self.cfg.task.label_smoothing)
 
-    def save_final(self, model: nn.Module, directory: Path) -> Path:
-        """``save_pretrained`` under ``directory/model``; a text classifier's vocabulary goes with it as
-        ``vocab.json`` (``Vocabulary.load``), in the same atomic swap."""
-        if self.vocab is None:
-            return super().save_final(model, directory)
-        target = Path(directory) / "model"
-        with atomic_write_dir(target) as tmp:
-            model.save_pretrained(tmp)
-            self.vocab.save(Path(tmp) / VOCAB_NAME)
-        return target
+    def val_sums(self, model: nn.Module, batch, n: int) -> dict[str, float]:
+        """Cross-entropy (no label smoothing, no mixing) and correct top-1 predictions."""
+        if len(batch) == 3:
+            ids, mask, y = batch
+            logits = model(ids, mask).float()
+        else:
+            x, y = batch
+            logits = model(x).float()
+        return {"loss": float(F.cross_entropy(logits, y, reduction="sum")),
+                "top1": float((logits.argmax(-1) == y).sum())}
+
+    def write_model(self, model: nn.Module, folder: Path) -> None:
+        """``save_pretrained``; a text classifier's vocabulary goes with it as ``vocab.json``
+        (``Vocabulary.load``)."""
+        save_model(model, folder, self.model_card())
+        if self.vocab is not None:
+            self.vocab.save(Path(folder) / VOCAB_NAME)

@@ -15,7 +15,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...losses import clip_loss_from_features
-from .base import Task
+from .base import Task, check_images
 
 
 class ClipTask(Task):
@@ -36,11 +36,38 @@ class ClipTask(Task):
 
         return external_dataset(self.cfg, "clip")
 
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        if len(dataset):
+            check_images(dataset[0][0], model.visual, self.cfg.data.name)
+
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         images, tokens = batch
         out = model(images, tokens)
         return clip_loss_from_features(out["image_embed"].float(), out["text_embed"].float(),
                                        out["logit_scale"].float())
+
+    @torch.no_grad()
+    def validate(self, model: nn.Module, dataset: Dataset, device: torch.device,
+                 amp_dtype: torch.dtype | None = None) -> dict[str, float]:
+        """The contrastive loss of the whole validation set as one batch and image↔text recall@1 (each image's
+        own caption among all captions, and back; ties count against), no gathering across processes."""
+        from ...eval.retrieval import recall_at_k
+        from ...losses import clip_loss
+        from .base import eval_batches
+
+        images, texts = [], []
+        scale = None
+        for (x, tokens), _ in eval_batches(dataset, self.cfg.eval.batch_size, device):
+            with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                out = model(x, tokens)
+            images.append(out["image_embed"].float())
+            texts.append(out["text_embed"].float())
+            scale = out["logit_scale"].float()
+        img, txt = torch.cat(images), torch.cat(texts)
+        loss = float(clip_loss(scale * img @ txt.t()))
+        rec = recall_at_k(img, txt, torch.arange(len(img), device=img.device), ks=(1,))
+        i2t, t2i = float(rec["image_to_text@1"]), float(rec["text_to_image@1"])
+        return {"r@1": (i2t + t2i) / 2, "i2t@1": i2t, "t2i@1": t2i, "loss": loss}
 
     def after_step(self, model: nn.Module) -> None:
         model.clamp_logit_scale_()

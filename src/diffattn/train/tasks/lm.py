@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from .base import Task
+from .base import Task, check_tokens
 
 
 def lm_dataset(cfg) -> Dataset:
@@ -39,12 +39,31 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
 
 
+def token_windows(dataset):
+    """The :class:`~diffattn.train.data.TokenWindows` behind an LM training set."""
+    return getattr(dataset, "windows", dataset)
+
+
+def lm_val_metrics(totals: dict[str, float], count: int) -> dict[str, float]:
+    """Mean next-token loss over the validation windows and its perplexity."""
+    import math
+
+    loss = totals["loss"] / count
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
+
+
 class LMTask(Task):
     name = "lm"
 
     def dataset(self) -> Dataset:
         return lm_dataset(self.cfg)
 
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        check_tokens(token_windows(dataset), model, "model.overrides.vocab_size")
+
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         x, y = batch  # (B, N), (B, N)
         return lm_loss(model(x), y)
+
+    def val_metrics(self, totals: dict[str, float], count: int) -> dict[str, float]:
+        return lm_val_metrics(totals, count)

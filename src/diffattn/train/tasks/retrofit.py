@@ -4,23 +4,32 @@ The λ schedule λ(t) of DAA/DEX (DAA (2025), eq. 3) advances once per optimizer
 ``task.train`` picks what trains: ``attention`` (the converted attention modules, rest frozen: DAA (2025), App. E.1),
 ``adapters`` (only the new weights and λ) or ``all``. ``task.lora`` adds peft LoRA (r 32, α 64 on the attention
 and MLP projections, as Differential PaliGemma fine-tunes: Li et al. 2025, §4) on top of the adapters, which
-then train with it. Only the adapters are saved (``adapter/``, plus ``lora/`` with LoRA); reload them with
+then train with it. Only the adapters are saved (``adapter/``, plus ``lora/`` with LoRA).
+
+The run can be rebuilt from its directory alone: ``retrofit.json`` names the base, and a base built from a config
+(random weights standing in for a pretrained model) is saved as it was before training in ``base/``
+(``save_pretrained``), so neither the RNG nor the transformers version that made it matters. Reload a run with
+:func:`load_retrofit_run` (``diffattn eval RUN_DIR`` does), or an adapter onto a base you hold with
 :func:`load_retrofit`.
 """
 
 from __future__ import annotations
 
+import copy
+import json
+import os
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...io import atomic_write_dir
-from .base import Task
-from .lm import lm_dataset, lm_loss
+from ...eval.text_models import RETROFIT_RUN, load_retrofit_run
+from ...io import atomic_write_dir, atomic_write_file
+from .base import Task, check_tokens
+from .lm import lm_dataset, lm_loss, lm_val_metrics, token_windows
 
-__all__ = ["RetrofitTask", "build_base_model", "load_retrofit"]
+__all__ = ["RetrofitTask", "build_base_model", "load_retrofit", "load_retrofit_run"]
 
 _BASES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
           "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
@@ -60,6 +69,9 @@ class RetrofitTask(Task):
 
         t = self.cfg.task
         model = build_base_model(t.base)
+        # the initial weights of a base built from a config, saved into the run by save_initial (on rank 0)
+        keep = not t.base.get("path") and os.environ.get("RANK", "0") in ("", "0")
+        self._initial_base = copy.deepcopy(model) if keep else None
         model.config.use_cache = False
         A.retrofit(model, t.method, lambda_init=t.lambda_init, anneal_steps=t.anneal_steps,
                    train="adapters" if t.lora else t.train)
@@ -77,6 +89,59 @@ class RetrofitTask(Task):
     def dataset(self) -> Dataset:
         return lm_dataset(self.cfg)
 
+    def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        check_tokens(token_windows(dataset), model, "task.base.config.vocab_size")
+
+    def save_initial(self, model: nn.Module, directory: Path) -> None:
+        """``retrofit.json`` (what :func:`load_retrofit_run` needs) and, for a base built from a config, ``base/``:
+        its weights before training (kept when the run is resumed)."""
+        directory = Path(directory)
+        base = self.cfg.task.base
+        if self._initial_base is not None and not (directory / "base" / "config.json").is_file():
+            with atomic_write_dir(directory / "base") as tmp:
+                self._initial_base.save_pretrained(tmp)
+        self._initial_base = None
+        record = {"format_version": 1, "base_type": base["type"],
+                  "base": "base" if not base.get("path") else str(Path(base["path"]).resolve()),
+                  "adapter": "adapter", "lora": "lora" if self.cfg.task.lora else None}
+        with atomic_write_file(directory / RETROFIT_RUN, "w") as f:
+            json.dump(record, f, indent=1)
+
+    def val_metrics(self, totals: dict[str, float], count: int) -> dict[str, float]:
+        return lm_val_metrics(totals, count)
+
+    def write_model(self, model: nn.Module, folder: Path) -> None:
+        """``adapter/``, ``lora/`` (with LoRA) and a ``retrofit.json`` whose base is the run's (``best/`` is
+        reloaded with :func:`load_retrofit_run` like the run)."""
+        folder = Path(folder)
+        self._write_adapters(model, folder / "adapter", folder / "lora")
+        run = folder.parent
+        record = json.loads((run / RETROFIT_RUN).read_text()) if (run / RETROFIT_RUN).is_file() else {}
+        base = record.get("base", "base")
+        record.update(base=base if Path(base).is_absolute() else str((run / base).resolve()))
+        (folder / RETROFIT_RUN).write_text(json.dumps(record, indent=1))
+
+    def _write_adapters(self, model: nn.Module, adapter: Path, lora: Path) -> None:
+        from ... import adapters as A
+
+        bare = model.base_model.model if self.cfg.task.lora else model
+        params = [p for n, p in bare.named_parameters() if "lora_" in n and p.requires_grad]
+        for p in params:  # the LoRA weights go to lora/ (peft's format), not into the diffattn adapter file
+            p.requires_grad_(False)
+        try:
+            with atomic_write_dir(adapter) as tmp:
+                A.save_adapter(bare, tmp)
+        finally:
+            for p in params:
+                p.requires_grad_(True)
+        if self.cfg.task.lora:
+            with atomic_write_dir(lora) as tmp:
+                model.save_pretrained(tmp)
+
+    def final_saved(self, directory: Path) -> bool:
+        d = Path(directory)
+        return (d / "adapter").is_dir() and (not self.cfg.task.lora or (d / "lora").is_dir())
+
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         x, y = batch
         return lm_loss(model(input_ids=x).logits, y)
@@ -88,23 +153,9 @@ class RetrofitTask(Task):
 
     def save_final(self, model: nn.Module, directory: Path) -> Path:
         """``adapter/`` (diffattn adapters, λ and their schedule step) and, with LoRA, ``lora/`` (peft)."""
-        from ... import adapters as A
-
-        target = Path(directory) / "adapter"
-        base = model.base_model.model if self.cfg.task.lora else model
-        lora = [p for n, p in base.named_parameters() if "lora_" in n and p.requires_grad]
-        for p in lora:  # the LoRA weights go to lora/ (peft's format), not into the diffattn adapter file
-            p.requires_grad_(False)
-        try:
-            with atomic_write_dir(target) as tmp:
-                A.save_adapter(base, tmp)
-        finally:
-            for p in lora:
-                p.requires_grad_(True)
-        if self.cfg.task.lora:
-            with atomic_write_dir(Path(directory) / "lora") as tmp:
-                model.save_pretrained(tmp)
-        return target
+        directory = Path(directory)
+        self._write_adapters(model, directory / "adapter", directory / "lora")
+        return directory / "adapter"
 
 
 def load_retrofit(base_model: nn.Module, run_model_dir: str | Path) -> nn.Module:

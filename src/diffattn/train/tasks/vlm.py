@@ -338,6 +338,9 @@ class PaliGemmaTask(Task):
         if self.cfg.task.method != "none":
             A.step(model)
 
+    def final_saved(self, directory: Path) -> bool:
+        return (Path(directory) / ("model" if self.cfg.task.lora_r == 0 else "lora")).is_dir()
+
     def save_final(self, model: nn.Module, directory: Path) -> Path:
         """``adapter/`` (diffattn adapters, λ and their step; absent for ``method: none``), ``lora/`` (peft) and
         ``tokenizer/`` (the word tokenizer of a config-built model). With ``lora_r: 0`` the whole model goes to

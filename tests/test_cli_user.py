@@ -1,0 +1,420 @@
+"""The tiny recipes driven through ``diffattn train`` → ``eval`` → ``compare`` as a user would, with the mistakes a
+user makes: every mistake exits with status 2 and one line ``diffattn: error: …`` that names the file, key or
+argument, nothing is left behind, and results written before are byte-identical afterwards."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from diffattn import cli
+
+ROOT = Path(__file__).resolve().parents[1]
+CLASSIFY = str(ROOT / "configs/tiny/classify.yaml")
+LM = str(ROOT / "configs/tiny/lm.yaml")
+FAST = ["--set", "run.steps=4", "--set", "run.ckpt_every=2", "--set", "run.log_every=1", "--set",
+        "run.progress=false", "--set", "model.overrides.depth=1"]
+
+
+def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
+    """Every file below ``folder``: relative path → (SHA-256, mode)."""
+    return {str(p.relative_to(folder)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mode)
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def one_error(capsys, *names: str) -> str:
+    """The one stderr line of a refused command; it names every one of ``names``."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
+    assert lines[0].startswith("diffattn: error: "), err
+    for name in names:
+        assert name in lines[0], (name, lines[0])
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory) -> Path:
+    """A tiny DiffViT run on the digits trained (4 steps, checkpoints at 2 and 4) and evaluated through the CLI."""
+    import torch
+
+    threads = torch.get_num_threads()
+    run = tmp_path_factory.mktemp("user") / "run"
+    mask = os.umask(0o022)
+    try:
+        assert cli.main(["train", CLASSIFY, "--out", str(run), *FAST]) == 0
+        assert cli.main(["eval", str(run), "--quick", "--no-progress"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+        os.umask(mask)
+    return run
+
+
+@pytest.fixture(autouse=True)
+def _keep_threads(one_thread):
+    """In-process runs set torch's thread count (run.threads); ``one_thread`` restores it after each test."""
+
+
+@pytest.fixture
+def run_copy(evaluated, tmp_path) -> Path:
+    dst = tmp_path / "run"
+    shutil.copytree(evaluated, dst)
+    return dst
+
+
+@pytest.fixture
+def no_data(tmp_path, monkeypatch):
+    monkeypatch.setenv("DIFFATTN_DATA", str(tmp_path / "no-data"))
+
+
+# --------------------------------------------------------------------------------- the flow and its outputs
+
+
+@pytest.mark.slow
+def test_train_eval_compare(evaluated, tmp_path, capsys):
+    for name in ("config.yaml", "metrics.jsonl", "model/model.safetensors", "eval/results.json", "eval/report.md"):
+        assert (evaluated / name).is_file(), name
+    other = tmp_path / "other"
+    shutil.copytree(evaluated, other)
+    capsys.readouterr()
+    assert cli.main(["compare", str(evaluated), str(other), "--labels", "A", "B"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| metric | better | A (n=1) | B (n=1) | Δ B |"
+    assert lines[2].startswith("| vision.classification.top1 | ↑ | ") and lines[2].endswith(" | +0.0000 |")
+
+
+@pytest.mark.slow
+def test_run_files_follow_the_umask(evaluated):
+    """Under umask 022 weights, config.yaml, metrics, checkpoints and eval outputs are 0644, folders 0755."""
+    paths = [evaluated, *evaluated.rglob("*")]
+    assert {oct(p.stat().st_mode & 0o777) for p in paths if p.is_dir()} == {"0o755"}
+    assert {oct(p.stat().st_mode & 0o777) for p in paths if p.is_file()} == {"0o644"}
+
+
+# --------------------------------------------------------------------- 1. no run is overwritten by accident
+
+
+@pytest.mark.slow
+def test_train_into_a_finished_run_is_refused_and_changes_nothing(run_copy, capsys):
+    before = snapshot(run_copy)
+    assert cli.main(["train", CLASSIFY, "--out", str(run_copy), *FAST]) == 2
+    one_error(capsys, str(run_copy), "--resume auto", "--overwrite")
+    assert snapshot(run_copy) == before
+
+
+@pytest.mark.slow
+def test_overwrite_replaces_the_previous_run(run_copy, capsys):
+    assert cli.main(["train", CLASSIFY, "--out", str(run_copy), *FAST, "--set", "run.steps=2", "--overwrite"]) == 0
+    assert "replaced the previous run" in capsys.readouterr().err
+    assert not (run_copy / "eval").exists()  # the old run's evaluation went with it
+    assert len(list((run_copy / "tensorboard").iterdir())) == 1  # one event file, not two stacked
+    rows = [json.loads(r) for r in (run_copy / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    # --overwrite never deletes a folder that is not a run
+    stranger = run_copy.parent / "stranger"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    assert cli.main(["train", CLASSIFY, "--out", str(stranger), *FAST, "--overwrite"]) == 2
+    one_error(capsys, str(stranger), "config.yaml")
+    assert (stranger / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.slow
+def test_resume_auto_of_a_finished_run_says_so_and_changes_nothing(run_copy, capsys):
+    before = snapshot(run_copy)
+    assert cli.main(["train", CLASSIFY, "--out", str(run_copy), *FAST, "--resume", "auto"]) == 0
+    out = capsys.readouterr().out
+    final = json.loads((run_copy / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
+    assert "already finished at step 4" in out and f"final loss {final:.4f}" in out and "nan" not in out
+    assert snapshot(run_copy) == before
+
+
+@pytest.mark.slow
+def test_eval_that_skips_keeps_the_finished_results(run_copy, no_data, capsys):
+    before = snapshot(run_copy / "eval")
+    assert cli.main(["eval", str(run_copy), "--dataset", "fashion_mnist", "--quick", "--no-progress"]) == 2
+    one_error(capsys, "fashion_mnist", "make data", "kept")
+    assert snapshot(run_copy / "eval") == before
+    assert sorted(p.name for p in run_copy.iterdir() if p.name.startswith(".")) == []  # no temporary left
+
+
+@pytest.mark.slow
+def test_compare_of_runs_without_shared_metrics_is_an_error(evaluated, tmp_path, capsys):
+    lm = tmp_path / "lm" / "eval"
+    lm.mkdir(parents=True)
+    (lm / "results.json").write_text(json.dumps({"model": {}, "language": {"perplexity": {"ppl": 3.5}}}))
+    assert cli.main(["compare", str(evaluated), str(tmp_path / "lm")]) == 2
+    one_error(capsys, "share no metric")
+
+
+# ------------------------------------------------------------------------ 2. one line for every user error
+
+
+def _bad_yaml(tmp_path: Path) -> str:
+    path = tmp_path / "bad.yaml"
+    path.write_text("task:\n  name: classify\nmodel: {name: diff_vit_nano\ndata: {name: digits}\n")
+    return str(path)
+
+
+MISTAKES = {
+    "model typo": (["--set", "model.name=diff_vit_nanoo"], ["model.name", "diff_vit_nanoo"]),
+    "dataset typo": (["--set", "data.name=digitz"], ["data.name", "digitz"]),
+    "unknown key": (["--set", "run.stepz=3"], ["run.stepz"]),
+    "missing data path": (["--set", "data.name=imagefolder", "--set", "data.path=/nonexistent/x.bin"],
+                          ["data.path", "/nonexistent/x.bin"]),
+    "missing dataset": (["--set", "data.name=fashion_mnist"], ["fashion_mnist", "make data"]),
+    "bad resume path": (["--resume", "/nonexistent/run"], ["--resume", "/nonexistent/run"]),
+    "bad --set": (["--set", "optim.lr"], ["--set", "optim.lr"]),
+    "bad --set value": (["--set", "optim.betas=[0.9,"], ["--set", "optim.betas"]),
+}
+
+
+@pytest.mark.parametrize("mistake", list(MISTAKES))
+def test_train_mistakes_are_one_line_and_leave_nothing(mistake, tmp_path, no_data, capsys):
+    extra, names = MISTAKES[mistake]
+    out = tmp_path / "new_run"
+    assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, *extra]) == 2
+    one_error(capsys, *names)
+    assert not out.exists()
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path, capsys):
+    bad = _bad_yaml(tmp_path)
+    assert cli.main(["train", bad, "--out", str(tmp_path / "r")]) == 2
+    line = one_error(capsys, f"{bad}:4:")
+    assert "<unicode string>" not in line and not (tmp_path / "r").exists()
+    (tmp_path / "eval.yaml").write_text("model: [unclosed\n")
+    assert cli.main(["eval", str(tmp_path / "eval.yaml")]) == 2
+    one_error(capsys, f"{tmp_path / 'eval.yaml'}:2:")
+    (tmp_path / "study.yaml").write_text("study: diffclip\nseeds: [0, 1\n")
+    assert cli.main(["study", str(tmp_path / "study.yaml")]) == 2
+    one_error(capsys, f"{tmp_path / 'study.yaml'}:3:")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("argv, names", [
+    (["eval", "{run}", "--dataset", "fashon_mnist"], ["--dataset", "fashon_mnist"]),
+    (["eval", "{tmp}/nothing"], ["{tmp}/nothing"]),
+    (["eval", "{run}", "--text", "{tmp}/missing.txt"], ["--text", "missing.txt"]),
+    (["compare", "{run}", "{tmp}"], ["diffattn eval"]),
+    (["compare", "{run}", "{tmp}/nothing"], ["{tmp}/nothing"]),
+])
+def test_eval_and_compare_mistakes(argv, names, run_copy, tmp_path, capsys):
+    tmp = tmp_path / "empty"
+    tmp.mkdir()
+    before = snapshot(run_copy)
+
+    def fill(s):
+        return s.format(run=run_copy, tmp=tmp)
+
+    assert cli.main([fill(a) for a in argv]) == 2
+    one_error(capsys, *map(fill, names))
+    assert snapshot(run_copy) == before
+
+
+def test_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
+    from diffattn.errors import UsageError
+
+    argv = ["train", CLASSIFY, "--out", str(tmp_path / "r"), "--set", "model.name=nope"]
+    for args in (["--debug", *argv], [*argv, "--debug"]):
+        with pytest.raises(UsageError, match="model.name"):
+            cli.main(args)
+    monkeypatch.setenv("DIFFATTN_DEBUG", "1")
+    with pytest.raises(UsageError, match="model.name"):
+        cli.main(argv)
+
+
+def test_under_torchrun_one_rank_prints(tmp_path, monkeypatch, capsys):
+    argv = ["train", CLASSIFY, "--out", str(tmp_path / "r"), "--set", "model.name=nope"]
+    monkeypatch.setenv("RANK", "1")
+    assert cli.main(argv) == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert cli.main(argv) == 2
+    one_error(capsys, "model.name")
+
+
+def test_argument_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["train", CLASSIFY, "--resume", "auto", "--overwrite"])
+    assert e.value.code == 2
+    one_error(capsys, "--overwrite", "--resume")
+
+
+# ------------------------------------------------------------------- 4. damaged files, resume fall-back
+
+
+@pytest.mark.slow
+def test_truncated_last_checkpoint_resumes_from_the_previous_one_exactly(evaluated, run_copy, capsys):
+    last = run_copy / "checkpoints" / "step_00000004" / "state.pt"
+    last.write_bytes(last.read_bytes()[: last.stat().st_size // 2])
+    shutil.rmtree(run_copy / "model")  # the run was killed before its final save
+    assert cli.main(["train", CLASSIFY, "--out", str(run_copy), *FAST, "--resume", "auto"]) == 0
+    captured = capsys.readouterr()
+    assert f"skipped checkpoint {last.parent}" in captured.err and "damaged or truncated" in captured.err
+    assert "resumed from step 2 of 4" in captured.err and "resumed from step 2" in captured.out
+
+    def losses(run):
+        return [(r["step"], r["loss"]) for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())
+                if "loss" in r]
+
+    assert losses(run_copy) == losses(evaluated)  # bit-identical losses of steps 3 and 4
+    ref = evaluated / "model" / "model.safetensors"
+    assert (run_copy / "model" / "model.safetensors").read_bytes() == ref.read_bytes()
+
+
+@pytest.mark.slow
+def test_damaged_checkpoint_named_explicitly_is_an_error(run_copy, capsys):
+    state = run_copy / "checkpoints" / "step_00000004" / "state.pt"
+    state.write_bytes(b"\x00" * 64)
+    before = snapshot(run_copy)
+    assert cli.main(["train", CLASSIFY, "--out", str(run_copy), *FAST, "--resume", str(state.parent)]) == 2
+    one_error(capsys, str(state), "not a PyTorch file")
+    assert snapshot(run_copy) == before
+
+
+@pytest.mark.slow
+def test_truncated_weights_are_named_and_no_eval_folder_is_made(run_copy, capsys):
+    shutil.rmtree(run_copy / "eval")
+    weights = run_copy / "model" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    assert cli.main(["eval", str(run_copy), "--quick", "--no-progress"]) == 2
+    one_error(capsys, str(weights))
+    assert not (run_copy / "eval").exists()
+    assert [p.name for p in run_copy.iterdir() if p.name.startswith(".")] == []
+
+
+@pytest.mark.slow
+def test_invalid_config_json_is_named_not_missing(run_copy, capsys):
+    cfg = run_copy / "model" / "config.json"
+    cfg.write_text('{"architecture": "VisionTransformer",')
+    before = snapshot(run_copy / "eval")
+    assert cli.main(["eval", str(run_copy), "--quick", "--no-progress"]) == 2
+    line = one_error(capsys, str(cfg), "not valid JSON")
+    assert "no model saved" not in line
+    assert snapshot(run_copy / "eval") == before
+
+
+def test_hf_checkpoint_with_bad_architectures_or_random_bin_is_named(tmp_path):
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    import diffattn
+
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=64, n_positions=32,
+                                       bos_token_id=0, eos_token_id=0))
+    diffattn.retrofit(model, "daa")
+    model.save_pretrained(tmp_path / "ckpt")
+    cfg = json.loads((tmp_path / "ckpt" / "config.json").read_text())
+    cfg["architectures"] = [["GPT2LMHeadModel"]]
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=r"ckpt: config.json's 'architectures' must be a list of class names"):
+        diffattn.from_pretrained_retrofit(tmp_path / "ckpt")
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (tmp_path / "ckpt" / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "ckpt" / "model.safetensors").unlink()
+    junk = tmp_path / "ckpt" / "pytorch_model.bin"
+    junk.write_bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes()[1:] + b"\x00")
+    with pytest.raises(ValueError, match=rf"{junk} is not a PyTorch file") as e:
+        diffattn.from_pretrained_retrofit(tmp_path / "ckpt")
+    assert "weights_only" not in str(e.value)
+    from diffattn.convert import read_checkpoint
+
+    with pytest.raises(ValueError, match=rf"{junk} is not a PyTorch file"):
+        read_checkpoint(junk)
+    torch.save({"w": torch.ones(3)}, tmp_path / "ok.pt")
+    data = (tmp_path / "ok.pt").read_bytes()
+    (tmp_path / "cut.pt").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'cut.pt'} is damaged or truncated"):
+        read_checkpoint(tmp_path / "cut.pt")
+
+
+# ----------------------------------------------------------------- 5. data and model agree before the first step
+
+
+def test_token_file_of_another_vocabulary_is_refused_before_the_run(tmp_path, capsys):
+    from diffattn.data import write_token_memmap
+
+    tokens = tmp_path / "gpt2.bin"
+    write_token_memmap(np.arange(5000) % 300, tokens, vocab_size=50257, tokenizer="gpt2")
+    out = tmp_path / "lm_run"
+    assert cli.main(["train", LM, "--out", str(out), *FAST, "--set", "data.name=tokens",
+                     "--set", f"data.path={tokens}"]) == 2
+    one_error(capsys, str(tokens), "50257", "256", "model.overrides.vocab_size")
+    assert not out.exists()
+
+
+def test_ids_beyond_the_vocabulary_and_a_too_long_block_are_refused(tmp_path, capsys):
+    tokens = tmp_path / "raw.bin"
+    (np.arange(20000) % 400).astype(np.uint16).tofile(tokens)  # no sidecar: the largest id is checked
+    out = tmp_path / "lm_run"
+    base = ["train", LM, "--out", str(out), *FAST, "--set", "data.name=tokens", "--set", f"data.path={tokens}"]
+    assert cli.main(base) == 2
+    one_error(capsys, "token id 399", "256")
+    assert cli.main([*base, "--set", "model.overrides.vocab_size=512", "--set", "data.block_size=4096"]) == 2
+    one_error(capsys, "data.block_size 4096")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("extra, names", [
+    (["--set", "model.overrides.num_classes=5"], ["num_classes=5", "labels in [0, 9]"]),
+    (["--set", "data.img_size=16"], ["1×16×16", "1×8×8", "data.img_size"]),
+])
+def test_images_and_classes_that_do_not_fit_the_model_are_refused(extra, names, tmp_path, capsys):
+    out = tmp_path / "r"
+    assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, *extra]) == 2
+    one_error(capsys, *names)
+    assert not out.exists()
+
+
+
+# ------------------------------------------------------------------------------------- 8. honest metadata
+
+
+@pytest.mark.slow
+def test_config_yaml_is_the_config_that_ran_and_the_card_says_what_the_model_is(evaluated):
+    import yaml
+
+    cfg = yaml.safe_load((evaluated / "config.yaml").read_text())
+    assert cfg["run"]["out"] == str(evaluated)  # the real --out, not the recipe's run.out
+    assert list(cfg["task"]) == ["name", "label_smoothing", "mixup", "cutmix"]  # no retrofit/LoRA keys
+    from diffattn.train import load_config
+
+    assert load_config(evaluated / "config.yaml").to_dict()["task"]["name"] == "classify"
+    card = (evaluated / "model" / "README.md").read_text()
+    assert "# diff_vit_nano" in card and "`DiffAttention`" in card and "Trained with `diffattn train`" in card
+    assert "4 optimizer steps" in card and "More Information Needed" not in card and "pushed to the Hub" not in card
+
+
+@pytest.mark.slow
+def test_epoch_lines_show_lambda_only_for_differential_models(tmp_path, capsys):
+    epoch = ["--set", "run.batch_size=512", "--set", "run.steps=2"]
+    assert cli.main(["train", CLASSIFY, "--out", str(tmp_path / "std"), *FAST, *epoch,
+                     "--set", "model.name=vit_nano"]) == 0
+    err = capsys.readouterr().err
+    assert "epoch 1: loss" in err and "λ" not in err
+    assert cli.main(["train", CLASSIFY, "--out", str(tmp_path / "diff"), *FAST, *epoch]) == 0
+    assert "  λ [0." in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- 9. reports state chance
+
+
+@pytest.mark.slow
+def test_eval_report_states_chance_and_flags_results_at_or_below_it(evaluated):
+    res = json.loads((evaluated / "eval" / "results.json").read_text())
+    v = res["vision"]
+    assert v["chance"] == {"classification.top1": 0.1, "classification.top5": 0.5,
+                           "classification.mean_per_class_recall": 0.1}
+    report = (evaluated / "eval" / "report.md").read_text()
+    assert "| metric | value | chance |" in report and "| top1 | " in report
+    low = v["classification"]["top1"] <= 0.1
+    assert ("**At or below chance:** classification.top1" in report) == low
+    assert ("(at or below chance)" in report) == (low or v["classification"]["top5"] <= 0.5
+                                                 or v["classification"]["mean_per_class_recall"] <= 0.1)
