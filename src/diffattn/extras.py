@@ -3,12 +3,14 @@
 A command whose extra is missing stops before it writes anything, with one line that names the package and the
 extra (``diffattn train needs tensorboard: pip install 'diffattn[train]'``) instead of a ``ModuleNotFoundError``
 halfway through. pyproject.toml's ``[project.optional-dependencies]`` is the source of the lists below; a test
-checks they agree. Only the standard library is imported here.
+checks they agree. Only the standard library and :mod:`diffattn.errors` (a leaf) are imported here.
 """
 
 from __future__ import annotations
 
 import importlib.util
+
+from .errors import UsageError
 
 __all__ = ["EXTRAS", "MissingExtraError", "missing", "require"]
 
@@ -22,8 +24,10 @@ EXTRAS: dict[str, tuple[tuple[str, str], ...]] = {
 }
 
 
-class MissingExtraError(ImportError):
-    """An optional package a command needs is not installed; the message names it and the extra that brings it."""
+class MissingExtraError(ImportError, UsageError):
+    """An optional package a command needs is not installed; the message names it and the extra that brings it.
+    An ``ImportError`` for library callers, and a :class:`~diffattn.errors.UsageError` for the ``diffattn`` command
+    (one line, exit status 2)."""
 
 
 def missing(extra: str) -> list[str]:

@@ -78,19 +78,10 @@ def _prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _missing_data_extra(command: str) -> bool:
-    from ..extras import missing
-
-    absent = missing("data")
-    if absent:
-        print(f"diffattn: error: diffattn data {command} needs {', '.join(absent)}: pip install 'diffattn[data]'",
-              file=sys.stderr)
-    return bool(absent)
-
-
 def _export(args: argparse.Namespace) -> int:
-    if _missing_data_extra("export"):
-        return 2
+    from ..extras import require
+
+    require("data", "diffattn data export")  # before anything is written
     if args.name == "tuxpaint_detect":  # generated detection set in Ultralytics' YOLO layout
         from .detection import export_detection
 
@@ -105,8 +96,9 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    if _missing_data_extra("tokenize"):
-        return 2
+    from ..extras import require
+
+    require("data", "diffattn data tokenize")  # before anything is written
     from .catalog import get_dataset
     from .corpora import CORPORA
     from .tokenizers import get_tokenizer

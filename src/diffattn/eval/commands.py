@@ -9,27 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 __all__ = ["register"]
 
 
-def _missing_eval_extra(command: str) -> int:
-    from ..extras import missing
-
-    absent = missing("eval")
-    if absent:
-        print(f"diffattn: error: diffattn {command} needs {', '.join(absent)}: pip install 'diffattn[eval]'",
-              file=sys.stderr)
-        return 2
-    return 0
-
-
 def _eval_command(args: argparse.Namespace) -> int:
-    if _missing_eval_extra("eval"):
-        return 2
-    from ..data import DATASETS
     from ..errors import UsageError
+    from ..extras import require
+
+    require("eval", "diffattn eval")  # before anything is written
+    from ..data import DATASETS
     from .runner import evaluate
 
     if args.dataset is not None and args.dataset not in DATASETS:
@@ -52,8 +41,9 @@ def _eval_command(args: argparse.Namespace) -> int:
 
 
 def _compare_command(args: argparse.Namespace) -> int:
-    if _missing_eval_extra("compare"):
-        return 2
+    from ..extras import require
+
+    require("eval", "diffattn compare")
     from .runner import compare
 
     print(compare(args.runs, args.out, labels=args.labels), end="")

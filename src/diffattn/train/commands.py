@@ -5,19 +5,14 @@ from __future__ import annotations
 
 import argparse
 import math
-import sys
 
 __all__ = ["register"]
 
 
 def _train_command(args: argparse.Namespace) -> int:
-    from ..extras import missing
+    from ..extras import require
 
-    absent = missing("train")
-    if absent:  # before anything is written to the run directory
-        print(f"diffattn: error: diffattn train needs {', '.join(absent)}: pip install 'diffattn[train]'",
-              file=sys.stderr)
-        return 2
+    require("train", "diffattn train")  # before anything is written to the run directory
     from .config import load_config
     from .loop import train
 
