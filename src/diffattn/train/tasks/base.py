@@ -128,11 +128,11 @@ def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
     RNG (and under torchrun broadcasts a seed), which a validation in the middle of a run must not do."""
     from torch.utils.data import default_collate
 
-    from ..loop import _to
+    from ..data import to_device
 
     for i in range(0, len(dataset), batch_size):
         items = [dataset[j] for j in range(i, min(i + batch_size, len(dataset)))]
-        yield _to(default_collate(items), device), len(items)
+        yield to_device(default_collate(items), device), len(items)
 
 
 class Task:
