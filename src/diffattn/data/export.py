@@ -15,6 +15,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..io import atomic_write_file
+from .catalog import get_dataset
+from .corpora import TextDocuments
+from .images import CaptionImages
 
 __all__ = ["export_webdataset"]
 
@@ -27,9 +30,6 @@ def _png_bytes(image) -> bytes:
 
 def _samples(ds) -> Iterator[tuple[str, dict[str, bytes]]]:
     """(key, {extension: bytes}) for each item of a built-in set, in its order."""
-    from .corpora import TextDocuments
-    from .images import CaptionImages
-
     if hasattr(ds, "webdataset_samples"):  # question sets (diffattn.data.vqa) write their own fields
         yield from ds.webdataset_samples()
     elif isinstance(ds, CaptionImages):
@@ -72,8 +72,6 @@ def export_webdataset(name: str, out: str | os.PathLike, *, split: str = "train"
     ``json``. Images are the prepared PNG bytes, so a reader gets exactly the pixels :func:`get_dataset` gives.
     Each shard is written atomically; returns the manifest.
     """
-    from .catalog import get_dataset
-
     if not isinstance(shard_size, int) or shard_size < 1:
         raise ValueError(f"shard_size must be a positive int, got {shard_size!r}")
     ds = get_dataset(name, split=split, root=root)

@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._mask import blocked
+
 __all__ = ["triton_diff_attention", "triton_unsupported_reason"]
 
 Weight = float | torch.Tensor
@@ -476,8 +478,6 @@ def _mask_as_key_bias(attn_mask: torch.Tensor, B: int, Nk: int) -> torch.Tensor:
     if m.dtype == torch.bool:
         bias = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill(~m, float("-inf"))
     else:  # blocked entries as the operator reads them (diffattn._mask.blocked); finite ones clamped to fp32 range
-        from .._mask import blocked
-
         info = torch.finfo(torch.float32)
         wide = m.clamp(info.min, info.max) if torch.finfo(m.dtype).max > info.max else m
         bias = wide.float().masked_fill(blocked(m), float("-inf")) * LOG2E

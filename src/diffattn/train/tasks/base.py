@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from ...errors import UsageError
 from ...io import atomic_write_dir
 from ..config import TrainConfig
+from ..data import to_device
 
 __all__ = ["Task", "mean_lambdas", "check_tokens", "check_images", "check_labels", "model_vocab_size", "eval_batches"]
 
@@ -127,8 +128,6 @@ def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
     """``(batch on device, its size)`` over ``dataset`` in order. No DataLoader: its iterator draws from the global
     RNG (and under torchrun broadcasts a seed), which a validation in the middle of a run must not do."""
     from torch.utils.data import default_collate
-
-    from ..data import to_device
 
     for i in range(0, len(dataset), batch_size):
         items = [dataset[j] for j in range(i, min(i + batch_size, len(dataset)))]
