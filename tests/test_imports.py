@@ -115,7 +115,9 @@ def test_public_names_resolve_lazily():
     assert diffattn.DiffAttention is diffattn.layers.DiffAttention
     assert diffattn.diff_attention is diffattn.functional.diff_attention
     assert diffattn.get_dataset is diffattn.data.get_dataset
-    assert diffattn.register_timm is diffattn.models.vit.register_timm
+    assert diffattn.register_timm is diffattn.models.register_timm is diffattn.factory.register_timm
+    assert diffattn.from_pretrained is diffattn.models.from_pretrained is diffattn.factory.from_pretrained
+    assert diffattn.models.load_diffclip is diffattn.convert.load_diffclip
     assert not hasattr(diffattn, "no_such_name")
     namespace: dict = {}
     exec("from diffattn import *", namespace)

@@ -181,12 +181,13 @@ def test_list_models_pretrained_lists_every_tag_of_list_pretrained():
 
 def test_timm_lists_the_pretrained_tags_of_the_registered_vision_models():
     timm = pytest.importorskip("timm")
+    import diffattn.factory as factory
     import diffattn.models.vit as vit
 
     want = set()
     for name, tag in list_pretrained():
         if name in vit.VIT_CONFIGS:
-            want |= {f"{t}.{tag}" for t in (name, f"diffattn_{name}") if t in vit.TIMM_NAMES}
+            want |= {f"{t}.{tag}" for t in (name, f"diffattn_{name}") if t in factory.TIMM_NAMES}
     assert len(want) == 7  # diff_vit_base (2 tags, 2 names) and the 3 timm-named ViTs under diffattn_<name>
     assert set(timm.list_models("diff*", pretrained=True)) == want
     assert timm.list_models("diff_vit*", pretrained=True) == ["diff_vit_base_patch16_224.diffclip_cc3m",

@@ -20,9 +20,23 @@ from typing import TYPE_CHECKING
 from . import _hooks
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
-    from . import convert, data, functional, lambdas, layers, models
+    from . import (  # noqa: F401
+        adapters,
+        convert,
+        data,
+        factory,
+        formats,
+        functional,
+        io,
+        lambdas,
+        layers,
+        losses,
+        models,
+        openclip,
+    )
     from .adapters import from_pretrained_retrofit, load_adapter, retrofit, save_adapter
     from .data import get_dataset, list_datasets
+    from .factory import create_model, from_pretrained, register_timm
     from .formats import FormatMigrationWarning
     from .functional import AttentionWeights, attention, diff_attention
     from .layers import (
@@ -34,10 +48,10 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         SwiGLU,
         attention_class,
     )
-    from .models import create_model, from_pretrained, list_models, list_pretrained, register_timm
+    from .models import list_models, list_pretrained
     from .openclip import create_model_and_transforms, create_model_from_pretrained, get_tokenizer
 
-__version__ = "0.1.0"  # a literal: `diffattn --version` reads it without importing torch
+from ._version import __version__  # a literal in a leaf: `diffattn --version` reads it without importing torch
 
 __all__ = [
     "functional",
@@ -75,15 +89,16 @@ __all__ = [
 ]
 
 #: the library's subpackages, imported on first access (``diffattn.layers``) or by ``import diffattn.layers``
-_SUBMODULES = ("adapters", "convert", "data", "formats", "functional", "io", "lambdas", "layers", "losses", "models",
-               "openclip")
+_SUBMODULES = ("adapters", "convert", "data", "factory", "formats", "functional", "io", "lambdas", "layers", "losses",
+               "models", "openclip")
 #: public name -> the subpackage that defines it
 _LAZY = {
     **dict.fromkeys(("AttentionWeights", "attention", "diff_attention"), "functional"),
     **dict.fromkeys(("Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "KVCache", "SwiGLU",
                      "attention_class"), "layers"),
     **dict.fromkeys(("retrofit", "save_adapter", "load_adapter", "from_pretrained_retrofit"), "adapters"),
-    **dict.fromkeys(("create_model", "list_models", "list_pretrained", "from_pretrained", "register_timm"), "models"),
+    **dict.fromkeys(("create_model", "from_pretrained", "register_timm"), "factory"),
+    **dict.fromkeys(("list_models", "list_pretrained"), "models"),
     **dict.fromkeys(("create_model_and_transforms", "create_model_from_pretrained", "get_tokenizer"), "openclip"),
     "FormatMigrationWarning": "formats",
     **dict.fromkeys(("get_dataset", "list_datasets"), "data"),
@@ -106,7 +121,7 @@ def __dir__() -> list[str]:
 
 
 def _register_timm_models(timm) -> None:
-    from .models.vit import register_timm
+    from .factory import register_timm
 
     register_timm()
 

@@ -174,7 +174,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``diffattn`` argument parser with every subcommand registered."""
     import importlib
 
-    from . import __version__
+    from ._version import __version__
     from .studies.diffclip import DEMO_VARIANTS
 
     p = ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     stderr and status 2; ``--debug`` anywhere in ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:  # before the parser imports torch
-        from . import __version__
+        from ._version import __version__
 
         print(f"diffattn {__version__}")
         raise SystemExit(0)  # as argparse's version action

@@ -32,6 +32,8 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from ._mask import blocked as _blocked
+
 __all__ = [
     "diff_attention",
     "attention",
@@ -191,13 +193,6 @@ def restrict_mask(mask: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor
     if mask.dtype == torch.bool:
         return mask & keep
     return torch.where(keep, mask, torch.finfo(mask.dtype).min)  # broadcasts both ways
-
-
-def _blocked(mask: torch.Tensor) -> torch.Tensor:
-    """True where a mask entry blocks attention: bool False, float −inf or ≤ finfo(mask.dtype).min / 2."""
-    if mask.dtype == torch.bool:
-        return ~mask
-    return mask <= torch.finfo(mask.dtype).min / 2
 
 
 class PreparedMask(NamedTuple):

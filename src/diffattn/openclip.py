@@ -22,9 +22,10 @@ from collections.abc import Iterator
 
 import torch
 
-from .models import CLIP, create_model, is_model, model_config
-from .models.clip import image_transform
+from .factory import create_model
+from .models.clip import CLIP, image_transform
 from .models.pretrained import split_model_tag
+from .models.registry import is_model, list_models, model_config, model_family
 
 __all__ = ["create_model_and_transforms", "create_model_from_pretrained", "get_tokenizer", "patch_open_clip_train",
            "is_clip_model", "main"]
@@ -36,12 +37,10 @@ _PRECISIONS = {"fp32": None, "amp": None, "amp_bf16": None, "amp_bfloat16": None
 
 def is_clip_model(name: str) -> bool:
     """True when ``name`` (or ``"name.tag"``) is a registered diffattn model of the CLIP family."""
-    from .models.registry import _FAMILY_OF
-
     if not isinstance(name, str):
         return False
     base, _ = split_model_tag(name)
-    return is_model(base) and issubclass(_FAMILY_OF[base].cls, CLIP)
+    return is_model(base) and issubclass(model_family(base).cls, CLIP)
 
 
 def _check_clip(name: str) -> str:
@@ -53,8 +52,6 @@ def _check_clip(name: str) -> str:
 
 
 def _all_names() -> list[str]:
-    from .models import list_models
-
     return list_models()
 
 

@@ -244,7 +244,7 @@ def retrofit_record(model: nn.Module, plan: RetrofitPlan) -> dict[str, Any]:
     """The JSON record of a retrofit: the config plus the converted layers' names (as in the bare model, without
     peft's prefix), the attention-layer count, the record's layout version (``format_version``) and the diffattn
     format and version (:mod:`diffattn.formats`)."""
-    from .. import __version__
+    from .._version import __version__
 
     names = [canonical_name(model, n) or n for n in plan.layer_names]
     return dict(plan.config.to_dict(), layer_names=names, num_attention_layers=len(plan.candidates),

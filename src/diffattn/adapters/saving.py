@@ -85,7 +85,7 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike) -> None:
     """
     from safetensors.torch import save_file
 
-    import diffattn
+    from .._version import __version__
 
     plan = _plan(model)
     directory = Path(directory)
@@ -97,7 +97,7 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike) -> None:
         if other:
             raise ValueError(f"directory {str(directory)!r} holds files other than an adapter ({other[:5]}); "
                              f"save_adapter replaces the whole directory, so give it an empty or adapter-only one")
-    meta = dict(retrofit_record(model, plan), format_version=FORMAT_VERSION, diffattn_version=diffattn.__version__,
+    meta = dict(retrofit_record(model, plan), format_version=FORMAT_VERSION, diffattn_version=__version__,
                 base_model=type(_bare(model)).__name__)
     state = _adapter_state(model, plan)
     with atomic_write_dir(directory) as tmp:

@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from ..models.base import load_state_dict_exact
 from ..models.clip import CLIP
-from ..models.registry import create_model
+from ..models.registry import build
 from ..models.vit import VisionTransformer
 from ._common import StateDict, block_count, heads_of, take, vision_args
 from .checkpoint import source_state_dict
@@ -153,7 +153,7 @@ def _clip_from(sd: dict, name: str, fixed: dict, overrides: dict, what: str) -> 
     args.update({f"text_{k}": v for k, v in _text_args(sd, what).items()})
     args.update(fixed)
     args.update(overrides)
-    return load_state_dict_exact(create_model(name, **args), sd, what)
+    return load_state_dict_exact(build(name, **args), sd, what)
 
 
 # ---------------------------------------------------------------------------------------------- loaders

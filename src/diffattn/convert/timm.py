@@ -21,7 +21,7 @@ import torch.nn as nn
 from ..lambdas import lambda_init_ye
 from ..layers import DiffAttention
 from ..models.base import load_state_dict_exact
-from ..models.registry import create_model
+from ..models.registry import build
 from ..models.vit import VisionTransformer
 from ._common import (
     LAMBDAS,
@@ -228,4 +228,4 @@ def load_timm_vit(src, name: str = "vit_base_patch16_224", **overrides) -> Visio
     if args.pop("attention") != "standard":
         raise ValueError("load_timm_vit takes standard-attention timm ViTs")
     args.update(overrides)
-    return load_state_dict_exact(create_model(name, **args), sd, what)
+    return load_state_dict_exact(build(name, **args), sd, what)

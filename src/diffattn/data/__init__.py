@@ -9,7 +9,8 @@ else ``~/.cache/diffattn``); :func:`list_datasets` names them and :func:`get_dat
 from ._common import SETUP_COMMAND, DatasetNotInstalledError, default_root, hash_split
 from .catalog import DATASETS, USER_FORMATS, DatasetInfo, dataset_info, get_dataset, list_datasets
 from .corpora import TextDocuments
-from .formats import CsvPairs, export_webdataset, image_folder, webdataset_pairs
+from .export import export_webdataset
+from .formats import CsvPairs, image_folder, webdataset_pairs
 from .images import FASHION_MNIST_CLASSES, CaptionImages, Digits, FashionMNIST, read_idx
 from .text import email_to_text, load_spam_assassin, stratified_split
 from .tokenizers import GPT2_EOT, TextTokenizer, clip_tokenizer, get_tokenizer, gpt2_tokenizer

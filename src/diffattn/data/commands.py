@@ -88,7 +88,7 @@ def _export(args: argparse.Namespace) -> int:
         m = export_detection(args.out, root=args.root, seed=args.seed)
         print(f"{m['counts']} (classes {m['classes']}) -> {args.out}/data.yaml")
         return 0
-    from .formats import export_webdataset
+    from .export import export_webdataset
 
     m = export_webdataset(args.name, args.out, split=args.split, root=args.root, shard_size=args.shard_size)
     print(f"{m['n_samples']} samples in {m['n_shards']} shard(s): {m['urls']} (keys {', '.join(m['keys'])})")

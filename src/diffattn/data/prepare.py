@@ -35,7 +35,6 @@ with its stamp, so a reader sees a complete set or none.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import gzip
 import hashlib
@@ -53,7 +52,7 @@ from ..io import atomic_write_dir, atomic_write_file
 
 __all__ = ["prepare", "prepare_fashion_mnist", "prepare_tuxpaint", "prepare_emoji", "fetch_npm", "fetch_gpt2_ranks",
            "DebianSources", "PrepareError", "PrepareResult", "PREPARERS", "TARGETS", "DEBIAN_FILES", "NPM_DATASETS",
-           "NPM_VERSION", "WHISPER_VERSION", "is_prepared", "prepared_path", "resolve_names", "main"]
+           "NPM_VERSION", "WHISPER_VERSION", "is_prepared", "prepared_path", "resolve_names"]
 
 #: Debian package → the file or folder it installs that the preparation reads (relative to ``/``).
 DEBIAN_FILES = {
@@ -651,16 +650,3 @@ def prepare(names: Iterable[str] | None = None, root: str | os.PathLike | None =
             log(f"{name}: {detail} -> {out}")
     return results
 
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m diffattn.data.prepare`` = ``diffattn data prepare``."""
-    from .commands import register
-
-    p = argparse.ArgumentParser(prog="python -m diffattn.data.prepare")
-    register(p.add_subparsers(dest="command", required=True))
-    args = p.parse_args(["data", "prepare", *(sys.argv[1:] if argv is None else argv)])
-    return args.func(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

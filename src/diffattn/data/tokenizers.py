@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 from ._common import SETUP_COMMAND, DatasetNotInstalledError, default_root
 
 __all__ = ["GPT2_EOT", "GPT2_TIKTOKEN_SHA256", "gpt2_tokenizer", "clip_tokenizer", "TextTokenizer", "get_tokenizer",
-           "TOKENIZERS"]
+           "TOKENIZERS", "split_words"]
 
 GPT2_EOT = 50256
 #: sha256 of ``whisper/assets/gpt2.tiktoken`` (openai-whisper 20250625); tiktoken checks it on load.
@@ -98,3 +99,16 @@ def get_tokenizer(name: str = "gpt2") -> TextTokenizer:
     if name not in TOKENIZERS:
         raise ValueError(f"tokenizer must be one of {sorted(TOKENIZERS)}, got {name!r}")
     return TOKENIZERS[name]()
+
+
+_QUOTES = re.compile(r"[\"\u201c\u201d\u2018\u2019']")
+_SPLIT = re.compile(r"[a-z0-9\u00c0-\u024f]+(?:-[a-z0-9\u00c0-\u024f]+)*|\?")
+
+
+def split_words(text: str) -> list[str]:
+    """The word tokens of ``text``, the vocabulary of the VLM's word tokenizer (:mod:`diffattn.models.vlm`) and of
+    the question sets (:mod:`diffattn.data.vqa`): lower-cased words (letters, digits, inner hyphens; quotes dropped)
+    and "?" marks, in order ("A “Sierra-Beauty” apple?" → ["a", "sierra-beauty", "apple", "?"])."""
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
+    return _SPLIT.findall(_QUOTES.sub("", text.lower()))

@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 
 from torch.utils.data import Dataset
 
-from ..models.vlm import split_words  # the VLM tokenizer's word split: one definition
+from .tokenizers import split_words  # the VLM tokenizer's word split: one definition
 
 __all__ = ["QUESTION_KINDS", "POPE_SPLITS", "WHAT_QUESTION", "CATEGORY_QUESTION", "head_noun", "noun_phrase",
            "split_words", "what_questions", "category_questions", "pope_questions", "needle_samples", "compose_grid",

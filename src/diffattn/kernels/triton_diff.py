@@ -49,6 +49,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .._mask import blocked
+
 __all__ = ["triton_diff_attention", "triton_unsupported_reason"]
 
 Weight = float | torch.Tensor
@@ -475,12 +477,10 @@ def _mask_as_key_bias(attn_mask: torch.Tensor, B: int, Nk: int) -> torch.Tensor:
     m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))[:, 0, 0, :]  # (1 or B, 1 or Nk)
     if m.dtype == torch.bool:
         bias = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill(~m, float("-inf"))
-    else:  # blocked entries as the operator reads them (functional._blocked); finite ones clamped to fp32 range
-        from ..functional import _blocked
-
+    else:  # blocked entries as the operator reads them (diffattn._mask.blocked); finite ones clamped to fp32 range
         info = torch.finfo(torch.float32)
         wide = m.clamp(info.min, info.max) if torch.finfo(m.dtype).max > info.max else m
-        bias = wide.float().masked_fill(_blocked(m), float("-inf")) * LOG2E
+        bias = wide.float().masked_fill(blocked(m), float("-inf")) * LOG2E
     return bias.expand(bias.shape[0], Nk).contiguous()
 
 

@@ -5,16 +5,22 @@
 literal config table (``VIT_CONFIGS``, ``CLIP_CONFIGS``, ``TEXT_CONFIGS``, ``LM_CONFIGS``). Loaders of other
 formats (DiffCLIP release, OpenAI/open_clip CLIP, timm ViT, DiffLlama) live in :mod:`diffattn.convert`; the ones
 below are re-exported here for convenience.
+
+Importing this package imports every family module, so that each registers itself with the registry (which
+imports none of them). ``create_model``, ``from_pretrained`` and ``register_timm`` are :mod:`diffattn.factory`'s
+and the loaders :mod:`diffattn.convert`'s: both sit above this package, so they are re-exported lazily (PEP 562)
+and no module of this package imports them.
 """
 
-from .base import DiffattnModel, from_pretrained
+from . import vlm  # noqa: F401  (registers the VLM family; it has no name exported here)
+from .base import DiffattnModel
 from .causal_lm import LM_CONFIGS, CausalLM
 from .clip import CLIP, CLIP_CONFIGS, TextTransformer, clip_loss, image_transform
 from .pretrained import PRETRAINED, list_pretrained
-from .registry import create_model, is_model, list_models, model_config, register_model
+from .registry import is_model, list_models, model_config, register_model
 from .summary import ModelSummary, parameter_count, summary
 from .text import TEXT_CONFIGS, TextClassifier, Vocabulary
-from .vit import VIT_CONFIGS, VisionTransformer, register_timm
+from .vit import VIT_CONFIGS, VisionTransformer
 
 __all__ = ["DiffattnModel", "from_pretrained", "PRETRAINED", "list_pretrained",
            "create_model", "is_model", "list_models", "model_config",
@@ -24,15 +30,17 @@ __all__ = ["DiffattnModel", "from_pretrained", "PRETRAINED", "list_pretrained",
            "load_timm_vit", "read_checkpoint", "from_diffllama", "to_diffllama", "to_diffllama_state_dict",
            "register_timm"]
 
-# Defined in diffattn.convert, which imports the model classes above; resolved on first use so that importing
-# diffattn.models never needs diffattn.convert (no import cycle).
-_FROM_CONVERT = ("load_diffclip", "load_open_clip", "load_openai_clip", "load_timm_vit", "read_checkpoint",
-                 "from_diffllama", "to_diffllama", "to_diffllama_state_dict")
+#: name -> the module above this package that defines it, imported on first use
+_LAZY = {
+    **dict.fromkeys(("create_model", "from_pretrained", "register_timm"), "diffattn.factory"),
+    **dict.fromkeys(("load_diffclip", "load_open_clip", "load_openai_clip", "load_timm_vit", "read_checkpoint",
+                     "from_diffllama", "to_diffllama", "to_diffllama_state_dict"), "diffattn.convert"),
+}
 
 
 def __getattr__(name: str):
-    if name in _FROM_CONVERT:
-        from .. import convert
+    if name in _LAZY:
+        import importlib
 
-        return getattr(convert, name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

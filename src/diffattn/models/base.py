@@ -102,7 +102,7 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         """Write ``model.safetensors``, ``config.json`` and a model card to ``save_directory``, atomically: the
         directory is replaced as a whole (files that this save does not write are not kept). The config records
         the diffattn format and version (:mod:`diffattn.formats`)."""
-        from .. import __version__
+        from .._version import __version__
 
         cfg = dict(self._hub_mixin_config or {}) if config is None else dict(config)
         cfg["architecture"] = type(self).__name__
@@ -217,8 +217,8 @@ def _read_config(cfg_file: str, cls: type[DiffattnModel] | None = None) -> dict:
 
 
 def model_class(name: str) -> type[DiffattnModel]:
-    from . import _load_all  # noqa: F401
-
+    """The :class:`DiffattnModel` subclass named ``name`` (a config's ``architecture``). Every family's class is
+    defined by then: importing :mod:`diffattn.models` (which Python does before this module) imports them all."""
     if name not in _CLASSES:
         raise ValueError(f"architecture in config.json must be one of {sorted(_CLASSES)}, got {name!r}")
     return _CLASSES[name]

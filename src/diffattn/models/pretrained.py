@@ -30,12 +30,10 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch.nn as nn
-
 from ..io import atomic_write_file
 
 __all__ = ["PretrainedTag", "PRETRAINED", "HASH_RECORD", "list_pretrained", "pretrained_tag", "pretrained_cache_dir",
-           "file_sha256", "load_pretrained", "split_model_tag", "timm_default_cfgs"]
+           "file_sha256", "pretrained_file", "split_model_tag", "timm_default_cfgs"]
 
 HASH_RECORD = "diffattn_pretrained_sha256.json"
 _DIFFCLIP_HOME = ("the DiffCLIP release (Hammoud & Ghanem 2025) lives on the Hugging Face hub at "
@@ -130,7 +128,7 @@ def timm_default_cfgs(configs: dict[str, dict]) -> dict[str, object]:
     ``diffattn_<name>``, one ``PretrainedCfg`` per tag (hub id or URL, file, input size, mean/std). timm's
     ``register_model`` reads them, so ``timm.list_models(pattern, pretrained=True)`` and ``timm.list_pretrained()``
     report the tags, and ``timm.create_model("<name>.<tag>", pretrained=True)`` loads that checkpoint through
-    :func:`load_pretrained`. Empty without timm."""
+    :func:`diffattn.factory.load_pretrained`. Empty without timm."""
     try:
         from collections import deque
 
@@ -265,11 +263,10 @@ def _entry_for_file(name: str, path: Path, cache: Path) -> PretrainedTag:
                      f"pass pretrained='<tag>', cache_dir=<that folder>")
 
 
-def load_pretrained(name: str, pretrained: str | os.PathLike, overrides: dict,
-                    cache_dir: str | os.PathLike | None = None) -> nn.Module:
-    """Model ``name`` with the weights of tag or file ``pretrained``, hash-verified (module docstring)."""
-    from .. import convert
-
+def pretrained_file(name: str, pretrained: str | os.PathLike,
+                    cache_dir: str | os.PathLike | None = None) -> tuple[PretrainedTag, Path]:
+    """The entry and the hash-verified file of tag or file ``pretrained`` of model ``name`` (module docstring):
+    what :func:`diffattn.factory.load_pretrained` reads with the entry's :mod:`diffattn.convert` loader."""
     cache = pretrained_cache_dir(cache_dir)
     path = Path(pretrained)
     if isinstance(pretrained, os.PathLike) or path.is_file() or os.sep in str(pretrained):
@@ -280,14 +277,4 @@ def load_pretrained(name: str, pretrained: str | os.PathLike, overrides: dict,
         entry = pretrained_tag(name, str(pretrained))
         path = _fetch(entry, cache)
     _verify(path, entry, cache)
-    loader = {"diffclip": convert.load_diffclip, "diffclip_image_tower": convert.load_diffclip_image_tower,
-              "openai_clip": convert.load_openai_clip, "timm_vit": convert.load_timm_vit}[entry.loader]
-    model = loader(str(path), name=name, **overrides)
-    from .vit import VisionTransformer
-
-    model.pretrained_tag = entry.key
-    for m in model.modules():  # timm's data config of the (image tower) ViT: the preprocessing the weights expect
-        if isinstance(m, VisionTransformer):
-            m.pretrained_overlay = {**dict(entry.data_cfg), "tag": entry.key, "hf_hub_id": entry.hf_hub,
-                                    "url": entry.url}
-    return model
+    return entry, path

@@ -1,4 +1,4 @@
-"""Model registry: ``create_model(name, **overrides)`` and ``list_models()``, in the manner of timm.
+"""Model registry: ``build(name, **overrides)`` and ``list_models()``, in the manner of timm.
 
 Each family declares ONE literal table of configurations keyed by the full registered name (like timm's
 ``default_cfgs`` or open_clip's model configs) and registers it with :func:`register_family`; every model of every
@@ -10,9 +10,10 @@ family is built by the same :func:`build_model`, which applies overrides one way
   does not (``attention``, ``lambda_init``) sets it in all towers;
 - anything else is a ValueError that lists what is accepted.
 
-``pretrained=TAG`` (or a local file) loads a public checkpoint of :data:`diffattn.models.pretrained.PRETRAINED`,
-verified by SHA-256 (``cache_dir=`` says where files are looked for and downloaded to); ``pretrained=True`` is refused
-with the list of tags. timm's ``pretrained_cfg*`` keywords are ignored.
+The registry only builds: it imports no family (each family module registers itself, and importing
+:mod:`diffattn.models` imports every family) and no loader. Pretrained weights, ``"<name>.<tag>"`` names and
+``features_only=True`` are :func:`diffattn.factory.create_model`'s, above this package and :mod:`diffattn.convert`;
+what a family adds to that (a feature extractor) is a hook on its :class:`ModelFamily`.
 """
 
 from __future__ import annotations
@@ -20,18 +21,20 @@ from __future__ import annotations
 import copy
 import fnmatch
 import inspect
-import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch.nn as nn
 
-__all__ = ["ModelFamily", "register_family", "register_model", "build_model", "create_model", "list_models",
-           "is_model", "model_builder", "model_config", "model_info", "inspect_args"]
+from .pretrained import list_pretrained
+
+__all__ = ["ModelFamily", "register_family", "register_model", "build_model", "build", "list_models", "is_model",
+           "model_builder", "model_family", "model_config", "model_info", "inspect_args"]
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
 _FAMILY_OF: dict[str, ModelFamily] = {}
-_TIMM_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
+#: keywords timm.create_model passes to every entry point, ignored by the builders
+TIMM_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
 
 
 def inspect_args(cls: type) -> tuple[str, ...]:
@@ -42,13 +45,19 @@ def inspect_args(cls: type) -> tuple[str, ...]:
 @dataclass(frozen=True)
 class ModelFamily:
     """A model class, its literal config table (name → constructor arguments) and, for multi-tower models, the
-    classes that take each tower's dict of arguments (``towers={"vision": VisionTransformer, ...}``)."""
+    classes that take each tower's dict of arguments (``towers={"vision": VisionTransformer, ...}``).
+
+    ``features``: the family's hook for ``create_model(name, features_only=True)``, ``features(model, **kwargs)``
+    with the keyword names ``feature_kwargs`` (vision transformers: timm's feature extractor); None: the family
+    has no feature extractor."""
 
     cls: type
     configs: Mapping[str, dict]
     module: str
     description: str
     towers: Mapping[str, type] = field(default_factory=dict)
+    features: Callable[..., nn.Module] | None = None
+    feature_kwargs: tuple[str, ...] = ()
 
     def apply_overrides(self, name: str, overrides: dict) -> dict:
         """The configuration of ``name`` with ``overrides`` applied (module docstring)."""
@@ -85,26 +94,25 @@ def register_model(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
 
 
 def build_model(family: ModelFamily, name: str, overrides: dict) -> nn.Module:
-    """The one builder of every registered family: ``family.cls(**config of name with overrides)``."""
+    """The one builder of every registered family: ``family.cls(**config of name with overrides)``. timm's
+    ``pretrained_cfg*`` keywords are ignored; weights (``pretrained=``) are loaded by
+    :func:`diffattn.factory.create_model`, not here."""
     overrides = dict(overrides)
     pretrained = overrides.pop("pretrained", False)
-    cache_dir = overrides.pop("cache_dir", None)
-    for k in _TIMM_KWARGS:  # passed by timm.create_model; diffattn models have no timm pretrained configs
+    for k in TIMM_KWARGS:  # passed by timm.create_model; diffattn models have no timm pretrained configs
         overrides.pop(k, None)
-    if pretrained is True:
-        from .pretrained import list_pretrained
-
-        tags = [t for _, t in list_pretrained(name)]
-        raise ValueError(f"pretrained=True: name the checkpoint, pretrained='<tag>' (tags of {name!r}: {tags}) or a "
-                         "local file; diffattn.models.from_pretrained(dir) loads your own save_pretrained folders")
     if pretrained not in (False, None):
-        if not isinstance(pretrained, (str, os.PathLike)):
-            raise TypeError(f"pretrained must be a tag, a file path or False, got {type(pretrained).__name__}")
-        from .pretrained import load_pretrained
-
-        family.apply_overrides(name, overrides)  # unknown overrides fail before any download
-        return load_pretrained(name, pretrained, overrides, cache_dir)
+        raise ValueError(f"pretrained={pretrained!r}: the registry builds {name!r} without weights; "
+                         f"diffattn.create_model({name!r}, pretrained=...) loads them")
     return family.cls(**family.apply_overrides(name, overrides))
+
+
+def build(name: str, **overrides) -> nn.Module:
+    """A new, randomly initialised model ``name`` with ``overrides`` applied (:func:`build_model`), its
+    ``model_name`` set: what the converters fill with converted weights."""
+    model = model_builder(name)(**overrides)
+    model.model_name = name
+    return model
 
 
 def register_family(family: ModelFamily) -> list[Callable[..., nn.Module]]:
@@ -128,10 +136,14 @@ def _fmt(cfg: Mapping) -> str:
 
 def model_config(name: str) -> dict:
     """A copy of the registered configuration (constructor arguments) of model ``name``."""
-    _ensure_loaded()
+    return copy.deepcopy(dict(model_family(name).configs[name]))
+
+
+def model_family(name: str) -> ModelFamily:
+    """The :class:`ModelFamily` that registered model ``name``."""
     if name not in _FAMILY_OF:
         raise ValueError(f"name must be a registered model (see diffattn.models.list_models()), got {name!r}")
-    return copy.deepcopy(dict(_FAMILY_OF[name].configs[name]))
+    return _FAMILY_OF[name]
 
 
 def model_info(name: str) -> dict:
@@ -143,25 +155,21 @@ def model_info(name: str) -> dict:
     cfg = model_config(name)
     family = _FAMILY_OF[name]
     with torch.device("meta"):
-        params = sum(p.numel() for p in create_model(name).parameters())
+        params = sum(p.numel() for p in build(name).parameters())
     if family.towers:
         attention = {t: cfg.get(t, {}).get("attention", "standard") for t in family.towers}
     else:
         attention = cfg.get("attention", "standard")
-    from .pretrained import list_pretrained
-
     return {"name": name, "family": family.cls.__name__, "description": family.description,
             "attention": attention, "params": params, "module": family.module,
             "pretrained": [t for _, t in list_pretrained(name)]}
 
 
 def is_model(name: str) -> bool:
-    _ensure_loaded()
     return name in _BUILDERS
 
 
 def model_builder(name: str) -> Callable[..., nn.Module]:
-    _ensure_loaded()
     if name not in _BUILDERS:
         close = fnmatch.filter(_BUILDERS, f"*{str(name).split('_')[0]}*")[:10]
         raise ValueError(f"unknown model {name!r}; see diffattn.models.list_models()"
@@ -169,52 +177,16 @@ def model_builder(name: str) -> Callable[..., nn.Module]:
     return _BUILDERS[name]
 
 
-def create_model(name: str, **overrides) -> nn.Module:
-    """Build the registered model ``name``; keyword ``overrides`` replace entries of its config.
-
-    ``pretrained=TAG`` loads a public checkpoint (:func:`diffattn.models.list_pretrained`); ``"<name>.<tag>"`` as
-    the name does the same (the names ``list_models(pretrained=True)`` returns).
-
-    ``features_only=True`` (vision transformers) returns timm's feature extractor instead
-    (:func:`diffattn.models.vit.feature_extractor`; ``out_indices``, ``output_fmt``, ``feature_cfg``)."""
-    from .pretrained import split_model_tag
-    from .vit import FEATURE_KWARGS, feature_extractor
-
-    if not is_model(name):  # "model.tag" (timm's naming, list_models(pretrained=True)): pretrained=tag
-        name, tag = split_model_tag(name)
-        if tag is not None:
-            if overrides.get("pretrained") not in (None, False, True, tag):
-                raise ValueError(f"model name {name}.{tag} names tag {tag!r}, but "
-                                 f"pretrained={overrides['pretrained']!r}")
-            overrides["pretrained"] = tag
-    features_only = overrides.pop("features_only", False)
-    features = {k: overrides.pop(k) for k in FEATURE_KWARGS if k in overrides}
-    if features and not features_only:
-        raise ValueError(f"{sorted(features)} need features_only=True")
-    model = model_builder(name)(**overrides)
-    model.model_name = name
-    if features_only:
-        model = feature_extractor(model, **features)
-        model.model_name = name
-    return model
-
-
 def list_models(pattern: str = "*", pretrained: bool = False) -> list[str]:
     """Sorted registered names matching the shell-style ``pattern``.
 
     ``pretrained=True`` lists the public checkpoints instead, as timm's ``list_models(pretrained=True)``: one
     ``"<name>.<tag>"`` per pair of :func:`diffattn.models.list_pretrained` whose name (or full ``name.tag``) matches
-    ``pattern``; each one is a valid name for :func:`create_model`."""
+    ``pattern``; each one is a valid name for :func:`diffattn.create_model`."""
     if not isinstance(pretrained, bool):
         raise TypeError(f"pretrained must be a bool, got {type(pretrained).__name__}")
-    _ensure_loaded()
     if pretrained:
-        from .pretrained import list_pretrained
-
         return sorted(f"{m}.{t}" for m, t in list_pretrained()
                       if fnmatch.fnmatchcase(m, pattern) or fnmatch.fnmatchcase(f"{m}.{t}", pattern))
     return sorted(fnmatch.filter(_BUILDERS, pattern))
 
-
-def _ensure_loaded() -> None:
-    from . import _load_all  # noqa: F401  (importing the model modules registers them)

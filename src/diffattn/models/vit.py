@@ -37,10 +37,10 @@ Conventions and choices (say them, never guess):
 - ``lambda_form`` and ``sub_norm``: the differential layers' λ form (:mod:`diffattn.lambdas`) and their per-head
   sub-norm (None: each layer's default; the sub-norm is on for every λ form but ``token_sigmoid``).
 
-timm: :func:`register_timm` puts each vision model in timm's registry as ``diffattn_<name>``, and under its own name
-where timm has no model of that name (``diff_vit_*``, ``dg_vit_*``, ``vit_nano``, ``vit_cifar``; timm's own
-``vit_*_patch16_224`` are never overridden). ``import diffattn`` calls it once timm is imported, in either order,
-without importing timm itself.
+timm: :func:`diffattn.factory.register_timm` puts each vision model in timm's registry as ``diffattn_<name>``, and
+under its own name where timm has no model of that name (``diff_vit_*``, ``dg_vit_*``, ``vit_nano``, ``vit_cifar``;
+timm's own ``vit_*_patch16_224`` are never overridden). ``import diffattn`` calls it once timm is imported, in either
+order, without importing timm itself.
 """
 
 from __future__ import annotations
@@ -56,10 +56,10 @@ from ..lambdas import resolve_lambda_init
 from ..layers import Block, PatchEmbed, attention_class
 from .base import DiffattnModel
 from .config import check_args, check_choice, check_size, is_int
-from .registry import ModelFamily, create_model, register_family
+from .registry import ModelFamily, register_family
 
-__all__ = ["VisionTransformer", "VIT_CONFIGS", "TIMM_NAMES", "IMAGENET_MEAN", "IMAGENET_STD", "take_indices",
-           "feature_extractor", "FEATURE_KWARGS", "register_timm"]
+__all__ = ["VisionTransformer", "VIT_CONFIGS", "IMAGENET_MEAN", "IMAGENET_STD", "take_indices", "feature_extractor",
+           "FEATURE_KWARGS"]
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -357,9 +357,6 @@ VIT_CONFIGS: dict[str, dict] = {
                                mlp_ratio=_X16_3),
 }
 
-register_family(ModelFamily(VisionTransformer, VIT_CONFIGS, __name__, "vision transformer"))
-
-
 FEATURE_KWARGS = ("out_indices", "output_fmt", "feature_cls", "feature_cfg")
 
 
@@ -380,47 +377,5 @@ def feature_extractor(model: VisionTransformer, out_indices: int | Sequence[int]
     return FeatureGetterNet(model, out_indices=out_indices, output_fmt=output_fmt, norm=bool(cfg.get("norm", False)))
 
 
-def _timm_entry(name: str, timm_name: str):
-    """The timm entry point that builds diffattn's ``name`` (``features_only=True``: :func:`feature_extractor`)."""
-
-    def entry(pretrained: bool = False, pretrained_cfg=None, **kwargs) -> nn.Module:
-        if pretrained is True:  # timm names the tag in pretrained_cfg ("name.tag"), else the default (first) tag
-            from .pretrained import list_pretrained
-
-            tag = pretrained_cfg if isinstance(pretrained_cfg, str) else getattr(pretrained_cfg, "tag", None)
-            tags = [t for _, t in list_pretrained(name)]
-            pretrained = tag or (tags[0] if tags else True)  # no tags: create_model explains pretrained=True
-        return create_model(name, pretrained=pretrained, **kwargs)
-
-    entry.__name__ = entry.__qualname__ = timm_name
-    entry.__module__ = __name__
-    entry.__doc__ = f"timm entry point of diffattn's {name!r} (features_only=True supported)."
-    return entry
-
-
-#: the names :func:`register_timm` has put in timm's registry (empty until timm is imported)
-TIMM_NAMES: list[str] = []
-#: timm's pretrained configs of the registered names: timm's ``register_model`` reads a module's ``default_cfgs``
-#: for the pretrained tags (filled by :func:`register_timm`)
-default_cfgs: dict = {}
-
-
-def register_timm() -> list[str]:
-    """Register each vision model with timm as ``diffattn_<name>`` and, where timm lacks it, as ``<name>``, so that
-    ``timm.create_model("diff_vit_nano")`` builds diffattn's model and ``timm.list_models(pretrained=True)`` lists
-    its public checkpoints. Idempotent; returns :data:`TIMM_NAMES`. Imports timm (``ImportError`` without it);
-    ``import diffattn`` calls this by itself once timm is imported."""
-    import timm
-    from timm.models import register_model as timm_register
-
-    from .pretrained import timm_default_cfgs
-
-    default_cfgs.update(timm_default_cfgs(VIT_CONFIGS))
-    exported = list(__all__)
-    for name in VIT_CONFIGS:
-        for timm_name in (f"diffattn_{name}", name):
-            if not timm.is_model(timm_name):  # timm's own vit_*_patch16_224 are never overridden
-                timm_register(_timm_entry(name, timm_name))
-                TIMM_NAMES.append(timm_name)
-    __all__[:] = exported  # timm's register_model appends each name to the module's __all__; they are not globals
-    return TIMM_NAMES
+register_family(ModelFamily(VisionTransformer, VIT_CONFIGS, __name__, "vision transformer",
+                            features=feature_extractor, feature_kwargs=FEATURE_KWARGS))

@@ -22,7 +22,6 @@ with ``lm_tiny``'s sizes.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,6 +29,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..data.tokenizers import split_words
 from .base import DiffattnModel
 from .causal_lm import LM_CONFIGS, CausalLM
 from .config import is_int
@@ -43,18 +43,6 @@ SPECIAL_TOKENS = ("<pad>", "<unk>", "<bos>", "<eos>", "<sep>")
 PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = range(5)
 #: the label of positions that carry no loss (image tokens, the prompt, padding), as in PyTorch's cross_entropy
 IGNORE_INDEX = -100
-
-_QUOTES = re.compile(r"[\"\u201c\u201d\u2018\u2019']")
-_SPLIT = re.compile(r"[a-z0-9\u00c0-\u024f]+(?:-[a-z0-9\u00c0-\u024f]+)*|\?")
-
-
-def split_words(text: str) -> list[str]:
-    """The word tokens of ``text``: lower-cased words (letters, digits, inner hyphens; quotes dropped) and "?"
-    marks, in order ("A “Sierra-Beauty” apple?" → ["a", "sierra-beauty", "apple", "?"])."""
-    if not isinstance(text, str):
-        raise TypeError(f"text must be a str, got {type(text).__name__}")
-    return _SPLIT.findall(_QUOTES.sub("", text.lower()))
-
 
 class VisionLanguageModel(DiffattnModel):
     """LLaVA-style VLM (module docstring).

@@ -41,6 +41,7 @@ from ..io import atomic_write_file, remove_dir
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
 from .config import TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
 from .data import StepBatchSampler, steps_for
+from .data import to_device as _to
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler
 from .tasks import build_task, mean_lambdas
@@ -66,16 +67,6 @@ def _precision(cfg: TrainConfig, env: DistEnv) -> torch.dtype | None:
     if p == "fp16" and env.device.type != "cuda":
         raise ValueError("run.precision 'fp16' needs CUDA; use 'fp32' or 'bf16' on CPU")
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[p]
-
-
-def _to(batch: Any, device: torch.device) -> Any:
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=True)
-    if isinstance(batch, (list, tuple)):
-        return type(batch)(_to(b, device) for b in batch)
-    if isinstance(batch, dict):
-        return {k: _to(v, device) for k, v in batch.items()}
-    return batch
 
 
 def _full_state(model, optimizer) -> tuple[dict, dict]:

@@ -13,6 +13,7 @@ from torch.utils.data import Dataset
 from ...errors import UsageError
 from ...io import atomic_write_dir
 from ..config import TrainConfig
+from ..data import to_device
 
 __all__ = ["Task", "mean_lambdas", "check_tokens", "check_images", "check_labels", "model_vocab_size", "eval_batches"]
 
@@ -128,11 +129,9 @@ def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
     RNG (and under torchrun broadcasts a seed), which a validation in the middle of a run must not do."""
     from torch.utils.data import default_collate
 
-    from ..loop import _to
-
     for i in range(0, len(dataset), batch_size):
         items = [dataset[j] for j in range(i, min(i + batch_size, len(dataset)))]
-        yield _to(default_collate(items), device), len(items)
+        yield to_device(default_collate(items), device), len(items)
 
 
 class Task:

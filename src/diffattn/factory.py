@@ -1,0 +1,152 @@
+"""The model factory: ``create_model(name, pretrained=…)``, ``from_pretrained(dir)`` and diffattn's entry points in
+timm's registry, as open_clip's ``factory.py`` sits above its model code and its pretrained loaders.
+
+It is the one module above both :mod:`diffattn.models` (the families, their config tables and the registry that
+builds them) and :mod:`diffattn.convert` (the readers of other checkpoint formats, which build models through the
+registry). Loading a pretrained tag needs both: the tag's file is found and hash-checked by
+:mod:`diffattn.models.pretrained`, read by a :mod:`diffattn.convert` loader into a model the registry builds. Neither
+package imports this module; :mod:`diffattn.models` and :mod:`diffattn` re-export its names lazily (PEP 562).
+
+``create_model(name, **overrides)``:
+
+- ``"<name>.<tag>"`` (timm's naming, what ``list_models(pretrained=True)`` returns) is ``pretrained=tag``;
+- ``pretrained=TAG`` (or a local file) loads a public checkpoint of :data:`diffattn.models.pretrained.PRETRAINED`,
+  verified by SHA-256 (``cache_dir=`` says where files are looked for and downloaded to); ``pretrained=True`` is
+  refused with the list of tags;
+- ``features_only=True`` returns the family's feature extractor (vision transformers: timm's ``FeatureGetterNet``,
+  :func:`diffattn.models.vit.feature_extractor`; ``out_indices``, ``output_fmt``, ``feature_cfg``);
+- every other keyword is an override of the registered config (:mod:`diffattn.models.registry`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch.nn as nn
+
+from .convert import load_diffclip, load_diffclip_image_tower, load_openai_clip, load_timm_vit
+from .models import causal_lm, clip, text, vit, vlm  # noqa: F401  (each family registers itself on import)
+from .models.base import DiffattnModel
+from .models.base import from_pretrained as _load_saved
+from .models.pretrained import list_pretrained, pretrained_file, split_model_tag, timm_default_cfgs
+from .models.registry import TIMM_KWARGS, is_model, model_builder, model_family
+
+__all__ = ["create_model", "from_pretrained", "load_pretrained", "register_timm", "TIMM_NAMES"]
+
+#: the :mod:`diffattn.convert` loader of each :class:`~diffattn.models.pretrained.PretrainedTag` ``loader`` name
+LOADERS = {"diffclip": load_diffclip, "diffclip_image_tower": load_diffclip_image_tower,
+           "openai_clip": load_openai_clip, "timm_vit": load_timm_vit}
+
+
+def create_model(name: str, **overrides) -> nn.Module:
+    """Build the registered model ``name``; keyword ``overrides`` replace entries of its config.
+
+    ``pretrained=TAG`` loads a public checkpoint (:func:`diffattn.models.list_pretrained`); ``"<name>.<tag>"`` as
+    the name does the same (the names ``list_models(pretrained=True)`` returns).
+
+    ``features_only=True`` (vision transformers) returns timm's feature extractor instead
+    (:func:`diffattn.models.vit.feature_extractor`; ``out_indices``, ``output_fmt``, ``feature_cfg``)."""
+    if not is_model(name):  # "model.tag" (timm's naming, list_models(pretrained=True)): pretrained=tag
+        name, tag = split_model_tag(name)
+        if tag is not None:
+            if overrides.get("pretrained") not in (None, False, True, tag):
+                raise ValueError(f"model name {name}.{tag} names tag {tag!r}, but "
+                                 f"pretrained={overrides['pretrained']!r}")
+            overrides["pretrained"] = tag
+    features_only = overrides.pop("features_only", False)
+    known = model_family(name).feature_kwargs if is_model(name) else ()
+    features = {k: overrides.pop(k) for k in dict.fromkeys((*vit.FEATURE_KWARGS, *known)) if k in overrides}
+    if features and not features_only:
+        raise ValueError(f"{sorted(features)} need features_only=True")
+    builder = model_builder(name)  # an unknown name fails here, with the similar names
+    family = model_family(name)
+    if features_only and family.features is None:
+        raise ValueError(f"features_only=True needs a vision transformer, got {family.cls.__name__}")
+    pretrained = overrides.pop("pretrained", False)
+    cache_dir = overrides.pop("cache_dir", None)
+    for k in TIMM_KWARGS:  # passed by timm.create_model; diffattn models have no timm pretrained configs
+        overrides.pop(k, None)
+    if pretrained is True:
+        tags = [t for _, t in list_pretrained(name)]
+        raise ValueError(f"pretrained=True: name the checkpoint, pretrained='<tag>' (tags of {name!r}: {tags}) or a "
+                         "local file; diffattn.models.from_pretrained(dir) loads your own save_pretrained folders")
+    if pretrained not in (False, None):
+        if not isinstance(pretrained, (str, os.PathLike)):
+            raise TypeError(f"pretrained must be a tag, a file path or False, got {type(pretrained).__name__}")
+        family.apply_overrides(name, overrides)  # unknown overrides fail before any download
+        model = load_pretrained(name, pretrained, overrides, cache_dir)
+    else:
+        model = builder(**overrides)
+    model.model_name = name
+    if features_only:
+        model = family.features(model, **features)
+        model.model_name = name
+    return model
+
+
+def load_pretrained(name: str, pretrained: str | os.PathLike, overrides: dict,
+                    cache_dir: str | os.PathLike | None = None) -> nn.Module:
+    """Model ``name`` with the weights of tag or file ``pretrained``, hash-verified
+    (:func:`diffattn.models.pretrained.pretrained_file`) and read by the tag's :mod:`diffattn.convert` loader."""
+    entry, path = pretrained_file(name, pretrained, cache_dir)
+    model = LOADERS[entry.loader](str(path), name=name, **overrides)
+    model.pretrained_tag = entry.key
+    for m in model.modules():  # timm's data config of the (image tower) ViT: the preprocessing the weights expect
+        if isinstance(m, vit.VisionTransformer):
+            m.pretrained_overlay = {**dict(entry.data_cfg), "tag": entry.key, "hf_hub_id": entry.hf_hub,
+                                    "url": entry.url}
+    return model
+
+
+def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
+    """Load a model saved with ``save_pretrained`` from a folder or a hub repo id; the config names the class.
+
+    Strict (:mod:`diffattn.models.base`): a config with unknown entries, a weights file with missing, unexpected or
+    mis-shaped tensors, or sizes beyond the bounds raise ValueError and no model is returned.
+    """
+    return _load_saved(path_or_repo_id, **kwargs)
+
+
+# ------------------------------------------------------------------------------------------------ timm's registry
+
+def _timm_entry(name: str, timm_name: str):
+    """The timm entry point that builds diffattn's ``name`` (``features_only=True``: the family's extractor)."""
+
+    def entry(pretrained: bool = False, pretrained_cfg=None, **kwargs) -> nn.Module:
+        if pretrained is True:  # timm names the tag in pretrained_cfg ("name.tag"), else the default (first) tag
+            tag = pretrained_cfg if isinstance(pretrained_cfg, str) else getattr(pretrained_cfg, "tag", None)
+            tags = [t for _, t in list_pretrained(name)]
+            pretrained = tag or (tags[0] if tags else True)  # no tags: create_model explains pretrained=True
+        return create_model(name, pretrained=pretrained, **kwargs)
+
+    entry.__name__ = entry.__qualname__ = timm_name
+    entry.__module__ = __name__
+    entry.__doc__ = f"timm entry point of diffattn's {name!r} (features_only=True supported)."
+    return entry
+
+
+#: the names :func:`register_timm` has put in timm's registry (empty until timm is imported)
+TIMM_NAMES: list[str] = []
+#: timm's pretrained configs of the registered names: timm's ``register_model`` reads a module's ``default_cfgs``
+#: for the pretrained tags (filled by :func:`register_timm`)
+default_cfgs: dict = {}
+
+
+def register_timm() -> list[str]:
+    """Register each vision model with timm as ``diffattn_<name>`` and, where timm lacks it, as ``<name>``, so that
+    ``timm.create_model("diff_vit_nano")`` builds diffattn's model and ``timm.list_models(pretrained=True)`` lists
+    its public checkpoints. Idempotent; returns :data:`TIMM_NAMES`. Imports timm (``ImportError`` without it);
+    ``import diffattn`` calls this by itself once timm is imported."""
+    import timm
+    from timm.models import register_model as timm_register
+
+    default_cfgs.update(timm_default_cfgs(vit.VIT_CONFIGS))
+    exported = list(__all__)
+    for name in vit.VIT_CONFIGS:
+        for timm_name in (f"diffattn_{name}", name):
+            if not timm.is_model(timm_name):  # timm's own vit_*_patch16_224 are never overridden
+                timm_register(_timm_entry(name, timm_name))
+                TIMM_NAMES.append(timm_name)
+    __all__[:] = exported  # timm's register_model appends each name to the module's __all__; they are not globals
+    return TIMM_NAMES
