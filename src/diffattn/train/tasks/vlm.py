@@ -139,6 +139,19 @@ def _saved_img_size(cfg) -> int:
         return int(json.load(f)["vision"].get("img_size", 224))
 
 
+def _llava_batches(model, data, steps: int, batch_size: int, g: torch.Generator):
+    """``steps`` batches (images (B, 3, H, W), the collated text) of ``batch_size`` items drawn with ``g``."""
+    for _ in range(steps):
+        idx = torch.randint(len(data), (batch_size,), generator=g).tolist()
+        items = [data[i] for i in idx]
+        yield torch.stack([it[0] for it in items]), model.collate([it[1] for it in items], [it[2] for it in items])
+
+
+def _llava_loss(model, batch) -> torch.Tensor:
+    images, text = batch
+    return model(images, **text)["loss"]
+
+
 def train_llava(model, train_set, *, stage1_steps: int, stage2_steps: int, batch_size: int = 32,
                 stage1_lr: float = 1e-3, stage2_lr: float = 3e-4, warmup: int = 10, seed: int = 0,
                 captions=None, log=None) -> list[float]:
@@ -146,6 +159,7 @@ def train_llava(model, train_set, *, stage1_steps: int, stage2_steps: int, batch
     ``captions`` (a :class:`QuestionImages` with ``captions=True``; default: ``train_set``), then ``stage2_steps``
     on projector + LM with ``train_set``; warm-up then cosine lr per stage, batches drawn with ``seed``. Returns the
     loss of every step. The model is left in eval mode."""
+    from ..loop import fit
     from ..optim import warmup_cosine
 
     losses: list[float] = []
@@ -155,24 +169,11 @@ def train_llava(model, train_set, *, stage1_steps: int, stage2_steps: int, batch
         if steps <= 0:
             continue
         model.set_stage(stage)
-        model.train()
         params = [p for p in model.parameters() if p.requires_grad]
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s, n=steps: warmup_cosine(s, n, warmup, 0.1))
-        for step in range(steps):
-            idx = torch.randint(len(data), (batch_size,), generator=g).tolist()
-            items = [data[i] for i in idx]
-            images = torch.stack([it[0] for it in items])
-            text = model.collate([it[1] for it in items], [it[2] for it in items])
-            loss = model(images, **text)["loss"]
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            sched.step()
-            losses.append(float(loss.detach()))
-            if log and (step + 1) % 50 == 0:
-                log(f"stage {stage} step {step + 1}/{steps} loss {losses[-1]:.4f}")
+        losses += fit(model, opt, sched, _llava_batches(model, data, steps, batch_size, g), _llava_loss,
+                      params=params, log=log, desc=f"stage {stage} step", total=steps)
     model.eval()
     return losses
 
