@@ -653,14 +653,11 @@ def prepare(names: Iterable[str] | None = None, root: str | os.PathLike | None =
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m diffattn.data.prepare`` = ``diffattn data prepare``."""
+    """``diffattn data prepare ARGS`` as a function (``argv``: the arguments after ``prepare``)."""
     from .commands import register
 
-    p = argparse.ArgumentParser(prog="python -m diffattn.data.prepare")
+    p = argparse.ArgumentParser(prog="diffattn data prepare")
     register(p.add_subparsers(dest="command", required=True))
     args = p.parse_args(["data", "prepare", *(sys.argv[1:] if argv is None else argv)])
     return args.func(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())
