@@ -1,7 +1,8 @@
 """The package's import rules (docs/design.md, "Layering"), checked on the source with the AST.
 
-- the library (ops, λ, layers, losses, adapters, convert, models, data, kernels) never imports ``train``, ``eval``,
-  ``diagnostics`` or ``cli`` (``python -m diffattn`` is the CLI);
+- the library (ops, λ, layers, losses, adapters, convert, models, data, kernels, and ``detect``, the Ultralytics
+  integration built on layers and adapters) never imports ``train``, ``eval``, ``diagnostics``, ``studies`` or
+  ``cli`` (``python -m diffattn`` is the CLI); every top-level module is placed in one of the two lists;
 - ``eval`` and ``diagnostics`` never import ``train``, ``studies`` or ``cli``; ``train`` never imports ``studies`` or
   ``cli``; ``studies`` (the application layer that runs experiments) may import train, eval and diagnostics, and
   only ``cli`` imports it;
@@ -17,6 +18,11 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "diffattn"
 APPLICATION = ("train", "eval", "diagnostics", "studies", "cli", "__main__")
+#: the library: everything an application layer may import (``detect`` sits after ``data``: it uses the ops, λ,
+#: layers and adapters, and only ``eval`` and ``studies`` use it)
+LIBRARY = ("__init__", "version", "_version", "errors", "extras", "formats", "io", "progress", "utils", "functional",
+           "kernels", "lambdas", "layers", "losses", "adapters", "convert", "models", "openclip", "configs", "data",
+           "detect")
 FORBIDDEN = {"eval": ("train", "studies", "cli"), "diagnostics": ("train", "studies", "cli"),
              "train": ("studies", "cli"), "studies": ("cli",)}
 
@@ -74,6 +80,19 @@ def _violations(src: Path = SRC) -> list[str]:
             elif owner and target in APPLICATION:
                 bad.append(f"{_module_name(path, src)} (library) imports {mod}")
     return bad
+
+
+def test_every_module_has_a_layer():
+    tops = {p.relative_to(SRC).parts[0].removesuffix(".py") for p in SRC.iterdir()
+            if (p.suffix == ".py" or (p / "__init__.py").is_file())}
+    unplaced = sorted(tops - set(LIBRARY) - set(APPLICATION))
+    assert unplaced == [], f"top-level modules in neither LIBRARY nor APPLICATION: {unplaced}"
+    assert "detect" in LIBRARY and not set(LIBRARY) & set(APPLICATION)
+
+
+def test_detect_is_library_code():
+    """The detector integration imports no application layer (its study lives in diffattn.studies.detection)."""
+    assert [b for b in _violations() if b.startswith("diffattn.detect")] == []
 
 
 def test_layering_rules():

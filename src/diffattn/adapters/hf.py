@@ -8,9 +8,12 @@ writes a complete checkpoint: ``config.json`` with the record, the safetensors w
   weights, the retrofit of the record, then the adapter tensors, loaded strictly (every adapter tensor present, no
   other unexpected or missing tensor). No ``trust_remote_code``: the code is this library's.
 - A plain ``BertForSequenceClassification.from_pretrained(dir)`` of such a checkpoint cannot run the retrofit: it
-  drops the adapter weights (transformers lists them as unexpected keys in its load report). Once ``diffattn`` is
-  imported, a filter on transformers' loading logger turns that report into a :class:`RetrofitCheckpointWarning`
-  that names the call to use, so the user is told loudly instead of getting a plain model silently.
+  drops the adapter weights (transformers lists them as unexpected keys in its load report). A filter on
+  transformers' loading logger (:func:`install_load_warning`) turns that report into a
+  :class:`RetrofitCheckpointWarning` that names the call to use, so the user is told loudly instead of getting a
+  plain model silently. It is installed by the calls that retrofit or load a transformers model
+  (:func:`diffattn.retrofit`, :func:`from_pretrained_retrofit`, the recipes and evaluations that load checkpoints);
+  a process that only loads checkpoints with transformers calls it itself. Importing diffattn installs nothing.
 """
 
 from __future__ import annotations
@@ -82,8 +85,9 @@ def _caller_level() -> int:
 
 
 def install_load_warning() -> None:
-    """Attach the filter that warns when a retrofitted checkpoint is loaded into a plain model (idempotent; done
-    by ``import diffattn`` once ``transformers.modeling_utils`` is imported, in either order)."""
+    """Attach the filter that warns when a retrofitted checkpoint is loaded into a plain model (idempotent; done by
+    :func:`diffattn.retrofit` of a transformers model and by the functions that load transformers checkpoints,
+    never by an import)."""
     for name in _LOAD_LOGGERS:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _DroppedAdapterFilter) for f in logger.filters):
@@ -258,6 +262,7 @@ def from_pretrained_retrofit(path: str | os.PathLike, *, model_class: type | Non
         raise TypeError(f"path must be a folder or a hub repo id (str or os.PathLike), got {type(path).__name__}")
     import transformers
 
+    install_load_warning()
     directory = _resolve(path, kwargs)
     config = transformers.AutoConfig.from_pretrained(str(directory))
     rec = _read_record(config, str(directory))
