@@ -118,10 +118,10 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
     """Steps 2 and 3 (module docstring) for one variant: LoRA fine-tuning from ``pretrained`` into ``run_dir``,
     then the test-split evaluation of the reloaded run."""
     from ..adapters import adapters, lambda_summary
-    from ..eval.vlm_bench import evaluate_vlm
-    from ..train.loop import train
     from ..eval.paligemma import answer_paligemma, load_paligemma, paligemma_image_attention
+    from ..eval.vlm_bench import evaluate_vlm
     from ..models.paligemma import paligemma_transform
+    from ..train.loop import train
 
     method = VARIANTS[variant][0]
     t0 = time.perf_counter()
