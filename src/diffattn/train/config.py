@@ -26,10 +26,9 @@ from typing import Any
 from ..errors import UsageError, yaml_error
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
-           "load_config", "apply_overrides", "config_from_dict", "config_digest", "TASK_KEYS", "VAL_METRICS",
+           "load_config", "apply_overrides", "config_from_dict", "config_digest", "task_keys", "VAL_METRICS",
            "run_config_dict", "val_metric"]
 
-TASKS = ("clip", "classify", "lm", "retrofit", "vlm", "paligemma")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -197,7 +196,9 @@ def _is_int(v: Any) -> bool:
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check values (types, ranges, choices); every error names the key, the value and what is allowed."""
     t, r, o = cfg.task, cfg.run, cfg.optim
-    _check(t.name in TASKS, "task.name", t.name, f"one of {TASKS}")
+    from .tasks import TASKS
+
+    _check(t.name in TASKS, "task.name", t.name, f"one of {tuple(TASKS)}")
     _check(t.name in ("retrofit", "paligemma") or bool(cfg.model.name), "model.name", cfg.model.name,
            "a registered model name (list them with `diffattn models`)")
     _check(isinstance(cfg.model.overrides, dict), "model.overrides", cfg.model.overrides, "a mapping")
@@ -338,16 +339,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_dict(apply_overrides(d, overrides))
 
 
-#: the ``task`` keys each task reads (``config.yaml`` records only these; the others keep their defaults)
-TASK_KEYS: dict[str, tuple[str, ...]] = {
-    "clip": ("name",),
-    "classify": ("name", "label_smoothing", "mixup", "cutmix"),
-    "lm": ("name",),
-    "retrofit": ("name", "base", "method", "lambda_init", "anneal_steps", "train", "lora", "lora_r", "lora_alpha",
-                 "lora_targets"),
-    "vlm": ("name", "base", "train"),
-    "paligemma": ("name", "base", "method", "lambda_init", "anneal_steps", "lora_r", "lora_alpha", "lora_targets"),
-}
+def task_keys(name: str | None) -> tuple[str, ...] | None:
+    """The ``task`` keys task ``name`` reads (``config.yaml`` records only these; the others keep their defaults):
+    what its recipe class declares (:attr:`diffattn.train.tasks.Task.options`); None for no task."""
+    from .tasks import task_options
+
+    return task_options(name) if isinstance(name, str) else None
+
+
+def __getattr__(name: str):
+    if name == "TASK_KEYS":  # the table each recipe class now declares for itself
+        from .tasks import TASKS
+
+        return {t: task_keys(t) for t in TASKS}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
@@ -358,9 +363,9 @@ def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
 
 def run_config_dict(cfg: TrainConfig) -> dict[str, Any]:
     """The config a run records in ``config.yaml``: every section, with only the ``task`` keys its task reads
-    (:data:`TASK_KEYS`). Loading it back gives ``cfg`` again (the left-out keys are at their defaults and unused)."""
+    (:func:`task_keys`). Loading it back gives ``cfg`` again (the left-out keys are at their defaults and unused)."""
     d = cfg.to_dict()
-    keep = TASK_KEYS.get(cfg.task.name)
+    keep = task_keys(cfg.task.name)
     if keep is not None:
         d["task"] = {k: v for k, v in d["task"].items() if k in keep}
     return d
@@ -380,7 +385,7 @@ def config_digest(cfg: TrainConfig | dict) -> dict[str, Any]:
     for section, key in RESUMABLE_KEYS:
         d.get(section, {}).pop(key, None)
     task = d.get("task", {})
-    keep = TASK_KEYS.get(task.get("name"))
+    keep = task_keys(task.get("name"))
     if keep is not None:
         d["task"] = {k: v for k, v in task.items() if k in keep}
     return d
