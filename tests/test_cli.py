@@ -240,3 +240,23 @@ def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
     assert cli.main(["study", str(_study_yaml(tmp_path)), "--no-progress"]) == 0
     assert (tmp_path / "study" / "seed0" / "results.json").stat().st_mtime_ns == before
     assert "| metric (mean ± std over 2 seeds) | CLIP | DiffCLIP |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["study", "detection", "--seeds", "0", "1"], "diffattn study detection"),
+    (["object-attention", "--results", "r.json", "--out", "t.md"], "diffattn object-attention"),
+])
+def test_detection_commands_without_ultralytics_are_one_line(argv, what, tmp_path, monkeypatch, capsys):
+    """Ultralytics (AGPL) is never installed with the other extras: its commands stop with one line naming it, and
+    write nothing."""
+    import importlib.util
+
+    from diffattn.cli import main
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ultralytics" else find(name, *a))
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, *(["--out", "runs"] if argv[0] == "study" else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"diffattn: error: {what} needs ultralytics (AGPL-3.0): pip install 'diffattn[detect]'"]
+    assert not (tmp_path / "runs").exists()

@@ -55,9 +55,13 @@ def _compare_command(args: argparse.Namespace) -> int:
 
 
 def _object_attention_command(args: argparse.Namespace) -> int:
-    from ..extras import require
+    import importlib.util
 
-    require("detect", "diffattn object-attention")
+    from ..extras import MissingExtraError
+
+    if importlib.util.find_spec("ultralytics") is None:
+        raise MissingExtraError("diffattn object-attention needs ultralytics (AGPL-3.0): pip install "
+                                "'diffattn[detect]'")
     from .detection import run_command
 
     return run_command(args.parser, args)

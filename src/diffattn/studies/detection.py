@@ -29,7 +29,8 @@ from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS
 from ..io import atomic_write_file
 from .report import Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "check_config", "train_one", "summarize", "plot_maps", "run_compare"]
+__all__ = ["VARIANTS", "DEFAULTS", "run", "check_config", "require_ultralytics", "train_one", "summarize", "plot_maps",
+           "run_compare"]
 
 #: variant → (what :func:`diffattn.detect.yolo` builds, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -47,6 +48,17 @@ DEFAULTS: dict[str, Any] = {
     "lr0": None, "data": None,
 }
 DEFAULT_MODELS = tuple(VARIANTS[v][0] for v in DEFAULT_VARIANTS)
+
+
+def require_ultralytics(what: str) -> None:
+    """Raise :class:`~diffattn.extras.MissingExtraError` naming ``what`` when Ultralytics (the ``detect`` extra,
+    AGPL-3.0, never installed with the others) is absent; checked without importing it."""
+    import importlib.util
+
+    from ..extras import MissingExtraError
+
+    if importlib.util.find_spec("ultralytics") is None:
+        raise MissingExtraError(f"{what} needs ultralytics (AGPL-3.0): pip install 'diffattn[detect]'")
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
@@ -226,9 +238,7 @@ def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every seed (``<out>/seed<k>/``), aggregated (module docstring)."""
-    from ..extras import require
-
-    require("detect", "diffattn study detection")
+    require_ultralytics("diffattn study detection")
     from ..detect import offline_env
 
     offline_env()
