@@ -213,9 +213,9 @@ def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | 
 
 def _write(out: Path, rows: list[dict], budget: dict, maps: list[dict] | None = None) -> dict:
     result = {"budget": budget, "runs": rows, "attention_maps": maps, "torch_threads": torch.get_num_threads()}
-    with atomic_write_file(out / "results.json", "w") as f:
+    with atomic_write_file(out / "detection.json", "w") as f:
         f.write(json.dumps(result, indent=1) + "\n")
-    with atomic_write_file(out / "results.md", "w") as f:
+    with atomic_write_file(out / "detection.md", "w") as f:
         f.write(summarize(rows))
     return result
 
