@@ -185,7 +185,8 @@ def _study_yaml(tmp_path, **kw):
 @pytest.mark.parametrize("change, message", [
     ({"seeds": [0]}, "seeds in .* must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
     ({"seeds": [1, 1]}, "must be a list of at least 2 distinct integers"),
-    ({"study": "vit"}, "study in .* must be one of diffclip, retrofit, dgvit, noise, paligemma, got 'vit'"),
+    ({"study": "vit"}, "study in .* must be one of diffclip, retrofit, dgvit, noise, paligemma, llava, detection, "
+                       "got 'vit'"),
     ({"epochs": 3}, "unknown study keys \\['epochs'\\] in .*; valid keys for study 'diffclip'"),
     ({"variants": ["clip", "vit"]}, "variants in .* must be a list of at least 2 distinct names from"),
     ({"steps": 0}, "steps in .* must be null \\(the demo recipe's value\\) or an int >= 1, got 0"),
@@ -239,3 +240,23 @@ def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
     assert cli.main(["study", str(_study_yaml(tmp_path)), "--no-progress"]) == 0
     assert (tmp_path / "study" / "seed0" / "results.json").stat().st_mtime_ns == before
     assert "| metric (mean ± std over 2 seeds) | CLIP | DiffCLIP |" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["study", "detection", "--seeds", "0", "1"], "diffattn study detection"),
+    (["object-attention", "--results", "r.json", "--out", "t.md"], "diffattn object-attention"),
+])
+def test_detection_commands_without_ultralytics_are_one_line(argv, what, tmp_path, monkeypatch, capsys):
+    """Ultralytics (AGPL) is never installed with the other extras: its commands stop with one line naming it, and
+    write nothing."""
+    import importlib.util
+
+    from diffattn.cli import main
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "ultralytics" else find(name, *a))
+    monkeypatch.chdir(tmp_path)
+    assert main([*argv, *(["--out", "runs"] if argv[0] == "study" else [])]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"diffattn: error: {what} needs ultralytics (AGPL-3.0): pip install 'diffattn[detect]'"]
+    assert not (tmp_path / "runs").exists()

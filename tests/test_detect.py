@@ -494,31 +494,42 @@ def test_compare_trains_validates_and_reports_with_the_optimizer_asked(detect_da
 
     import yaml
 
-    from diffattn.detect.compare import main
+    from diffattn.studies.detection import run_compare
 
-    assert main(["--models", "yolo26n-diffpsa", "--seeds", "0", "--data", str(detect_data), "--epochs", "1",
-                 "--imgsz", "64", "--batch", "4", "--optimizer", "SGD", "--lr0", "0.02", "--out",
-                 str(tmp_path)]) == 0
-    res = json.loads((tmp_path / "results.json").read_text())
+    run_compare(["yolo26n-diffpsa"], [0], tmp_path, data=detect_data, epochs=1, imgsz=64, batch=4, optimizer="SGD",
+                lr0=0.02)
+    res = json.loads((tmp_path / "detection.json").read_text())
     assert res["budget"]["optimizer"] == "SGD" and res["budget"]["lr0"] == 0.02
     (run,) = res["runs"]
     assert run["model"] == "yolo26n-diffpsa" and 0.0 <= run["mAP50"] <= 1.0 and run["params"] == 2_572_792
     args = yaml.safe_load((tmp_path / "runs" / "yolo26n-diffpsa-s0" / "args.yaml").read_text())
     assert args["optimizer"] == "SGD" and args["lr0"] == 0.02 and args["epochs"] == 1
-    assert "| yolo26n-diffpsa |" in (tmp_path / "results.md").read_text()
+    assert "| yolo26n-diffpsa |" in (tmp_path / "detection.md").read_text()
     assert (tmp_path / "attention_maps.png").stat().st_size > 0
 
 
-def test_compare_rejects_a_bad_learning_rate(capsys):
-    from diffattn.detect.compare import main
+def test_detection_study_rejects_a_bad_budget():
+    from diffattn.studies import load_study
 
-    with pytest.raises(SystemExit):
-        main(["--lr0", "0", "--out", "unused"])
-    assert "--lr0 must be > 0, got 0.0" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="epochs in .* must be >= 1, got 0; lr0 in .* must be null or a number > 0"):
+        load_study("detection", {"lr0": 0, "epochs": 0})
+    cfg = load_study("detection", {"seeds": [0, 1]})
+    assert cfg["variants"] == ["yolo26n", "yolo26n_diffpsa", "yolo26n_diffattn"] and cfg["epochs"] == 3
+
+
+def test_the_detection_comparison_lives_in_studies_only():
+    """The detection comparison is a study: the library package ``detect`` holds no copy or alias of it (an alias
+    would make library code import an application layer)."""
+    import importlib.util
+
+    from diffattn.studies import detection
+
+    assert importlib.util.find_spec("diffattn.detect.compare") is None
+    assert callable(detection.run_compare) and callable(detection.summarize)
 
 
 def test_compare_summary_pairs_each_model_with_the_first_by_seed():
-    from diffattn.detect.compare import summarize
+    from diffattn.studies.detection import summarize
 
     def row(model, seed, m50):
         return {"model": model, "seed": seed, "mAP50": m50, "mAP50-95": m50 / 2, "params": 10, "gflops_640": 1.0,

@@ -97,7 +97,9 @@ def test_lm_eval_local_tasks_end_to_end(saved_lm, tmp_path):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    import diffattn.eval.lm_harness  # noqa: F401  (registers "diffattn")
+    from diffattn.eval.lm_harness import register
+
+    register()  # puts "diffattn" in lm-eval's registry
 
     model, run_dir = saved_lm
     _setup_tasks(tmp_path)

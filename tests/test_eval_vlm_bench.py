@@ -115,7 +115,8 @@ def test_end_to_end_on_a_tiny_trained_vlm(one_thread):
     from diffattn.data.vqa import QUESTION_KINDS, VQADataset
     from diffattn.eval.vlm_bench import llava_answerer
     from diffattn.models import create_model
-    from diffattn.train.tasks.vlm import QuestionImages, train_llava, vlm_vocabulary
+    from diffattn.train.llava import train_llava
+    from diffattn.train.tasks.vlm import QuestionImages, vlm_vocabulary
 
     torch.set_num_threads(1)
     torch.manual_seed(0)

@@ -1,11 +1,12 @@
-"""What importing diffattn imports, and the hooks that replace import-time side effects.
+"""What importing diffattn imports, and the explicit calls that replace import-time side effects.
 
 ``import diffattn`` imports neither torch nor an optional library; ``diffattn --version`` imports no torch; the
 library with torch (every subpackage ``import diffattn`` used to load) imports no optional library either. Every
-public name still resolves (lazily), and what diffattn adds to timm and transformers is there once they are
-imported, in either order, without diffattn importing them. Each check runs in a fresh interpreter, since this
-test process has imported most of these libraries already. Timing is measured by benchmarks/import_time.py, never
-here.
+public name still resolves (lazily). What diffattn adds to timm and transformers is added by explicit calls
+(``diffattn.register_timm()``, the transformers loading-log filter installed by the calls that retrofit or load a
+transformers model), never by an import (tests/test_structure.py checks every module). Each check runs in a fresh
+interpreter, since this test process has imported most of these libraries already. Timing is measured by
+benchmarks/import_time.py, never here.
 """
 
 from __future__ import annotations
@@ -15,13 +16,11 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 from pathlib import Path
 
 import pytest
 
 import diffattn
-from diffattn import _hooks
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -57,21 +56,18 @@ def test_import_diffattn_imports_no_torch_and_no_optional_library():
 
 def test_import_diffattn_touches_no_other_library():
     """No environment variable is set, no logger of transformers is created (nor a filter put on it), nothing is
-    registered with timm: what ``import diffattn`` leaves behind is one finder on sys.meta_path, waiting for timm
-    and transformers."""
+    registered with timm, and nothing waits on sys.meta_path for a later import."""
     out = _run("""
         import json, logging, os, sys
-        env = dict(os.environ)
+        env, finders = dict(os.environ), list(sys.meta_path)
         import diffattn
         print(json.dumps({"env_changed": sorted(set(os.environ.items()) ^ set(env.items())),
                           "loggers": sorted(n for n in logging.Logger.manager.loggerDict if "transformers" in n),
-                          "finders": [type(f).__name__ for f in sys.meta_path],
-                          "pending": diffattn._hooks.pending()}))
+                          "finders_added": [type(f).__name__ for f in sys.meta_path if f not in finders]}))
     """)
     assert out["env_changed"] == []
     assert out["loggers"] == []
-    assert out["finders"].count("_PostImportFinder") == 1
-    assert out["pending"] == ["timm", "transformers.modeling_utils"]
+    assert out["finders_added"] == []
 
 
 def test_version_imports_no_torch():
@@ -125,33 +121,53 @@ def test_public_names_resolve_lazily():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("diffattn_first", [True, False], ids=["diffattn-first", "libraries-first"])
-def test_timm_and_transformers_hooks_in_either_order(diffattn_first):
-    """diffattn's vision models are in timm's registry and transformers' loading logger carries the
-    RetrofitCheckpointWarning filter, whichever of diffattn and the library is imported first; timm keeps its own
-    loader, and the finder leaves sys.meta_path once both have fired."""
-    first, second = "import diffattn", "import timm, transformers.modeling_utils"
-    out = _run(f"""
-        import json, logging, sys
-        {first if diffattn_first else second}
-        {second if diffattn_first else first}
-        from diffattn.adapters.hf import _DroppedAdapterFilter
-        import timm
+def test_timm_and_transformers_get_diffattn_only_through_explicit_calls():
+    """With diffattn, timm and transformers all imported, timm knows no diffattn model and transformers' loading
+    logger carries no filter; ``diffattn.register_timm()`` and ``install_load_warning()`` add them (timm keeps
+    its own loader and its own names)."""
+    out = _run("""
+        import json, logging
+        import diffattn, timm, transformers.modeling_utils
+        from diffattn.adapters.load_warning import _DroppedAdapterFilter, install_load_warning
         logger = logging.getLogger("transformers.modeling_utils")
-        print(json.dumps({{
-            "timm": [timm.is_model(n) for n in ("diff_vit_nano", "dg_vit_nano", "diffattn_vit_nano")],
-            "vit_base_is_timms": timm.models.model_entrypoint("vit_base_patch16_224").__module__,
-            "built": type(timm.create_model("diff_vit_nano", num_classes=3)).__module__,
-            "loader": type(timm.__spec__.loader).__name__, "same_loader": timm.__loader__ is timm.__spec__.loader,
-            "filters": sum(isinstance(f, _DroppedAdapterFilter) for f in logger.filters),
-            "finders": [type(f).__name__ for f in sys.meta_path], "pending": diffattn._hooks.pending()}}))
+        names = ("diff_vit_nano", "dg_vit_nano", "diffattn_vit_nano")
+        before = {"timm": [timm.is_model(n) for n in names],
+                  "filters": sum(isinstance(f, _DroppedAdapterFilter) for f in logger.filters)}
+        diffattn.register_timm()
+        install_load_warning()
+        install_load_warning()
+        print(json.dumps({"before": before, "timm": [timm.is_model(n) for n in names],
+                          "vit_base_is_timms": timm.models.model_entrypoint("vit_base_patch16_224").__module__,
+                          "built": type(timm.create_model("diff_vit_nano", num_classes=3)).__module__,
+                          "loader": type(timm.__spec__.loader).__name__,
+                          "filters": sum(isinstance(f, _DroppedAdapterFilter) for f in logger.filters)}))
     """)
+    assert out["before"] == {"timm": [False, False, False], "filters": 0}
     assert out["timm"] == [True, True, True]
     assert out["vit_base_is_timms"] == "timm.models.vision_transformer"  # timm's own names are never overridden
     assert out["built"] == "diffattn.models.vit"
-    assert out["loader"] == "SourceFileLoader" and out["same_loader"]
-    assert out["filters"] == 1
-    assert "_PostImportFinder" not in out["finders"] and out["pending"] == []
+    assert out["loader"] == "SourceFileLoader"
+    assert out["filters"] == 1  # idempotent
+
+
+def test_retrofit_of_a_transformers_model_installs_the_load_warning():
+    """The one call that makes retrofitted transformers checkpoints (diffattn.retrofit) puts the filter on
+    transformers' loading logger, so that a plain reload of them in the same process is reported."""
+    out = _run("""
+        import json, logging
+        import torch, transformers as T
+        import diffattn
+        from diffattn.adapters.load_warning import _DroppedAdapterFilter
+        logger = logging.getLogger("transformers.modeling_utils")
+        count = lambda: sum(isinstance(f, _DroppedAdapterFilter) for f in logger.filters)
+        before = count()
+        torch.manual_seed(0)
+        model = T.BertModel(T.BertConfig(vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                         intermediate_size=32))
+        diffattn.retrofit(model, "daa")
+        print(json.dumps({"before": before, "after": count()}))
+    """)
+    assert out == {"before": 0, "after": 1}
 
 
 def test_register_timm_is_idempotent():
@@ -163,56 +179,3 @@ def test_register_timm_is_idempotent():
     assert again == names and len(set(names)) == len(names)
     assert "diff_vit_nano" in names and "diffattn_diff_vit_nano" in names
     assert timm.is_model("diff_vit_nano")
-
-
-# ------------------------------------------------------------------------ diffattn._hooks on a made-up module
-
-
-@pytest.fixture
-def fake_library(tmp_path, monkeypatch):
-    """A package ``fakelib_<test>`` on sys.path whose import records the order of events in ``fakelib.EVENTS``."""
-    name = "fakelib_" + os.urandom(4).hex()
-    pkg = tmp_path / name
-    pkg.mkdir()
-    (pkg / "__init__.py").write_text("EVENTS = ['executed']\nfrom . import sub\n")
-    (pkg / "sub.py").write_text("VALUE = 42\n")
-    monkeypatch.syspath_prepend(str(tmp_path))
-    yield name
-    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
-        del sys.modules[mod]
-    with _hooks._finder._lock:
-        _hooks._finder.hooks.pop(name, None)
-        _hooks._finder.hooks.pop(name + ".sub", None)
-        if not _hooks._finder.hooks and _hooks._finder in sys.meta_path:
-            sys.meta_path.remove(_hooks._finder)
-
-
-def test_hook_runs_once_after_the_import_finishes(fake_library):
-    import importlib
-
-    seen = []
-    _hooks.when_imported(fake_library, lambda m: seen.append(list(m.EVENTS) + [m.sub.VALUE]))
-    _hooks.when_imported(fake_library + ".sub", lambda m: seen.append(m.VALUE))
-    assert seen == [] and fake_library in _hooks.pending()
-    module = importlib.import_module(fake_library)
-    assert seen == [42, ["executed", 42]]  # the submodule finishes first; each hook saw its module complete
-    assert fake_library not in _hooks.pending()
-    importlib.reload(module)
-    assert len(seen) == 2  # once
-    _hooks.when_imported(fake_library, lambda m: seen.append("now"))  # already imported: runs at once
-    assert seen[-1] == "now"
-
-
-def test_a_failing_hook_warns_and_the_import_succeeds(fake_library):
-    import importlib
-
-    def broken(module):
-        raise RuntimeError("boom")
-
-    _hooks.when_imported(fake_library, broken)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        module = importlib.import_module(fake_library)
-    assert module.sub.VALUE == 42
-    assert [w.category for w in caught] == [_hooks.DiffattnHookWarning]
-    assert "boom" in str(caught[0].message) and fake_library in str(caught[0].message)

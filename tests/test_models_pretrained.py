@@ -184,6 +184,7 @@ def test_timm_lists_the_pretrained_tags_of_the_registered_vision_models():
     import diffattn.factory as factory
     import diffattn.models.vit as vit
 
+    vit.register_timm()
     want = set()
     for name, tag in list_pretrained():
         if name in vit.VIT_CONFIGS:
@@ -203,6 +204,9 @@ def test_diffclip_image_tower_tag_through_timm_and_by_name(tmp_path, hub, releas
     """timm.create_model("<name>.<tag>", pretrained=True) and create_model("<name>.<tag>") load the DiffCLIP
     release's image tower (toy sizes here) whose head is the image projection: it equals clip.encode_image."""
     timm = pytest.importorskip("timm")
+    from diffattn.models import register_timm
+
+    register_timm()
     cache = tmp_path / "cache"
     model = timm.create_model("diff_vit_base_patch16_224.diffclip_cc12m", pretrained=True, cache_dir=cache).eval()
     assert hub == [("hammh0a/DiffCLIP_ViTB16_CC12M", "checkpoint_best.pt")]

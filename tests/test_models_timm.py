@@ -19,6 +19,7 @@ from diffattn.models import create_model
 from diffattn.models.vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, take_indices
 
 timm = pytest.importorskip("timm")
+vit_module.register_timm()  # diffattn's names in timm's registry (importing diffattn registers nothing)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = default_root()
@@ -222,8 +223,8 @@ def test_timm_train_py_runs_a_diffattn_vit(tmp_path):
         pytest.skip(f"Fashion-MNIST not installed under {DATA}: run `make data`")
     _image_folder(tmp_path / "imgs")
     out = tmp_path / "out"
-    cmd = [sys.executable, str(TRAIN_PY), "--data-dir", str(tmp_path / "imgs"), "--model", "diff_vit_nano",
-           "--device-modules", "diffattn", "--num-classes", "3", "--grad-checkpointing",
+    cmd = [sys.executable, "-m", "diffattn", "timm-train", str(TRAIN_PY), "--data-dir", str(tmp_path / "imgs"),
+           "--model", "diff_vit_nano", "--num-classes", "3", "--grad-checkpointing",
            "--head-init-scale", "0.1", "--layer-decay", "0.65", "--epochs", "1", "--batch-size", "8",
            "--validation-batch-size", "8", "--input-size", "3", "32", "32", "--workers", "0", "--no-prefetcher",
            "--opt", "adamw", "--lr", "1e-3", "--device", "cpu", "--warmup-epochs", "0", "--sched", "cosine",

@@ -104,6 +104,7 @@ def test_attention_maps_and_features():
 
 def test_timm_create_model():
     timm = pytest.importorskip("timm")
+    dm.register_timm()
     for name in ("diff_vit_tiny_patch16_224", "dg_vit_cifar_x4", "diffattn_vit_tiny_patch16_224", "vit_nano"):
         m = timm.create_model(name, **TINY)
         assert isinstance(m, VisionTransformer) and m(torch.randn(1, 3, 16, 16)).shape == (1, 3)

@@ -117,7 +117,7 @@ def test_clip_tower_loads_strictly_and_stages_freeze(tmp_path):
 @pytest.mark.slow
 def test_learns_the_colour_of_known_images(one_thread):
     """LLaVA's two stages on solid-colour images: the trained model names each image's colour."""
-    from diffattn.train.tasks.vlm import train_llava
+    from diffattn.train.llava import train_llava
 
     torch.set_num_threads(1)
     colours = {"red": (1.0, -1.0, -1.0), "green": (-1.0, 1.0, -1.0), "blue": (-1.0, -1.0, 1.0)}

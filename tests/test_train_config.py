@@ -130,3 +130,35 @@ def test_classify_standardises_like_eval(tmp_path):
     expected = (torch.tensor(np.asarray(test.images[3]), dtype=torch.float32) / 255.0 - mean) / std
     assert int(y) == int(test.labels[3])
     torch.testing.assert_close(x[0], expected, atol=1e-6, rtol=0)
+
+
+def test_the_task_list_comes_from_the_recipe_registry():
+    """One list of tasks (diffattn.train.tasks.TASKS); each recipe class declares the task keys it reads, and the
+    config records exactly those (the table config.yaml and resume digests used before the classes declared them)."""
+    import diffattn.train.config as C
+    import diffattn.train.tasks as T
+    from diffattn.errors import UsageError
+    from diffattn.train.tasks import TASKS, build_task, task_class
+
+    assert list(TASKS) == ["clip", "classify", "lm", "retrofit", "vlm", "paligemma"]
+    assert T.TASK_KEYS == {
+        "clip": ("name",), "classify": ("name", "label_smoothing", "mixup", "cutmix"), "lm": ("name",),
+        "retrofit": ("name", "base", "method", "lambda_init", "anneal_steps", "train", "lora", "lora_r", "lora_alpha",
+                     "lora_targets"),
+        "vlm": ("name", "base", "train"),
+        "paligemma": ("name", "base", "method", "lambda_init", "anneal_steps", "lora_r", "lora_alpha",
+                      "lora_targets")}
+    for name in TASKS:
+        assert task_class(name).name == name
+    cfg = C.load_config("tiny/clip")
+    assert type(build_task(cfg)).__name__ == "ClipTask"
+    assert T.run_config_dict(cfg)["task"] == {"name": "clip"}
+    with pytest.raises(ValueError, match=r"task.name must be one of \['classify', 'clip', 'lm', 'paligemma', "
+                                         r"'retrofit', 'vlm'\], got 'vit'"):
+        task_class("vit")
+    with pytest.raises(UsageError, match=r"task.name must be one of \('clip', 'classify', 'lm', 'retrofit', 'vlm', "
+                                         r"'paligemma'\), got 'vit'"):
+        C.config_from_dict({**cfg.to_dict(), "task": {"name": "vit"}})
+    with pytest.warns(DeprecationWarning, match=r"use tuple\(diffattn.train.tasks.TASKS\)"):
+        from diffattn.train.tasks import TASK_CLASSES
+    assert TASK_CLASSES == tuple(TASKS)

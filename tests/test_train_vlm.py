@@ -29,7 +29,7 @@ def _cfg(name: str, *extra: str):
 def test_word_tokenizer_round_trip(tmp_path):
     from transformers import AutoTokenizer
 
-    from diffattn.train.tasks.vlm import paligemma_batch, word_tokenizer
+    from diffattn.models.paligemma import paligemma_batch, word_tokenizer
 
     tok = word_tokenizer(["what", "is", "this", "?", "frog"])
     tok.save_pretrained(tmp_path)
@@ -48,9 +48,11 @@ def test_word_tokenizer_round_trip(tmp_path):
 @pytest.mark.parametrize("method", ["shared_qk", "split_heads"])
 def test_paligemma_lora_trains_saves_and_reloads_exactly(tmp_path, method, one_thread):
     import diffattn.adapters as A
+    from diffattn.eval.paligemma import answer_paligemma, load_paligemma
+    from diffattn.models.paligemma import paligemma_batch
     from diffattn.train import train
     from diffattn.train.checkpoint import latest_checkpoint, load_checkpoint
-    from diffattn.train.tasks.vlm import PaliGemmaTask, answer_paligemma, load_paligemma, paligemma_batch
+    from diffattn.train.tasks.vlm import PaliGemmaTask
 
     cfg = _cfg("paligemma", "run.steps=12", "run.batch_size=8", "run.ckpt_every=12", "optim.lr=3e-3",
                f"task.method={method}", "task.anneal_steps=40")
@@ -113,8 +115,10 @@ def test_bad_vlm_config_values_are_named():
 def test_paligemma_full_fine_tuning_is_the_base_of_a_lora_run(tmp_path, one_thread):
     """``lora_r: 0`` trains every weight and saves ``model/`` with its tokenizer; a LoRA run then starts from it
     through ``task.base.path``, as from a downloaded checkpoint, and starts at exactly its function."""
+    from diffattn.eval.paligemma import load_paligemma
+    from diffattn.models.paligemma import build_paligemma, paligemma_batch
     from diffattn.train import train
-    from diffattn.train.tasks.vlm import PaliGemmaTask, build_paligemma, load_paligemma, paligemma_batch
+    from diffattn.train.tasks.vlm import DATA_KEYS, PaliGemmaTask
 
     pre = train(_cfg("paligemma", "run.steps=4", "run.batch_size=4", "run.ckpt_every=4", "task.method=none",
                      "task.lora_r=0", "optim.lr=3e-3"), out=tmp_path / "pre")
@@ -122,7 +126,7 @@ def test_paligemma_full_fine_tuning_is_the_base_of_a_lora_run(tmp_path, one_thre
     assert {p.name for p in (tmp_path / "pre" / "model").iterdir()} >= {"config.json", "model.safetensors",
                                                                          "tokenizer.json"}
     full, tok = load_paligemma(tmp_path / "pre")
-    start = build_paligemma(_cfg("paligemma").task.base, len(tok))  # what the run started from
+    start = build_paligemma(_cfg("paligemma").task.base, len(tok), extra_keys=DATA_KEYS)  # what the run started from
     trained = dict(full.named_parameters())
     changed = [n for n, p in start.named_parameters() if not torch.equal(p, trained[n])]
     assert any("vision_tower" in n for n in changed) and any("language_model" in n for n in changed)
@@ -145,13 +149,15 @@ def test_paligemma_image_attention_is_unchanged_by_an_exact_retrofit(tmp_path, o
     of the last prompt position's attention on the image tokens is the base's; the model's attention backend is
     restored after the call."""
     import diffattn.adapters as A
-    from diffattn.train.tasks.vlm import build_paligemma, paligemma_image_attention, word_tokenizer
+    from diffattn.eval.paligemma import paligemma_image_attention
+    from diffattn.models.paligemma import build_paligemma, word_tokenizer
+    from diffattn.train.tasks.vlm import DATA_KEYS
 
     cfg = _cfg("paligemma")
     tok = word_tokenizer(["what", "is", "this", "?", "frog", "there", "a", "in", "the", "image"])
     qs = ["what is this?", "is there a frog in the image?", "what?"]
     x = torch.randn(3, 3, 32, 32)
-    base = build_paligemma(cfg.task.base, len(tok)).eval()
+    base = build_paligemma(cfg.task.base, len(tok), extra_keys=DATA_KEYS).eval()
     ref = paligemma_image_attention(base, tok, x, qs)
     assert base.config.text_config._attn_implementation == "sdpa"
     assert len(ref) == 2 and all(0 < s < 1 for s in ref)
@@ -159,7 +165,7 @@ def test_paligemma_image_attention_is_unchanged_by_an_exact_retrofit(tmp_path, o
                        r"\(B = 3\), got \(2, 3, 32, 32\)"):
         paligemma_image_attention(base, tok, x[:2], qs)
     for method in ("shared_qk", "split_heads"):
-        model = build_paligemma(cfg.task.base, len(tok)).eval()
+        model = build_paligemma(cfg.task.base, len(tok), extra_keys=DATA_KEYS).eval()
         A.retrofit(model, method, lambda_init=0.8, anneal_steps=10, layers=lambda i, n: "language_model" in n)
         assert paligemma_image_attention(model, tok, x, qs) == pytest.approx(ref, abs=1e-5)
 
@@ -169,7 +175,7 @@ def test_llava_compare_takes_each_seeds_own_tower(tmp_path, one_thread):
     import json
 
     from diffattn.models import create_model
-    from diffattn.train.tasks.vlm import llava_compare
+    from diffattn.studies.llava import llava_compare
 
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -186,7 +192,7 @@ def test_llava_compare_takes_each_seeds_own_tower(tmp_path, one_thread):
 
 
 def test_llava_table_means_and_stds():
-    from diffattn.train.tasks.vlm import llava_table
+    from diffattn.studies.llava import llava_table
 
     def row(tower, seed, what, loss):
         return {"tower": tower, "seed": seed, "vqa": {"what": what, "category": 0.5}, "final_loss": loss,
@@ -203,3 +209,41 @@ def test_llava_table_means_and_stds():
     assert "| decoder attention on image tokens, layer 1 | 50.0 ± 0.0 | 50.0 ± 0.0 |" in lines
     assert "| MMNeedle index | – | – |" in lines  # undefined without a needle: not averaged
     assert not any(line.startswith("| POPE adversarial") for line in lines)
+
+
+def test_moved_names_warn_and_resolve_to_their_new_modules():
+    """The PaliGemma builder and tokenizer moved to diffattn.models.paligemma, its inference to
+    diffattn.eval.paligemma, the LLaVA comparison to diffattn.studies.llava: the old names still work, warning."""
+    import diffattn.train.tasks.vlm as old
+    from diffattn.eval import paligemma as ev
+    from diffattn.models import paligemma as pg
+    from diffattn.studies import llava
+
+    for name, module in [("word_tokenizer", pg), ("paligemma_batch", pg), ("paligemma_transform", pg),
+                         ("PALIGEMMA_SPECIAL", pg), ("load_paligemma", ev), ("answer_paligemma", ev),
+                         ("paligemma_image_attention", ev), ("llava_compare", llava), ("llava_table", llava)]:
+        with pytest.warns(DeprecationWarning, match=rf"vlm\.{name} is deprecated; use {module.__name__}\.{name}"):
+            assert getattr(old, name) is getattr(module, name)
+    with pytest.warns(DeprecationWarning, match="diffattn.models.paligemma.build_paligemma"):
+        build = old.build_paligemma
+    with pytest.raises(ValueError, match="unknown config keys task.base.colour; valid: type, config, path, kinds"):
+        build({"type": "paligemma", "colour": 1})
+    with pytest.raises(ValueError, match="unknown config keys task.base.kinds; valid: type, config, path"):
+        pg.build_paligemma({"type": "paligemma", "kinds": ["what"]})
+    assert not hasattr(old, "no_such_name")
+
+
+def test_llava_study_config_and_missing_towers(tmp_path):
+    from diffattn.studies import load_study, run_study
+
+    cfg = load_study("llava", {"seeds": [0, 1], "out": str(tmp_path)})
+    assert cfg["variants"] == ["clip", "diffclip"] and cfg["stage2_steps"] == 250
+    with pytest.raises(ValueError, match=r"towers in .* must map every variant \(clip, diffclip\)"):
+        load_study("llava", {"towers": {"clip": "random"}})
+    with pytest.raises(ValueError, match="stage1_steps \\+ stage2_steps in .* must be >= 1, got 0"):
+        load_study("llava", {"stage1_steps": 0, "stage2_steps": 0})
+    cfg = load_study("llava", {"seeds": [0, 1], "out": str(tmp_path),
+                               "towers": {"clip": "random", "diffclip": str(tmp_path / "s{seed}" / "model")}})
+    with pytest.raises(FileNotFoundError, match=r"towers.diffclip in the llava study: .*s0/model holds no trained "
+                                                r"CLIP .*diffattn study diffclip"):
+        run_study(cfg, progress=False)

@@ -6,18 +6,18 @@ memory backends and a fused Triton kernel, retrofits of pretrained Hugging Face,
 models (DiffCLIP, DiffViT/DGViT, text classifiers, causal LMs). See README.md.
 
 ``import diffattn`` is light: it imports neither torch nor any optional library (transformers, timm, open_clip, …);
-each name below is imported on first use (PEP 562), so ``diffattn --version`` answers at once. Once timm is imported
-too, in either order, diffattn's vision models are registered with it (``timm.create_model("diff_vit_nano")``;
-explicitly: :func:`register_timm`); once transformers loads its models, a retrofitted checkpoint loaded into a plain
-model raises :class:`~diffattn.adapters.RetrofitCheckpointWarning` (:mod:`diffattn._hooks`).
+each name below is imported on first use (PEP 562), so ``diffattn --version`` answers at once. Importing a diffattn
+module changes nothing outside it (no environment variable, logger or other library's registry): what diffattn adds
+to another library happens in explicit calls. :func:`register_timm` puts diffattn's vision models in timm's registry
+(``timm.create_model("diff_vit_nano")``); :func:`diffattn.retrofit` of a transformers model and the functions that
+load transformers checkpoints install the filter that warns (:class:`~diffattn.adapters.RetrofitCheckpointWarning`)
+when a retrofitted checkpoint is loaded into a plain model (:func:`diffattn.adapters.hf.install_load_warning`).
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import TYPE_CHECKING
-
-from . import _hooks
 
 if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and IDEs
     from . import (  # noqa: F401
@@ -118,20 +118,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted(set(globals()) | set(__all__) | set(_SUBMODULES))
-
-
-def _register_timm_models(timm) -> None:
-    from .factory import register_timm
-
-    register_timm()
-
-
-def _install_load_warning(modeling_utils) -> None:
-    from .adapters.hf import install_load_warning
-
-    install_load_warning()
-
-
-# Not at import: timm and transformers stay unimported until the user imports them (diffattn._hooks).
-_hooks.when_imported("timm", _register_timm_models)
-_hooks.when_imported("transformers.modeling_utils", _install_load_warning)

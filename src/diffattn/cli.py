@@ -1,9 +1,14 @@
 """The ``diffattn`` command.
 
     diffattn demo      # the main job: CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end
-    diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma): mean ± std, tests
+    diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma, llava, detection)
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
     diffattn train / eval / compare / data   # registered by diffattn.train, diffattn.eval, diffattn.data
+    diffattn object-attention / lm-eval      # registered by diffattn.eval
+    diffattn openclip-train ARGS             # open_clip's training script with diffattn's CLIP models by name
+    diffattn timm-train TRAIN_PY ARGS        # timm's train.py with diffattn's vision models registered
+
+``diffattn`` (or ``python -m diffattn``) is the package's only entry point: no other module runs as a script.
 
 ``demo`` is the DiffCLIP study (Hammoud & Ghanem 2025, §4) at a CPU size, through the code path a user runs on
 CC3M: it lists the offline image–caption pairs (Tux Paint stamps + Noto emoji, ``make data``) in an open_clip-style
@@ -132,6 +137,32 @@ def _study_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _openclip_train_command(args: argparse.Namespace) -> int:
+    from .openclip import main
+
+    main(args.args)
+    return 0
+
+
+def _timm_train_command(args: argparse.Namespace) -> int:
+    import runpy
+
+    from .models import register_timm
+
+    if not args.args or not os.path.isfile(args.args[0]):
+        raise UsageError(f"timm-train needs the path of timm's train.py (pytorch-image-models) first, got "
+                         f"{args.args[0] if args.args else 'nothing'!r}")
+    register_timm()  # diffattn's vision models in timm's registry, then timm's script as if run by python
+    script, rest = args.args[0], args.args[1:]
+    saved = sys.argv
+    sys.argv = [script, *rest]
+    try:
+        runpy.run_path(script, run_name="__main__")
+    finally:
+        sys.argv = saved
+    return 0
+
+
 def _models_command(args: argparse.Namespace) -> int:
     from .models import list_models
     from .models.registry import model_info
@@ -196,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo_command)
     st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
     st.add_argument("config", help="a YAML file, or a packaged study name (diffclip, retrofit, dgvit, noise, "
-                    "paligemma)")
+                    "paligemma, llava, detection)")
     st.add_argument("--out", default=None, help="folder for the seeds' runs, results.json and report.md (default: "
                     "the config's out)")
     st.add_argument("--seeds", type=bounded(int, 0), nargs="+", default=None, metavar="SEED",
@@ -212,6 +243,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "description, attention, params, module, pretrained tags)")
     m.add_argument("--names", action="store_true", help="names only, one per line")
     m.set_defaults(func=_models_command)
+    oc = sub.add_parser("openclip-train", add_help=False, help="open_clip's training script (open_clip_train.main) "
+                        "with diffattn's CLIP models available by name; every argument goes to open_clip")
+    oc.set_defaults(func=_openclip_train_command, passthrough=True)
+    tt = sub.add_parser("timm-train", add_help=False, help="timm's train.py (give its path first) with diffattn's "
+                        "vision models registered with timm; the other arguments go to it")
+    tt.set_defaults(func=_timm_train_command, passthrough=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return p
@@ -242,7 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     cut = argv.index("--") if "--" in argv else len(argv)
     debug = "--debug" in argv[:cut] or os.environ.get("DIFFATTN_DEBUG", "") not in ("", "0")
     argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < cut)]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "passthrough", False):  # a command that hands every argument to another program's CLI
+        args.args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.func(args) or 0)
     except Exception as e:
@@ -253,6 +295,3 @@ def main(argv: list[str] | None = None) -> int:
         _finish_distributed()
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -126,7 +126,7 @@ def _timm_entry(name: str, timm_name: str):
     return entry
 
 
-#: the names :func:`register_timm` has put in timm's registry (empty until timm is imported)
+#: the names :func:`register_timm` has put in timm's registry (empty until it is called)
 TIMM_NAMES: list[str] = []
 #: timm's pretrained configs of the registered names: timm's ``register_model`` reads a module's ``default_cfgs``
 #: for the pretrained tags (filled by :func:`register_timm`)
@@ -136,8 +136,9 @@ default_cfgs: dict = {}
 def register_timm() -> list[str]:
     """Register each vision model with timm as ``diffattn_<name>`` and, where timm lacks it, as ``<name>``, so that
     ``timm.create_model("diff_vit_nano")`` builds diffattn's model and ``timm.list_models(pretrained=True)`` lists
-    its public checkpoints. Idempotent; returns :data:`TIMM_NAMES`. Imports timm (``ImportError`` without it);
-    ``import diffattn`` calls this by itself once timm is imported."""
+    its public checkpoints. Idempotent; returns :data:`TIMM_NAMES`. Imports timm (``ImportError`` without it).
+    Importing diffattn registers nothing: call this
+    (``diffattn.register_timm()``) before asking timm for a diffattn name."""
     import timm
     from timm.models import register_model as timm_register
 

@@ -9,7 +9,7 @@ keyword arguments. This module gives diffattn's CLIP models (``clip_*``, ``diffc
 runs on them, and :func:`patch_open_clip_train` lets open_clip's own training script (``open_clip_train.main``)
 build them by name:
 
-    python -m diffattn.openclip --model diffclip_tiny --train-data pairs.csv --dataset-type csv ...
+    diffattn openclip-train --model diffclip_tiny --train-data pairs.csv --dataset-type csv ...
 
 runs ``open_clip_train.main`` with every diffattn name built by diffattn (other names still go to open_clip).
 """
@@ -185,13 +185,10 @@ def patch_open_clip_train() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None):
-    """``python -m diffattn.openclip ARGS``: open_clip's ``open_clip_train.main.main(ARGS)`` with diffattn's CLIP
+    """``diffattn openclip-train ARGS``: open_clip's ``open_clip_train.main.main(ARGS)`` with diffattn's CLIP
     models available by name (:func:`patch_open_clip_train`). Returns what open_clip's ``main`` returns."""
     from open_clip_train.main import main as oc_main
 
     with patch_open_clip_train():
         return oc_main(sys.argv[1:] if argv is None else argv)
 
-
-if __name__ == "__main__":
-    main()

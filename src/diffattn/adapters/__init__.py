@@ -52,7 +52,7 @@ __all__ = [
     "branch_maps",
 ]
 
-# install_load_warning() runs once transformers loads its models (diffattn/__init__.py): not at import
+# install_load_warning() runs in the calls that retrofit or load a transformers model (adapters.hf): not at import
 
 
 def __getattr__(name: str):

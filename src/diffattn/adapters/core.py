@@ -256,6 +256,9 @@ def _record_in_hf_config(model: nn.Module, plan: RetrofitPlan) -> None:
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string") and hasattr(config, "architectures"):
         setattr(config, HF_CONFIG_KEY, retrofit_record(model, plan))
+        from .load_warning import install_load_warning
+
+        install_load_warning()  # its checkpoints may be reloaded into a plain model in this process: say so
 
 
 #: attribute names transformers and timm give a task head on top of the backbone

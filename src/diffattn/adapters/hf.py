@@ -8,19 +8,19 @@ writes a complete checkpoint: ``config.json`` with the record, the safetensors w
   weights, the retrofit of the record, then the adapter tensors, loaded strictly (every adapter tensor present, no
   other unexpected or missing tensor). No ``trust_remote_code``: the code is this library's.
 - A plain ``BertForSequenceClassification.from_pretrained(dir)`` of such a checkpoint cannot run the retrofit: it
-  drops the adapter weights (transformers lists them as unexpected keys in its load report). Once ``diffattn`` is
-  imported, a filter on transformers' loading logger turns that report into a :class:`RetrofitCheckpointWarning`
-  that names the call to use, so the user is told loudly instead of getting a plain model silently.
+  drops the adapter weights (transformers lists them as unexpected keys in its load report). A filter on
+  transformers' loading logger (:func:`install_load_warning`) turns that report into a
+  :class:`RetrofitCheckpointWarning` that names the call to use, so the user is told loudly instead of getting a
+  plain model silently. It is installed by the calls that retrofit or load a transformers model
+  (:func:`diffattn.retrofit`, :func:`from_pretrained_retrofit`, the recipes and evaluations that load checkpoints);
+  a process that only loads checkpoints with transformers calls it itself. Importing diffattn installs nothing.
 """
 
 from __future__ import annotations
 
-import contextvars
 import json
-import logging
 import os
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,63 +31,12 @@ from ..formats import FORMAT_KEY, read_format
 from .binding import ADAPTER_ATTR
 from .config import RetrofitConfig
 from .core import HF_CONFIG_KEY, HF_FORMAT_VERSION, apply_plan, plan_retrofit
+from .load_warning import RetrofitCheckpointWarning, _loading_retrofit, install_load_warning
 
 __all__ = ["RetrofitCheckpointWarning", "from_pretrained_retrofit", "install_load_warning"]
 
-#: loggers transformers (4.5x and 5.x) reports unexpected checkpoint keys on
-_LOAD_LOGGERS = ("transformers.modeling_utils",)
 _RECORD_FIELDS = {"method", "lambda_init", "anneal_steps", "layers", "train", "trainable", "layer_names",
                   "num_attention_layers", "format_version", FORMAT_KEY, "diffattn_version"}
-_loading_retrofit: contextvars.ContextVar[bool] = contextvars.ContextVar("diffattn_loading_retrofit", default=False)
-
-
-class RetrofitCheckpointWarning(UserWarning):
-    """A checkpoint of a retrofitted model was loaded into a model without the retrofit: its adapter weights were
-    dropped and the model computes the pretrained (non-differential) attention."""
-
-
-class _DroppedAdapterFilter(logging.Filter):
-    """Turns transformers' report of unexpected ``diff_adapter`` keys into a :class:`RetrofitCheckpointWarning`."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        try:
-            msg = record.getMessage()
-        except Exception:  # a malformed record is transformers' business
-            return True
-        if f".{ADAPTER_ATTR}." not in msg:
-            return True
-        if _loading_retrofit.get():  # from_pretrained_retrofit checks these keys itself
-            return False
-        text = ("this checkpoint was saved from a model retrofitted with differential attention (diffattn): the "
-                "model just loaded DROPPED its diff_adapter weights and computes the pretrained attention instead. "
-                "Load it with diffattn.from_pretrained_retrofit(path).")
-        warnings.warn(text, RetrofitCheckpointWarning, stacklevel=_caller_level())
-        record.msg, record.args = f"{msg}\n[diffattn] {text}", None
-        return True
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` that points the warning at the user's ``from_pretrained`` call (outside logging and
-    transformers), so that the warning shows once per call site."""
-    import sys
-
-    frame, level = sys._getframe(1), 1
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not (name == __name__ or name == "logging" or name.startswith(("logging.", "transformers.",
-                                                                          "huggingface_hub."))):
-            return level
-        frame, level = frame.f_back, level + 1
-    return 1
-
-
-def install_load_warning() -> None:
-    """Attach the filter that warns when a retrofitted checkpoint is loaded into a plain model (idempotent; done
-    by ``import diffattn`` once ``transformers.modeling_utils`` is imported, in either order)."""
-    for name in _LOAD_LOGGERS:
-        logger = logging.getLogger(name)
-        if not any(isinstance(f, _DroppedAdapterFilter) for f in logger.filters):
-            logger.addFilter(_DroppedAdapterFilter())
 
 
 # --------------------------------------------------------------------------------------------- loading
@@ -258,6 +207,7 @@ def from_pretrained_retrofit(path: str | os.PathLike, *, model_class: type | Non
         raise TypeError(f"path must be a folder or a hub repo id (str or os.PathLike), got {type(path).__name__}")
     import transformers
 
+    install_load_warning()
     directory = _resolve(path, kwargs)
     config = transformers.AutoConfig.from_pretrained(str(directory))
     rec = _read_record(config, str(directory))

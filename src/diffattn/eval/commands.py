@@ -3,6 +3,8 @@
     diffattn eval runs/diff_vit --quick            # results.json + report.md + plots in runs/diff_vit/eval/
     diffattn eval eval.yaml                        # model:, dataset:, text:, mmvp:, quick:, seed:, out:
     diffattn compare runs/vit runs/diff_vit        # side by side; a folder with several seeds gives mean ± std
+    diffattn object-attention --results runs/studies/detection/detection.json --out object_attention.md
+    diffattn lm-eval --model diffattn --model_args path=runs/lm/model --tasks lambada_openai   # lm-eval's CLI
 """
 
 from __future__ import annotations
@@ -52,6 +54,26 @@ def _compare_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _object_attention_command(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from ..extras import MissingExtraError
+
+    if importlib.util.find_spec("ultralytics") is None:
+        raise MissingExtraError("diffattn object-attention needs ultralytics (AGPL-3.0): pip install "
+                                "'diffattn[detect]'")
+    from .detection import run_command
+
+    return run_command(args.parser, args)
+
+
+def _lm_eval_command(args: argparse.Namespace) -> int:
+    from .lm_harness import main
+
+    main(args.args)
+    return 0
+
+
 def register(subparsers) -> None:
     e = subparsers.add_parser("eval", help="evaluate a saved model / run: results.json, report.md and plots")
     e.add_argument("target", help="run directory, folder saved with save_pretrained, or a YAML file")
@@ -70,3 +92,12 @@ def register(subparsers) -> None:
     c.add_argument("--labels", nargs="+", default=None, help="column names (default: folder names)")
     c.add_argument("--out", default=None, help="write the markdown table here (and a .json beside it)")
     c.set_defaults(func=_compare_command)
+    o = subparsers.add_parser("object-attention", help="how much the attention layers of the detectors of "
+                              "diffattn study detection look at the objects (diffattn.eval.detection)")
+    from .detection import add_arguments
+
+    add_arguments(o)
+    o.set_defaults(func=_object_attention_command, parser=o)
+    h = subparsers.add_parser("lm-eval", add_help=False, help="lm-eval's command line with the 'diffattn' model "
+                              "registered (diffattn.eval.lm_harness; every argument goes to lm-eval)")
+    h.set_defaults(func=_lm_eval_command, passthrough=True)  # diffattn.cli.main hands it the other arguments

@@ -11,10 +11,10 @@ images of a YOLO dataset and reduces the union of each image's boxes to the laye
 ``query="foreground"`` gives the mass and per-token density inside vs outside the objects. ``density_ratio`` > 1
 means object tokens look at objects more than at the background; a uniform map gives 1.
 
-Command line, over the runs of ``python -m diffattn.detect.compare`` (needs ``diffattn[detect]``)::
+Command line, over the runs of ``diffattn study detection`` (needs ``diffattn[detect]``)::
 
-    python -m diffattn.eval.detection --results runs/detect/results.json [--results more/results.json] \\
-        --out runs/detect/object_attention.md
+    diffattn object-attention --results runs/studies/detection/detection.json [--results more/detection.json] \\
+        --out runs/studies/detection/object_attention.md
 
 It reads each run's ``best.pt`` and the val split of the data the runs trained on, and writes a Markdown table of
 ``density_ratio`` per model and layer (mean ± std over seeds, paired difference from the first model) and the rows
@@ -143,11 +143,16 @@ def _layer_keys(rows: Sequence[dict]) -> list[str]:
 
 def compare_object_attention(runs: Sequence[dict], data_yaml: str | Path, *, split: str = "val", imgsz: int = 128,
                              limit: int | None = None) -> list[dict]:
-    """:func:`object_attention` of every run of ``python -m diffattn.detect.compare`` (its ``results.json`` rows:
+    """:func:`object_attention` of every run of ``diffattn study detection`` (the rows of its ``detection.json``:
     ``model``, ``seed``, ``weights``) on the same images; one row per run and layer."""
+    from ..detect import offline_env
+
+    offline_env()
     from ultralytics import YOLO
 
-    import diffattn.detect  # noqa: F401  registers the differential modules, so their checkpoints load
+    from ..detect import register
+
+    register()  # the differential modules, so that their checkpoints load
 
     images, masks = detection_images(data_yaml, split, imgsz, limit)
     rows = []
@@ -194,17 +199,27 @@ def object_attention_table(rows: Sequence[dict], mode: str = "signed") -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m diffattn.eval.detection", description=__doc__.split("\n")[0])
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``diffattn object-attention`` (:func:`main`)."""
     p.add_argument("--results", type=Path, action="append", required=True,
-                   help="a results.json of python -m diffattn.detect.compare (repeat to combine runs)")
+                   help="a detection.json of diffattn study detection (repeat to combine runs)")
     p.add_argument("--data", type=Path, default=None,
                    help="the runs' data.yaml (default: the first results.json's budget 'data')")
     p.add_argument("--split", default="val")
     p.add_argument("--imgsz", type=int, default=None, help="default: the first results.json's budget imgsz")
     p.add_argument("--limit", type=int, default=None, help="at most this many images")
     p.add_argument("--out", type=Path, required=True, help="the Markdown table; the rows go to OUT with .json")
-    a = p.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``diffattn object-attention ARGS`` (:func:`add_arguments`): the object attention of every run, as a table."""
+    p = argparse.ArgumentParser(prog="diffattn object-attention", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return run_command(p, p.parse_args(argv))
+
+
+def run_command(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
+    """:func:`main` on parsed arguments (``p`` reports the errors)."""
     results = []
     for path in a.results:
         if not path.is_file():
@@ -225,6 +240,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(table)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,15 +1,13 @@
 """lm-evaluation-harness model ``diffattn``: the library's causal LMs and retrofitted Hugging Face models on any
 lm-eval task (DAA (2025) §5 reports the common-sense suite through it).
 
-Importing this module registers the model with lm-eval. From the shell, use this module as the entry point (it
-registers the model, then runs lm-eval's own command line with the same arguments)::
+Importing this module changes nothing in lm-eval: :func:`register` puts the model in lm-eval's registry. From the
+shell, ``diffattn lm-eval`` registers it, then runs lm-eval's own command line with the same arguments::
 
-    python -m diffattn.eval.lm_harness --model diffattn --model_args pretrained=runs/lm --tasks lambada_openai
-    python -m diffattn.eval.lm_harness --model diffattn \\
-        --model_args base=path/to/gpt2,adapter=runs/daa/adapter --tasks hellaswag
-    diffattn-lm-eval ...            # the same, installed as a console script
+    diffattn lm-eval --model diffattn --model_args pretrained=runs/lm --tasks lambada_openai
+    diffattn lm-eval --model diffattn --model_args base=path/to/gpt2,adapter=runs/daa/adapter --tasks hellaswag
 
-From Python: ``import diffattn.eval.lm_harness`` and then ``lm_eval.simple_evaluate(model="diffattn", ...)``.
+From Python: ``diffattn.eval.lm_harness.register()`` and then ``lm_eval.simple_evaluate(model="diffattn", ...)``.
 
 model_args: ``pretrained`` (a diffattn ``save_pretrained`` folder or a training run directory) or ``base`` (a
 Hugging Face causal LM folder/name) with optional ``adapter`` (a :func:`diffattn.save_adapter` folder);
@@ -38,12 +36,11 @@ from tqdm.auto import tqdm
 from .language import perplexity
 from .text_models import lm_logits, load_language_model
 
-__all__ = ["DiffattnLM", "main"]
+__all__ = ["DiffattnLM", "register", "main"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@register_model("diffattn")
 class DiffattnLM(LM):
     """lm-eval ``LM`` over a diffattn causal LM or a (retrofitted) Hugging Face causal LM (module docstring)."""
 
@@ -148,14 +145,20 @@ class DiffattnLM(LM):
         return out
 
 
+def register() -> None:
+    """Put :class:`DiffattnLM` in lm-eval's model registry as ``diffattn`` (idempotent)."""
+    from lm_eval.api.registry import MODEL_REGISTRY
+
+    if MODEL_REGISTRY.get("diffattn", None) is not DiffattnLM:
+        register_model("diffattn")(DiffattnLM)
+
+
 def main(argv: list[str] | None = None) -> None:
-    """lm-eval's command line with the ``diffattn`` model registered (``python -m diffattn.eval.lm_harness``)."""
+    """lm-eval's command line with the ``diffattn`` model registered (``diffattn lm-eval ARGS``)."""
     from lm_eval.__main__ import cli_evaluate
 
+    register()
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     cli_evaluate()
 
-
-if __name__ == "__main__":
-    main()

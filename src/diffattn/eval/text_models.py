@@ -147,7 +147,9 @@ def load_retrofit_run(run_dir: str | Path) -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     from ..adapters import load_adapter
+    from ..adapters.hf import install_load_warning
 
+    install_load_warning()
     base = AutoModelForCausalLM.from_pretrained(str(base_dir))
     model = load_adapter(base, run_dir / (meta.get("adapter") or "adapter"))
     if meta.get("lora"):
@@ -182,6 +184,9 @@ def load_language_model(pretrained: str | Path | None = None, *, base: str | Non
     else:
         from transformers import AutoModelForCausalLM
 
+        from ..adapters.hf import install_load_warning
+
+        install_load_warning()
         model = AutoModelForCausalLM.from_pretrained(base)
         if adapter is not None:
             from ..adapters import load_adapter

@@ -3,7 +3,7 @@ POPE per split, MMNeedle with its per-cell heat map, and the decoder's attention
 
 A model is seen through an *answerer*: ``answer(images, questions) -> list[str]`` with ``images`` a (B, 3, H, W)
 tensor, already transformed. :func:`llava_answerer` wraps a :class:`~diffattn.models.vlm.VisionLanguageModel`;
-a PaliGemma is wrapped by ``diffattn.train.tasks.vlm.answer_paligemma`` with its tokenizer.
+a PaliGemma is wrapped by ``diffattn.eval.paligemma.answer_paligemma`` with its tokenizer.
 
 - VQA score (Goyal et al. 2017): :func:`~diffattn.eval.vlm.vqa_score` of each answer against the question's ten
   reference answers, averaged per question kind (``what``, ``category``).

@@ -20,6 +20,8 @@ STUDY_MODULES: dict[str, str] = {
     "dgvit": "diffattn.studies.dgvit",
     "noise": "diffattn.studies.noise",
     "paligemma": "diffattn.studies.paligemma",
+    "llava": "diffattn.studies.llava",
+    "detection": "diffattn.studies.detection",
 }
 #: keys every study config holds
 COMMON_KEYS = ("study", "variants", "seeds", "out")

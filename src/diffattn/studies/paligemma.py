@@ -16,8 +16,8 @@ needle-in-a-haystack. No PaliGemma weights can be fetched offline, so each seed 
    which add POPE existence questions and MMNeedle 2×2 grids the pretraining never saw;
 3. **evaluation** on the test split (images, captions and needle distractors never seen in training):
    :func:`diffattn.eval.vlm_bench.evaluate_vlm` (VQA score, POPE per split, MMNeedle) through
-   :func:`diffattn.train.tasks.vlm.answer_paligemma`, and the decoder's attention share on the image tokens
-   (:func:`diffattn.train.tasks.vlm.paligemma_image_attention`).
+   :func:`diffattn.eval.paligemma.answer_paligemma`, and the decoder's attention share on the image tokens
+   (:func:`diffattn.eval.paligemma.paligemma_image_attention`).
 
 Every variant of a seed starts from the same checkpoint with the same questions, batches, optimizer and schedule.
 """
@@ -118,9 +118,10 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
     """Steps 2 and 3 (module docstring) for one variant: LoRA fine-tuning from ``pretrained`` into ``run_dir``,
     then the test-split evaluation of the reloaded run."""
     from ..adapters import adapters, lambda_summary
+    from ..eval.paligemma import answer_paligemma, load_paligemma, paligemma_image_attention
     from ..eval.vlm_bench import evaluate_vlm
+    from ..models.paligemma import paligemma_transform
     from ..train.loop import train
-    from ..train.tasks.vlm import answer_paligemma, load_paligemma, paligemma_image_attention, paligemma_transform
 
     method = VARIANTS[variant][0]
     t0 = time.perf_counter()

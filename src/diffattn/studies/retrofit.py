@@ -21,6 +21,7 @@ others first convert it with :func:`diffattn.retrofit` (exact at step 0: λ(0) =
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import random
 import time
@@ -31,6 +32,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..train.loop import fit
 from .report import Metric, run_seeds, write_study
 
 __all__ = ["VARIANTS", "DEFAULTS", "run", "minilm_dir", "classification_part", "lm_part"]
@@ -167,6 +169,26 @@ def _split_batches(states, idx: list[int], batch: int):
         yield h, mask
 
 
+def _advance(top: nn.Module, model: nn.Module) -> None:
+    """The after-step hook of a retrofitted ``top``: λ(t) advances once per optimizer step (DAA (2025), eq. 3)."""
+    from .. import adapters as A
+
+    A.step(top)
+
+
+def _epoch_batches(states, labels: list[int], cfg: dict[str, Any], seed: int):
+    """(h, mask, y) batches of ``cls_epochs`` epochs, each in an order shuffled with ``random.Random(seed)`` (the
+    same batch order for every method)."""
+    rng = random.Random(seed)
+    y_all = torch.tensor(labels)
+    bs = cfg["cls_batch_size"]
+    for _ in range(cfg["cls_epochs"]):
+        order = list(range(len(labels)))
+        rng.shuffle(order)
+        for s, (h, mask) in enumerate(_split_batches(states, order, bs)):
+            yield h, mask, y_all[order[s * bs:(s + 1) * bs]]
+
+
 def warmup_cosine(total: int):
     """Learning-rate factor of step s: linear warm-up over 10 % of ``total`` steps, then cosine decay to 0."""
     warm = max(1, total // 10)
@@ -243,24 +265,10 @@ def classification_part(cfg: dict[str, Any], seed: int, progress: bool = True) -
         opt = torch.optim.AdamW([{"params": enc_params, "lr": cfg["cls_lr"]},
                                  {"params": list(model.head.parameters()), "lr": cfg["head_lr"]}], weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(total))
-        if method != "plain":
-            A.attach_to_optimizer(top, opt)  # λ(t): t += 1 after every opt.step()
-        rng = random.Random(seed)  # same batch order for every method
-        y_all = torch.tensor(train["y"])
-        losses = []
-        model.train()
-        for _ in range(cfg["cls_epochs"]):
-            order = list(range(len(train["y"])))
-            rng.shuffle(order)
-            for s, (h, mask) in enumerate(_split_batches(train_states, order, cfg["cls_batch_size"])):
-                y = y_all[order[s * cfg["cls_batch_size"]:(s + 1) * cfg["cls_batch_size"]]]
-                loss = F.cross_entropy(model(h, mask), y)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_(enc_params + list(model.head.parameters()), 1.0)
-                opt.step()
-                sched.step()
-                losses.append(loss.item())
+        after = [functools.partial(_advance, top)] if method != "plain" else []  # λ(t): t += 1 per step
+        losses = fit(model, opt, sched, _epoch_batches(train_states, train["y"], cfg, seed),
+                     lambda m, b: F.cross_entropy(m(b[0], b[1]), b[2]),
+                     params=enc_params + list(model.head.parameters()), after_step=after)
         model.eval()
         pred = []
         with torch.no_grad():
@@ -294,20 +302,14 @@ def _train_lm(model: nn.Module, text: str, cfg: dict[str, Any], steps: int, lr: 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(steps))
-    losses = []
-    model.train()
-    for _ in range(steps):
-        idx = torch.randint(len(data), (cfg["lm_batch_size"],), generator=g).tolist()
-        x, y = (torch.stack(t) for t in zip(*(data[i] for i in idx)))  # (B, N), (B, N)
-        loss = lm_loss(model(input_ids=x.long()).logits, y.long())
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        sched.step()
-        if after_step is not None:
-            after_step(model)
-        losses.append(loss.item())
+
+    def batches():
+        for _ in range(steps):
+            idx = torch.randint(len(data), (cfg["lm_batch_size"],), generator=g).tolist()
+            yield tuple(torch.stack(t) for t in zip(*(data[i] for i in idx)))  # (B, N), (B, N)
+
+    losses = fit(model, opt, sched, batches(), lambda m, b: lm_loss(m(input_ids=b[0].long()).logits, b[1].long()),
+                 params=params, after_step=[after_step] if after_step is not None else [])
     model.eval()
     return sum(losses[-10:]) / len(losses[-10:])
 

@@ -15,7 +15,6 @@ YAML syntax error names the file, line and column.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import re
@@ -26,10 +25,9 @@ from typing import Any
 from ..errors import UsageError, yaml_error
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
-           "load_config", "apply_overrides", "config_from_dict", "config_digest", "TASK_KEYS", "VAL_METRICS",
-           "run_config_dict", "val_metric"]
+           "load_config", "apply_overrides", "config_from_dict", "TASKS", "VAL_METRICS", "val_metric",
+           "RESUMABLE_KEYS", "digest_hash"]
 
-TASKS = ("clip", "classify", "lm", "retrofit", "vlm", "paligemma")
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp2")
 
@@ -122,6 +120,18 @@ class RunConfig:
     threads: int | None = None
 
 
+#: the one list of train tasks: ``task.name`` → (the module of its recipe, recipe class), imported on
+#: first use by :func:`diffattn.train.tasks.task_class`. A literal table here, below the recipes, so that validating a
+#: config never imports them (each recipe imports this module).
+TASKS: dict[str, tuple[str, str]] = {
+    "clip": ("diffattn.train.tasks.clip", "ClipTask"),
+    "classify": ("diffattn.train.tasks.classify", "ClassifyTask"),
+    "lm": ("diffattn.train.tasks.lm", "LMTask"),
+    "retrofit": ("diffattn.train.tasks.retrofit", "RetrofitTask"),
+    "vlm": ("diffattn.train.tasks.vlm", "VLMTask"),
+    "paligemma": ("diffattn.train.tasks.vlm", "PaliGemmaTask"),
+}
+
 #: the metrics each task's validation reports (:meth:`diffattn.train.tasks.Task.validate`); the first is the
 #: default ``eval.metric``
 VAL_METRICS: dict[str, tuple[str, ...]] = {"classify": ("top1", "loss"), "clip": ("r@1", "i2t@1", "t2i@1", "loss"),
@@ -197,7 +207,7 @@ def _is_int(v: Any) -> bool:
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check values (types, ranges, choices); every error names the key, the value and what is allowed."""
     t, r, o = cfg.task, cfg.run, cfg.optim
-    _check(t.name in TASKS, "task.name", t.name, f"one of {TASKS}")
+    _check(t.name in TASKS, "task.name", t.name, f"one of {tuple(TASKS)}")
     _check(t.name in ("retrofit", "paligemma") or bool(cfg.model.name), "model.name", cfg.model.name,
            "a registered model name (list them with `diffattn models`)")
     _check(isinstance(cfg.model.overrides, dict), "model.overrides", cfg.model.overrides, "a mapping")
@@ -338,52 +348,15 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return config_from_dict(apply_overrides(d, overrides))
 
 
-#: the ``task`` keys each task reads (``config.yaml`` records only these; the others keep their defaults)
-TASK_KEYS: dict[str, tuple[str, ...]] = {
-    "clip": ("name",),
-    "classify": ("name", "label_smoothing", "mixup", "cutmix"),
-    "lm": ("name",),
-    "retrofit": ("name", "base", "method", "lambda_init", "anneal_steps", "train", "lora", "lora_r", "lora_alpha",
-                 "lora_targets"),
-    "vlm": ("name", "base", "train"),
-    "paligemma": ("name", "base", "method", "lambda_init", "anneal_steps", "lora_r", "lora_alpha", "lora_targets"),
-}
-
-
 def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
     """(the metric that picks ``best/``, whether lower is better)."""
     metric = cfg.eval.metric or VAL_METRICS[cfg.task.name][0]
     return metric, metric in LOWER_IS_BETTER
 
 
-def run_config_dict(cfg: TrainConfig) -> dict[str, Any]:
-    """The config a run records in ``config.yaml``: every section, with only the ``task`` keys its task reads
-    (:data:`TASK_KEYS`). Loading it back gives ``cfg`` again (the left-out keys are at their defaults and unused)."""
-    d = cfg.to_dict()
-    keep = TASK_KEYS.get(cfg.task.name)
-    if keep is not None:
-        d["task"] = {k: v for k, v in d["task"].items() if k in keep}
-    return d
-
-
 #: keys that may differ between a run and its resumption (they do not change the computation)
 RESUMABLE_KEYS = {("run", "out"), ("run", "progress"), ("run", "log_every"), ("run", "ckpt_every"),
                   ("run", "keep_last"), ("data", "num_workers"), ("run", "threads")}
-
-
-def config_digest(cfg: TrainConfig | dict) -> dict[str, Any]:
-    """The part of the config a checkpoint must match to be resumed: everything but the logging/output keys
-    (:data:`RESUMABLE_KEYS`) and the ``task`` keys its task does not read. ``cfg`` may be a digest already (a
-    checkpoint's), which is then reduced the same way."""
-    d = json.loads(json.dumps(cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg), default=str))
-    d.setdefault("eval", dataclasses.asdict(EvalConfig()))  # checkpoints of runs made before the section existed
-    for section, key in RESUMABLE_KEYS:
-        d.get(section, {}).pop(key, None)
-    task = d.get("task", {})
-    keep = TASK_KEYS.get(task.get("name"))
-    if keep is not None:
-        d["task"] = {k: v for k, v in task.items() if k in keep}
-    return d
 
 
 def digest_hash(d: dict[str, Any]) -> str:

@@ -3,6 +3,10 @@
     cfg = load_config("tiny/clip", ["optim.lr=3e-4"])
     train(cfg, out="runs/clip", resume="auto")
 
+Every optimizer step of the package is taken here: by :func:`train` (a recipe, a run directory, checkpoints) and
+by :func:`fit` (a model, an optimizer, a scheduler and batches a caller already holds: the retrofit study's
+loops, LLaVA's two stages), both through :func:`optimizer_step`.
+
 Per optimizer step: ``accum_steps`` micro-batches (forward under bf16 autocast on CUDA, fp32 on CPU; DDP syncs
 gradients on the last one only), gradient clipping, AdamW, the warm-up + cosine lr, the task's post-step hook
 (CLIP logit-scale clamp, retrofit λ schedule), the EMA; then the loss averaged over ranks is logged, and every
@@ -29,6 +33,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +44,14 @@ from torch.utils.data import DataLoader
 from ..errors import RunExistsError, UsageError, user_input
 from ..io import atomic_write_file, remove_dir
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
-from .config import TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
+from .config import TrainConfig, digest_hash, val_metric
 from .data import StepBatchSampler, steps_for
 from .data import to_device as _to
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler
-from .tasks import build_task, mean_lambdas
+from .tasks import build_task, config_digest, mean_lambdas, run_config_dict
 
-__all__ = ["train", "seed_everything"]
+__all__ = ["train", "fit", "optimizer_step", "seed_everything"]
 
 
 def seed_everything(seed: int) -> None:
@@ -57,6 +62,63 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, params, grad_clip: float | None,
+                   *, scaler: torch.amp.GradScaler | None = None,
+                   after_step: Sequence[Callable[[torch.nn.Module], object]] = ()) -> torch.Tensor:
+    """One optimizer step on the gradients already in ``params``: unscale (``scaler``), clip the global norm to
+    ``grad_clip`` (None: no clipping), step, advance ``scheduler`` (None: none), then each ``after_step(model)``
+    (the λ(t) schedule of a retrofit, CLIP's logit-scale clamp). Returns the gradient norm before clipping (0 when
+    not clipped). The gradients are left in place; the caller zeroes them."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, grad_clip) if grad_clip else torch.zeros(())
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    if scheduler is not None:
+        scheduler.step()
+    for hook in after_step:
+        hook(model)
+    return grad_norm
+
+
+def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batches: Iterable[Any],
+        loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], *, grad_clip: float | None = 1.0,
+        params: Sequence[torch.nn.Parameter] | None = None,
+        after_step: Sequence[Callable[[torch.nn.Module], object]] = (),
+        log: Callable[[str], object] | None = None, log_every: int = 50, desc: str = "step",
+        total: int | None = None) -> list[float]:
+    """One optimizer step per batch of ``batches``, in one process, without a run directory: per batch,
+    ``loss = loss_fn(model, batch)``, zero the gradients, backpropagate, then :func:`optimizer_step` (clip the norm
+    of ``params`` — default: the parameters that require grad — to ``grad_clip``, step, ``scheduler.step()``,
+    ``after_step``). The model is put in train mode first. Returns the loss of every step; ``log`` gets
+    ``"{desc} {k}/{total} loss {x}"`` every ``log_every`` steps (``total``: default ``len(batches)`` if it has one).
+
+    This is the loop of :func:`train` without what a run needs (accumulation, autocast, DDP, checkpoints), for
+    callers that draw their own batches: the retrofit study, LLaVA's stages (:func:`diffattn.train.llava.
+    train_llava`)."""
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be a callable (model, batch) -> loss, got {type(loss_fn).__name__}")
+    if grad_clip is not None and not grad_clip > 0:
+        raise ValueError(f"grad_clip must be None or > 0, got {grad_clip!r}")
+    params = list(params) if params is not None else [p for p in model.parameters() if p.requires_grad]
+    if total is None and hasattr(batches, "__len__"):
+        total = len(batches)
+    losses: list[float] = []
+    model.train()
+    for batch in batches:
+        loss = loss_fn(model, batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer_step(model, optimizer, scheduler, params, grad_clip, after_step=after_step)
+        losses.append(loss.item())
+        if log is not None and len(losses) % log_every == 0:
+            log(f"{desc} {len(losses)}{f'/{total}' if total is not None else ''} loss {losses[-1]:.4f}")
+    return losses
 
 
 def _precision(cfg: TrainConfig, env: DistEnv) -> torch.dtype | None:
@@ -313,11 +375,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
                 scaler.scale(loss / A).backward()
             loss_sum += loss.detach()
         reduce_ignored_grads(model)
-        scaler.unscale_(optimizer)
-        grad_norm = (torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
-                     if cfg.optim.grad_clip else torch.zeros(()))
-        scaler.step(optimizer)
-        scaler.update()
+        grad_norm = optimizer_step(model, optimizer, None, model.parameters(), cfg.optim.grad_clip, scaler=scaler)
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
         task.after_step(model)

@@ -135,9 +135,12 @@ def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
 
 
 class Task:
-    """A training recipe. Subclasses set ``name`` and implement :meth:`build_model`, :meth:`dataset`, :meth:`loss`."""
+    """A training recipe. Subclasses set ``name`` and ``options`` (the keys of the config's ``task`` section they
+    read: what a run records in ``config.yaml`` and what a resumed run must match) and implement
+    :meth:`build_model`, :meth:`dataset`, :meth:`loss`."""
 
     name = ""
+    options: tuple[str, ...] = ("name",)
 
     def __init__(self, cfg: TrainConfig) -> None:
         self.cfg = cfg

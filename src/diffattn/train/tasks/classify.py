@@ -28,6 +28,7 @@ def _num_classes(model: nn.Module) -> int:
 
 class ClassifyTask(Task):
     name = "classify"
+    options = ("name", "label_smoothing", "mixup", "cutmix")
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)

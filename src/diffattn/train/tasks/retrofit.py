@@ -50,6 +50,9 @@ def build_base_model(base: dict) -> nn.Module:
     if base.get("path"):
         if not Path(base["path"]).is_dir():
             raise ValueError(f"task.base.path {base['path']!r} is not a directory holding a {kind} checkpoint")
+        from ...adapters.hf import install_load_warning
+
+        install_load_warning()  # a retrofitted checkpoint given as the base is reported, not silently stripped
         return model_cls.from_pretrained(base["path"])
     torch.manual_seed(0)  # the "pretrained" stand-in must be the same model in every process and every run
     return model_cls(cfg_cls(**base.get("config", {})))
@@ -63,6 +66,8 @@ def _lora_config(t):
 
 class RetrofitTask(Task):
     name = "retrofit"
+    options = ("name", "base", "method", "lambda_init", "anneal_steps", "train", "lora", "lora_r", "lora_alpha",
+               "lora_targets")
 
     def build_model(self) -> nn.Module:
         from ... import adapters as A

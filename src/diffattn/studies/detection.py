@@ -1,35 +1,77 @@
-"""Train and validate YOLO26 detectors with and without differential attention through Ultralytics, offline.
+"""YOLO26 detectors with and without differential attention, trained and validated through Ultralytics, offline.
 
-    python -m diffattn.detect.compare --seeds 0 1 2 --out runs/detect
+    diffattn study detection      # yolo26n vs yolo26n-diffpsa vs yolo26n-diffattn, seeds 0 1 2
 
 For each model and seed: ``model.train()`` on the generated Tux Paint detection set (:mod:`diffattn.data.detection`)
 with the same budget (epochs, image size, batch, images), then ``model.val()`` on its val split for mAP50 and
 mAP50-95; parameters and GFLOPs (at 640×640, Ultralytics' convention) come from Ultralytics' own
-``get_num_params`` / ``get_flops``. Writes ``results.json`` and ``results.md`` (mean ± std over seeds) and
-``attention_maps.png``: for one val image, the attention of every attention layer of each seed-0 model
+``get_num_params`` / ``get_flops``. Writes the study's ``results.json`` and ``report.md`` (mean ± std over seeds,
+paired tests), ``detection.json`` (the budget and one row per run, with its ``best.pt``: what
+``diffattn object-attention --results`` reads) and ``detection.md`` (:func:`summarize`), and
+``attention_maps.png``: for one val image, the attention of every attention layer of each first-seed model
 (:func:`diffattn.detect.maps.attention_maps`), as the row of the query at the centre of the first labelled object,
 averaged over heads and drawn over the image, each panel scaled to its own range (printed in its title).
-Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies.
+Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies (:func:`diffattn.detect.offline_env` runs
+before Ultralytics is imported). Needs the extra ``diffattn[detect]``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS
 from ..io import atomic_write_file
-from .maps import attention_maps
-from .offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS, disable_sync
-from .registry import yolo
+from .report import Metric, run_seeds, write_study
 
-__all__ = ["run_compare", "main"]
+__all__ = ["VARIANTS", "DEFAULTS", "run", "check_config", "require_ultralytics", "train_one", "summarize", "plot_maps",
+           "run_compare"]
 
-DEFAULT_MODELS = ("yolo26n.yaml", "yolo26n-diffpsa", "yolo26n-diffattn")
+#: variant → (what :func:`diffattn.detect.yolo` builds, label)
+VARIANTS: dict[str, tuple[str, str]] = {
+    "yolo26n": ("yolo26n.yaml", "yolo26n"),
+    "yolo26n_diffpsa": ("yolo26n-diffpsa", "yolo26n-diffpsa"),
+    "yolo26n_diffattn": ("yolo26n-diffattn", "yolo26n-diffattn"),
+    "yolo26s": ("yolo26s.yaml", "yolo26s"),
+    "yolo26s_diffpsa": ("yolo26s-diffpsa", "yolo26s-diffpsa"),
+    "yolo26s_diffattn": ("yolo26s-diffattn", "yolo26s-diffattn"),
+}
+DEFAULT_VARIANTS = ["yolo26n", "yolo26n_diffpsa", "yolo26n_diffattn"]
+#: the budget (diffattn/configs/studies/detection.yaml); ``data``: an existing data.yaml (null: generated in out)
+DEFAULTS: dict[str, Any] = {
+    "epochs": 3, "imgsz": 128, "batch": 16, "n_train": 128, "n_val": 48, "threads": 1, "optimizer": "auto",
+    "lr0": None, "data": None,
+}
+DEFAULT_MODELS = tuple(VARIANTS[v][0] for v in DEFAULT_VARIANTS)
+
+
+def require_ultralytics(what: str) -> None:
+    """Raise :class:`~diffattn.extras.MissingExtraError` naming ``what`` when Ultralytics (the ``detect`` extra,
+    AGPL-3.0, never installed with the others) is absent; checked without importing it."""
+    import importlib.util
+
+    from ..extras import MissingExtraError
+
+    if importlib.util.find_spec("ultralytics") is None:
+        raise MissingExtraError(f"{what} needs ultralytics (AGPL-3.0): pip install 'diffattn[detect]'")
+
+
+def check_config(cfg: dict[str, Any], where: str) -> None:
+    errors: list[str] = []  # every constraint the config breaks, reported together
+    for key in ("epochs", "imgsz", "batch", "n_train", "n_val", "threads"):
+        if cfg[key] < 1:
+            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+    if cfg["lr0"] is not None and not (isinstance(cfg["lr0"], (int, float)) and cfg["lr0"] > 0):
+        errors.append(f"lr0 in {where} must be null or a number > 0, got {cfg['lr0']!r}")
+    if cfg["data"] is not None and not isinstance(cfg["data"], str):
+        errors.append(f"data in {where} must be null or the path of a data.yaml, got {cfg['data']!r}")
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def _info(model, imgsz: int = 640) -> dict:
@@ -43,6 +85,11 @@ def train_one(name: str, seed: int, data: Path, out: Path, *, epochs: int, imgsz
     """Train ``name`` with ``seed`` and validate it; returns mAP50, mAP50-95, params, GFLOPs, seconds.
     ``optimizer`` and ``lr0`` are Ultralytics' (``auto`` picks both from the iteration count; ``lr0`` applies
     to a named optimizer)."""
+    from ..detect import offline_env
+
+    offline_env()
+    from ..detect import yolo
+
     torch.set_num_threads(threads)
     model = yolo(name)
     info = _info(model)
@@ -95,6 +142,8 @@ def plot_maps(rows: list[dict], data: Path, out_png: Path, imgsz: int) -> list[d
     from PIL import Image
     from ultralytics import YOLO
 
+    from ..detect.maps import attention_maps
+
     image_path = sorted((data.parent / "images" / "val").glob("*.png"))[0]
     label = (data.parent / "labels" / "val" / (image_path.stem + ".txt")).read_text().split("\n")[0].split()
     cx, cy = float(label[1]), float(label[2])
@@ -133,8 +182,13 @@ def plot_maps(rows: list[dict], data: Path, out_png: Path, imgsz: int) -> list[d
 def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | None = None, epochs: int = 3,
                 imgsz: int = 128, batch: int = 16, n_train: int = 128, n_val: int = 48, threads: int = 1,
                 optimizer: str = "auto", lr0: float | None = None) -> dict:
-    """Train every model with every seed on the same data and budget; write results and the map figure."""
+    """Train every model with every seed on the same data and budget; write ``detection.json``, ``detection.md``
+    and the map figure into ``out``."""
     from ..data.detection import export_detection
+    from ..detect import offline_env
+
+    offline_env()
+    from ..detect import disable_sync
 
     disable_sync()
     out = Path(out)
@@ -159,38 +213,66 @@ def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | 
 
 def _write(out: Path, rows: list[dict], budget: dict, maps: list[dict] | None = None) -> dict:
     result = {"budget": budget, "runs": rows, "attention_maps": maps, "torch_threads": torch.get_num_threads()}
-    with atomic_write_file(out / "results.json", "w") as f:
+    with atomic_write_file(out / "detection.json", "w") as f:
         f.write(json.dumps(result, indent=1) + "\n")
-    with atomic_write_file(out / "results.md", "w") as f:
+    with atomic_write_file(out / "detection.md", "w") as f:
         f.write(summarize(rows))
     return result
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m diffattn.detect.compare", description=__doc__.split("\n")[0])
-    p.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS))
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
-    p.add_argument("--out", type=Path, default=Path("runs/detect"))
-    p.add_argument("--data", type=Path, default=None, help="an existing data.yaml (default: generate one in OUT)")
-    p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--imgsz", type=int, default=128)
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--n-train", type=int, default=128)
-    p.add_argument("--n-val", type=int, default=48)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--optimizer", default="auto", help="Ultralytics' optimizer: auto, SGD, AdamW, MuSGD, ...")
-    p.add_argument("--lr0", type=float, default=None, help="initial learning rate of a named --optimizer")
-    a = p.parse_args(argv)
-    for name, v in (("--epochs", a.epochs), ("--imgsz", a.imgsz), ("--batch", a.batch), ("--threads", a.threads)):
-        if v < 1:
-            p.error(f"{name} must be >= 1, got {v}")
-    if a.lr0 is not None and not a.lr0 > 0:
-        p.error(f"--lr0 must be > 0, got {a.lr0}")
-    res = run_compare(a.models, a.seeds, a.out, data=a.data, epochs=a.epochs, imgsz=a.imgsz, batch=a.batch,
-                      n_train=a.n_train, n_val=a.n_val, threads=a.threads, optimizer=a.optimizer, lr0=a.lr0)
-    print(summarize(res["runs"]))
-    return 0
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
+    from ..data.detection import export_detection
+
+    if cfg["data"] is not None:
+        if not Path(cfg["data"]).is_file():
+            raise FileNotFoundError(f"data in the detection study: {cfg['data']} is not a data.yaml file")
+        return Path(cfg["data"])
+    data_dir = out / "data"
+    if not (data_dir / "data.yaml").is_file():
+        export_detection(data_dir, n_train=cfg["n_train"], n_val=cfg["n_val"], imgsz=cfg["imgsz"],
+                         scale=(0.25, 0.6), max_objects=2)
+    return data_dir / "data.yaml"
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every seed (``<out>/seed<k>/``), aggregated (module docstring)."""
+    require_ultralytics("diffattn study detection")
+    from ..detect import offline_env
+
+    offline_env()
+    from ..detect import disable_sync
+
+    disable_sync()
+    out = Path(cfg["out"])
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    data = _data_yaml(cfg, out)
+    budget = {"epochs": cfg["epochs"], "imgsz": cfg["imgsz"], "batch": cfg["batch"], "data": str(data),
+              "optimizer": cfg["optimizer"], "lr0": cfg["lr0"]}
+
+    def one_seed(seed: int, folder: Path) -> dict:
+        results = {}
+        for v in cfg["variants"]:
+            name, label = VARIANTS[v]
+            r = train_one(name, seed, data, out, epochs=cfg["epochs"], imgsz=cfg["imgsz"], batch=cfg["batch"],
+                          threads=cfg["threads"], optimizer=cfg["optimizer"], lr0=cfg["lr0"])
+            print(json.dumps(r), flush=True)
+            results[label] = r
+        return results
+
+    per_seed = run_seeds(cfg, one_seed)
+    rows = [r for seed in cfg["seeds"] for r in per_seed[seed].values()]
+    maps = plot_maps(rows, data, out / "attention_maps.png", cfg["imgsz"])
+    _write(out, rows, budget, maps)
+    metrics = [Metric("mAP50 (%)", "mAP50", 100.0, 1), Metric("mAP50-95 (%)", "mAP50-95", 100.0, 1),
+               Metric("parameters", "params", 1.0, 0, None), Metric("GFLOPs at 640", "gflops_640", 1.0, 2, None),
+               Metric("train seconds per run", "train_s", 1.0, 0, None)]
+    intro = (f"YOLO26 detectors ({', '.join(VARIANTS[v][1] for v in cfg['variants'])}) trained {cfg['epochs']} "
+             f"epochs at {cfg['imgsz']}² (batch {cfg['batch']}, Ultralytics' optimizer {cfg['optimizer']}) on the "
+             f"generated Tux Paint detection set ({data}), validated on its val split; every run offline "
+             f"(diffattn.detect.OFFLINE_TRAIN_ARGS). Per-run rows: detection.json; attention maps: "
+             f"attention_maps.png.")
+    return write_study(out, cfg, "Study: YOLO26 with and without differential attention", intro, per_seed,
+                       metrics, time.perf_counter() - t0, extra_sections=["## Per model\n\n" + summarize(rows)])
