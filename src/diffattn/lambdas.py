@@ -32,6 +32,7 @@ import torch.nn as nn
 from .functional import _upcast
 
 __all__ = [
+    "DEFAULT_LAMBDA_INIT",
     "LAMBDA_FORMS",
     "LambdaForm",
     "register_lambda",
@@ -52,6 +53,10 @@ __all__ = [
 
 _ONE = 1.0
 
+#: λ_init when none is given: the constant of DiffCLIP (Hammoud & Ghanem 2025, §3.3) and of DAA (2025, eq. 3), and
+#: the value M-DGSA (2025, App. B.5) found best; every default λ_init in diffattn is this one
+DEFAULT_LAMBDA_INIT = 0.8
+
 
 # ---------------------------------------------------------------------------------------- λ_init schedules
 
@@ -65,7 +70,7 @@ def _check_finite(name: str, value) -> float:
     return value
 
 
-def lambda_init_constant(value: float = 0.8) -> float:
+def lambda_init_constant(value: float = DEFAULT_LAMBDA_INIT) -> float:
     """The constant λ_init of DiffCLIP (Hammoud et al. 2025, §3.3: 0.8)."""
     return _check_finite("lambda_init", value)
 
@@ -181,7 +186,8 @@ class ReparamLambda(LambdaForm):
     registry: ``std`` (default 0.1) and ``per_head`` (default False: one λ per layer, as in the paper).
     """
 
-    def __init__(self, head_dim: int, lambda_init: float = 0.8, *, std: float = 0.1, num_heads: int | None = None):
+    def __init__(self, head_dim: int, lambda_init: float = DEFAULT_LAMBDA_INIT, *, std: float = 0.1,
+                 num_heads: int | None = None):
         super().__init__()
         shape = (head_dim,) if num_heads is None else (num_heads, head_dim)
         self.lambda_init = _check_finite("lambda_init", lambda_init)
@@ -213,7 +219,7 @@ class ReparamLambda(LambdaForm):
 class DualScalarLambda(LambdaForm):
     """λ = exp(a) − exp(b) + λ_init with scalars a = b = 0 at init (timm's ``DiffAttention(dual_lambda=True)``)."""
 
-    def __init__(self, lambda_init: float = 0.8):
+    def __init__(self, lambda_init: float = DEFAULT_LAMBDA_INIT):
         super().__init__()
         self.lambda_init = _check_finite("lambda_init", lambda_init)
         self.lambda_a = nn.Parameter(torch.zeros((), dtype=torch.float32))
@@ -234,7 +240,7 @@ class DualScalarLambda(LambdaForm):
 class ConstantLambda(LambdaForm):
     """A fixed λ = λ_init (no parameters); for ablations."""
 
-    def __init__(self, lambda_init: float = 0.8):
+    def __init__(self, lambda_init: float = DEFAULT_LAMBDA_INIT):
         super().__init__()
         self.lambda_init = _check_finite("lambda_init", lambda_init)
 
@@ -308,7 +314,8 @@ class AnnealedLambda(LambdaForm):
     resumed state dict continues the schedule; call :meth:`advance` once per optimizer step.
     """
 
-    def __init__(self, lambda_init: float = 0.8, anneal_steps: int = 1000, *, lambda_learn_init: float = 0.0):
+    def __init__(self, lambda_init: float = DEFAULT_LAMBDA_INIT, anneal_steps: int = 1000, *,
+                 lambda_learn_init: float = 0.0):
         super().__init__()
         if not isinstance(anneal_steps, int) or isinstance(anneal_steps, bool) or anneal_steps <= 0:
             raise ValueError(f"anneal_steps must be a positive integer, got {anneal_steps!r}")

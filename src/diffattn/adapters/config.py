@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .methods import METHODS
+from ..lambdas import DEFAULT_LAMBDA_INIT
+from .methods import list_methods
 
 __all__ = ["RetrofitConfig", "TRAIN_MODES"]
 
@@ -44,15 +45,15 @@ class RetrofitConfig:
     """
 
     method: str
-    lambda_init: float | str = 0.8
+    lambda_init: float | str = DEFAULT_LAMBDA_INIT
     anneal_steps: int = 1000
     layers: LayerSelection = None
     train: str = "attention"
     trainable: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.method, str) or self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if not isinstance(self.method, str) or self.method not in list_methods():
+            raise ValueError(f"method must be one of {list_methods()}, got {self.method!r}")
         li = self.lambda_init
         if isinstance(li, str):
             if li != "ye":
