@@ -44,13 +44,14 @@ Layout: one module per method (:mod:`.daa`, :mod:`.dex`, :mod:`.diffq`, :mod:`.d
 :mod:`.shared_qk`, :mod:`.split_heads`), each one :class:`RetrofitMethod` class registered by name
 (:func:`register_method`); :mod:`.base` holds the protocol, the two schedules and the registry, :mod:`.adapter` the
 :class:`RetrofitAdapter` module and the calls the bindings make (:func:`second_branch`, :func:`run_method`), which
-dispatch through the registry. A new method is one new module registered the same way (docs/design.md, "How to
-extend").
+dispatch through the registry. A new method is one new module in this package (found and imported without editing
+this file) or in the user's own code, registered the same way (docs/design.md, "How to extend").
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import warnings
 
 from .adapter import MAX_STEP, RetrofitAdapter, branch_maps, run_method, second_branch
@@ -92,10 +93,17 @@ __all__ = [
     "split_channels",
 ]
 
-#: the built-in methods, one module each, registered in this order; :func:`list_methods` also names later ones
-METHODS = ("daa", "dex", "diffq", "diffk", "diffv", "shared_qk", "split_heads")
-for _name in METHODS:
+# Every module of this package but the shared ones is a method: importing it registers it. The methods of the
+# papers come first, in the papers' order; a module added to the package is found without editing this file.
+_PAPER_ORDER = ("daa", "dex", "diffq", "diffk", "diffv", "shared_qk", "split_heads")
+_SHARED = {"adapter", "base", "ops"}
+_found = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _SHARED and not m.name.startswith("_"))
+for _name in (*(n for n in _PAPER_ORDER if n in _found), *(n for n in _found if n not in _PAPER_ORDER)):
     importlib.import_module(f".{_name}", __name__)
+
+#: the methods this package ships (one module each), registered in this order; :func:`list_methods` also names
+#: those registered later from other modules
+METHODS = list_methods()
 #: methods with the annealed λ(t) of DAA (2025) eq. 3 (DEX: Kong et al. 2025)
 ANNEALED_METHODS = tuple(m for m in METHODS if not method_class(m).blended)
 #: methods of Li et al. 2025, re-parameterised λ and per-head RMSNorm, blended in by β(t)
