@@ -44,7 +44,7 @@ def test_default_lambda_init_is_defined_once():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(kind="linear"), "attention must be one of \\('standard', 'diff', 'gated', 'diff_v2'\\), got 'linear'"),
-    (dict(kind="diff", lambda_init="depth"), "lambda_init must be a float or 'ye', got 'depth'"),
+    (dict(kind="diff", lambda_init="depth"), "lambda_init must be a finite float or 'ye', got 'depth'"),
     (dict(kind="diff", lambda_init=float("nan")), "lambda_init must be a finite float"),
     (dict(kind="diff", lambda_form="cosine"), "lambda_form must be None or one of \\('reparam'"),
     (dict(kind="diff", lambda_options=[1]), "lambda_options must be a dict or None, got list"),
@@ -62,6 +62,11 @@ def test_default_lambda_init_is_defined_once():
 def test_spec_validates_once_naming_the_setting(kw, message):
     with pytest.raises(ValueError, match=message):
         AttentionSpec(**kw)
+
+
+def test_spec_lambda_init_type_is_a_type_error():
+    with pytest.raises(TypeError, match="lambda_init must be a finite float or 'ye', got bool True"):
+        AttentionSpec("diff", lambda_init=True)
 
 
 def test_spec_json_round_trip_and_unknown_keys():

@@ -42,6 +42,7 @@ __all__ = [
     "lambda_init_constant",
     "lambda_init_ye",
     "resolve_lambda_init",
+    "check_lambda_init",
     "reparam_lambda",
     "ReparamLambda",
     "DualScalarLambda",
@@ -94,6 +95,24 @@ def resolve_lambda_init(lambda_init: float | str, depth: int = 0) -> float:
     if not isinstance(lambda_init, numbers.Real) or isinstance(lambda_init, bool):
         raise ValueError(f"lambda_init must be a float or 'ye', got {type(lambda_init).__name__}")
     return _check_finite("lambda_init", lambda_init)
+
+
+def check_lambda_init(lambda_init) -> float | str:
+    """The λ_init setting a user gives (before any layer depth is known): a finite float (returned as a float) or
+    ``"ye"``. What :class:`~diffattn.layers.AttentionSpec` and :class:`~diffattn.adapters.RetrofitConfig` check.
+
+    Raises TypeError for a value that is not a number or a string, ValueError for any other string or a non-finite
+    number."""
+    if isinstance(lambda_init, str):
+        if lambda_init != "ye":
+            raise ValueError(f"lambda_init must be a finite float or 'ye', got {lambda_init!r}")
+        return lambda_init
+    if isinstance(lambda_init, bool) or not isinstance(lambda_init, numbers.Real):
+        raise TypeError(f"lambda_init must be a finite float or 'ye', got {type(lambda_init).__name__} "
+                        f"{lambda_init!r}")
+    if not math.isfinite(float(lambda_init)):
+        raise ValueError(f"lambda_init must be a finite float or 'ye', got {lambda_init!r}")
+    return float(lambda_init)
 
 
 # ------------------------------------------------------------------------------------------------ registry

@@ -22,7 +22,7 @@ from typing import Any
 import torch.nn as nn
 
 from ..functional import BACKENDS
-from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, resolve_lambda_init
+from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, check_lambda_init
 from .attention import ATTENTION_TYPES
 from .rope import ROPE_STYLES
 
@@ -104,9 +104,7 @@ class AttentionSpec:
     def __post_init__(self) -> None:
         if self.kind not in ATTENTION_TYPES:
             raise ValueError(f"attention must be one of {tuple(ATTENTION_TYPES)}, got {self.kind!r}")
-        resolve_lambda_init(self.lambda_init, 0)  # a finite float or "ye"
-        if not isinstance(self.lambda_init, str):
-            object.__setattr__(self, "lambda_init", float(self.lambda_init))
+        object.__setattr__(self, "lambda_init", check_lambda_init(self.lambda_init))  # a finite float or "ye"
         if self.lambda_form is not None and self.lambda_form not in available_lambdas():
             raise ValueError(f"lambda_form must be None or one of {available_lambdas()}, got {self.lambda_form!r}")
         if self.lambda_options is not None:
