@@ -105,8 +105,11 @@ def test_block_takes_a_spec_or_the_flat_arguments():
     assert a.attn.causal and a.attn.q_residual and a.attn.attn_drop == 0.1 and a.attn.proj_drop.p == 0.2
     x = torch.randn(2, 5, 32)
     torch.testing.assert_close(a(x), b(x), atol=0, rtol=0)
-    with pytest.raises(ValueError, match="Block: attention is an AttentionSpec, .* got \\['backend', 'causal'\\]"):
+    with pytest.raises(ValueError, match="Block: attention is an AttentionSpec, .* got \\['backend'\\]"):
         Block(32, 4, attention=spec, causal=True, backend="math")
+    # a flat argument that agrees with the spec is no conflict (a registered model's table may set it)
+    c = _seeded(lambda: Block(32, 4, depth=1, attention=spec, drop=0.2, q_residual=True, causal=True))
+    torch.testing.assert_close(c(x), a(x), atol=0, rtol=0)
     with pytest.raises(ValueError, match="Block: attention must be an AttentionSpec, its dict or one of"):
         Block(32, 4, attention=3)
 
@@ -143,6 +146,14 @@ def test_families_take_a_spec_or_the_flat_arguments():
     _same(clip_a, clip_b, images, ids)
     with pytest.raises(ValueError, match="CausalLM: attention is an AttentionSpec, .* got \\['lambda_form'\\]"):
         CausalLM(**{**lm, "num_kv_heads": None}, attention=spec, lambda_form="constant")
+
+
+def test_registered_models_take_a_spec_that_agrees_with_their_table():
+    spec = AttentionSpec("gated", q_residual=True, lambda_init="ye")
+    model = diffattn.create_model("dg_vit_tiny_patch16_224", attention=spec, img_size=32, depth=2)
+    assert model.attention_spec == spec and model.blocks[1].attn.q_residual
+    with pytest.raises(ValueError, match="VisionTransformer: attention is an AttentionSpec, .* got \\['q_residual'\\]"):
+        diffattn.create_model("dg_vit_tiny_patch16_224", attention=AttentionSpec("gated"), img_size=32, depth=2)
 
 
 def test_spec_models_save_and_load(tmp_path):

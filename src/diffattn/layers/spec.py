@@ -197,8 +197,10 @@ def attention_spec(attention: str | AttentionSpec | Mapping, *, owner: str, sign
     a kind. With a name, the family's flat keyword arguments fill the spec, as diffattn 0.1.0's models and config
     files spell it: ``legacy`` maps each parameter name to its value, or to ``(spec field, value)`` where the names
     differ; ``fill`` gives spec fields from arguments that also serve something else (a block's ``drop`` is the
-    MLP's dropout too). With a spec, the ``legacy`` arguments must be left at their defaults in ``signature`` (the
-    family's ``__init__``) and a ValueError names any that is not. ``force`` sets what the family fixes whatever
+    MLP's dropout too). With a spec, each ``legacy`` argument must be left at its default in ``signature`` (the
+    family's ``__init__``) or agree with the spec, and a ValueError names any that does not (a registered model's
+    config table may set them: ``create_model("dg_vit_tiny_patch16_224", attention=AttentionSpec("gated",
+    q_residual=True))`` agrees with its ``q_residual=True``). ``force`` sets what the family fixes whatever
     it is given (a text tower's ``causal=True``).
     """
     pairs = {k: v if isinstance(v, tuple) else (k, v) for k, v in legacy.items()}
@@ -212,7 +214,8 @@ def attention_spec(attention: str | AttentionSpec | Mapping, *, owner: str, sign
                              f"{tuple(ATTENTION_TYPES)}, got {type(attention).__name__} {attention!r}")
         if signature is not None:
             params = inspect.signature(signature).parameters
-            clash = sorted(k for k, (_, v) in pairs.items() if k in params and v != params[k].default)
+            clash = sorted(k for k, (f, v) in pairs.items()
+                           if k in params and v != params[k].default and v != getattr(attention, f))
             if clash:
                 raise ValueError(f"{owner}: attention is an AttentionSpec, which holds every attention setting; "
                                  f"got {clash} as well: set them in the spec instead")
