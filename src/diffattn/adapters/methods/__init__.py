@@ -44,14 +44,13 @@ Layout: one module per method (:mod:`.daa`, :mod:`.dex`, :mod:`.diffq`, :mod:`.d
 :mod:`.shared_qk`, :mod:`.split_heads`), each one :class:`RetrofitMethod` class registered by name
 (:func:`register_method`); :mod:`.base` holds the protocol, the two schedules and the registry, :mod:`.adapter` the
 :class:`RetrofitAdapter` module and the calls the bindings make (:func:`second_branch`, :func:`run_method`), which
-dispatch through the registry. A new method is one new module in this package (found and imported without editing
-this file) or in the user's own code, registered the same way (docs/design.md, "How to extend").
+dispatch through the registry. A new method is one module registered the same way: in the user's own code, or in
+this package with its name added to :data:`METHOD_MODULES` (docs/design.md, "How to extend").
 """
 
 from __future__ import annotations
 
 import importlib
-import pkgutil
 import warnings
 
 from .adapter import MAX_STEP, RetrofitAdapter, branch_maps, run_method, second_branch
@@ -71,6 +70,7 @@ from .ops import MASKED_ROWS, split_channels
 
 __all__ = [
     "METHODS",
+    "METHOD_MODULES",
     "ANNEALED_METHODS",
     "BLENDED_METHODS",
     "INPUT_METHODS",
@@ -93,13 +93,19 @@ __all__ = [
     "split_channels",
 ]
 
-# Every module of this package but the shared ones is a method: importing it registers it. The methods of the
-# papers come first, in the papers' order; a module added to the package is found without editing this file.
-_PAPER_ORDER = ("daa", "dex", "diffq", "diffk", "diffv", "shared_qk", "split_heads")
-_SHARED = {"adapter", "base", "ops"}
-_found = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _SHARED and not m.name.startswith("_"))
-for _name in (*(n for n in _PAPER_ORDER if n in _found), *(n for n in _found if n not in _PAPER_ORDER)):
-    importlib.import_module(f".{_name}", __name__)
+#: the method modules this package ships, in the papers' order; importing one registers its method. A literal
+#: table, so the import-cycle check (tests/test_layering.py) sees every edge; a new module is one line here
+METHOD_MODULES = (
+    "diffattn.adapters.methods.daa",
+    "diffattn.adapters.methods.dex",
+    "diffattn.adapters.methods.diffq",
+    "diffattn.adapters.methods.diffk",
+    "diffattn.adapters.methods.diffv",
+    "diffattn.adapters.methods.shared_qk",
+    "diffattn.adapters.methods.split_heads",
+)
+for _module in METHOD_MODULES:
+    importlib.import_module(_module)
 
 #: the methods this package ships (one module each), registered in this order; :func:`list_methods` also names
 #: those registered later from other modules

@@ -28,16 +28,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
+import torch.nn as nn
 
 from ...lambdas import AnnealedLambda, ReparamLambda
 from ...layers.norm import head_rms_norm
 from .ops import diff_attend
-
-if TYPE_CHECKING:  # the adapter module imports this one
-    from .adapter import RetrofitAdapter
 
 __all__ = [
     "RetrofitMethod",
@@ -75,6 +73,10 @@ def lambda_dtype(dtype: torch.dtype | None) -> torch.dtype:
 class RetrofitMethod(ABC):
     """One retrofit method: its parameters, λ schedule, second branch and attention core.
 
+    Every hook takes the layer's :class:`~diffattn.adapters.methods.RetrofitAdapter` (``adapter``), which holds
+    the sizes (``dim``, ``num_heads``, ``head_dim``, ``value_dim``), ``lambda_init``, ``anneal_steps`` and the
+    weights the hooks create.
+
     Instances hold no state (the adapter holds the weights), so one instance may serve every layer. Subclass
     :class:`AnnealedMethod` or :class:`BlendedMethod` (they implement the schedule) and register the class with
     :func:`register_method`.
@@ -89,31 +91,31 @@ class RetrofitMethod(ABC):
         """Raise ValueError when the method cannot apply to a layer of these sizes (D, h, d, dv). Default: any size."""
         return None
 
-    def init_parameters(self, adapter: RetrofitAdapter, *, device=None, dtype=None) -> None:
+    def init_parameters(self, adapter: nn.Module, *, device=None, dtype=None) -> None:
         """Create the method's new weights on ``adapter`` (identity at init, so step 0 is the pretrained layer).
         Default: none (the shared-QK and split-heads methods of Li et al. 2025 add only λ and the norm)."""
         return None
 
     @abstractmethod
-    def init_schedule(self, adapter: RetrofitAdapter, *, device=None, dtype=None) -> None:
+    def init_schedule(self, adapter: nn.Module, *, device=None, dtype=None) -> None:
         """Create ``adapter.lam`` (the λ module) and the step counter t."""
 
     @abstractmethod
-    def step_buffer(self, adapter: RetrofitAdapter) -> torch.Tensor:
+    def step_buffer(self, adapter: nn.Module) -> torch.Tensor:
         """The 0-d long buffer holding t."""
 
-    def lambda_learn(self, adapter: RetrofitAdapter) -> float | None:
+    def lambda_learn(self, adapter: nn.Module) -> float | None:
         """The learnt scalar λ_learn of an annealed λ(t); None for methods without one."""
         return None
 
-    def second_branch(self, adapter: RetrofitAdapter, x: torch.Tensor, q: torch.Tensor,
+    def second_branch(self, adapter: nn.Module, x: torch.Tensor, q: torch.Tensor,
                       project: Project) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """(q2, k2, v2), None where the second branch reuses the first. ``x`` (B, N, D) is the layer input, ``q``
         (B, h, N, d) the first-branch query before any rotary embedding. Default: no second projection."""
         return None, None, None
 
     @abstractmethod
-    def attend(self, adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+    def attend(self, adapter: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
                q2: torch.Tensor | None, k2: torch.Tensor | None, v2: torch.Tensor | None, lam: torch.Tensor,
                weights: bool, kw: dict) -> Branches:
         """The attention core: q (B, h, Nq, d), k/v (B, Hkv, Nk, d), λ a 0-d tensor; ``kw`` goes to
@@ -127,14 +129,14 @@ class AnnealedMethod(RetrofitMethod):
 
     The default core is (A1 − λ(t) A2) V with A2 = A(q2, k2), q2/k2 defaulting to q/k (DAA eq. 4, DiffQ, DiffK)."""
 
-    def init_schedule(self, adapter: RetrofitAdapter, *, device=None, dtype=None) -> None:
+    def init_schedule(self, adapter: nn.Module, *, device=None, dtype=None) -> None:
         adapter.lam = AnnealedLambda(adapter.lambda_init, adapter.anneal_steps).to(device=device,
                                                                                   dtype=lambda_dtype(dtype))
 
-    def step_buffer(self, adapter: RetrofitAdapter) -> torch.Tensor:
+    def step_buffer(self, adapter: nn.Module) -> torch.Tensor:
         return adapter.lam.step
 
-    def lambda_learn(self, adapter: RetrofitAdapter) -> float | None:
+    def lambda_learn(self, adapter: nn.Module) -> float | None:
         return float(adapter.lam.lambda_learn)
 
     def attend(self, adapter, q, k, v, *, q2, k2, v2, lam, weights, kw) -> Branches:
@@ -154,9 +156,9 @@ class InputMethod(AnnealedMethod):
 
     def init_parameters(self, adapter, *, device=None, dtype=None) -> None:
         setattr(adapter, self.weight_name(),
-                torch.nn.Parameter(torch.eye(adapter.dim, device=device, dtype=dtype)))  # (D, D)
+                nn.Parameter(torch.eye(adapter.dim, device=device, dtype=dtype)))  # (D, D)
 
-    def transform_input(self, adapter: RetrofitAdapter, x: torch.Tensor) -> torch.Tensor:
+    def transform_input(self, adapter: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """X' = X W_d. x: (B, N, D) → (B, N, D)."""
         return torch.matmul(x, getattr(adapter, self.weight_name()).to(x.dtype))
 
@@ -187,7 +189,7 @@ class BlendedMethod(RetrofitMethod):
         return adapter.step
 
     @abstractmethod
-    def differential(self, adapter: RetrofitAdapter, q, k, v, lam: torch.Tensor, weights: bool, kw: dict,
+    def differential(self, adapter: nn.Module, q, k, v, lam: torch.Tensor, weights: bool, kw: dict,
                      full: bool) -> tuple:
         """(O_diff, its map, first map, second map, O_pretrained, its map) before the norm; O_pretrained and its
         map may be None when ``full`` (β = 1: not needed)."""
