@@ -70,7 +70,7 @@ def _ref_gpt2_attention(attn, x, method):
     Q, K, V = proj(x, 0), proj(x, 1), proj(x, 2)
     t, T = float(ad.step_buffer), ad.anneal_steps
     alpha = min(1.0, t / T)
-    if method in A.SEED001_METHODS:
+    if method in A.ANNEALED_METHODS:
         lam = (1 - alpha) * (t / T) * ad.lambda_init + alpha * float(ad.lam.lambda_learn.detach())  # DAA (2025) eq. 3
     else:
         lq1, lk1, lq2, lk2 = (getattr(ad.lam, n).detach().double() for n in ("lambda_q1", "lambda_k1", "lambda_q2",

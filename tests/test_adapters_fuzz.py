@@ -150,7 +150,7 @@ def _ref_layer(attn, c, x, allowed, cos, sin):
     Q, K = rope(Q0), rope(K0)
     t, Tn = float(ad.step_buffer), ad.anneal_steps
     m = c["method"]
-    if m in A.SEED001_METHODS:
+    if m in A.ANNEALED_METHODS:
         alpha = min(1.0, t / Tn)
         lam = (1 - alpha) * (t / Tn) * ad.lambda_init + alpha * float(ad.lam.lambda_learn.detach())  # DAA (2025) eq. 3
     else:

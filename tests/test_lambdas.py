@@ -147,3 +147,17 @@ def test_numpy_scalars_are_accepted():
     np = pytest.importorskip("numpy")
     assert resolve_lambda_init(np.float32(0.5)) == 0.5
     assert ConstantLambda(np.float64(0.25)).lambda_init == 0.25
+
+
+def test_check_lambda_init_is_the_one_check_of_a_given_value():
+    from diffattn.lambdas import DEFAULT_LAMBDA_INIT, check_lambda_init
+
+    assert check_lambda_init("ye") == "ye"
+    assert check_lambda_init(1) == 1.0 and isinstance(check_lambda_init(1), float)
+    assert check_lambda_init(DEFAULT_LAMBDA_INIT) == 0.8
+    with pytest.raises(ValueError, match="lambda_init must be a finite float or 'ye', got 'depth'"):
+        check_lambda_init("depth")
+    with pytest.raises(ValueError, match="lambda_init must be a finite float or 'ye', got inf"):
+        check_lambda_init(float("inf"))
+    with pytest.raises(TypeError, match="lambda_init must be a finite float or 'ye', got NoneType None"):
+        check_lambda_init(None)

@@ -32,6 +32,7 @@ import torch.nn as nn
 from .functional import _upcast
 
 __all__ = [
+    "DEFAULT_LAMBDA_INIT",
     "LAMBDA_FORMS",
     "LambdaForm",
     "register_lambda",
@@ -41,6 +42,7 @@ __all__ = [
     "lambda_init_constant",
     "lambda_init_ye",
     "resolve_lambda_init",
+    "check_lambda_init",
     "reparam_lambda",
     "ReparamLambda",
     "DualScalarLambda",
@@ -51,6 +53,10 @@ __all__ = [
 ]
 
 _ONE = 1.0
+
+#: λ_init when none is given: the constant of DiffCLIP (Hammoud & Ghanem 2025, §3.3) and of DAA (2025, eq. 3), and
+#: the value M-DGSA (2025, App. B.5) found best; every default λ_init in diffattn is this one
+DEFAULT_LAMBDA_INIT = 0.8
 
 
 # ---------------------------------------------------------------------------------------- λ_init schedules
@@ -65,7 +71,7 @@ def _check_finite(name: str, value) -> float:
     return value
 
 
-def lambda_init_constant(value: float = 0.8) -> float:
+def lambda_init_constant(value: float = DEFAULT_LAMBDA_INIT) -> float:
     """The constant λ_init of DiffCLIP (Hammoud et al. 2025, §3.3: 0.8)."""
     return _check_finite("lambda_init", value)
 
@@ -89,6 +95,24 @@ def resolve_lambda_init(lambda_init: float | str, depth: int = 0) -> float:
     if not isinstance(lambda_init, numbers.Real) or isinstance(lambda_init, bool):
         raise ValueError(f"lambda_init must be a float or 'ye', got {type(lambda_init).__name__}")
     return _check_finite("lambda_init", lambda_init)
+
+
+def check_lambda_init(lambda_init) -> float | str:
+    """The λ_init setting a user gives (before any layer depth is known): a finite float (returned as a float) or
+    ``"ye"``. What :class:`~diffattn.layers.AttentionSpec` and :class:`~diffattn.adapters.RetrofitConfig` check.
+
+    Raises TypeError for a value that is not a number or a string, ValueError for any other string or a non-finite
+    number."""
+    if isinstance(lambda_init, str):
+        if lambda_init != "ye":
+            raise ValueError(f"lambda_init must be a finite float or 'ye', got {lambda_init!r}")
+        return lambda_init
+    if isinstance(lambda_init, bool) or not isinstance(lambda_init, numbers.Real):
+        raise TypeError(f"lambda_init must be a finite float or 'ye', got {type(lambda_init).__name__} "
+                        f"{lambda_init!r}")
+    if not math.isfinite(float(lambda_init)):
+        raise ValueError(f"lambda_init must be a finite float or 'ye', got {lambda_init!r}")
+    return float(lambda_init)
 
 
 # ------------------------------------------------------------------------------------------------ registry
@@ -181,7 +205,8 @@ class ReparamLambda(LambdaForm):
     registry: ``std`` (default 0.1) and ``per_head`` (default False: one λ per layer, as in the paper).
     """
 
-    def __init__(self, head_dim: int, lambda_init: float = 0.8, *, std: float = 0.1, num_heads: int | None = None):
+    def __init__(self, head_dim: int, lambda_init: float = DEFAULT_LAMBDA_INIT, *, std: float = 0.1,
+                 num_heads: int | None = None):
         super().__init__()
         shape = (head_dim,) if num_heads is None else (num_heads, head_dim)
         self.lambda_init = _check_finite("lambda_init", lambda_init)
@@ -213,7 +238,7 @@ class ReparamLambda(LambdaForm):
 class DualScalarLambda(LambdaForm):
     """λ = exp(a) − exp(b) + λ_init with scalars a = b = 0 at init (timm's ``DiffAttention(dual_lambda=True)``)."""
 
-    def __init__(self, lambda_init: float = 0.8):
+    def __init__(self, lambda_init: float = DEFAULT_LAMBDA_INIT):
         super().__init__()
         self.lambda_init = _check_finite("lambda_init", lambda_init)
         self.lambda_a = nn.Parameter(torch.zeros((), dtype=torch.float32))
@@ -234,7 +259,7 @@ class DualScalarLambda(LambdaForm):
 class ConstantLambda(LambdaForm):
     """A fixed λ = λ_init (no parameters); for ablations."""
 
-    def __init__(self, lambda_init: float = 0.8):
+    def __init__(self, lambda_init: float = DEFAULT_LAMBDA_INIT):
         super().__init__()
         self.lambda_init = _check_finite("lambda_init", lambda_init)
 
@@ -308,7 +333,8 @@ class AnnealedLambda(LambdaForm):
     resumed state dict continues the schedule; call :meth:`advance` once per optimizer step.
     """
 
-    def __init__(self, lambda_init: float = 0.8, anneal_steps: int = 1000, *, lambda_learn_init: float = 0.0):
+    def __init__(self, lambda_init: float = DEFAULT_LAMBDA_INIT, anneal_steps: int = 1000, *,
+                 lambda_learn_init: float = 0.0):
         super().__init__()
         if not isinstance(anneal_steps, int) or isinstance(anneal_steps, bool) or anneal_steps <= 0:
             raise ValueError(f"anneal_steps must be a positive integer, got {anneal_steps!r}")

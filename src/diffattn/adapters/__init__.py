@@ -11,7 +11,8 @@ Methods (docs/retrofit.md): DAA, DEX, DiffQ, DiffK, DiffV (DAA (2025), annealed 
     model = diffattn.load_adapter(fresh_base_model, "out/")
     # a transformers model: model.save_pretrained("ckpt/"); diffattn.from_pretrained_retrofit("ckpt/")
 
-Layout: :mod:`.methods` (the math, :class:`RetrofitAdapter`), :mod:`.binding` (the :class:`Binding` protocol),
+Layout: :mod:`.methods` (one module per method, the registry, :class:`RetrofitAdapter`), :mod:`.binding` (the
+:class:`Binding` protocol),
 :mod:`.bindings` (transformers, timm, open_clip, and the ``BINDINGS`` list), :mod:`.config`
 (:class:`RetrofitConfig`), :mod:`.core` (``retrofit`` and reports), :mod:`.schedule` (``step``), :mod:`.saving`.
 """
@@ -20,14 +21,28 @@ from .binding import Binding, Candidate
 from .config import TRAIN_MODES, RetrofitConfig
 from .core import count_parameters, lambda_summary, plan_retrofit, retrofit, retrofit_config, supported_families
 from .hf import RetrofitCheckpointWarning, from_pretrained_retrofit
-from .methods import METHODS, SEED001_METHODS, SEED002_METHODS, RetrofitAdapter, branch_maps
+from .methods import (
+    ANNEALED_METHODS,
+    BLENDED_METHODS,
+    METHODS,
+    RetrofitAdapter,
+    RetrofitMethod,
+    branch_maps,
+    build_method,
+    list_methods,
+    register_method,
+)
 from .saving import load_adapter, read_adapter, save_adapter
 from .schedule import adapters, attach_to_optimizer, lambda_logs, step
 
 __all__ = [
     "METHODS",
-    "SEED001_METHODS",
-    "SEED002_METHODS",
+    "ANNEALED_METHODS",
+    "BLENDED_METHODS",
+    "RetrofitMethod",
+    "register_method",
+    "build_method",
+    "list_methods",
     "TRAIN_MODES",
     "Binding",
     "Candidate",
@@ -60,4 +75,8 @@ def __getattr__(name: str):
         from . import schedule
 
         return schedule.DiffAttnCallback
+    if name in ("SEED001_METHODS", "SEED002_METHODS"):  # renamed; the alias warns
+        from . import methods
+
+        return getattr(methods, name)
     raise AttributeError(f"module 'diffattn.adapters' has no attribute {name!r}")

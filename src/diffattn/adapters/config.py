@@ -3,13 +3,12 @@ peft's ``LoraConfig`` is saved with a LoRA adapter)."""
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .methods import METHODS
+from ..lambdas import DEFAULT_LAMBDA_INIT, check_lambda_init
+from .methods import list_methods
 
 __all__ = ["RetrofitConfig", "TRAIN_MODES"]
 
@@ -44,25 +43,16 @@ class RetrofitConfig:
     """
 
     method: str
-    lambda_init: float | str = 0.8
+    lambda_init: float | str = DEFAULT_LAMBDA_INIT
     anneal_steps: int = 1000
     layers: LayerSelection = None
     train: str = "attention"
     trainable: Sequence[str] = ()
 
     def __post_init__(self) -> None:
-        if not isinstance(self.method, str) or self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        li = self.lambda_init
-        if isinstance(li, str):
-            if li != "ye":
-                raise ValueError(f"lambda_init must be a finite float or 'ye', got {li!r}")
-        elif isinstance(li, bool) or not isinstance(li, numbers.Real):
-            raise TypeError(f"lambda_init must be a finite float or 'ye', got {type(li).__name__} {li!r}")
-        elif not math.isfinite(float(li)):
-            raise ValueError(f"lambda_init must be a finite float or 'ye', got {li!r}")
-        else:
-            self.lambda_init = float(li)
+        if not isinstance(self.method, str) or self.method not in list_methods():
+            raise ValueError(f"method must be one of {list_methods()}, got {self.method!r}")
+        self.lambda_init = check_lambda_init(self.lambda_init)
         a = self.anneal_steps
         if isinstance(a, bool) or not isinstance(a, int) or a <= 0:
             raise ValueError(f"anneal_steps must be a positive int (optimizer steps), got {a!r}")

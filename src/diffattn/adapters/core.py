@@ -16,10 +16,11 @@ from typing import Any
 import torch.nn as nn
 
 from ..formats import FORMAT, FORMAT_KEY
+from ..lambdas import DEFAULT_LAMBDA_INIT
 from .binding import ADAPTER_ATTR, Candidate
 from .bindings import BINDINGS
 from .config import RetrofitConfig
-from .methods import SEED001_METHODS, RetrofitAdapter
+from .methods import RetrofitAdapter
 from .naming import active_modules, canonical_name, is_wrapped, key_map, module_map
 from .schedule import adapters
 
@@ -146,7 +147,7 @@ def _heads(model: nn.Module, names: Sequence[str]) -> tuple[nn.Module, ...]:
     return tuple(out)
 
 
-def retrofit(model: nn.Module, method: str | RetrofitConfig, *, lambda_init: float | str = 0.8,
+def retrofit(model: nn.Module, method: str | RetrofitConfig, *, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
              anneal_steps: int = 1000, layers: Sequence[int] | Callable[[int, str], bool] | None = None,
              train: str = "attention", trainable: Sequence[str] = ()) -> nn.Module:
     """Turn the attention of ``model`` into differential attention in place and return ``model``.
@@ -178,8 +179,8 @@ def retrofit(model: nn.Module, method: str | RetrofitConfig, *, lambda_init: flo
     error is raised.
     """
     if isinstance(method, RetrofitConfig):
-        given = {"lambda_init": (lambda_init, 0.8), "anneal_steps": (anneal_steps, 1000), "layers": (layers, None),
-                 "train": (train, "attention"), "trainable": (trainable, ())}
+        given = {"lambda_init": (lambda_init, DEFAULT_LAMBDA_INIT), "anneal_steps": (anneal_steps, 1000),
+                 "layers": (layers, None), "train": (train, "attention"), "trainable": (trainable, ())}
         clash = [k for k, (v, default) in given.items() if v is not default and v != default]
         if clash:
             raise ValueError(f"retrofit(model, config) takes its settings from the config; got {clash} as well")
@@ -338,9 +339,8 @@ def lambda_summary(model: nn.Module) -> list[dict[str, Any]]:
     out = []
     with torch.no_grad():
         for name, a in adapters(model):
-            annealed = a.method in SEED001_METHODS
             out.append({"name": name.rsplit(".", 1)[0], "index": a.layer_index, "method": a.method,
                         "step": int(a.step_buffer), "lambda": float(a.lambda_value()),
-                        "lambda_learn": float(a.lam.lambda_learn) if annealed else None,
-                        "lambda_init": a.lambda_init, "blend": None if annealed else float(a.blend())})
+                        "lambda_learn": a.method_impl.lambda_learn(a), "lambda_init": a.lambda_init,
+                        "blend": float(a.blend()) if a.method_impl.blended else None})
     return out

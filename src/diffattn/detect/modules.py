@@ -29,7 +29,7 @@ from ultralytics.nn.modules.block import C2PSA, Attention, C3k2
 from ultralytics.nn.modules.conv import Conv
 
 from ..functional import diff_attention
-from ..lambdas import reparam_lambda, resolve_lambda_init
+from ..lambdas import DEFAULT_LAMBDA_INIT, reparam_lambda, resolve_lambda_init
 from ..layers import DiffAttention
 from ..layers.norm import head_rms_norm
 
@@ -58,8 +58,8 @@ class DiffAttention2d(nn.Module):
     ``residual``.
     """
 
-    def __init__(self, c1: int, c2: int, num_heads: int = 8, lambda_init: float | str = 0.8, residual: bool = True,
-                 depth: int = 0):
+    def __init__(self, c1: int, c2: int, num_heads: int = 8, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
+                 residual: bool = True, depth: int = 0):
         super().__init__()
         if not isinstance(residual, bool):
             raise ValueError(f"residual must be a bool, got {residual!r}")
@@ -101,8 +101,8 @@ class DiffPSAAttention(nn.Module):
         lambda_init: λ_init, a float (DiffCLIP: 0.8) or ``"ye"``: 0.8 − 0.6·exp(−0.3·depth), ``depth`` 0-based.
     """
 
-    def __init__(self, dim: int, num_heads: int = 8, attn_ratio: float = 0.5, lambda_init: float | str = 0.8,
-                 depth: int = 0):
+    def __init__(self, dim: int, num_heads: int = 8, attn_ratio: float = 0.5,
+                 lambda_init: float | str = DEFAULT_LAMBDA_INIT, depth: int = 0):
         super().__init__()
         for name, v in (("dim", dim), ("num_heads", num_heads)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -175,7 +175,7 @@ class DiffPSAAttention(nn.Module):
                 f"lambda_init={self.lambda_init:.4g}")
 
 
-def make_psa_differential(module: nn.Module, lambda_init: float | str = 0.8) -> int:
+def make_psa_differential(module: nn.Module, lambda_init: float | str = DEFAULT_LAMBDA_INIT) -> int:
     """Replace every Ultralytics ``Attention`` inside ``module`` by a freshly initialised :class:`DiffPSAAttention`
     of the same sizes (``lambda_init="ye"`` numbers them 0, 1, … in module order); returns how many."""
     found = [(n, m) for n, m in module.named_modules() if type(m) is Attention]

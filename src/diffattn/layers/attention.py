@@ -18,7 +18,7 @@ import torch
 import torch.nn as nn
 
 from ..functional import BACKENDS, AttentionWeights, attention, diff_attention, restrict_mask, sliding_window_mask
-from ..lambdas import build_lambda, resolve_lambda_init
+from ..lambdas import DEFAULT_LAMBDA_INIT, build_lambda, resolve_lambda_init
 from .kv_cache import KVCache
 from .norm import head_rms_norm
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
@@ -164,7 +164,7 @@ class Attention(_AttentionBase):
     attention by name; they are unused.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = 0.8,
+    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
                  lambda_form: str = "reparam", lambda_options: dict | None = None, num_kv_heads: int | None = None,
                  qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
@@ -298,7 +298,7 @@ class DiffAttention(_DiffBase):
     Parameters: standard attention plus 4d λ values and the 2d norm weight.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = 0.8,
+    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
                  lambda_form: str = "reparam", lambda_options: dict | None = None, num_kv_heads: int | None = None,
                  qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
@@ -336,7 +336,7 @@ class GatedDiffAttention(DiffAttention):
     :class:`DiffAttention`.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = 0.8,
+    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
                  lambda_form: str = "gate", lambda_options: dict | None = None, num_kv_heads: int | None = None,
                  qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
                  proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
@@ -380,7 +380,7 @@ class DiffAttentionV2(_DiffBase):
     the official module's state dicts (``o_proj``, ``lambda_proj``, interleaved RoPE) both ways.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = 0.8,
+    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
                  lambda_form: str = "token_sigmoid", lambda_options: dict | None = None,
                  num_kv_heads: int | None = None, qkv_bias: bool = True, out_bias: bool = True, causal: bool = False,
                  attn_drop: float = 0.0, proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None,

@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .attention import attention_class
+from ..lambdas import DEFAULT_LAMBDA_INIT
 from .mlp import build_mlp
+from .spec import AttentionSpec, attention_spec
 
 __all__ = ["Block", "PatchEmbed", "DropPath"]
 
@@ -49,36 +50,31 @@ class PatchEmbed(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block with a switchable attention layer (:func:`attention_class`).
+    """Pre-norm transformer block with a switchable attention layer (:class:`~diffattn.layers.AttentionSpec`).
 
         x = x + drop_path(attn(norm1(x)));   x = x + drop_path(mlp(norm2(x)))
 
-    ``depth`` is the 0-based index of the block (for ``lambda_init="ye"``); ``lambda_form`` names a λ form of
-    :mod:`diffattn.lambdas` (None: the layer's default); ``sub_norm`` turns the differential layer's per-head
-    sub-norm on or off (None: the λ form's default); ``causal`` makes it a text block;
-    ``q_residual`` is the [Q⁺; Q⁻] residual of M-DGSA (2025, §4.3) and needs ``attention="gated"``.
+    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` (the layer is ``attention.build(dim, num_heads,
+    depth)``) or, as before it, the name of a kind with the flat arguments ``lambda_init``, ``lambda_form``,
+    ``sub_norm``, ``qkv_bias``, ``q_residual`` (the [Q⁺; Q⁻] residual of M-DGSA 2025, §4.3, gated only),
+    ``causal``, ``attn_drop`` and ``backend``, which must stay at their defaults with a spec. ``depth`` is the
+    0-based index of the block (for ``lambda_init="ye"``); ``drop`` is the MLP's dropout and, with a kind name, the
+    attention's ``proj_drop``.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, attention: str = "standard",
-                 lambda_init: float | str = 0.8, lambda_form: str | None = None, sub_norm: bool | None = None,
-                 mlp: str = "gelu",
+    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, attention: str | AttentionSpec = "standard",
+                 lambda_init: float | str = DEFAULT_LAMBDA_INIT, lambda_form: str | None = None,
+                 sub_norm: bool | None = None, mlp: str = "gelu",
                  mlp_ratio: float = 4.0, mlp_dropouts: int = 2, qkv_bias: bool = True, q_residual: bool = False,
                  causal: bool = False, norm_eps: float = 1e-6, drop: float = 0.0, attn_drop: float = 0.0,
                  drop_path: float = 0.0, backend: str = "auto"):
         super().__init__()
-        attn_kwargs = dict(depth=depth, lambda_init=lambda_init, qkv_bias=qkv_bias, causal=causal,
-                           attn_drop=attn_drop, proj_drop=drop, backend=backend)
-        if lambda_form is not None:  # None: the layer's own λ form (reparam for "diff", the gate for "gated")
-            attn_kwargs["lambda_form"] = lambda_form
-        if sub_norm is not None:  # None: the layer's own default (the λ form's for "diff" and "gated")
-            attn_kwargs["sub_norm"] = sub_norm
-        if attention == "gated":
-            attn_kwargs["q_residual"] = q_residual
-        elif q_residual:
-            raise ValueError(f"q_residual is the [Q⁺; Q⁻] residual of M-DGSA and needs attention='gated', "
-                             f"got attention={attention!r}")
+        spec = attention_spec(attention, owner="Block", signature=Block.__init__, fill={"proj_drop": drop},
+                              lambda_init=lambda_init, lambda_form=lambda_form, sub_norm=sub_norm,
+                              qkv_bias=qkv_bias, q_residual=q_residual, causal=causal, attn_drop=attn_drop,
+                              backend=backend)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
-        self.attn = attention_class(attention)(dim, num_heads, **attn_kwargs)
+        self.attn = spec.build(dim, num_heads, depth)
         self.drop_path1 = DropPath(drop_path)
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = build_mlp(dim, mlp, mlp_ratio, drop=drop, mlp_dropouts=mlp_dropouts)

@@ -97,6 +97,16 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         super().__init_subclass__(**kwargs)
         _CLASSES[cls.__name__] = cls
 
+    # huggingface_hub records the constructor's arguments for config.json; an AttentionSpec (also inside a tower's
+    # dict, as CLIP takes them) is recorded as its dict, which the constructors take back
+    @classmethod
+    def _is_jsonable(cls, value) -> bool:
+        return super()._is_jsonable(_encode_specs(value))
+
+    @classmethod
+    def _encode_arg(cls, arg):
+        return super()._encode_arg(_encode_specs(arg))
+
     def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
                         push_to_hub: bool = False, model_card_kwargs: dict | None = None, **push_to_hub_kwargs):
         """Write ``model.safetensors``, ``config.json`` and a model card to ``save_directory``, atomically: the
@@ -179,6 +189,20 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         model = cls(**model_kwargs)
         load_state_dict_exact(model, sd, what)
         return model.to(map_location) if map_location not in (None, "cpu") else model
+
+
+def _encode_specs(value):
+    """``value`` with every :class:`~diffattn.layers.AttentionSpec` in it (at any depth of dicts, lists and tuples)
+    replaced by its :meth:`~diffattn.layers.AttentionSpec.to_dict`."""
+    from ..layers.spec import AttentionSpec
+
+    if isinstance(value, AttentionSpec):
+        return value.to_dict()
+    if isinstance(value, dict):
+        return {k: _encode_specs(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_encode_specs(v) for v in value)
+    return value
 
 
 def _load_json(cfg_file: str) -> dict:

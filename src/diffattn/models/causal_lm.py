@@ -40,8 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..lambdas import resolve_lambda_init
-from ..layers import KVCache, RMSNorm, SwiGLU, attention_class
+from ..layers import AttentionSpec, KVCache, RMSNorm, SwiGLU, attention_spec
 from .base import DiffattnModel
 from .config import check_args, is_int
 from .registry import ModelFamily, register_family
@@ -62,23 +61,25 @@ class LMBlock(nn.Module):
 
     ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). Differential and gated layers build their
     per-head sub-norm with ``eps=diff_norm_eps`` and ``affine=diff_norm_affine``; ``attention="diff_v2"`` has none
-    (Diff Transformer V2 drops it).
+    (Diff Transformer V2 drops it). ``attention`` is an :class:`~diffattn.layers.AttentionSpec` or, with the flat
+    arguments that must stay at their defaults with a spec, the name of a kind; the block is always causal with
+    "half" rotary embedding.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int, attention: str, lambda_init: float | str,
-                 lambda_form: str | None, sub_norm: bool | None, num_kv_heads: int | None, mlp_hidden: int,
-                 qkv_bias: bool, out_bias: bool, mlp_bias: bool,
-                 norm_eps: float, diff_norm_eps: float, diff_norm_affine: bool, rope_theta: float,
-                 drop: float, backend: str):
+    def __init__(self, dim: int, num_heads: int, *, depth: int, attention: str | AttentionSpec, mlp_hidden: int,
+                 lambda_init: float | str = "ye", lambda_form: str | None = None, sub_norm: bool | None = None,
+                 num_kv_heads: int | None = None, qkv_bias: bool = False, out_bias: bool = False,
+                 mlp_bias: bool = False, norm_eps: float = 1e-5, diff_norm_eps: float = 1e-5,
+                 diff_norm_affine: bool = True, rope_theta: float = 10000.0, drop: float = 0.0, backend: str = "auto"):
         super().__init__()
+        spec = attention_spec(attention, owner="LMBlock", signature=LMBlock.__init__, fill={"proj_drop": drop},
+                              force={"causal": True, "rope": "half"}, lambda_init=lambda_init,
+                              lambda_form=lambda_form, sub_norm=sub_norm, num_kv_heads=num_kv_heads,
+                              qkv_bias=qkv_bias, out_bias=out_bias, diff_norm_eps=("sub_norm_eps", diff_norm_eps),
+                              diff_norm_affine=("sub_norm_affine", diff_norm_affine), rope_theta=rope_theta,
+                              backend=backend)
         self.norm1 = RMSNorm(dim, eps=norm_eps)
-        form = {} if lambda_form is None else {"lambda_form": lambda_form}  # None: the layer's own λ form
-        if sub_norm is not None:  # None: the layer's own default (the λ form's for "diff" and "gated")
-            form["sub_norm"] = sub_norm
-        self.attn = attention_class(attention)(
-            dim, num_heads, depth=depth, lambda_init=lambda_init, num_kv_heads=num_kv_heads, qkv_bias=qkv_bias,
-            out_bias=out_bias, causal=True, proj_drop=drop, backend=backend, rope="half", rope_theta=rope_theta,
-            sub_norm_eps=diff_norm_eps, sub_norm_affine=diff_norm_affine, **form)
+        self.attn = spec.build(dim, num_heads, depth)
         self.norm2 = RMSNorm(dim, eps=norm_eps)
         self.mlp = SwiGLU(dim, mlp_hidden, bias=mlp_bias, drop=drop)
 
@@ -97,7 +98,9 @@ class CausalLM(DiffattnModel):
             differential layers), head width d = dim / h.
         num_kv_heads: key/value heads for grouped-query attention (default h; even for differential layers).
         mlp_hidden: SwiGLU width (default :func:`llama_mlp_hidden`).
-        attention, lambda_init: the attention switch; ``lambda_init`` a float or ``"ye"`` (0-based layer index).
+        attention, lambda_init: the attention switch, an :class:`~diffattn.layers.AttentionSpec` (then the flat
+            attention arguments here stay at their defaults; the blocks are causal with "half" RoPE whatever it
+            says) or a kind's name; ``lambda_init`` a float or ``"ye"`` (0-based layer index).
         lambda_form: a λ form of :mod:`diffattn.lambdas` for the differential layers (None: the layer's own).
         sub_norm: the per-head sub-norm of the differential layers on or off (None: the layer's own default, the
             λ form's for "diff" and "gated").
@@ -108,7 +111,8 @@ class CausalLM(DiffattnModel):
     """
 
     def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, num_heads: int = 8, *,
-                 num_kv_heads: int | None = None, mlp_hidden: int | None = None, attention: str = "diff",
+                 num_kv_heads: int | None = None, mlp_hidden: int | None = None,
+                 attention: str | AttentionSpec = "diff",
                  lambda_init: float | str = "ye", lambda_form: str | None = None, sub_norm: bool | None = None,
                  rope_theta: float = 10000.0,
                  max_seq_len: int = 2048,
@@ -119,19 +123,21 @@ class CausalLM(DiffattnModel):
         check_args("CausalLM", vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
                    num_kv_heads=num_kv_heads, mlp_hidden=mlp_hidden, max_seq_len=max_seq_len, norm_eps=norm_eps,
                    diff_norm_eps=diff_norm_eps, rope_theta=rope_theta, drop_rate=drop_rate)
-        attention_class(attention)  # validates the name
-        resolve_lambda_init(lambda_init, 0)  # validates the value
-        self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, attention
+        spec = attention_spec(attention, owner="CausalLM", signature=CausalLM.__init__, fill={"proj_drop": drop_rate},
+                              force={"causal": True, "rope": "half"}, lambda_init=lambda_init,
+                              lambda_form=lambda_form, sub_norm=sub_norm, num_kv_heads=num_kv_heads,
+                              qkv_bias=qkv_bias, out_bias=out_bias, diff_norm_eps=("sub_norm_eps", diff_norm_eps),
+                              diff_norm_affine=("sub_norm_affine", diff_norm_affine), rope_theta=rope_theta,
+                              backend=backend)
+        self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, spec.kind
+        self.attention_spec = spec
         self.max_seq_len, self.tie_embeddings = max_seq_len, tie_embeddings
         self.mlp_hidden = llama_mlp_hidden(dim) if mlp_hidden is None else mlp_hidden
         self.tok_embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([
-            LMBlock(dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init, lambda_form=lambda_form,
-                    sub_norm=sub_norm,
-                    num_kv_heads=num_kv_heads, mlp_hidden=self.mlp_hidden, qkv_bias=qkv_bias, out_bias=out_bias,
-                    mlp_bias=mlp_bias, norm_eps=norm_eps, diff_norm_eps=diff_norm_eps,
-                    diff_norm_affine=diff_norm_affine, rope_theta=rope_theta, drop=drop_rate, backend=backend)
+            LMBlock(dim, num_heads, depth=i, attention=spec, mlp_hidden=self.mlp_hidden, mlp_bias=mlp_bias,
+                    norm_eps=norm_eps, drop=drop_rate)
             for i in range(depth)])
         self.norm = RMSNorm(dim, eps=norm_eps)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)

@@ -38,8 +38,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..lambdas import resolve_lambda_init
-from ..layers import Block, attention_class
+from ..lambdas import DEFAULT_LAMBDA_INIT
+from ..layers import AttentionSpec, Block, attention_spec
 from ..losses import clip_loss
 from .base import DiffattnModel
 from .config import check_args, check_size
@@ -60,8 +60,8 @@ class TextTransformer(nn.Module):
     """
 
     def __init__(self, vocab_size: int = 49408, context_length: int = 77, embed_dim: int = 512,
-                 depth: int = 12, num_heads: int = 8, attention: str = "standard",
-                 lambda_init: float | str = 0.8, lambda_form: str | None = None,
+                 depth: int = 12, num_heads: int = 8, attention: str | AttentionSpec = "standard",
+                 lambda_init: float | str = DEFAULT_LAMBDA_INIT, lambda_form: str | None = None,
                  mlp: str = "quick_gelu", mlp_ratio: float = 4.0,
                  qkv_bias: bool = True, q_residual: bool = False, norm_eps: float = 1e-5,
                  drop_rate: float = 0.0, attn_drop_rate: float = 0.0, backend: str = "auto",
@@ -70,17 +70,18 @@ class TextTransformer(nn.Module):
         check_args("TextTransformer", vocab_size=vocab_size, context_length=context_length, embed_dim=embed_dim,
                    depth=depth, num_heads=num_heads, norm_eps=norm_eps, drop_rate=drop_rate,
                    attn_drop_rate=attn_drop_rate)
-        attention_class(attention)
-        resolve_lambda_init(lambda_init, 0)
+        spec = attention_spec(attention, owner="TextTransformer", signature=TextTransformer.__init__,
+                              fill={"proj_drop": drop_rate}, force={"causal": True}, lambda_init=lambda_init,
+                              lambda_form=lambda_form, sub_norm=sub_norm, qkv_bias=qkv_bias, q_residual=q_residual,
+                              attn_drop_rate=("attn_drop", attn_drop_rate), backend=backend)
+        self.attention_spec = spec
         self.vocab_size, self.context_length = vocab_size, context_length
         self.embed_dim, self.depth = embed_dim, depth
         self.token_embedding = nn.Embedding(vocab_size, embed_dim)
         self.pos_embed = nn.Parameter(torch.zeros(context_length, embed_dim))
         self.blocks = nn.ModuleList([
-            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
-                  lambda_form=lambda_form, sub_norm=sub_norm, mlp=mlp,
-                  mlp_ratio=mlp_ratio, qkv_bias=qkv_bias, q_residual=q_residual, causal=True,
-                  norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, backend=backend)
+            Block(embed_dim, num_heads, depth=i, attention=spec, mlp=mlp, mlp_ratio=mlp_ratio, norm_eps=norm_eps,
+                  drop=drop_rate)
             for i in range(depth)])
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.grad_checkpointing = False

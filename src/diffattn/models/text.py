@@ -48,8 +48,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from ..lambdas import resolve_lambda_init
-from ..layers import MLP_TYPES, Block, attention_class
+from ..lambdas import DEFAULT_LAMBDA_INIT
+from ..layers import MLP_TYPES, AttentionSpec, Block, attention_spec
 from .base import DiffattnModel
 from .config import check_args, check_choice
 from .registry import ModelFamily, register_family
@@ -173,11 +173,17 @@ class TextClassifier(DiffattnModel):
 
     ``forward(input_ids (B, N), attention_mask (B, N) | None) → logits (B, num_classes)``; the mask defaults to
     ``input_ids != pad_id``. N ≤ ``max_len``.
+
+    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` (every attention setting in one value) or the name
+    of a kind with the flat arguments of before (``lambda_init``, ``lambda_form``, ``sub_norm``, ``qkv_bias``,
+    ``q_residual``, ``attn_drop_rate``, ``backend``), which must stay at their defaults with a spec; ``drop_rate``
+    is the attention's ``proj_drop`` only with a name.
     """
 
     def __init__(self, vocab_size: int = 60000, num_classes: int = 2, max_len: int = 256, embed_dim: int = 256,
-                 depth: int = 6, num_heads: int = 8, *, attention: str = "standard",
-                 lambda_init: float | str = 0.8, lambda_form: str | None = None, sub_norm: bool | None = None,
+                 depth: int = 6, num_heads: int = 8, *, attention: str | AttentionSpec = "standard",
+                 lambda_init: float | str = DEFAULT_LAMBDA_INIT, lambda_form: str | None = None,
+                 sub_norm: bool | None = None,
                  mlp: str = "gelu", mlp_ratio: float = 4.0, mlp_dropouts: int = 2,
                  qkv_bias: bool = True, q_residual: bool = False, pool: str = "cls", drop_rate: float = 0.1,
                  attn_drop_rate: float = 0.0, norm_eps: float = 1e-5, pad_id: int = 0, backend: str = "auto"):
@@ -191,20 +197,21 @@ class TextClassifier(DiffattnModel):
             raise ValueError(f"TextClassifier: pad_id must be an id in [0, {vocab_size}), got {pad_id!r}")
         check_choice("pool", pool, POOLS)
         check_choice("mlp", mlp, MLP_TYPES)
-        attention_class(attention)  # validates the name
-        resolve_lambda_init(lambda_init, 0)  # validates the value
+        spec = attention_spec(attention, owner="TextClassifier", signature=TextClassifier.__init__,
+                              fill={"proj_drop": drop_rate}, lambda_init=lambda_init, lambda_form=lambda_form,
+                              sub_norm=sub_norm, qkv_bias=qkv_bias, q_residual=q_residual,
+                              attn_drop_rate=("attn_drop", attn_drop_rate), backend=backend)
         self.vocab_size, self.num_classes, self.max_len = vocab_size, num_classes, max_len
-        self.embed_dim, self.attention, self.pool, self.pad_id = embed_dim, attention, pool, pad_id
+        self.embed_dim, self.attention, self.pool, self.pad_id = embed_dim, spec.kind, pool, pad_id
+        self.attention_spec = spec
         self.num_prefix_tokens = 1 if pool == "cls" else 0
         self.tok_embed = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if pool == "cls" else None
         self.pos_embed = nn.Parameter(torch.zeros(1, max_len + self.num_prefix_tokens, embed_dim))
         self.pos_drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([
-            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
-                  lambda_form=lambda_form, sub_norm=sub_norm, mlp=mlp,
-                  mlp_ratio=mlp_ratio, mlp_dropouts=mlp_dropouts, qkv_bias=qkv_bias, q_residual=q_residual,
-                  norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, backend=backend)
+            Block(embed_dim, num_heads, depth=i, attention=spec, mlp=mlp, mlp_ratio=mlp_ratio,
+                  mlp_dropouts=mlp_dropouts, norm_eps=norm_eps, drop=drop_rate)
             for i in range(depth)])
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.head = nn.Linear(embed_dim, num_classes)

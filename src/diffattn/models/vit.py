@@ -3,8 +3,9 @@
     x (B, C, H, W) ─ patch_embed ─ [CLS; patches] + pos_embed ─ norm_pre ─ blocks ─ norm ─ pool ─ head
     block:  x = x + drop_path(attn(norm1(x)));   x = x + drop_path(mlp(norm2(x)))        (pre-norm)
 
-One class, :class:`VisionTransformer`, serves every variant. ``attention="standard" | "diff" | "gated"``
-picks the layer (:func:`diffattn.layers.attention_class`); everything else is shared
+One class, :class:`VisionTransformer`, serves every variant. ``attention`` (an
+:class:`~diffattn.layers.AttentionSpec`, or the kind's name ``"standard" | "diff" | "gated"`` with the flat arguments
+below) picks the layer; everything else is shared
 (:class:`diffattn.layers.Block`), so the state-dict keys outside ``blocks.*.attn`` are the same for all three (a
 fair comparison). Parameter names follow timm (``patch_embed.proj``, ``cls_token``, ``pos_embed``,
 ``blocks.i.norm1``/``mlp.fc1``/``norm2``, ``norm``, ``head``) and the attention layers keep the names of DiffCLIP's
@@ -52,8 +53,8 @@ import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..lambdas import resolve_lambda_init
-from ..layers import Block, PatchEmbed, attention_class
+from ..lambdas import DEFAULT_LAMBDA_INIT
+from ..layers import AttentionSpec, Block, PatchEmbed, attention_spec
 from .base import DiffattnModel
 from .config import check_args, check_choice, check_size, is_int
 from .registry import ModelFamily, register_family
@@ -96,11 +97,16 @@ class VisionTransformer(DiffattnModel):
     ``num_classes=0`` gives a feature extractor (the CLIP image tower). ``pre_norm`` adds OpenAI CLIP's
     ``ln_pre`` (here ``norm_pre``); ``patch_bias=False`` is OpenAI CLIP's bias-free patch convolution.
     See the module docstring for ``mlp``, ``mlp_ratio``, ``mlp_dropouts``, ``q_residual`` and ``lambda_init``.
+    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` (every attention setting in one value) or
+    the name of a kind with the flat arguments of before (``lambda_init``, ``lambda_form``, ``sub_norm``, ``qkv_bias``,
+    ``q_residual``, ``attn_drop_rate``, ``backend``), which must stay at their defaults with a spec; ``drop_rate``
+    is the attention's ``proj_drop`` only with a name.
     """
 
     def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
-                 embed_dim: int = 768, depth: int = 12, num_heads: int = 12, attention: str = "standard",
-                 lambda_init: float | str = 0.8, lambda_form: str | None = None,
+                 embed_dim: int = 768, depth: int = 12, num_heads: int = 12,
+                 attention: str | AttentionSpec = "standard", lambda_init: float | str = DEFAULT_LAMBDA_INIT,
+                 lambda_form: str | None = None,
                  mlp: str = "gelu", mlp_ratio: float = 4.0,
                  mlp_dropouts: int = 2, qkv_bias: bool = True, q_residual: bool = False,
                  class_token: bool = True, global_pool: str = "token", pre_norm: bool = False,
@@ -117,10 +123,12 @@ class VisionTransformer(DiffattnModel):
         check_choice("global_pool", global_pool, ("token", "avg"))
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it")
-        attention_class(attention)  # validates the name
-        resolve_lambda_init(lambda_init, 0)  # validates the value
+        spec = attention_spec(attention, owner="VisionTransformer", signature=VisionTransformer.__init__,
+                              fill={"proj_drop": drop_rate}, lambda_init=lambda_init, lambda_form=lambda_form,
+                              sub_norm=sub_norm, qkv_bias=qkv_bias, q_residual=q_residual,
+                              attn_drop_rate=("attn_drop", attn_drop_rate), backend=backend)
         self.num_classes, self.embed_dim, self.num_features = num_classes, embed_dim, embed_dim
-        self.global_pool, self.attention = global_pool, attention
+        self.global_pool, self.attention, self.attention_spec = global_pool, spec.kind, spec
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=patch_bias)
         self.num_prefix_tokens = 1 if class_token else 0
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
@@ -130,11 +138,8 @@ class VisionTransformer(DiffattnModel):
         self.norm_pre = nn.LayerNorm(embed_dim, eps=norm_eps) if pre_norm else nn.Identity()
         dpr = [drop_path_rate * i / max(depth - 1, 1) for i in range(depth)]  # linear stochastic-depth rule
         self.blocks = nn.ModuleList([
-            Block(embed_dim, num_heads, depth=i, attention=attention, lambda_init=lambda_init,
-                  lambda_form=lambda_form, sub_norm=sub_norm, mlp=mlp,
-                  mlp_ratio=mlp_ratio, mlp_dropouts=mlp_dropouts, qkv_bias=qkv_bias, q_residual=q_residual,
-                  norm_eps=norm_eps, drop=drop_rate, attn_drop=attn_drop_rate, drop_path=dpr[i],
-                  backend=backend)
+            Block(embed_dim, num_heads, depth=i, attention=spec, mlp=mlp, mlp_ratio=mlp_ratio,
+                  mlp_dropouts=mlp_dropouts, norm_eps=norm_eps, drop=drop_rate, drop_path=dpr[i])
             for i in range(depth)])
         self.norm = nn.LayerNorm(embed_dim, eps=norm_eps)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
