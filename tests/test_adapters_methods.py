@@ -122,3 +122,17 @@ def test_method_from_a_test_module_saves_and_loads(diag_daa, tmp_path):
     assert [int(a.step_buffer) for _, a in A.adapters(loaded)] == [7, 7]
     with torch.no_grad():
         torch.testing.assert_close(loaded(ids).logits, want, atol=0, rtol=0)
+
+
+def test_every_method_file_of_the_package_is_registered():
+    """A method shipped with diffattn is one new file in adapters/methods/: the package finds and imports every
+    module but the shared ones, the papers' methods first in the papers' order."""
+    from pathlib import Path
+
+    import diffattn.adapters.methods as M
+
+    files = sorted(p.stem for p in Path(M.__file__).parent.glob("*.py")
+                   if p.stem not in ("__init__", "adapter", "base", "ops") and not p.stem.startswith("_"))
+    assert sorted(m.rsplit(".", 1)[1] for m in M.METHOD_MODULES) == files
+    assert M.METHODS[:7] == ("daa", "dex", "diffq", "diffk", "diffv", "shared_qk", "split_heads")
+    assert set(M.METHODS) >= set(files)

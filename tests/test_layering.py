@@ -136,6 +136,10 @@ def _dynamic_imports(path: Path, src: Path = SRC) -> set[str]:
              and n.func.attr == "import_module" and n.args]
     if not calls:
         return set()
+    if path.name == "__init__.py" and _discovers_submodules(tree):  # every module of the package may be imported
+        pkg = _module_name(path, src)
+        return {f"{pkg}.{p.stem}" if p.is_file() else f"{pkg}.{p.name}" for p in path.parent.iterdir()
+                if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
     trees = [tree]
     used = {n.id for c in calls for n in ast.walk(c.args[0]) if isinstance(n, ast.Name)}
     name = _module_name(path, src)
@@ -149,6 +153,13 @@ def _dynamic_imports(path: Path, src: Path = SRC) -> set[str]:
                     trees.append(ast.parse(candidate.read_text(encoding="utf-8")))
     return {n.value for t in trees for n in ast.walk(t) if isinstance(n, ast.Constant) and isinstance(n.value, str)
             and re.fullmatch(r"diffattn(\.\w+)+", n.value)}
+
+
+def _discovers_submodules(tree: ast.AST) -> bool:
+    """Whether a package ``__init__`` lists its own modules (``pkgutil.iter_modules(__path__)``) to import them:
+    then it depends on each of them, as if it named them all."""
+    return any(isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "iter_modules"
+               and n.args and isinstance(n.args[0], ast.Name) and n.args[0].id == "__path__" for n in ast.walk(tree))
 
 
 def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -339,3 +350,11 @@ def test_rule_checker_sees_a_studies_violation(tmp_path):
     (src / "cli.py").write_text("from .studies import noise\n")
     bad = _violations(src)
     assert sorted({b.split(" imports ")[0] for b in bad}) == ["diffattn.studies.bad", "diffattn.train.loop"]
+
+
+def test_package_discovery_counts_as_importing_every_module():
+    """adapters.methods imports its method files by listing its own package: the graph has an edge to each."""
+    graph = import_graph()
+    methods_dir = SRC / "adapters" / "methods"
+    files = {f"diffattn.adapters.methods.{p.stem}" for p in methods_dir.glob("*.py") if p.name != "__init__.py"}
+    assert files <= graph["diffattn.adapters.methods"]

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError, yaml_error
+from ..lambdas import DEFAULT_LAMBDA_INIT
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
            "load_config", "apply_overrides", "config_from_dict", "TASKS", "VAL_METRICS", "val_metric",
@@ -50,7 +51,7 @@ class TaskConfig:
     cutmix: float = 0.0
     base: dict = field(default_factory=dict)
     method: str = "daa"
-    lambda_init: float | str = 0.8
+    lambda_init: float | str = DEFAULT_LAMBDA_INIT
     anneal_steps: int = 1000
     train: str = "attention"
     lora: bool = False

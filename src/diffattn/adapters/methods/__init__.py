@@ -44,13 +44,14 @@ Layout: one module per method (:mod:`.daa`, :mod:`.dex`, :mod:`.diffq`, :mod:`.d
 :mod:`.shared_qk`, :mod:`.split_heads`), each one :class:`RetrofitMethod` class registered by name
 (:func:`register_method`); :mod:`.base` holds the protocol, the two schedules and the registry, :mod:`.adapter` the
 :class:`RetrofitAdapter` module and the calls the bindings make (:func:`second_branch`, :func:`run_method`), which
-dispatch through the registry. A new method is one module registered the same way: in the user's own code, or in
-this package with its name added to :data:`METHOD_MODULES` (docs/design.md, "How to extend").
+dispatch through the registry. A new method is one module registered the same way: in the user's own code, or a new
+file in this package, which is found and imported without editing any other file (docs/design.md, "How to extend").
 """
 
 from __future__ import annotations
 
 import importlib
+import pkgutil
 import warnings
 
 from .adapter import MAX_STEP, RetrofitAdapter, branch_maps, run_method, second_branch
@@ -93,17 +94,15 @@ __all__ = [
     "split_channels",
 ]
 
-#: the method modules this package ships, in the papers' order; importing one registers its method. A literal
-#: table, so the import-cycle check (tests/test_layering.py) sees every edge; a new module is one line here
-METHOD_MODULES = (
-    "diffattn.adapters.methods.daa",
-    "diffattn.adapters.methods.dex",
-    "diffattn.adapters.methods.diffq",
-    "diffattn.adapters.methods.diffk",
-    "diffattn.adapters.methods.diffv",
-    "diffattn.adapters.methods.shared_qk",
-    "diffattn.adapters.methods.split_heads",
-)
+# Every module of this package but the shared ones is a method: importing it registers it. The papers' methods come
+# first, in the papers' order, then any other module in name order, so a method shipped with diffattn is one new file.
+# (tests/test_layering.py counts this discovery as an import of every module of the package.)
+_PAPER_ORDER = ("daa", "dex", "diffq", "diffk", "diffv", "shared_qk", "split_heads")
+_SHARED = {"adapter", "base", "ops"}
+_found = sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _SHARED and not m.name.startswith("_"))
+#: the method modules this package ships, in the order they are registered
+METHOD_MODULES = tuple(f"{__name__}.{n}" for n in (*(n for n in _PAPER_ORDER if n in _found),
+                                                   *(n for n in _found if n not in _PAPER_ORDER)))
 for _module in METHOD_MODULES:
     importlib.import_module(_module)
 
