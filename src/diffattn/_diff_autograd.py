@@ -26,9 +26,9 @@ import torch
 
 __all__ = ["blockwise_diff_attention", "BLOCK_ELEMENTS"]
 
-#: scores per map in one query block, B·H·rows·keys (4 MiB in float32): large enough for matrix products that
-#: run near the machine's peak, small enough that the few block-sized temporaries stay below the layer's own
-#: activations
+#: scores per map in one query block, B·H·rows·keys (4 MiB in float32; at most a quarter of V's elements):
+#: large enough for matrix products that run near the machine's peak, small enough that the four block-sized
+#: temporaries of the backward stay below the layer's own activations
 BLOCK_ELEMENTS = 1 << 20
 #: fewest query rows in a block, whatever B·H·Nk is
 MIN_BLOCK_ROWS = 16
@@ -74,7 +74,8 @@ class _Plan:
         self.groups = self.H // self.hkv
         self.keep, self.bias, self.causal, self.scale = keep, bias, causal, scale
         if block_rows is None:
-            block_rows = max(MIN_BLOCK_ROWS, BLOCK_ELEMENTS // max(1, self.B * self.H * self.nk))
+            budget = min(BLOCK_ELEMENTS, v.numel() // 4)  # and a quarter of V's size, for small layers
+            block_rows = max(MIN_BLOCK_ROWS, budget // max(1, self.B * self.H * self.nk))
         self.block = block_rows
         self.tri = None
         if causal:  # Nq == Nk: inside the diagonal block, key j > query i is blocked
