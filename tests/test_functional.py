@@ -169,6 +169,7 @@ def test_return_weights_are_the_maps():
 def blockwise_calls(monkeypatch):
     """Small query blocks (several per sequence) and a count of the calls into the blockwise training path."""
     import diffattn._diff_autograd as blockwise
+    import diffattn.functional as functional
 
     calls = []
     original = blockwise.blockwise_diff_attention
@@ -180,6 +181,7 @@ def blockwise_calls(monkeypatch):
     monkeypatch.setattr(blockwise, "BLOCK_ELEMENTS", 1)
     monkeypatch.setattr(blockwise, "MIN_BLOCK_ROWS", 3)  # blocks of 3 query rows, the last one shorter
     monkeypatch.setattr(blockwise, "blockwise_diff_attention", spy)
+    monkeypatch.setattr(functional, "BLOCKWISE_MIN_KEYS", 1)  # the short test sequences take it too
     return calls
 
 
@@ -269,7 +271,7 @@ def test_blockwise_gradcheck(blockwise_calls):
 
 
 @pytest.mark.parametrize("backend", ["auto", "sdpa"])
-def test_blockwise_path_is_taken_for_cpu_training_only(backend, blockwise_calls):
+def test_blockwise_path_is_taken_for_cpu_training_only(backend, blockwise_calls, monkeypatch):
     q1, k1, q2, k2, v = make(1, 2, 2, 8, 8, 8, 16)
     diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)  # no gradient: the fused kernels
     assert blockwise_calls == []
@@ -281,6 +283,11 @@ def test_blockwise_path_is_taken_for_cpu_training_only(backend, blockwise_calls)
     diff_attention(*bf, 0.5, is_causal=True, backend=backend)  # bf16: the fused kernels' fp32 accumulation
     assert blockwise_calls == []
     out = diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
+    assert len(blockwise_calls) == 1
+    import diffattn.functional as functional
+
+    monkeypatch.setattr(functional, "BLOCKWISE_MIN_KEYS", 9)  # 8 keys: too short, the fused kernels
+    diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
     assert len(blockwise_calls) == 1
     ref = diff_attention(q1.detach(), k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
     assert (out - ref).abs().max().item() < 1e-5  # float32: the same output as the padded fused calls

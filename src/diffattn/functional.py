@@ -355,15 +355,23 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
     return _combine(o1, o2, weight1, lambda_), None
 
 
+#: the ``sdpa`` backend trains on the CPU through query blocks from this many keys on (see _blockwise_preferred)
+BLOCKWISE_MIN_KEYS = 512
+
+
 def _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p) -> bool:
     """Whether ``sdpa`` trains through :mod:`diffattn._diff_autograd` instead of two padded fused calls.
 
     CPU training in float32/float64 without dropout: A1 and A2 are combined before the product by V, so the
     attention core costs what standard attention with 2H heads of width d costs, and the backward keeps the
-    unpadded Q and K only. Measured on a CPU (docs/benchmarks.md, "Training one layer"): faster and smaller than
-    the padded calls from N = 1024 on. Inference (no gradient) keeps the fused kernels, as do tracing, export
-    and ``torch.compile``."""
+    unpadded Q and K only. Timed on a 2-core CPU (docs/benchmarks.md, "Training one layer": width 512, B·N =
+    8192, causal): the padded calls' time ÷ this path's is 1.2 at N = 512 and more from N = 1024 on; at N = 256
+    the two were within the noise, and the per-block Python work grows as N shrinks, so fewer than
+    :data:`BLOCKWISE_MIN_KEYS` keys keep the fused kernels. Inference (no gradient) keeps them too, as do
+    dropout, half precision, tracing, export and ``torch.compile``."""
     if q1.device.type != "cpu" or dropout_p > 0.0 or q1.dtype not in (torch.float32, torch.float64):
+        return False
+    if int(k1.shape[2]) < BLOCKWISE_MIN_KEYS:
         return False
     if not torch.is_grad_enabled() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return False
