@@ -239,6 +239,22 @@ def test_blockwise_training_path_matches_reference_and_its_gradients(case, block
         assert (a - b).abs().max().item() < 1e-11, name
 
 
+def test_blockwise_blocks_of_several_batch_elements(blockwise_calls, monkeypatch):
+    import diffattn._diff_autograd as blockwise
+
+    monkeypatch.setattr(blockwise, "MIN_BLOCK_ROWS", 8)
+    monkeypatch.setattr(blockwise, "BLOCK_ELEMENTS", 256)  # 8 rows × 2 heads × 8 keys: batch elements 0:2, 2:3
+    lam = torch.rand(3, 1, 8, 1, dtype=F64, requires_grad=True)
+    keep = torch.rand(3, 1, 1, 8) > 0.3
+    keep[..., 0] = True
+    out, ref, got, want = _grads_vs_reference((3, 2, 2, 8, 8, 8, 32), lam, 1.0, mask=keep, causal=True,
+                                              allowed=keep)
+    assert len(blockwise_calls) == 1
+    assert (out - ref).abs().max().item() < 1e-12
+    for a, b in zip(got, want):
+        assert (a - b).abs().max().item() < 1e-11
+
+
 def test_blockwise_fully_masked_rows_give_zero_output_and_gradient(blockwise_calls):
     B, H, n = 1, 2, 7
     q1, k1, q2, k2, v = make(B, H, H, n, n, 8, 16, dtype=F64, grad=True)
@@ -281,6 +297,7 @@ def test_blockwise_path_is_taken_for_cpu_training_only(backend, blockwise_calls,
         diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
     bf = [t.bfloat16() for t in (q1, k1, q2, k2, v)]
     diff_attention(*bf, 0.5, is_causal=True, backend=backend)  # bf16: the fused kernels' fp32 accumulation
+    diff_attention(q1, k1, q2, k2, v[..., :8], 0.5, is_causal=True, backend=backend)  # dv = d: nothing padded
     assert blockwise_calls == []
     out = diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
     assert len(blockwise_calls) == 1

@@ -16,25 +16,27 @@ whole rows instead of an online softmax) and uses the softmax gradient row by ro
     dS1 = w1 ⊙ A1 ⊙ (dP − g1),   dS2 = −λ ⊙ A2 ⊙ (dP − g2),   dQ_b = s · dS_b K_b,   dK_b = s · dS_bᵀ Q_b
     dw1 = rowsum(dO ⊙ A1 V) = g1,   dλ = −rowsum(dO ⊙ A2 V) = −g2      (summed to the shapes w1 and λ had)
 
-Only Q1, K1, Q2, K2 and V are saved (no padded copies, no outputs, no maps); the blocks hold at most
-:data:`BLOCK_ELEMENTS` scores per map. Dropout is not done here (the caller takes the fused kernels for it).
+Only Q1, K1, Q2, K2 and V are saved (no padded copies, no outputs, no maps); a block holds at most
+:data:`BLOCK_ELEMENTS` scores per map, or :data:`MIN_BLOCK_ROWS` query rows of one batch element where those are
+more. Dropout is not done here (the caller takes the fused kernels for it).
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["blockwise_diff_attention", "BLOCK_ELEMENTS"]
+__all__ = ["blockwise_diff_attention", "BLOCK_ELEMENTS", "MIN_BLOCK_ROWS"]
 
-#: scores per map in one query block, B·H·rows·keys (4 MiB in float32; at most a quarter of V's elements):
-#: large enough for matrix products that run near the machine's peak, small enough that the four block-sized
-#: temporaries of the backward stay below the layer's own activations
+#: scores per map in one block of queries, batch elements × H × rows × keys (4 MiB in float32; at most a quarter
+#: of V's elements), unless :data:`MIN_BLOCK_ROWS` rows of one batch element are more: small enough that the four
+#: block-sized temporaries of the backward stay well below the layer's own activations
 BLOCK_ELEMENTS = 1 << 20
-#: fewest query rows in a block, whatever B·H·Nk is
-MIN_BLOCK_ROWS = 16
+#: fewest query rows in a block: a product with K of 32 rows runs at a third of the speed of one with 128 (2-core
+#: CPU, float32), so a long sequence is cut into batch elements before it is cut into short blocks
+MIN_BLOCK_ROWS = 128
 
 
-def _rows(t: torch.Tensor | float, like: tuple[int, ...]) -> torch.Tensor | float:
+def _rows(t: torch.Tensor | float) -> torch.Tensor | float:
     """A weight broadcastable to (B, H, Nq, 1) as a 4-D tensor (or the float itself)."""
     if isinstance(t, torch.Tensor):
         return t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
@@ -49,62 +51,65 @@ def _grouped(t: torch.Tensor, hkv: int, groups: int) -> torch.Tensor:
 
 
 def _block_rows(t: torch.Tensor, hkv: int, groups: int) -> torch.Tensor:
-    """(B, H, r, c) → (B, Hkv, groups·r, c), the rows one product with K or V serves."""
+    """(b, H, r, c) → (b, Hkv, groups·r, c), the rows one product with K or V serves."""
     return t if groups == 1 else t.unflatten(1, (hkv, groups)).flatten(2, 3)
 
 
 def _unblock_rows(t: torch.Tensor, groups: int) -> torch.Tensor:
-    """Inverse of :func:`_block_rows`: (B, Hkv, groups·r, c) → (B, H, r, c)."""
+    """Inverse of :func:`_block_rows`: (b, Hkv, groups·r, c) → (b, H, r, c)."""
     return t if groups == 1 else t.unflatten(2, (groups, -1)).flatten(1, 2)
 
 
-def _window(m: torch.Tensor, i0: int, i1: int, kend: int) -> torch.Tensor:
-    """Rows i0:i1 and keys 0:kend of a mask broadcastable to (B, H, Nq, Nk) (its size-1 dims stay)."""
+def _window(m: torch.Tensor, b: slice, i0: int, i1: int, kend: int) -> torch.Tensor:
+    """Batch elements b, rows i0:i1 and keys 0:kend of a mask broadcastable to (B, H, Nq, Nk) (size-1 dims stay)."""
     rows = slice(i0, i1) if m.shape[-2] != 1 else slice(None)
     keys = slice(0, kend) if m.shape[-1] != 1 else slice(None)
-    return m[..., rows, keys]
+    return m[b if m.shape[0] != 1 else slice(None), :, rows, keys]
 
 
 class _Plan:
-    """Shapes, masks and weights shared by the forward and backward passes."""
+    """Shapes, masks and block sizes shared by the forward and backward passes."""
 
-    def __init__(self, q1, k1, v, keep, bias, causal, scale, block_rows):
+    def __init__(self, q1, k1, v, keep, bias, causal, scale):
         self.B, self.H, self.nq, self.d = q1.shape
         self.hkv, self.nk = k1.shape[1], k1.shape[2]
         self.groups = self.H // self.hkv
         self.keep, self.bias, self.causal, self.scale = keep, bias, causal, scale
-        if block_rows is None:
-            budget = min(BLOCK_ELEMENTS, v.numel() // 4)  # and a quarter of V's size, for small layers
-            block_rows = max(MIN_BLOCK_ROWS, budget // max(1, self.B * self.H * self.nk))
-        self.block = block_rows
+        budget = min(BLOCK_ELEMENTS, v.numel() // 4)  # and a quarter of V's size, for small layers
+        per_row = max(1, self.H * self.nk)  # scores per query row of one batch element
+        self.rows = min(self.nq, max(MIN_BLOCK_ROWS, budget // per_row))
+        self.batch = max(1, min(self.B, budget // (per_row * self.rows)))
         self.tri = None
         if causal:  # Nq == Nk: inside the diagonal block, key j > query i is blocked
-            idx = torch.arange(block_rows, device=q1.device)
-            self.tri = idx.unsqueeze(0) > idx.unsqueeze(1)  # (block, block), True = blocked
+            idx = torch.arange(self.rows, device=q1.device)
+            self.tri = idx.unsqueeze(0) > idx.unsqueeze(1)  # (rows, rows), True = blocked
 
     def blocks(self):
-        for i0 in range(0, self.nq, self.block):
-            i1 = min(i0 + self.block, self.nq)
-            yield i0, i1, (i1 if self.causal else self.nk)
+        """(batch slice, first row, end row, end key) of each block."""
+        for b0 in range(0, self.B, self.batch):
+            b = slice(b0, min(b0 + self.batch, self.B))
+            for i0 in range(0, self.nq, self.rows):
+                i1 = min(i0 + self.rows, self.nq)
+                yield b, i0, i1, (i1 if self.causal else self.nk)
 
-    def scores(self, q, k, i0, i1, kend):
-        """softmax(Q Kᵀ s + M) for queries i0:i1 and keys 0:kend, (B, Hkv, groups·rows, kend)."""
-        qb = _block_rows(q[:, :, i0:i1] * self.scale, self.hkv, self.groups)
-        s = torch.matmul(qb, k[:, :, :kend].transpose(-2, -1))
-        s5 = s.view(self.B, self.hkv, self.groups, i1 - i0, kend)
+    def scores(self, q, k, b, i0, i1, kend):
+        """softmax(Q Kᵀ s + M) for batch elements b, queries i0:i1 and keys 0:kend, (b, Hkv, groups·rows, kend)."""
+        qb = _block_rows(q[b, :, i0:i1] * self.scale, self.hkv, self.groups)
+        s = torch.matmul(qb, k[b, :, :kend].transpose(-2, -1))
+        s5 = s.view(s.shape[0], self.hkv, self.groups, i1 - i0, kend)
         if self.tri is not None:
             s5[..., i0:i1].masked_fill_(self.tri[: i1 - i0, : i1 - i0], float("-inf"))
         if self.bias is not None:
-            s5.add_(_grouped(_window(self.bias, i0, i1, kend), self.hkv, self.groups))
+            s5.add_(_grouped(_window(self.bias, b, i0, i1, kend), self.hkv, self.groups))
         if self.keep is not None:
-            s5.masked_fill_(~_grouped(_window(self.keep, i0, i1, kend), self.hkv, self.groups), float("-inf"))
+            s5.masked_fill_(~_grouped(_window(self.keep, b, i0, i1, kend), self.hkv, self.groups), float("-inf"))
         return torch.softmax(s, dim=-1)
 
-    def row_weight(self, w, i0, i1):
-        """A weight for rows i0:i1 as (B|1, Hkv|1, groups·rows|…, 1), or the float itself."""
+    def row_weight(self, w, b, i0, i1):
+        """A 4-D weight for batch elements b and rows i0:i1 as (b|1, Hkv, groups·rows, 1), or the float itself."""
         if not isinstance(w, torch.Tensor):
             return w
-        w = w[..., i0:i1, :] if w.shape[2] != 1 else w
+        w = w[b if w.shape[0] != 1 else slice(None), :, slice(i0, i1) if w.shape[2] != 1 else slice(None)]
         w = w.expand(w.shape[0], self.H, i1 - i0, 1)
         return _block_rows(w, self.hkv, self.groups)
 
@@ -127,13 +132,13 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q1, k1, q2, k2, v, lam, w1, plan: _Plan):
         out = v.new_empty(plan.B, plan.H, plan.nq, v.shape[-1])  # (B, H, Nq, dv)
-        lam_r, w1_r = _rows(lam, None), _rows(w1, None)
-        for i0, i1, kend in plan.blocks():
-            p1 = plan.scores(q1, k1, i0, i1, kend)
-            p2 = plan.scores(q2, k2, i0, i1, kend)
-            p = _combine(p1, p2, plan.row_weight(w1_r, i0, i1), plan.row_weight(lam_r, i0, i1))
+        lam_r, w1_r = _rows(lam), _rows(w1)
+        for b, i0, i1, kend in plan.blocks():
+            p1 = plan.scores(q1, k1, b, i0, i1, kend)
+            p2 = plan.scores(q2, k2, b, i0, i1, kend)
+            p = _combine(p1, p2, plan.row_weight(w1_r, b, i0, i1), plan.row_weight(lam_r, b, i0, i1))
             del p2
-            out[:, :, i0:i1] = _unblock_rows(torch.matmul(p, v[:, :, :kend]), plan.groups)
+            out[b, :, i0:i1] = _unblock_rows(torch.matmul(p, v[b, :, :kend]), plan.groups)
         tensors = [q1, k1, q2, k2, v]
         ctx.lam_tensor, ctx.w1_tensor = isinstance(lam, torch.Tensor), isinstance(w1, torch.Tensor)
         ctx.lam = lam if not ctx.lam_tensor else None
@@ -152,7 +157,7 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         rest = saved[5:]
         lam = rest.pop(0) if ctx.lam_tensor else ctx.lam
         w1 = rest.pop(0) if ctx.w1_tensor else ctx.w1
-        lam_r, w1_r = _rows(lam, None), _rows(w1, None)
+        lam_r, w1_r = _rows(lam), _rows(w1)
         need = ctx.needs_input_grad
         dq1, dq2 = torch.zeros_like(q1), torch.zeros_like(q2)
         dk1, dk2, dv = torch.zeros_like(k1), torch.zeros_like(k2), torch.zeros_like(v)
@@ -160,28 +165,28 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         g1_all = q1.new_zeros(plan.B, plan.H, plan.nq, 1) if want_rows else None
         g2_all = q1.new_zeros(plan.B, plan.H, plan.nq, 1) if want_rows else None
         dout = dout.contiguous() if plan.groups > 1 else dout
-        for i0, i1, kend in plan.blocks():
-            w1b, lamb = plan.row_weight(w1_r, i0, i1), plan.row_weight(lam_r, i0, i1)
-            p1 = plan.scores(q1, k1, i0, i1, kend)  # (B, Hkv, g·rows, kend)
-            p2 = plan.scores(q2, k2, i0, i1, kend)
-            dob = _block_rows(dout[:, :, i0:i1], plan.hkv, plan.groups)  # (B, Hkv, g·rows, dv)
-            vb = v[:, :, :kend]
+        for b, i0, i1, kend in plan.blocks():
+            w1b, lamb = plan.row_weight(w1_r, b, i0, i1), plan.row_weight(lam_r, b, i0, i1)
+            p1 = plan.scores(q1, k1, b, i0, i1, kend)  # (b, Hkv, g·rows, kend)
+            p2 = plan.scores(q2, k2, b, i0, i1, kend)
+            dob = _block_rows(dout[b, :, i0:i1], plan.hkv, plan.groups)  # (b, Hkv, g·rows, dv)
+            vb = v[b, :, :kend]
             p = _combine(p1.clone(), p2, w1b, lamb)
-            _accumulate(dv, kend, p.transpose(-2, -1), dob)  # dV = Pᵀ dO
+            _accumulate(dv[b], kend, p.transpose(-2, -1), dob)  # dV = Pᵀ dO
             dp = torch.matmul(dob, vb.transpose(-2, -1))  # dP = dO Vᵀ, (B, Hkv, g·rows, kend)
-            g1 = torch.mul(p1, dp, out=p).sum(-1, keepdim=True)  # (B, Hkv, g·rows, 1)
+            g1 = torch.mul(p1, dp, out=p).sum(-1, keepdim=True)  # (b, Hkv, g·rows, 1)
             ds1 = p.addcmul_(p1, g1, value=-1.0)  # A1 ⊙ (dP − g1), in P's buffer
             g2 = torch.mul(p2, dp, out=p1).sum(-1, keepdim=True)
             ds2 = p1.addcmul_(p2, g2, value=-1.0)  # A2 ⊙ (dP − g2), in A1's buffer
             del dp, p2
             for ds, q, k, dq, dk, f in ((ds1, q1, k1, dq1, dk1, w1b), (ds2, q2, k2, dq2, dk2, lamb)):
                 f = plan.scale * f if ds is ds1 else -plan.scale * f  # s·w1 or −s·λ per row
-                qb = _block_rows(q[:, :, i0:i1], plan.hkv, plan.groups) * f
-                _accumulate(dk, kend, ds.transpose(-2, -1), qb)  # dK += s·dSᵀ Q
-                dq[:, :, i0:i1] = _unblock_rows(torch.matmul(ds, k[:, :, :kend]) * f, plan.groups)
+                qb = _block_rows(q[b, :, i0:i1], plan.hkv, plan.groups) * f
+                _accumulate(dk[b], kend, ds.transpose(-2, -1), qb)  # dK += s·dSᵀ Q
+                dq[b, :, i0:i1] = _unblock_rows(torch.matmul(ds, k[b, :, :kend]) * f, plan.groups)
             if want_rows:
-                g1_all[:, :, i0:i1] = _unblock_rows(g1, plan.groups)
-                g2_all[:, :, i0:i1] = _unblock_rows(g2, plan.groups)
+                g1_all[b, :, i0:i1] = _unblock_rows(g1, plan.groups)
+                g2_all[b, :, i0:i1] = _unblock_rows(g2, plan.groups)
         dlam = dw1 = None
         if ctx.lam_tensor and need[5]:
             dlam = (-g2_all).sum_to_size(lam_r.shape).view(lam.shape).to(lam.dtype)
@@ -192,9 +197,10 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
 
 def blockwise_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor,
                              v: torch.Tensor, lambda_: torch.Tensor | float, weight1: torch.Tensor | float,
-                             keep: torch.Tensor | None, bias: torch.Tensor | None, causal: bool, scale: float,
-                             block_rows: int | None = None) -> torch.Tensor:
-    """O = (w1 ⊙ A1 − λ ⊙ A2) V by query blocks, with the backward of the module docstring.
+                             keep: torch.Tensor | None, bias: torch.Tensor | None, causal: bool,
+                             scale: float) -> torch.Tensor:
+    """O = (w1 ⊙ A1 − λ ⊙ A2) V by blocks of queries (and of batch elements), with the backward of the module
+    docstring.
 
     q1, q2: (B, H, Nq, d); k1, k2: (B, Hkv, Nk, d); v: (B, Hkv, Nk, dv); λ and w1 floats or tensors
     broadcastable to (B, H, Nq, 1). ``keep`` (bool, True = attend) and ``bias`` (additive, 0 where blocked) are a
@@ -204,5 +210,5 @@ def blockwise_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tenso
     """
     dtype = q1.dtype
     lambda_, weight1 = (w.to(dtype) if isinstance(w, torch.Tensor) else w for w in (lambda_, weight1))
-    plan = _Plan(q1, k1, v, keep, bias, causal, scale, block_rows)
+    plan = _Plan(q1, k1, v, keep, bias, causal, scale)
     return _BlockwiseDiffAttention.apply(q1, k1, q2, k2, v, lambda_, weight1, plan)

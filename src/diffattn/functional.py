@@ -12,7 +12,9 @@ Backends
 - ``math``: materialises A1 and A2 (Q Kᵀ and the softmax in float32, or float64 for float64 inputs); the only one
   that can return the maps or soft-cap the logits.
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; never builds an N×N tensor of its own. Since
-  (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts.
+  (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts. CPU training
+  (gradients, float32/float64, no dropout, ≥ :data:`BLOCKWISE_MIN_KEYS` keys, dv > d) goes through query
+  blocks that combine the two maps before the product by V instead (:mod:`diffattn._diff_autograd`).
 - ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.kernels` (CUDA only).
 - ``auto``: ``triton`` on CUDA when the kernel applies and is the faster (:func:`_triton_preferred`), else
   ``sdpa``; ``math`` when weights or soft-capping are asked for.
@@ -367,11 +369,12 @@ def _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p) -> bool
     unpadded Q and K only. Timed on a 2-core CPU (docs/benchmarks.md, "Training one layer": width 512, B·N =
     8192, causal): the padded calls' time ÷ this path's is 1.2 at N = 512 and more from N = 1024 on; at N = 256
     the two were within the noise, and the per-block Python work grows as N shrinks, so fewer than
-    :data:`BLOCKWISE_MIN_KEYS` keys keep the fused kernels. Inference (no gradient) keeps them too, as do
-    dropout, half precision, tracing, export and ``torch.compile``."""
+    :data:`BLOCKWISE_MIN_KEYS` keys keep the fused kernels. So does a value no wider than the queries (the
+    V2 layer's dv = d: nothing is padded there and this path was not measured faster). Inference (no gradient)
+    keeps them too, as do dropout, half precision, tracing, export and ``torch.compile``."""
     if q1.device.type != "cpu" or dropout_p > 0.0 or q1.dtype not in (torch.float32, torch.float64):
         return False
-    if int(k1.shape[2]) < BLOCKWISE_MIN_KEYS:
+    if int(k1.shape[2]) < BLOCKWISE_MIN_KEYS or int(v.shape[-1]) <= int(q1.shape[-1]):
         return False
     if not torch.is_grad_enabled() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
         return False
