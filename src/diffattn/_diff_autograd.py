@@ -24,6 +24,7 @@ more. Dropout is not done here (the caller takes the fused kernels for it).
 from __future__ import annotations
 
 import torch
+from torch.autograd.function import once_differentiable
 
 __all__ = ["blockwise_diff_attention", "BLOCK_ELEMENTS", "MIN_BLOCK_ROWS"]
 
@@ -150,6 +151,7 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, dout):
         plan: _Plan = ctx.plan
         saved = list(ctx.saved_tensors)
@@ -159,7 +161,7 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
         w1 = rest.pop(0) if ctx.w1_tensor else ctx.w1
         lam_r, w1_r = _rows(lam), _rows(w1)
         need = ctx.needs_input_grad
-        dq1, dq2 = torch.zeros_like(q1), torch.zeros_like(q2)
+        dq1, dq2 = torch.empty_like(q1), torch.empty_like(q2)  # every row is written by one block
         dk1, dk2, dv = torch.zeros_like(k1), torch.zeros_like(k2), torch.zeros_like(v)
         want_rows = (ctx.lam_tensor and need[5]) or (ctx.w1_tensor and need[6])
         g1_all = q1.new_zeros(plan.B, plan.H, plan.nq, 1) if want_rows else None
@@ -173,7 +175,7 @@ class _BlockwiseDiffAttention(torch.autograd.Function):
             vb = v[b, :, :kend]
             p = _combine(p1.clone(), p2, w1b, lamb)
             _accumulate(dv[b], kend, p.transpose(-2, -1), dob)  # dV = Pᵀ dO
-            dp = torch.matmul(dob, vb.transpose(-2, -1))  # dP = dO Vᵀ, (B, Hkv, g·rows, kend)
+            dp = torch.matmul(dob, vb.transpose(-2, -1))  # dP = dO Vᵀ, (b, Hkv, g·rows, kend)
             g1 = torch.mul(p1, dp, out=p).sum(-1, keepdim=True)  # (b, Hkv, g·rows, 1)
             ds1 = p.addcmul_(p1, g1, value=-1.0)  # A1 ⊙ (dP − g1), in P's buffer
             g2 = torch.mul(p2, dp, out=p1).sum(-1, keepdim=True)
