@@ -279,13 +279,19 @@ def training_sweep(args, device, dtype) -> list[dict]:
     return rows
 
 
+def training_command() -> str:
+    """The command line, with the OpenMP settings of the environment that change how threads wait."""
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY") if k in os.environ)
+    return (env + " " if env else "") + "python " + " ".join(sys.argv)
+
+
 def training_markdown(rows: list[dict], args, device: str) -> str:
     lines = ["## Training one layer, " + device, "",
              f"Machine: {machine(device)}. dtype {args.dtype}; one causal layer, width {args.dim}, {args.heads} "
              f"heads (standard; differential: {args.heads // 2} heads of width 2d), B·N = {args.tokens} tokens; "
              f"forward + backward (loss = mean of the squared output); median of {args.repeats} interleaved "
              f"repeats after one warm-up each; peak memory in a fresh process per cell.", "",
-             "Command:", "", "```", "python " + " ".join(sys.argv), "```", "",
+             "Command:", "", "```", training_command(), "```", "",
              "| N | B | module | fwd+bwd ms | × standard | peak MiB | memory × standard |",
              "|---:|---:|---|---:|---:|---:|---:|"]
     for r in rows:
@@ -352,7 +358,7 @@ def main(argv: list[str] | None = None) -> None:
             return
         if args.json:
             args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps({"machine": machine(device), "command": "python " + " ".join(sys.argv),
+            args.json.write_text(json.dumps({"machine": machine(device), "command": training_command(),
                                              "rows": rows}, indent=1))
         text = training_markdown(rows, args, device)
         print(text)
