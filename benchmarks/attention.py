@@ -10,6 +10,14 @@ the same run against the baseline. Peak memory is the process's resident-set hig
 before the call (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA).
 
     python benchmarks/attention.py --markdown docs/benchmarks.md --json benchmarks/results/attention_cpu.json
+
+``--training`` instead times the training of one causal layer (forward + backward) at width 512, 8 heads,
+B·N = 8192, N = 1024 and 4096: ``standard``, ``diff[auto]`` (on a CPU: query blocks with the two maps combined
+before the product by V, :mod:`diffattn._diff_autograd`) and ``diff[padded]`` (the two zero-padded fused calls
+``sdpa`` makes otherwise). Repeats are interleaved (standard, auto, padded, standard, …) and the median is taken;
+peak memory is measured in a fresh process per cell.
+
+    python benchmarks/attention.py --training --markdown docs/benchmarks.md --json benchmarks/results/training_cpu.json
 """
 
 from __future__ import annotations
@@ -180,6 +188,120 @@ def block_sweep(args, device, dtype) -> list[dict]:
     return rows
 
 
+TRAINING = {"seq": [1024, 4096], "tokens": 8192, "dim": 512, "heads": 8, "repeats": 5}
+
+
+def training_module(name: str, dim: int, heads: int) -> nn.Module:
+    """One causal layer of the training table: ``standard``, ``diff[auto]`` or ``diff[padded]``."""
+    torch.manual_seed(0)
+    if name == "standard":
+        return Attention(dim, heads, causal=True)
+    return DiffAttention(dim, heads, causal=True)
+
+
+def training_run(name: str, module: nn.Module, x: torch.Tensor):
+    """fwd+bwd of ``module``; ``diff[padded]`` turns the blockwise training path off for its own calls."""
+    import diffattn.functional as functional
+
+    step = fwd_bwd(module, x)
+    if name != "diff[padded]":
+        return step
+    blockwise = functional._blockwise_preferred
+
+    def run():
+        functional._blockwise_preferred = lambda *a: False
+        try:
+            step()
+        finally:
+            functional._blockwise_preferred = blockwise
+
+    return run
+
+
+TRAINING_MODULES = ("standard", "diff[auto]", "diff[padded]")
+
+
+def training_peak(args, N: int, name: str) -> float | None:
+    """Peak MiB of one fwd+bwd after a warm-up, in a fresh process with :data:`MALLOC_ENV` (one per cell)."""
+    argv = [sys.executable, __file__, "--training", "--phase", "memory", "--cell", f"{N}:{name}",
+            "--tokens", str(args.tokens), "--dim", str(args.dim), "--heads", str(args.heads),
+            "--dtype", args.dtype, "--device", args.device]
+    if args.threads:
+        argv += ["--threads", str(args.threads)]
+    res = subprocess.run(argv, env={**os.environ, **MALLOC_ENV}, capture_output=True, text=True, check=True)
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def training_sweep(args, device, dtype) -> list[dict]:
+    if args.phase == "memory":  # child: one cell
+        N, name = args.cell.split(":", 1)
+        N = int(N)
+        x = torch.randn(max(1, args.tokens // N), N, args.dim, device=device, dtype=dtype, requires_grad=True)
+        run = training_run(name, training_module(name, args.dim, args.heads).to(device, dtype), x)
+        run()
+        print(json.dumps(peak_memory_mb(run)))
+        return []
+    rows = []
+    for N in args.seq:
+        B = max(1, args.tokens // N)
+        x = torch.randn(B, N, args.dim, device=device, dtype=dtype, requires_grad=True)
+        runs = {n: training_run(n, training_module(n, args.dim, args.heads).to(device, dtype), x)
+                for n in TRAINING_MODULES}
+        for run in runs.values():
+            run()  # warm-up
+        times = {n: [] for n in runs}
+        for _ in range(args.repeats):
+            for n, run in runs.items():
+                _sync(device)
+                t0 = time.perf_counter()
+                run()
+                _sync(device)
+                times[n].append(time.perf_counter() - t0)
+        peaks = {}
+        for n in runs:
+            if device == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+                runs[n]()
+                peaks[n] = (torch.cuda.max_memory_allocated() - base) / 2**20
+            else:
+                peaks[n] = training_peak(args, N, n)
+        base_t, base_m = statistics.median(times["standard"]), peaks["standard"]
+        for n in runs:
+            t = statistics.median(times[n])
+            row = {"N": N, "B": B, "module": n, "seconds": t, "peak_mib": peaks[n], "time_ratio": t / base_t,
+                   "memory_ratio": peaks[n] / base_m if peaks[n] is not None and base_m else None,
+                   "all_seconds": times[n]}
+            rows.append(row)
+            print(f"N={N:5d} {n:13s} {t * 1e3:9.1f} ms  x{row['time_ratio']:.2f}  peak {peaks[n]} MiB "
+                  f"x{row['memory_ratio'] or float('nan'):.2f}", flush=True)
+        del runs
+    return rows
+
+
+def training_command() -> str:
+    """The command line, with the OpenMP settings of the environment that change how threads wait."""
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY") if k in os.environ)
+    return (env + " " if env else "") + "python " + " ".join(sys.argv)
+
+
+def training_markdown(rows: list[dict], args, device: str) -> str:
+    lines = ["## Training one layer, " + device, "",
+             f"Machine: {machine(device)}. dtype {args.dtype}; one causal layer, width {args.dim}, {args.heads} "
+             f"heads (standard; differential: {args.heads // 2} heads of width 2d), B·N = {args.tokens} tokens; "
+             f"forward + backward (loss = mean of the squared output); median of {args.repeats} interleaved "
+             f"repeats after one warm-up each; peak memory in a fresh process per cell.", "",
+             "Command:", "", "```", training_command(), "```", "",
+             "| N | B | module | fwd+bwd ms | × standard | peak MiB | memory × standard |",
+             "|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        peak = "—" if r["peak_mib"] is None else f"{r['peak_mib']:.0f}"
+        mem = "—" if r["memory_ratio"] is None else f"{r['memory_ratio']:.2f}"
+        lines.append(f"| {r['N']} | {r['B']} | {r['module']} | {r['seconds'] * 1e3:.1f} | {r['time_ratio']:.2f} | "
+                     f"{peak} | {mem} |")
+    return "\n".join(lines) + "\n"
+
+
 def markdown(rows: list[dict], args, device: str, title: str) -> str:
     def fmt(v, spec):
         return "—" if v is None else format(v, spec)
@@ -203,22 +325,46 @@ def markdown(rows: list[dict], args, device: str, title: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--seq", type=int, nargs="+", default=[256, 1024, 4096, 16384])
-    p.add_argument("--tokens", type=int, default=16384, help="B·N, fixed across N")
-    p.add_argument("--dim", type=int, default=256)
+    p.add_argument("--training", action="store_true", help="the training table of one causal layer instead")
+    p.add_argument("--seq", type=int, nargs="+", default=None, help="default 256 1024 4096 16384 (training: "
+                   "1024 4096)")
+    p.add_argument("--tokens", type=int, default=None, help="B·N, fixed across N; default 16384 (training: 8192)")
+    p.add_argument("--dim", type=int, default=None, help="default 256 (training: 512)")
     p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    p.add_argument("--cell", default=None, help=argparse.SUPPRESS)
     p.add_argument("--block-dim", type=int, default=384)
     p.add_argument("--block-heads", type=int, default=6)
     p.add_argument("--backends", nargs="+", default=["auto", "sdpa", "math"])
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=None, help="default 3 (training: 5)")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--json", type=Path, default=None, help="write all rows as JSON here")
     p.add_argument("--markdown", type=Path, default=None, help="update this markdown file's section")
     p.add_argument("--phase", default=None, choices=["memory"], help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    defaults = TRAINING if args.training else {"seq": [256, 1024, 4096, 16384], "tokens": 16384, "dim": 256,
+                                                "repeats": 3}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     device = args.device
+    if args.training:
+        rows = training_sweep(args, device, dtype)
+        if args.phase == "memory":
+            return
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"machine": machine(device), "command": training_command(),
+                                             "rows": rows}, indent=1))
+        text = training_markdown(rows, args, device)
+        print(text)
+        if args.markdown:
+            write_markdown_section(args.markdown, f"training-{device}", text)
+        return
     global PHASE
     if args.phase == "memory":  # child: peaks only, printed as JSON on the last line
         PHASE = "memory"

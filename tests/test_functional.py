@@ -162,6 +162,154 @@ def test_return_weights_are_the_maps():
     assert (w.first.triu(1) == 0).all()
 
 
+# ---------------------------------------------------------------------------- CPU training path (blockwise)
+
+
+@pytest.fixture
+def blockwise_calls(monkeypatch):
+    """Small query blocks (several per sequence) and a count of the calls into the blockwise training path."""
+    import diffattn._diff_autograd as blockwise
+    import diffattn.functional as functional
+
+    calls = []
+    original = blockwise.blockwise_diff_attention
+
+    def spy(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(blockwise, "BLOCK_ELEMENTS", 1)
+    monkeypatch.setattr(blockwise, "MIN_BLOCK_ROWS", 3)  # blocks of 3 query rows, the last one shorter
+    monkeypatch.setattr(blockwise, "blockwise_diff_attention", spy)
+    monkeypatch.setattr(functional, "BLOCKWISE_MIN_KEYS", 1)  # the short test sequences take it too
+    return calls
+
+
+def _grads_vs_reference(shape, lam, w1, mask=None, bias=None, causal=False, allowed=None):
+    """Output and the gradients of q1, k1, q2, k2, v (and of λ, w1 where tensors) through ``sdpa`` and the
+    float64 reference, for one random output gradient."""
+    B, H, Hkv, nq, nk, d, dv = shape
+    ins = make(B, H, Hkv, nq, nk, d, dv, dtype=F64, grad=True)
+    extra = [t for t in (lam, w1) if isinstance(t, torch.Tensor)]
+    out = diff_attention(*ins, lam, weight1=w1, attn_mask=mask, is_causal=causal, backend="sdpa")
+    ref = reference(*ins, lam, w1, allowed=allowed, bias=bias, causal=causal)
+    g = torch.randn_like(ref)
+    got = torch.autograd.grad(out, ins + extra, g)
+    want = torch.autograd.grad(ref, ins + extra, g)
+    return out, ref, got, want
+
+
+BLOCKWISE_CASES = {  # shape (B, H, Hkv, Nq, Nk, d, dv), λ, w1, mask kind, causal
+    "causal": ((2, 4, 4, 13, 13, 8, 16), 0.37, 1.0, None, True),
+    "gqa-causal": ((1, 4, 2, 11, 11, 8, 16), 0.6, 1.0, None, True),
+    "mqa-padding-bool": ((2, 6, 1, 9, 9, 8, 16), 0.2, 1.0, "bool", False),
+    "padding-bool-causal-gate": ((2, 4, 4, 10, 10, 8, 16), "token", "gate", "bool", True),
+    "additive-per-head-lambda": ((1, 4, 4, 8, 12, 8, 16), "head", 1.0, "bias", False),
+    "finfo-min-float-mask-weight1": ((2, 4, 2, 9, 9, 8, 16), 0.5, "head", "float", True),
+}
+
+
+@pytest.mark.parametrize("case", list(BLOCKWISE_CASES))
+def test_blockwise_training_path_matches_reference_and_its_gradients(case, blockwise_calls):
+    shape, lam, w1, kind, causal = BLOCKWISE_CASES[case]
+    B, H, _, nq, nk, _, _ = shape
+    if lam == "token":  # M-DGSA: w1 = g, λ = 1 − g per token and head, both leaves here
+        lam = torch.rand(B, H, nq, 1, dtype=F64, requires_grad=True)
+    elif lam == "head":
+        lam = torch.tensor([0.1, 0.5, 0.9, -0.2], dtype=F64).view(1, H, 1, 1).requires_grad_()
+    if w1 == "gate":
+        w1 = torch.rand(B, H, nq, 1, dtype=F64, requires_grad=True)
+    elif w1 == "head":
+        w1 = torch.rand(H, 1, 1, dtype=F64, requires_grad=True)  # 3-D: right-aligned to (B, H, Nq, 1)
+    mask = bias = allowed = None
+    if kind in ("bool", "float"):
+        allowed = torch.rand(B, 1, 1, nk) > 0.3
+        allowed[..., 0] = True
+        mask = allowed if kind == "bool" else torch.zeros(B, 1, 1, nk, dtype=torch.float32).masked_fill(
+            ~allowed, torch.finfo(torch.float32).min)
+    elif kind == "bias":
+        mask = bias = torch.randn(1, H, nq, nk, dtype=F64)
+    out, ref, got, want = _grads_vs_reference(shape, lam, w1, mask=mask, bias=bias, causal=causal,
+                                              allowed=allowed)
+    assert len(blockwise_calls) == 1  # the training path ran, in blocks of 3 query rows
+    assert (out - ref).abs().max().item() < 1e-12
+    names = ["dq1", "dk1", "dq2", "dk2", "dv", "dλ", "dw1"][: len(got)]
+    for name, a, b in zip(names, got, want):
+        assert a.shape == b.shape, name
+        assert (a - b).abs().max().item() < 1e-11, name
+
+
+def test_blockwise_blocks_of_several_batch_elements(blockwise_calls, monkeypatch):
+    import diffattn._diff_autograd as blockwise
+
+    monkeypatch.setattr(blockwise, "MIN_BLOCK_ROWS", 8)
+    monkeypatch.setattr(blockwise, "BLOCK_ELEMENTS", 256)  # 8 rows × 2 heads × 8 keys: batch elements 0:2, 2:3
+    lam = torch.rand(3, 1, 8, 1, dtype=F64, requires_grad=True)
+    keep = torch.rand(3, 1, 1, 8) > 0.3
+    keep[..., 0] = True
+    out, ref, got, want = _grads_vs_reference((3, 2, 2, 8, 8, 8, 32), lam, 1.0, mask=keep, causal=True,
+                                              allowed=keep)
+    assert len(blockwise_calls) == 1
+    assert (out - ref).abs().max().item() < 1e-12
+    for a, b in zip(got, want):
+        assert (a - b).abs().max().item() < 1e-11
+
+
+def test_blockwise_fully_masked_rows_give_zero_output_and_gradient(blockwise_calls):
+    B, H, n = 1, 2, 7
+    q1, k1, q2, k2, v = make(B, H, H, n, n, 8, 16, dtype=F64, grad=True)
+    lam = torch.full((1, H, 1, 1), 0.4, dtype=F64, requires_grad=True)
+    m = torch.ones(B, 1, n, n, dtype=torch.bool)
+    m[..., :3, :] = False  # the first three queries see no key
+    out = diff_attention(q1, k1, q2, k2, v, lam, attn_mask=m, is_causal=True, backend="sdpa")
+    assert len(blockwise_calls) == 1
+    assert torch.equal(out[:, :, :3], torch.zeros_like(out[:, :, :3]))
+    ref = reference(q1, k1, q2, k2, v, lam, allowed=m, causal=True)
+    assert (out - ref).abs().max().item() < 1e-12
+    out.square().sum().backward()
+    for t in (q1, k1, q2, k2, v, lam):
+        assert torch.isfinite(t.grad).all()
+    assert torch.equal(q1.grad[:, :, :3], torch.zeros_like(q1.grad[:, :, :3]))
+    assert torch.equal(q2.grad[:, :, :3], torch.zeros_like(q2.grad[:, :, :3]))
+
+
+def test_blockwise_gradcheck(blockwise_calls):
+    q1, k1, q2, k2, v = make(1, 2, 1, 6, 6, 4, 8, dtype=F64, grad=True)
+    w1 = torch.rand(1, 2, 6, 1, dtype=F64, requires_grad=True)
+    lam = torch.rand(1, 2, 1, 1, dtype=F64, requires_grad=True)
+    keep = torch.tensor([True, True, False, True, True, True]).view(1, 1, 1, 6)
+
+    def fn(q1, k1, q2, k2, v, w1, lam):
+        return diff_attention(q1, k1, q2, k2, v, lam, weight1=w1, attn_mask=keep, is_causal=True, backend="sdpa")
+
+    assert torch.autograd.gradcheck(fn, (q1, k1, q2, k2, v, w1, lam))
+    assert blockwise_calls
+
+
+@pytest.mark.parametrize("backend", ["auto", "sdpa"])
+def test_blockwise_path_is_taken_for_cpu_training_only(backend, blockwise_calls, monkeypatch):
+    q1, k1, q2, k2, v = make(1, 2, 2, 8, 8, 8, 16)
+    diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)  # no gradient: the fused kernels
+    assert blockwise_calls == []
+    q1.requires_grad_()
+    diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend, dropout_p=0.1)  # dropout: fused
+    with torch.no_grad():
+        diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
+    bf = [t.bfloat16() for t in (q1, k1, q2, k2, v)]
+    diff_attention(*bf, 0.5, is_causal=True, backend=backend)  # bf16: the fused kernels' fp32 accumulation
+    diff_attention(q1, k1, q2, k2, v[..., :8], 0.5, is_causal=True, backend=backend)  # dv = d: nothing padded
+    assert blockwise_calls == []
+    out = diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
+    assert len(blockwise_calls) == 1
+    import diffattn.functional as functional
+
+    monkeypatch.setattr(functional, "BLOCKWISE_MIN_KEYS", 9)  # 8 keys: too short, the fused kernels
+    diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
+    assert len(blockwise_calls) == 1
+    ref = diff_attention(q1.detach(), k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
+    assert (out - ref).abs().max().item() < 1e-5  # float32: the same output as the padded fused calls
+
+
 # ----------------------------------------------------------------------------------- standard attention
 
 

@@ -12,7 +12,9 @@ Backends
 - ``math``: materialises A1 and A2 (Q Kᵀ and the softmax in float32, or float64 for float64 inputs); the only one
   that can return the maps or soft-cap the logits.
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; never builds an N×N tensor of its own. Since
-  (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts.
+  (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts. CPU training
+  (gradients, float32/float64, no dropout, ≥ :data:`BLOCKWISE_MIN_KEYS` keys, dv > d) goes through query
+  blocks that combine the two maps before the product by V instead (:mod:`diffattn._diff_autograd`).
 - ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.kernels` (CUDA only).
 - ``auto``: ``triton`` on CUDA when the kernel applies and is the faster (:func:`_triton_preferred`), else
   ``sdpa``; ``math`` when weights or soft-capping are asked for.
@@ -318,6 +320,12 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
     softmax twice and are slower; stacking the branches into one call needs a second copy of V, 2.1× the peak
     memory of standard attention against 1.65× here.
     """
+    if _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p):
+        from ._diff_autograd import blockwise_diff_attention
+
+        out = blockwise_diff_attention(q1, k1, q2, k2, v, lambda_, weight1, mask.keep, mask.bias,
+                                       mask.sdpa_causal, scale)
+        return out, None
     # Python ints, also under torch.jit.trace (where shapes are traced tensors): the head counts and widths fix the
     # structure of the computation, and enable_gqa must be a bool
     H, d = int(q1.shape[1]), int(q1.shape[3])
@@ -342,6 +350,32 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
         for q, k in ((q1, k1), (q2, k2))
     )  # each (B, H, Nq, dv)
     return _combine(o1, o2, weight1, lambda_), None
+
+
+#: the ``sdpa`` backend trains on the CPU through query blocks from this many keys on (see _blockwise_preferred)
+BLOCKWISE_MIN_KEYS = 512
+
+
+def _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p) -> bool:
+    """Whether ``sdpa`` trains through :mod:`diffattn._diff_autograd` instead of two padded fused calls.
+
+    CPU training in float32/float64 without dropout: A1 and A2 are combined before the product by V, so the
+    attention core costs what standard attention with 2H heads of width d costs, and the backward keeps the
+    unpadded Q and K only. Timed on a 2-core CPU (docs/benchmarks.md, "Training one layer": width 512, B·N =
+    8192, causal): the padded calls' time ÷ this path's is 1.2 at N = 512 and more from N = 1024 on; at N = 256
+    the two were within the noise, and the per-block Python work grows as N shrinks, so fewer than
+    :data:`BLOCKWISE_MIN_KEYS` keys keep the fused kernels. So does a value no wider than the queries (the
+    V2 layer's dv = d: nothing is padded there and this path was not measured faster). Inference (no gradient)
+    keeps them too, as do dropout, half precision, tracing, export and ``torch.compile``."""
+    if q1.device.type != "cpu" or dropout_p > 0.0 or q1.dtype not in (torch.float32, torch.float64):
+        return False
+    if int(k1.shape[2]) < BLOCKWISE_MIN_KEYS or int(v.shape[-1]) <= int(q1.shape[-1]):
+        return False
+    if not torch.is_grad_enabled() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+        return False
+    if torch.compiler.is_compiling():
+        return False
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q1, k1, q2, k2, v, lambda_, weight1))
 
 
 def _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p):
