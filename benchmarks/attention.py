@@ -40,7 +40,8 @@ from diffattn.utils import MALLOC_ENV, cpu_name, peak_memory_mb, write_markdown_
 
 
 class NaiveDiffAttention(nn.Module):
-    """Seed 003's module: both softmax maps materialised, (A1 − λ A2) V by matmul."""
+    """DiffCLIP's reference module (Hammoud & Ghanem 2025, released code): both softmax maps materialised, (A1 − λ A2) V
+    by matmul."""
 
     def __init__(self, dim: int, num_heads: int, lambda_init: float = 0.8):
         super().__init__()
