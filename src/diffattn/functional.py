@@ -14,8 +14,9 @@ Backends
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; never builds an N×N tensor of its own. Since
   (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts.
 - ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.kernels` (CUDA only).
-- ``auto``: ``triton`` on CUDA when the kernel applies and is the faster (:func:`_triton_preferred`), else
-  ``sdpa``; ``math`` when weights or soft-capping are asked for.
+- ``auto``: ``triton`` on CUDA when the kernel applies and is the faster (:func:`_triton_preferred`); on the CPU,
+  for a few query rows (decoding), :func:`diffattn.unpadded.decode_diff_attention` (no zero-padding, K and V read
+  once); else ``sdpa``; ``math`` when weights or soft-capping are asked for.
 
 Masks: bool (True = attend) or additive float, broadcastable to (B, H, Nq, Nk), 0-D to 4-D. A float entry at or
 below half the most negative finite value of the mask's own dtype (``torch.finfo(mask.dtype).min``, what Hugging
@@ -380,6 +381,15 @@ def _triton_preferred(dv: int, nk: int) -> bool:
     return dv <= TRITON_WIDE_DV or nk < TRITON_WIDE_MAX_NK
 
 
+def _decode_preferred(nq: int) -> bool:
+    """Whether ``auto`` runs :func:`diffattn.unpadded.decode_diff_attention` on the CPU: for a few query rows
+    (decoding) it reads each cached key and value once at its own width, where the ``sdpa`` backend copies the
+    keys into a zero-padded buffer and reads V twice (docs/benchmarks.md, decode: 6–8× faster per call)."""
+    from .unpadded import DECODE_MAX_QUERIES
+
+    return nq <= DECODE_MAX_QUERIES
+
+
 def _empty(q: torch.Tensor, v: torch.Tensor, nk: int) -> bool:
     return q.shape[0] == 0 or q.shape[2] == 0 or nk == 0 or v.shape[-1] == 0
 
@@ -458,6 +468,11 @@ def diff_attention(
         elif (q1.device.type == "cuda" and scale > 0 and _triton_preferred(int(v.shape[-1]), nk)
               and _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p) is None):
             return _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p)
+        elif q1.device.type == "cpu" and dropout_p == 0.0 and _decode_preferred(nq):
+            from .unpadded import decode_diff_attention  # decoding: no zero-padding, K and V read once
+
+            return decode_diff_attention(q1, k1, q2, k2, v, lambda_, weight1=weight1, attn_mask=attn_mask,
+                                         is_causal=is_causal, scale=scale).to(v.dtype)
         else:
             backend = "sdpa"
     if _empty(q1, v, nk):

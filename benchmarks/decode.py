@@ -1,0 +1,239 @@
+"""Decoding and prefill speed of standard, differential (V1, V2) and gated causal LMs of equal size, and of a
+retrofitted Hugging Face Llama against its base, on one CPU thread.
+
+- LMs: ``lm_small`` (standard), ``diff_lm_small`` (Ye et al. 2024), ``diff_v2_lm_small`` (Diff Transformer V2,
+  Ye et al. 2026) and ``dg_lm_small`` (M-DGSA 2025), random weights, float32, with the static KV cache
+  (``CausalLM.new_kv_caches(max_length=...)``, what ``generate`` uses).
+- Hugging Face: a ``LlamaForCausalLM`` of the same shape (random weights, SDPA attention, ``DynamicCache``) and the
+  same model retrofitted with DAA (``diffattn.retrofit(model, "daa")``).
+
+Per prefix P and batch B: the prompt is prefilled once at batch 1 (the prefill table times it), its cache repeated
+to batch B, then greedy decoding of T tokens is timed per token; rounds interleave the models and the median over
+rounds is reported, with each row's ratio to the standard LM (or to the base Llama) of the same run. "growth" is the
+mean time of the last quarter of the T steps over the first quarter: 1.00 when a step does not get slower with the
+number of generated tokens beyond what attending over one more key costs.
+
+    python benchmarks/decode.py --markdown docs/benchmarks.md
+    python benchmarks/decode.py --quick          # prefixes 256 and 2048, batch 1, to check the ratios
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import gc
+import os
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import diffattn
+from diffattn.layers import StaticKVCache
+from diffattn.utils import cpu_name, write_markdown_section
+
+LMS = {"standard": "lm_small", "diff": "diff_lm_small", "diff_v2": "diff_v2_lm_small", "gated": "dg_lm_small"}
+
+
+def build_lms() -> dict[str, torch.nn.Module]:
+    out = {}
+    for label, name in LMS.items():
+        torch.manual_seed(0)
+        out[label] = diffattn.create_model(name).eval()
+    return out
+
+
+def build_llamas() -> dict[str, torch.nn.Module] | None:
+    """A Llama of lm_small's shape and its DAA retrofit (same weights), or None without transformers."""
+    try:
+        from transformers import LlamaConfig, LlamaForCausalLM
+    except ImportError:
+        return None
+    from diffattn.models.causal_lm import llama_mlp_hidden
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=llama_mlp_hidden(512), num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=16384,
+                      attn_implementation="sdpa")
+    torch.manual_seed(0)
+    base = LlamaForCausalLM(cfg).eval()
+    retro = diffattn.retrofit(copy.deepcopy(base), "daa").eval()
+    return {"llama": base, "llama+daa": retro}
+
+
+def nparams(m: torch.nn.Module) -> float:
+    return sum(p.numel() for p in m.parameters()) / 1e6
+
+
+# ------------------------------------------------------------------------------------------------ caches
+
+
+def prefill(label: str, model, ids: torch.Tensor, max_length: int):
+    """Run the prompt; return (seconds, cache, next token)."""
+    t0 = time.perf_counter()
+    if label.startswith("llama"):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        logits = model(input_ids=ids, cache=cache, use_cache=True).logits
+    else:
+        cache = model.new_kv_caches(max_length=max_length)
+        logits = model(ids, kv_caches=cache)
+    dt = time.perf_counter() - t0
+    return dt, cache, logits[:, -1].argmax(-1, keepdim=True)
+
+
+def repeat_cache(label: str, cache, batch: int, prefix: int, max_length: int):
+    """The batch-1 prompt cache, cropped to the prompt and repeated to ``batch`` rows (a fresh copy)."""
+    if label.startswith("llama"):
+        new = copy.deepcopy(cache)  # the prefill's cache is never decoded into: it holds the prompt only
+        if batch > 1:
+            new.batch_repeat_interleave(batch)
+        return new
+    out = []
+    for c in cache:
+        s = StaticKVCache(max_length)
+        s.update(c.k[:, :, :prefix].repeat(batch, 1, 1, 1), c.v[:, :, :prefix].repeat(batch, 1, 1, 1))
+        out.append(s)
+    return out
+
+
+def decode(label: str, model, cache, tok: torch.Tensor, steps: int) -> list[float]:
+    """Greedy decoding of ``steps`` tokens; seconds per step."""
+    times = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        if label.startswith("llama"):
+            logits = model(input_ids=tok, cache=cache, use_cache=True).logits
+        else:
+            logits = model(tok, kv_caches=cache)
+        tok = logits[:, -1].argmax(-1, keepdim=True)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def growth(times: list[float]) -> float:
+    q = max(1, len(times) // 4)
+    return statistics.mean(times[-q:]) / statistics.mean(times[:q])
+
+
+# ------------------------------------------------------------------------------------------------- run
+
+
+def run(args) -> tuple[list[dict], list[dict]]:
+    models = build_lms()
+    if not args.no_hf:
+        llamas = build_llamas()
+        if llamas:
+            models.update(llamas)
+    sizes = {k: nparams(m) for k, m in models.items()}
+    prefill_rows, decode_rows = [], []
+    vocab = 32000
+    for prefix in args.prefixes:
+        steps_by_batch = {b: args.tokens if prefix * b <= 4096 else args.long_tokens for b in args.batches}
+        max_length = prefix + max(steps_by_batch.values())
+        g = torch.Generator().manual_seed(prefix)
+        ids = torch.randint(0, vocab, (1, prefix), generator=g)
+        rounds = args.rounds if prefix <= 2048 else args.long_rounds
+        pf: dict[str, list[float]] = {k: [] for k in models}
+        caches, first = {}, {}
+        with torch.no_grad():
+            for _ in range(rounds):
+                for label, m in models.items():
+                    caches.pop(label, None)
+                    gc.collect()
+                    dt, caches[label], first[label] = prefill(label, m, ids, max_length)
+                    pf[label].append(dt)
+        for label in models:
+            prefill_rows.append(dict(prefix=prefix, model=label, params=sizes[label],
+                                     ms=1e3 * statistics.median(pf[label])))
+        print_rows(prefill_rows[-len(models):], "prefill")
+        for batch in args.batches:
+            steps = steps_by_batch[batch]
+            per: dict[str, list[float]] = {k: [] for k in models}
+            gr: dict[str, list[float]] = {k: [] for k in models}
+            with torch.no_grad():
+                for _ in range(args.rounds):
+                    for label, m in models.items():
+                        c = repeat_cache(label, caches[label], batch, prefix, max_length)
+                        gc.collect()
+                        times = decode(label, m, c, first[label].repeat(batch, 1), steps)
+                        del c
+                        per[label].append(statistics.mean(times))
+                        gr[label].append(growth(times))
+            for label in models:
+                ms = 1e3 * statistics.median(per[label])
+                decode_rows.append(dict(prefix=prefix, batch=batch, model=label, params=sizes[label], steps=steps,
+                                        ms=ms, tok_s=batch * 1e3 / ms, growth=statistics.median(gr[label])))
+            print_rows(decode_rows[-len(models):], "decode")
+        caches.clear()
+        gc.collect()
+    return prefill_rows, decode_rows
+
+
+def _ratio(rows: list[dict], r: dict, keys: tuple[str, ...]) -> float:
+    base = "llama" if r["model"].startswith("llama") else "standard"
+    ref = next(x for x in rows if x["model"] == base and all(x[k] == r[k] for k in keys))
+    return r["ms"] / ref["ms"]
+
+
+def print_rows(rows: list[dict], what: str) -> None:
+    for r in rows:
+        extra = f" B={r['batch']} {r['tok_s']:.1f} tok/s growth {r['growth']:.2f}" if what == "decode" else ""
+        print(f"{what} P={r['prefix']} {r['model']:10s} {r['ms']:9.1f} ms{extra}", flush=True)
+
+
+def machine() -> str:
+    return (f"{cpu_name()}, {os.cpu_count()} cores, {torch.get_num_threads()} torch thread "
+            f"(torch {torch.__version__})")
+
+
+def markdown(prefill_rows: list[dict], decode_rows: list[dict], args, command: str) -> str:
+    lines = ["## Decoding and prefill, cpu", "",
+             f"Machine: {machine()}. float32, random weights; LMs of {prefill_rows[0]['params']:.1f} M parameters "
+             f"(standard). Median of {args.rounds} interleaved rounds ({args.long_rounds} for the prefill of "
+             f"prefixes > 2048); {args.tokens} greedy tokens per decode cell ({args.long_tokens} where prefix × batch "
+             f"> 4096, to keep the run short). LMs use the static KV cache; the Hugging Face rows use its "
+             f"`DynamicCache`. Ratios: to `standard` (LMs) or to the base `llama` (its DAA retrofit), same run.",
+             "", "Command:", "", "```", command, "```", "",
+             "Decode, per token (growth: mean of the last quarter of the steps over the first):", "",
+             "| prefix | batch | model | params M | ms/token | tokens/s | × standard | growth |",
+             "|---:|---:|---|---:|---:|---:|---:|---:|"]
+    for r in decode_rows:
+        lines.append(f"| {r['prefix']} | {r['batch']} | {r['model']} | {r['params']:.1f} | {r['ms']:.1f} | "
+                     f"{r['tok_s']:.1f} | {_ratio(decode_rows, r, ('prefix', 'batch')):.2f} | {r['growth']:.2f} |")
+    lines += ["", "Prefill of the prompt (batch 1):", "",
+              "| prefix | model | ms | × standard |", "|---:|---|---:|---:|"]
+    for r in prefill_rows:
+        lines.append(f"| {r['prefix']} | {r['model']} | {r['ms']:.1f} | {_ratio(prefill_rows, r, ('prefix',)):.2f} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--prefixes", type=int, nargs="+", default=[256, 2048, 8192])
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--tokens", type=int, default=32, help="decoded tokens per cell")
+    p.add_argument("--long-tokens", type=int, default=8, help="decoded tokens where prefix × batch > 4096")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--long-rounds", type=int, default=1, help="prefill rounds for prefixes > 2048")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face Llama rows")
+    p.add_argument("--quick", action="store_true", help="prefixes 256 and 2048, batch 1 only")
+    p.add_argument("--markdown", type=Path, default=None, help="update this markdown file's section")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.prefixes, args.batches = [256, 2048], [1]
+    torch.set_num_threads(args.threads)
+    t0 = time.perf_counter()
+    prefill_rows, decode_rows = run(args)
+    argv_s = " ".join(argv) if argv is not None else " ".join(os.sys.argv[1:])
+    text = markdown(prefill_rows, decode_rows, args, f"python benchmarks/decode.py {argv_s}".strip())
+    print(text)
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    if args.markdown:
+        write_markdown_section(args.markdown, "decode-cpu", text)
+
+
+if __name__ == "__main__":
+    main()
