@@ -7,11 +7,13 @@ retrofitted Hugging Face Llama against its base, on one CPU thread.
 - Hugging Face: a ``LlamaForCausalLM`` of the same shape (random weights, SDPA attention, ``DynamicCache``) and the
   same model retrofitted with DAA (``diffattn.retrofit(model, "daa")``).
 
-Per prefix P and batch B: the prompt is prefilled once at batch 1 (the prefill table times it), its cache repeated
-to batch B, then greedy decoding of T tokens is timed per token; rounds interleave the models and the median over
-rounds is reported, with each row's ratio to the standard LM (or to the base Llama) of the same run. "growth" is the
-mean time of the last quarter of the T steps over the first quarter: 1.00 when a step does not get slower with the
-number of generated tokens beyond what attending over one more key costs.
+Per prefix P and batch B: the prompt is prefilled at batch 1 (the prefill table times it, for P ≤ ``--max-prefill``;
+a longer prefix tiles the longest prompt's keys and values, since decode time does not depend on their values), the
+cache is repeated to batch B, then greedy decoding of T tokens is timed per token; rounds interleave the models and
+the median over rounds is reported, with each row's ratio to the standard LM (or to the base Llama) of the same
+run. ``diff[dynamic]`` is the differential LM with the growing ``KVCache``. "growth" is the mean time of the last
+quarter of the T steps over the first quarter: about 1.00 when a step does not get slower with the number of
+generated tokens beyond what attending over one more key costs.
 
     python benchmarks/decode.py --markdown docs/benchmarks.md
     python benchmarks/decode.py --quick          # prefixes 256 and 2048, batch 1, to check the ratios
@@ -30,7 +32,7 @@ from pathlib import Path
 import torch
 
 import diffattn
-from diffattn.layers import StaticKVCache
+from diffattn.layers import KVCache, StaticKVCache
 from diffattn.utils import cpu_name, write_markdown_section
 
 LMS = {"standard": "lm_small", "diff": "diff_lm_small", "diff_v2": "diff_v2_lm_small", "gated": "dg_lm_small"}
@@ -83,18 +85,35 @@ def prefill(label: str, model, ids: torch.Tensor, max_length: int):
     return dt, cache, logits[:, -1].argmax(-1, keepdim=True)
 
 
-def repeat_cache(label: str, cache, batch: int, prefix: int, max_length: int):
-    """The batch-1 prompt cache, cropped to the prompt and repeated to ``batch`` rows (a fresh copy)."""
+def _layers(label: str, cache) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(keys, values) per layer of a prompt cache, each (1, heads, S, width)."""
     if label.startswith("llama"):
-        new = copy.deepcopy(cache)  # the prefill's cache is never decoded into: it holds the prompt only
-        if batch > 1:
-            new.batch_repeat_interleave(batch)
-        return new
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(c.k[:, :, :c.length], c.v[:, :, :c.length]) for c in cache]
+
+
+def _fill(t: torch.Tensor, prefix: int, batch: int) -> torch.Tensor:
+    """(1, h, S, w) → (batch, h, prefix, w): tiled along the sequence when S < prefix, repeated over the batch."""
+    if t.shape[2] < prefix:
+        t = t.repeat(1, 1, -(-prefix // t.shape[2]), 1)
+    return t[:, :, :prefix].repeat(batch, 1, 1, 1)
+
+
+def filled_cache(label: str, model, src, batch: int, prefix: int, max_length: int):
+    """A fresh cache of ``batch`` rows holding ``prefix`` positions from the prompt cache ``src`` (its keys and
+    values tiled when the prompt is shorter: decode time does not depend on the values)."""
+    if label.startswith("llama"):
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=model.config)
+        for i, (k, v) in enumerate(_layers(label, src)):
+            cache.update(_fill(k, prefix, batch), _fill(v, prefix, batch), i)
+        return cache
     out = []
-    for c in cache:
-        s = StaticKVCache(max_length)
-        s.update(c.k[:, :, :prefix].repeat(batch, 1, 1, 1), c.v[:, :, :prefix].repeat(batch, 1, 1, 1))
-        out.append(s)
+    for k, v in _layers(label, src):
+        c = KVCache() if label.endswith("[dynamic]") else StaticKVCache(max_length)
+        c.update(_fill(k, prefix, batch), _fill(v, prefix, batch))
+        out.append(c)
     return out
 
 
@@ -122,52 +141,55 @@ def growth(times: list[float]) -> float:
 
 def run(args) -> tuple[list[dict], list[dict]]:
     models = build_lms()
+    models["diff[dynamic]"] = models["diff"]  # the same model with the growing KVCache, for the growth column
     if not args.no_hf:
         llamas = build_llamas()
         if llamas:
             models.update(llamas)
     sizes = {k: nparams(m) for k, m in models.items()}
+    prompt_models = {k: m for k, m in models.items() if "[" not in k}
     prefill_rows, decode_rows = [], []
-    vocab = 32000
-    for prefix in args.prefixes:
-        steps_by_batch = {b: args.tokens if prefix * b <= 4096 else args.long_tokens for b in args.batches}
-        max_length = prefix + max(steps_by_batch.values())
-        g = torch.Generator().manual_seed(prefix)
-        ids = torch.randint(0, vocab, (1, prefix), generator=g)
-        rounds = args.rounds if prefix <= 2048 else args.long_rounds
-        pf: dict[str, list[float]] = {k: [] for k in models}
-        caches, first = {}, {}
+    longest = max(args.tokens, args.long_tokens)
+    prompts = sorted(p for p in args.prefixes if p <= args.max_prefill) or [min(args.prefixes)]
+    caches: dict[int, dict] = {}
+    firsts: dict[int, dict] = {}
+    for prefix in prompts:
+        ids = torch.randint(0, 32000, (1, prefix), generator=torch.Generator().manual_seed(prefix))
+        pf: dict[str, list[float]] = {k: [] for k in prompt_models}
+        caches[prefix], firsts[prefix] = {}, {}
         with torch.no_grad():
-            for _ in range(rounds):
-                for label, m in models.items():
-                    caches.pop(label, None)
+            for _ in range(args.rounds):
+                for label, m in prompt_models.items():
+                    caches[prefix].pop(label, None)
                     gc.collect()
-                    dt, caches[label], first[label] = prefill(label, m, ids, max_length)
+                    dt, caches[prefix][label], firsts[prefix][label] = prefill(label, m, ids, prefix + longest)
                     pf[label].append(dt)
-        for label in models:
+        for label in prompt_models:
             prefill_rows.append(dict(prefix=prefix, model=label, params=sizes[label],
                                      ms=1e3 * statistics.median(pf[label])))
-        print_rows(prefill_rows[-len(models):], "prefill")
+        print_rows(prefill_rows[-len(prompt_models):], "prefill")
+    for prefix in args.prefixes:
+        src = max(p for p in prompts if p <= prefix) if min(prompts) <= prefix else min(prompts)
         for batch in args.batches:
-            steps = steps_by_batch[batch]
+            steps = args.tokens if prefix * batch <= 4096 else args.long_tokens
             per: dict[str, list[float]] = {k: [] for k in models}
             gr: dict[str, list[float]] = {k: [] for k in models}
             with torch.no_grad():
                 for _ in range(args.rounds):
                     for label, m in models.items():
-                        c = repeat_cache(label, caches[label], batch, prefix, max_length)
+                        base = label.split("[")[0]
+                        c = filled_cache(label, m, caches[src][base], batch, prefix, prefix + steps)
                         gc.collect()
-                        times = decode(label, m, c, first[label].repeat(batch, 1), steps)
+                        times = decode(label, m, c, firsts[src][base].repeat(batch, 1), steps)
                         del c
                         per[label].append(statistics.mean(times))
                         gr[label].append(growth(times))
             for label in models:
                 ms = 1e3 * statistics.median(per[label])
                 decode_rows.append(dict(prefix=prefix, batch=batch, model=label, params=sizes[label], steps=steps,
-                                        ms=ms, tok_s=batch * 1e3 / ms, growth=statistics.median(gr[label])))
+                                        ms=ms, tok_s=batch * 1e3 / ms, growth=statistics.median(gr[label]),
+                                        tiled=src < prefix))
             print_rows(decode_rows[-len(models):], "decode")
-        caches.clear()
-        gc.collect()
     return prefill_rows, decode_rows
 
 
@@ -189,14 +211,19 @@ def machine() -> str:
 
 
 def markdown(prefill_rows: list[dict], decode_rows: list[dict], args, command: str) -> str:
+    tiled = sorted({r["prefix"] for r in decode_rows if r["tiled"]})
     lines = ["## Decoding and prefill, cpu", "",
              f"Machine: {machine()}. float32, random weights; LMs of {prefill_rows[0]['params']:.1f} M parameters "
-             f"(standard). Median of {args.rounds} interleaved rounds ({args.long_rounds} for the prefill of "
-             f"prefixes > 2048); {args.tokens} greedy tokens per decode cell ({args.long_tokens} where prefix × batch "
-             f"> 4096, to keep the run short). LMs use the static KV cache; the Hugging Face rows use its "
-             f"`DynamicCache`. Ratios: to `standard` (LMs) or to the base `llama` (its DAA retrofit), same run.",
+             f"(standard). Median of {args.rounds} interleaved rounds; {args.tokens} greedy tokens per decode cell "
+             f"({args.long_tokens} where prefix × batch > 4096, to keep the run short). The LMs decode with the "
+             f"static KV cache (what `generate` uses), `diff[dynamic]` is the differential LM with the growing "
+             f"`KVCache`; the Hugging Face rows use transformers' `DynamicCache`. Ratios: to `standard` (LMs) or to "
+             f"the base `llama` (its DAA retrofit), same run."
+             + (f" Prefixes {tiled} are not prefilled (it would take minutes per model on one thread): their cache "
+                f"holds the longest prefilled prompt's keys and values tiled to the prefix length, which changes no "
+                f"decode time." if tiled else ""),
              "", "Command:", "", "```", command, "```", "",
-             "Decode, per token (growth: mean of the last quarter of the steps over the first):", "",
+             "Decode, per token (growth: mean time of the last quarter of the steps over the first quarter):", "",
              "| prefix | batch | model | params M | ms/token | tokens/s | × standard | growth |",
              "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in decode_rows:
@@ -216,7 +243,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--tokens", type=int, default=32, help="decoded tokens per cell")
     p.add_argument("--long-tokens", type=int, default=8, help="decoded tokens where prefix × batch > 4096")
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--long-rounds", type=int, default=1, help="prefill rounds for prefixes > 2048")
+    p.add_argument("--max-prefill", type=int, default=2048,
+                   help="prefill (and time) prompts up to this length; longer prefixes tile its cache")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face Llama rows")
     p.add_argument("--quick", action="store_true", help="prefixes 256 and 2048, batch 1 only")
