@@ -17,12 +17,14 @@ generated tokens beyond what attending over one more key costs.
 
     python benchmarks/decode.py --markdown docs/benchmarks.md
     python benchmarks/decode.py --quick          # prefixes 256 and 2048, batch 1, to check the ratios
+    python benchmarks/decode.py --flex ...       # also the prefill attention core with compiled FlexAttention
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import functools
 import gc
 import os
 import statistics
@@ -193,6 +195,43 @@ def run(args) -> tuple[list[dict], list[dict]]:
     return prefill_rows, decode_rows
 
 
+def flex_rows(args) -> list[dict]:
+    """Prefill attention core of one layer of the LMs (causal, B = 1): standard SDPA (8 heads of width 64), the
+    differential operator's zero-padded ``sdpa`` path and :func:`diffattn.unpadded.flex_diff_attention` (compiled
+    FlexAttention, no padding; its compilation is timed apart)."""
+    import torch.nn.functional as F
+
+    from diffattn.functional import diff_attention
+    from diffattn.unpadded import flex_diff_attention
+
+    rows = []
+    for n in sorted(p for p in args.prefixes if p <= args.max_prefill):
+        g = torch.Generator().manual_seed(n)
+        q, k, v = (torch.randn(1, 8, n, 64, generator=g) for _ in range(3))
+        qd, kd = torch.randn(1, 8, n, 64, generator=g), torch.randn(1, 8, n, 64, generator=g)
+        vd = torch.randn(1, 4, n, 128, generator=g)
+        args_d = (qd[:, 0::2], kd[:, 0::2], qd[:, 1::2], kd[:, 1::2], vd, 0.5)
+        fns = {"standard": functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=True),
+               "diff[sdpa, padded]": functools.partial(diff_attention, *args_d, is_causal=True, backend="sdpa",
+                                                       scale=0.125),
+               "diff[flex]": functools.partial(flex_diff_attention, *args_d, is_causal=True, scale=0.125)}
+        with torch.no_grad():
+            t0 = time.perf_counter()
+            fns["diff[flex]"]()
+            compile_s = time.perf_counter() - t0
+            times: dict[str, list[float]] = {name: [] for name in fns}
+            for _ in range(args.rounds):
+                for name, f in fns.items():
+                    t0 = time.perf_counter()
+                    f()
+                    times[name].append(time.perf_counter() - t0)
+        for name in fns:
+            rows.append(dict(prefix=n, model=name, ms=1e3 * statistics.median(times[name]),
+                             compile_s=compile_s if name == "diff[flex]" else None))
+        print("\n".join(f"core P={r['prefix']} {r['model']:20s} {r['ms']:9.1f} ms" for r in rows[-3:]), flush=True)
+    return rows
+
+
 def _ratio(rows: list[dict], r: dict, keys: tuple[str, ...]) -> float:
     base = "llama" if r["model"].startswith("llama") else "standard"
     ref = next(x for x in rows if x["model"] == base and all(x[k] == r[k] for k in keys))
@@ -210,7 +249,8 @@ def machine() -> str:
             f"(torch {torch.__version__})")
 
 
-def markdown(prefill_rows: list[dict], decode_rows: list[dict], args, command: str) -> str:
+def markdown(prefill_rows: list[dict], decode_rows: list[dict], args, command: str,
+             core_rows: list[dict] | None = None) -> str:
     tiled = sorted({r["prefix"] for r in decode_rows if r["tiled"]})
     lines = ["## Decoding and prefill, cpu", "",
              f"Machine: {machine()}. float32, random weights; LMs of {prefill_rows[0]['params']:.1f} M parameters "
@@ -233,6 +273,14 @@ def markdown(prefill_rows: list[dict], decode_rows: list[dict], args, command: s
               "| prefix | model | ms | × standard |", "|---:|---|---:|---:|"]
     for r in prefill_rows:
         lines.append(f"| {r['prefix']} | {r['model']} | {r['ms']:.1f} | {_ratio(prefill_rows, r, ('prefix',)):.2f} |")
+    if core_rows:
+        lines += ["", "Prefill attention core of one layer (causal, B = 1; `diff[flex]`: compiled FlexAttention per "
+                  "branch, no padding, compiled once per shape before timing):", "",
+                  "| prefix | core | ms | × standard | compile s |", "|---:|---|---:|---:|---:|"]
+        for r in core_rows:
+            c = "" if r["compile_s"] is None else f"{r['compile_s']:.0f}"
+            lines.append(f"| {r['prefix']} | {r['model']} | {r['ms']:.1f} | "
+                         f"{_ratio(core_rows, r, ('prefix',)):.2f} | {c} |")
     return "\n".join(lines)
 
 
@@ -248,6 +296,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-hf", action="store_true", help="skip the Hugging Face Llama rows")
     p.add_argument("--quick", action="store_true", help="prefixes 256 and 2048, batch 1 only")
+    p.add_argument("--flex", action="store_true",
+                   help="also time the prefill attention core with compiled FlexAttention (about a minute of "
+                        "compilation per prefix)")
     p.add_argument("--markdown", type=Path, default=None, help="update this markdown file's section")
     args = p.parse_args(argv)
     if args.quick:
@@ -255,8 +306,9 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     prefill_rows, decode_rows = run(args)
+    core_rows = flex_rows(args) if args.flex else None
     argv_s = " ".join(argv) if argv is not None else " ".join(os.sys.argv[1:])
-    text = markdown(prefill_rows, decode_rows, args, f"python benchmarks/decode.py {argv_s}".strip())
+    text = markdown(prefill_rows, decode_rows, args, f"python benchmarks/decode.py {argv_s}".strip(), core_rows)
     print(text)
     print(f"total {time.perf_counter() - t0:.0f} s")
     if args.markdown:

@@ -15,6 +15,11 @@ values are never repeated; when both branches share one K (Diff Transformer V2, 
 stacked too and K is read once. The work is O(Nq · Nk) per head, so :func:`diffattn.functional.diff_attention`
 chooses this path (``backend="auto"``) for at most :data:`DECODE_MAX_QUERIES` query rows on the CPU, where it was
 measured faster (docs/benchmarks.md, decode).
+
+For many query rows (prefill, evaluation) without a gradient, :func:`flex_diff_attention` runs each branch through
+PyTorch's FlexAttention, which takes a value width 2d different from the query/key width d: no padding, but V is
+read once per branch. It is opt-in: ``auto`` keeps the zero-padded ``sdpa`` path for prefill, because the compiled
+FlexAttention was not faster on the CPU where it was measured (docs/benchmarks.md) and costs a compilation per shape.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 
 from .functional import Weight, prepare_mask
 
-__all__ = ["DECODE_MAX_QUERIES", "decode_diff_attention"]
+__all__ = ["DECODE_MAX_QUERIES", "decode_diff_attention", "flex_diff_attention"]
 
 #: ``backend="auto"`` takes :func:`decode_diff_attention` for at most this many query rows (CPU)
 DECODE_MAX_QUERIES = 16
@@ -70,3 +75,66 @@ def decode_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, 
         a = a * mask.row_ok
     a = a.to(v.dtype).reshape(B, hkv, (H // hkv) * nq, nk)  # (B, Hkv, G·Nq, Nk)
     return torch.matmul(a, v).view(B, H, nq, dv)  # V read once
+
+
+_COMPILED_FLEX = None
+
+
+def _flex(compiled: bool):
+    global _COMPILED_FLEX
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not compiled:
+        return flex_attention
+    if _COMPILED_FLEX is None:
+        _COMPILED_FLEX = torch.compile(flex_attention)
+    return _COMPILED_FLEX
+
+
+def flex_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
+                        lambda_: Weight, *, weight1: Weight = 1.0, attn_mask: torch.Tensor | None = None,
+                        is_causal: bool = False, scale: float, compiled: bool = True) -> torch.Tensor:
+    """(w1 ⊙ A1 − λ ⊙ A2) V = w1 ⊙ (A1 V) − λ ⊙ (A2 V) with one FlexAttention call per branch, Q and K at their own
+    width d and V at dv: no zero-padding. Forward only (FlexAttention has no CPU backward).
+
+    Arguments as :func:`decode_diff_attention` (shapes as :func:`diffattn.functional.diff_attention`); the causal
+    mask alone becomes a block mask (the blocks above the diagonal are skipped), any other mask a score
+    modification. ``compiled=False`` runs FlexAttention's eager reference (exact, for tests). A row whose every key
+    is masked gives 0. Returns (B, H, Nq, dv) in v's dtype.
+    """
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q1, k1, q2, k2, v)):
+        raise ValueError("flex_diff_attention computes no gradient (FlexAttention has no CPU backward); call it under "
+                         "torch.no_grad() or use diffattn.functional.diff_attention")
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    B, H, nq, _ = q1.shape
+    hkv, nk = k1.shape[1], k1.shape[2]
+    flex = _flex(compiled)
+    kw: dict = {"scale": scale, "enable_gqa": H != hkv}
+    row_ok = None
+    if attn_mask is None and is_causal:
+        offset = nk - nq
+
+        def causal(b, h, qi, ki):  # query i sees keys j ≤ i + Nk − Nq
+            return ki <= qi + offset
+
+        kw["block_mask"] = create_block_mask(causal, None, None, nq, nk, device=q1.device)
+    elif attn_mask is not None or is_causal:
+        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=q1.dtype, device=q1.device,
+                            scale=0.0)
+        keep, bias, row_ok = mask.keep, mask.bias, mask.row_ok  # (1|B, 1|H, Nq, Nk)
+        kb, kh = keep.shape[0] > 1, keep.shape[1] > 1
+        bb, bh = (bias.shape[0] > 1, bias.shape[1] > 1) if bias is not None else (False, False)
+
+        def score_mod(score, b, h, qi, ki):
+            if bias is not None:
+                score = score + bias[b if bb else 0, h if bh else 0, qi, ki]
+            return torch.where(keep[b if kb else 0, h if kh else 0, qi, ki], score, -float("inf"))
+
+        kw["score_mod"] = score_mod
+    o1 = flex(q1, k1, v, **kw)  # (B, H, Nq, dv)
+    o2 = flex(q2, k2, v, **kw)
+    out = (o1 if isinstance(weight1, float) and weight1 == 1.0 else o1 * weight1) - o2 * lambda_
+    if row_ok is not None:
+        out = out.masked_fill(~row_ok, 0.0)
+    return out.to(v.dtype)
