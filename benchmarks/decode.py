@@ -4,8 +4,8 @@ retrofitted Hugging Face Llama against its base, on one CPU thread.
 - LMs: ``lm_small`` (standard), ``diff_lm_small`` (Ye et al. 2024), ``diff_v2_lm_small`` (Diff Transformer V2,
   Ye et al. 2026) and ``dg_lm_small`` (M-DGSA 2025), random weights, float32, with the static KV cache
   (``CausalLM.new_kv_caches(max_length=...)``, what ``generate`` uses).
-- Hugging Face: a ``LlamaForCausalLM`` of the same shape (random weights, SDPA attention, ``DynamicCache``) and the
-  same model retrofitted with DAA (``diffattn.retrofit(model, "daa")``).
+- Hugging Face: a ``LlamaForCausalLM`` of the same shape (random weights, SDPA attention, decoding with
+  transformers' ``StaticCache``) and the same model retrofitted with DAA (``diffattn.retrofit(model, "daa")``).
 
 Per prefix P and batch B: the prompt is prefilled at batch 1 (the prefill table times it, for P ≤ ``--max-prefill``;
 a longer prefix tiles the longest prompt's keys and values, since decode time does not depend on their values), the
@@ -105,9 +105,9 @@ def filled_cache(label: str, model, src, batch: int, prefix: int, max_length: in
     """A fresh cache of ``batch`` rows holding ``prefix`` positions from the prompt cache ``src`` (its keys and
     values tiled when the prompt is shorter: decode time does not depend on the values)."""
     if label.startswith("llama"):
-        from transformers import DynamicCache
+        from transformers import StaticCache
 
-        cache = DynamicCache(config=model.config)
+        cache = StaticCache(config=model.config, max_cache_len=max_length)
         for i, (k, v) in enumerate(_layers(label, src)):
             cache.update(_fill(k, prefix, batch), _fill(v, prefix, batch), i)
         return cache
@@ -174,11 +174,12 @@ def run(args) -> tuple[list[dict], list[dict]]:
         src = max(p for p in prompts if p <= prefix) if min(prompts) <= prefix else min(prompts)
         for batch in args.batches:
             steps = args.tokens if prefix * batch <= 4096 else args.long_tokens
-            per: dict[str, list[float]] = {k: [] for k in models}
-            gr: dict[str, list[float]] = {k: [] for k in models}
+            cell = {k: m for k, m in models.items() if batch == 1 or not k.endswith("[dynamic]")}  # run time
+            per: dict[str, list[float]] = {k: [] for k in cell}
+            gr: dict[str, list[float]] = {k: [] for k in cell}
             with torch.no_grad():
                 for _ in range(args.rounds):
-                    for label, m in models.items():
+                    for label, m in cell.items():
                         base = label.split("[")[0]
                         c = filled_cache(label, m, caches[src][base], batch, prefix, prefix + steps)
                         gc.collect()
@@ -186,12 +187,12 @@ def run(args) -> tuple[list[dict], list[dict]]:
                         del c
                         per[label].append(statistics.mean(times))
                         gr[label].append(growth(times))
-            for label in models:
+            for label in cell:
                 ms = 1e3 * statistics.median(per[label])
                 decode_rows.append(dict(prefix=prefix, batch=batch, model=label, params=sizes[label], steps=steps,
                                         ms=ms, tok_s=batch * 1e3 / ms, growth=statistics.median(gr[label]),
                                         tiled=src < prefix))
-            print_rows(decode_rows[-len(models):], "decode")
+            print_rows(decode_rows[-len(cell):], "decode")
     return prefill_rows, decode_rows
 
 
@@ -257,10 +258,11 @@ def markdown(prefill_rows: list[dict], decode_rows: list[dict], args, command: s
              f"(standard). Median of {args.rounds} interleaved rounds; {args.tokens} greedy tokens per decode cell "
              f"({args.long_tokens} where prefix × batch > 4096, to keep the run short). The LMs decode with the "
              f"static KV cache (what `generate` uses), `diff[dynamic]` is the differential LM with the growing "
-             f"`KVCache`; the Hugging Face rows use transformers' `DynamicCache`. Ratios: to `standard` (LMs) or to "
-             f"the base `llama` (its DAA retrofit), same run."
-             + (f" Prefixes {tiled} are not prefilled (it would take minutes per model on one thread): their cache "
-                f"holds the longest prefilled prompt's keys and values tiled to the prefix length, which changes no "
+             f"`KVCache` (batch 1 only); the Hugging Face rows decode with transformers' `StaticCache` (the prompt "
+             f"is prefilled with its `DynamicCache`). Ratios: to `standard` (LMs) or to the base `llama` (its DAA "
+             f"retrofit), same run."
+             + (f" Prefixes {', '.join(map(str, tiled))} are not prefilled (minutes per model on one thread): their "
+                f"cache holds the longest prefilled prompt's keys and values tiled to the prefix length, which "
                 f"decode time." if tiled else ""),
              "", "Command:", "", "```", command, "```", "",
              "Decode, per token (growth: mean time of the last quarter of the steps over the first quarter):", "",
