@@ -9,7 +9,7 @@ import torch
 import transformers as T
 
 import diffattn.adapters as A
-import diffattn.unpadded as unpadded
+from diffattn import functional
 
 LM = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
           vocab_size=128, bos_token_id=0, eos_token_id=0, pad_token_id=0)
@@ -32,8 +32,9 @@ def test_static_cache_generates_like_dynamic(method, monkeypatch):
     am[0, :2] = 0  # left padding in row 0
     kw = dict(attention_mask=am, max_new_tokens=6, do_sample=False, output_scores=True, return_dict_in_generate=True)
     calls = []
-    real = unpadded.decode_diff_attention
-    monkeypatch.setattr(unpadded, "decode_diff_attention", lambda *a, **k: calls.append(a[0].shape[2]) or real(*a, **k))
+    real = functional.decode_diff_attention
+    monkeypatch.setattr(functional, "decode_diff_attention",
+                        lambda *a, **k: calls.append(a[0].shape[2]) or real(*a, **k))
     static = model.generate(ids, cache_implementation="static", **kw)
     if method == "diffv":  # A (V1 − λ V2): one standard attention call, nothing to pad
         assert not calls
