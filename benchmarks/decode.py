@@ -261,9 +261,9 @@ def markdown(prefill_rows: list[dict], decode_rows: list[dict], args, command: s
              f"`KVCache` (batch 1 only); the Hugging Face rows decode with transformers' `StaticCache` (the prompt "
              f"is prefilled with its `DynamicCache`). Ratios: to `standard` (LMs) or to the base `llama` (its DAA "
              f"retrofit), same run."
-             + (f" Prefixes {', '.join(map(str, tiled))} are not prefilled (minutes per model on one thread): their "
+             + (f" Prefix {', '.join(map(str, tiled))} is not prefilled (minutes per model on one thread): its "
                 f"cache holds the longest prefilled prompt's keys and values tiled to the prefix length, which "
-                f"decode time." if tiled else ""),
+                f"changes no decode time." if tiled else ""),
              "", "Command:", "", "```", command, "```", "",
              "Decode, per token (growth: mean time of the last quarter of the steps over the first quarter):", "",
              "| prefix | batch | model | params M | ms/token | tokens/s | × standard | growth |",
