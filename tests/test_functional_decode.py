@@ -60,21 +60,22 @@ def test_decode_low_precision_within_tolerance(dtype):
 
 
 def test_auto_takes_decode_path_for_few_queries_only(monkeypatch):
-    """``auto`` on the CPU runs the unpadded path up to DECODE_MAX_QUERIES query rows and the sdpa backend above;
-    both give the reference."""
+    """``auto`` on the CPU runs the unpadded path for up to DECODE_MAX_QUERIES query rows against more keys, the sdpa
+    backend above that and for a sequence attending to itself; both give the reference."""
     calls = []
     real = functional.decode_diff_attention
     monkeypatch.setattr(functional, "decode_diff_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for nq, expect in ((1, 1), (DECODE_MAX_QUERIES, 1), (DECODE_MAX_QUERIES + 1, 0)):
+    for nq, nk, expect in ((1, 40, 1), (DECODE_MAX_QUERIES, 40, 1), (DECODE_MAX_QUERIES + 1, 40, 0), (8, 8, 0)):
         calls.clear()
-        q1, k1, q2, k2, v = _inputs(1, 4, 2, nq, 40, 8, 16)
+        q1, k1, q2, k2, v = _inputs(1, 4, 2, nq, nk, 8, 16)
         out = diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True)
-        assert len(calls) == expect, nq
+        assert len(calls) == expect, (nq, nk)
         assert torch.allclose(out, reference(q1, k1, q2, k2, v, 0.5, causal=True), **TOLERANCES[F64])
     calls.clear()
     diff_attention(q1[:, :, :1], k1, q2[:, :, :1], k2, v, 0.5, backend="sdpa")  # an explicit backend is kept
     assert not calls
-    assert functional._decode_preferred(1) and not functional._decode_preferred(DECODE_MAX_QUERIES + 1)
+    assert functional._decode_preferred(1, 2) and not functional._decode_preferred(DECODE_MAX_QUERIES + 1, 99)
+    assert not functional._decode_preferred(3, 3)  # a short sequence attending to itself keeps sdpa
 
 
 def test_decode_has_gradients_like_math():

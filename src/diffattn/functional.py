@@ -15,8 +15,8 @@ Backends
   (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts.
 - ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.kernels` (CUDA only).
 - ``auto``: ``triton`` on CUDA when the kernel applies and is the faster (:func:`_triton_preferred`); on the CPU,
-  for a few query rows (decoding), :func:`decode_diff_attention` (no zero-padding, K and V read once); else
-  ``sdpa``; ``math`` when weights or soft-capping are asked for.
+  for a few query rows against more keys (decoding), :func:`decode_diff_attention` (no zero-padding, K and V read
+  once); else ``sdpa``; ``math`` when weights or soft-capping are asked for.
 
 Masks: bool (True = attend) or additive float, broadcastable to (B, H, Nq, Nk), 0-D to 4-D. A float entry at or
 below half the most negative finite value of the mask's own dtype (``torch.finfo(mask.dtype).min``, what Hugging
@@ -387,11 +387,12 @@ def _triton_preferred(dv: int, nk: int) -> bool:
 DECODE_MAX_QUERIES = 16
 
 
-def _decode_preferred(nq: int) -> bool:
-    """Whether ``auto`` runs :func:`decode_diff_attention` on the CPU: for a few query rows (decoding) it reads each
-    cached key and value once at its own width, where the ``sdpa`` backend copies the keys into a zero-padded
-    buffer and reads V twice (measured 6–8× faster per call at 256 to 8192 cached keys, one thread)."""
-    return nq <= DECODE_MAX_QUERIES
+def _decode_preferred(nq: int, nk: int) -> bool:
+    """Whether ``auto`` runs :func:`decode_diff_attention` on the CPU: for a few query rows against more keys
+    (decoding with a KV cache) it reads each cached key and value once at its own width, where the ``sdpa`` backend
+    copies the keys into a zero-padded buffer and reads V twice (measured 6–8× faster per call at 256 to 8192 cached
+    keys, one thread). A short sequence attending to itself (Nq = Nk) keeps the ``sdpa`` path."""
+    return nq <= DECODE_MAX_QUERIES and nq < nk
 
 
 def _grouped_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -416,7 +417,8 @@ def decode_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, 
     backend copies the keys into a zero-padded buffer of width dv and reads V twice. The G = H / Hkv query heads of a
     key/value head share one matmul (keys and values are never repeated), and a K shared by both branches (Diff
     Transformer V2, Ye et al. 2026; DAA) is read once for the two stacked queries. The work is O(Nq · Nk) per head:
-    :func:`diff_attention` (``auto``) calls it on the CPU for at most :data:`DECODE_MAX_QUERIES` query rows.
+    :func:`diff_attention` (``auto``) calls it on the CPU for at most :data:`DECODE_MAX_QUERIES` query rows against
+    more keys (a KV cache).
 
     Shapes as :func:`diff_attention`, which validates the arguments before calling it:
     q1, q2 (B, H, Nq, d); k1, k2 (B, Hkv, Nk, d); v (B, Hkv, Nk, dv); λ and w1 floats or tensors broadcastable
@@ -524,7 +526,7 @@ def diff_attention(
         elif (q1.device.type == "cuda" and scale > 0 and _triton_preferred(int(v.shape[-1]), nk)
               and _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p) is None):
             return _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p)
-        elif q1.device.type == "cpu" and dropout_p == 0.0 and _decode_preferred(nq):
+        elif q1.device.type == "cpu" and dropout_p == 0.0 and _decode_preferred(nq, nk):
             # decoding: no zero-padding, K and V read once
             return decode_diff_attention(q1, k1, q2, k2, v, lambda_, weight1=weight1, attn_mask=attn_mask,
                                          is_causal=is_causal, scale=scale).to(v.dtype)
