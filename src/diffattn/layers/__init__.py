@@ -2,7 +2,7 @@
 
 from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
 from .blocks import Block, DropPath, PatchEmbed
-from .kv_cache import KVCache
+from .kv_cache import KV_CACHES, KVCache, StaticKVCache
 from .loading import load_layer
 from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
@@ -20,6 +20,8 @@ __all__ = [
     "attention_class",
     "load_layer",
     "KVCache",
+    "StaticKVCache",
+    "KV_CACHES",
     "Mlp",
     "SwiGLU",
     "QuickGELU",

@@ -10,8 +10,9 @@ layer index l, per-head RMSNorm) and ``"gated"`` (M-DGSA 2025, §4, in a decoder
 parameter count as the standard one plus 4d λ values and 2d norm weights per layer (Ye et al. 2024 §3.1 matches
 sizes the same way). Everything outside ``blocks.*.attn`` is shared, so the switch changes only attention.
 
-Incremental decoding: :meth:`CausalLM.new_kv_caches` gives one :class:`~diffattn.layers.KVCache` per layer;
-``forward(ids, kv_caches=caches)`` appends to them. :meth:`CausalLM.generate` decodes greedily
+Incremental decoding: :meth:`CausalLM.new_kv_caches` gives one :class:`~diffattn.layers.KVCache` per layer (or,
+with ``max_length``, one preallocated :class:`~diffattn.layers.StaticKVCache`); ``forward(ids, kv_caches=caches)``
+appends to them. :meth:`CausalLM.generate` decodes greedily
 (``temperature=0``) or by sampling (``temperature > 0``, optional ``top_k``), with or without the cache (same
 tokens either way).
 
@@ -40,7 +41,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers import AttentionSpec, KVCache, RMSNorm, SwiGLU, attention_spec
+from ..layers import KV_CACHES, AttentionSpec, KVCache, RMSNorm, StaticKVCache, SwiGLU, attention_spec
 from .base import DiffattnModel
 from .config import check_args, is_int
 from .registry import ModelFamily, register_family
@@ -203,9 +204,13 @@ class CausalLM(DiffattnModel):
                 if getattr(m, "bias", None) is not None:
                     nn.init.zeros_(m.bias)
 
-    def new_kv_caches(self) -> list[KVCache]:
-        """One empty :class:`KVCache` per block."""
-        return [KVCache() for _ in self.blocks]
+    def new_kv_caches(self, max_length: int | None = None) -> list[KVCache] | list[StaticKVCache]:
+        """One empty cache per block: a :class:`~diffattn.layers.KVCache` that grows with each step, or with
+        ``max_length`` a :class:`~diffattn.layers.StaticKVCache` of that many positions (no copy of the past per
+        step; fixed buffer shapes for ``torch.compile``)."""
+        if max_length is None:
+            return [KVCache() for _ in self.blocks]
+        return [StaticKVCache(max_length) for _ in self.blocks]
 
     def _masks(self, input_ids, attention_mask, kv_caches, position_ids):
         B, N = input_ids.shape
@@ -242,14 +247,21 @@ class CausalLM(DiffattnModel):
     @torch.no_grad()
     def generate(self, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 0.0,
                  top_k: int | None = None, attention_mask: torch.Tensor | None = None, use_cache: bool = True,
-                 eos_token_id: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+                 eos_token_id: int | None = None, generator: torch.Generator | None = None,
+                 cache: str = "static") -> torch.Tensor:
         """Append ``max_new_tokens`` tokens to ``input_ids`` (B, N); returns (B, N + new).
 
         ``temperature=0``: greedy (argmax). ``temperature > 0``: sample from softmax(logits / T), restricted to
         the ``top_k`` largest logits when given. ``attention_mask`` (B, N) marks left padding (0); positions then
         count real tokens only. Rows that emitted ``eos_token_id`` keep emitting it; decoding stops when all did.
         With ``use_cache=False`` every step recomputes the whole prefix (same tokens, slower).
+        ``cache``: ``"static"`` (default) preallocates the keys and values of N + ``max_new_tokens`` positions
+        (:class:`~diffattn.layers.StaticKVCache`), so a step costs the same whatever was generated before;
+        ``"dynamic"`` grows them by concatenation (:class:`~diffattn.layers.KVCache`), copying the past at every
+        step. Both give the same tokens.
         """
+        if cache not in KV_CACHES:
+            raise ValueError(f"cache must be one of {tuple(KV_CACHES)}, got {cache!r}")
         if not is_int(max_new_tokens) or max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}")
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not temperature >= 0:
@@ -258,7 +270,9 @@ class CausalLM(DiffattnModel):
             raise ValueError(f"top_k must be None or an integer >= 1, got {top_k!r}")
         ids = input_ids
         mask = attention_mask.long() if attention_mask is not None else None
-        caches = self.new_kv_caches() if use_cache else None
+        caches = None
+        if use_cache:
+            caches = self.new_kv_caches(max(1, ids.shape[1] + max_new_tokens) if cache == "static" else None)
         done = torch.zeros(ids.shape[0], dtype=torch.bool, device=ids.device)
         new = ids
         for _ in range(max_new_tokens):

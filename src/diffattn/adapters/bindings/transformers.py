@@ -7,8 +7,9 @@ the pretrained weights stay as they are, and peft's LoRA can target them. The su
 the family's forward does (projection, rotary embedding via the family's own ``apply_rotary_pos_emb``, KV-cache
 update, attention, output projection) with the retrofit's second branch added:
 
-- the second-branch keys (DiffK) or values (DiffV) go into the cache next to the first (concatenated along the head
-  axis), so ``generate()`` with the cache equals ``generate()`` without it;
+- the second-branch keys (DiffK) or values (DiffV) go into the cache next to the first (concatenated along the
+  channel axis, so every cache layer sees one head count: transformers' ``StaticCache`` allocates keys and values
+  with the key's), so ``generate()`` with the dynamic or the static cache equals ``generate()`` without it;
 - masks: None (pure causal under sdpa), bool (True = attend) or additive float (``finfo.min`` = blocked), sliced to
   the key length; ``is_causal`` and ``sliding_window`` are honoured when no mask is given;
 - attention runs through :func:`diffattn.functional.diff_attention` / ``attention`` (backend ``auto``); the
@@ -103,6 +104,14 @@ def _split(t: torch.Tensor, n: int, second: bool) -> tuple[torch.Tensor, torch.T
     return (t[:, :n], t[:, n:]) if second else (t, None)
 
 
+def _cat_channels(a: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return a if b is None else torch.cat([a, b], dim=-1)  # (B, heads, N, 2d)
+
+
+def _split_channels(t: torch.Tensor, n: int, second: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    return (t[..., :n], t[..., n:]) if second else (t, None)
+
+
 #: the names the KV cache has had in the attention forward: ``cache`` from transformers 5.24 on,
 #: ``past_key_values`` before (a deprecated alias until 5.40), ``past_key_value`` / ``layer_past`` earlier still
 _CACHE_NAMES = ("cache", "past_key_values", "past_key_value", "layer_past")
@@ -153,11 +162,11 @@ def _forward(self, *args, **kwargs):
     cache = _find_cache(a)
     if cache is not None:
         cache = getattr(cache, "self_attention_cache", cache)  # EncoderDecoderCache (GPT-2, BERT)
-        hk = k.shape[1]
-        kk, vv = _cat(k, k2), _cat(v, v2)  # (B, Hkv or 2·Hkv, N, d): any head layout caches
+        dk, dv = k.shape[-1], v.shape[-1]
+        kk, vv = _cat_channels(k, k2), _cat_channels(v, v2)  # (B, Hkv, N, d or 2d): one head count for K and V
         kk, vv = cache.update(kk, vv, self.layer_idx)  # no cache layer of transformers >= 5.17 reads more
-        k, k2 = _split(kk, hk, k2 is not None)
-        v, v2 = _split(vv, hk, v2 is not None)
+        k, k2 = _split_channels(kk, dk, k2 is not None)
+        v, v2 = _split_channels(vv, dv, v2 is not None)
 
     nq, nk = q.shape[2], k.shape[2]
     is_causal = False
