@@ -184,7 +184,7 @@ def test_timm_lists_the_pretrained_tags_of_the_registered_vision_models():
     import diffattn.factory as factory
     import diffattn.models.vit as vit
 
-    vit.register_timm()
+    factory.register_timm()
     want = set()
     for name, tag in list_pretrained():
         if name in vit.VIT_CONFIGS:

@@ -15,11 +15,12 @@ import torch
 import diffattn.models.vit as vit_module
 from diffattn.convert import read_checkpoint
 from diffattn.data import default_root
+from diffattn.factory import register_timm
 from diffattn.models import create_model
 from diffattn.models.vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer, take_indices
 
 timm = pytest.importorskip("timm")
-vit_module.register_timm()  # diffattn's names in timm's registry (importing diffattn registers nothing)
+register_timm()  # diffattn's names in timm's registry (importing diffattn registers nothing)
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = default_root()
