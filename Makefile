@@ -56,7 +56,7 @@ lint: $(STAMP)
 # The data step is idempotent; if part of it fails, the demo itself says which set it lacks and names `make data`.
 demo: $(STAMP)
 	@PYTHON=$(PY) bash scripts/fetch_data.sh || echo "data fetch incomplete: the demo needs tuxpaint_captions, emoji, fashion_mnist"
-	$(PY) -m diffattn.cli demo
+	$(PY) -m diffattn demo
 
 bench: $(STAMP)
 	$(PY) benchmarks/attention.py --markdown docs/benchmarks.md --json benchmarks/results/attention_cpu.json

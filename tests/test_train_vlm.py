@@ -213,15 +213,17 @@ def test_llava_table_means_and_stds():
 
 def test_moved_names_warn_and_resolve_to_their_new_modules():
     """The PaliGemma builder and tokenizer moved to diffattn.models.paligemma, its inference to
-    diffattn.eval.paligemma, the LLaVA comparison to diffattn.studies.llava: the old names still work, warning."""
+    diffattn.eval.paligemma: the old names still work, warning. The LLaVA comparison moved to
+    diffattn.studies.llava without an alias (a recipe module never imports the studies)."""
     import diffattn.train.tasks.vlm as old
     from diffattn.eval import paligemma as ev
     from diffattn.models import paligemma as pg
     from diffattn.studies import llava
+    from diffattn.train import llava as train_llava
 
     for name, module in [("word_tokenizer", pg), ("paligemma_batch", pg), ("paligemma_transform", pg),
                          ("PALIGEMMA_SPECIAL", pg), ("load_paligemma", ev), ("answer_paligemma", ev),
-                         ("paligemma_image_attention", ev), ("llava_compare", llava), ("llava_table", llava)]:
+                         ("paligemma_image_attention", ev)]:
         with pytest.warns(DeprecationWarning, match=rf"vlm\.{name} is deprecated; use {module.__name__}\.{name}"):
             assert getattr(old, name) is getattr(module, name)
     with pytest.warns(DeprecationWarning, match="diffattn.models.paligemma.build_paligemma"):
@@ -231,6 +233,8 @@ def test_moved_names_warn_and_resolve_to_their_new_modules():
     with pytest.raises(ValueError, match="unknown config keys task.base.kinds; valid: type, config, path"):
         pg.build_paligemma({"type": "paligemma", "kinds": ["what"]})
     assert not hasattr(old, "no_such_name")
+    for name in ("llava_compare", "llava_table", "train_llava"):  # moved without an alias
+        assert not hasattr(old, name) and callable(getattr(llava if name != "train_llava" else train_llava, name))
 
 
 def test_llava_study_config_and_missing_towers(tmp_path):
