@@ -63,13 +63,17 @@ class AttentionSpec:
             (``reparam`` for diff, ``gate`` for gated, ``token_sigmoid`` for diff_v2).
         lambda_options: keyword arguments of the λ form (e.g. ``{"bias": True}``).
         num_kv_heads: key/value heads (grouped-query attention); None: as many as query heads.
-        qkv_bias, out_bias: biases of the q/k/v and output projections.
+        qkv_bias: bias of the q/k/v projections.
+        out_bias: bias of the output projection.
         sub_norm: the per-head RMSNorm × (1 − λ_init) of a differential layer; None: the λ form's default.
-        sub_norm_eps, sub_norm_affine: its epsilon and learnt scale.
+        sub_norm_eps: the sub-norm's epsilon.
+        sub_norm_affine: whether the sub-norm has a learnt scale.
         causal: a causal mask by default (text towers and language models set it).
-        attn_drop, proj_drop: dropout on the attention maps and after the output projection.
+        attn_drop: dropout on the attention maps.
+        proj_drop: dropout after the output projection.
         backend: ``"auto"``, ``"math"``, ``"sdpa"`` or ``"triton"`` (differential kinds only).
-        rope: None, or the rotary embedding style, ``"half"`` or ``"interleaved"``; ``rope_theta`` its base.
+        rope: None, or the rotary embedding style, ``"half"`` or ``"interleaved"``.
+        rope_theta: the rotary embedding's base.
         softcap: tanh(S/c)·c on the logits (Gemma 2); None: off.
         sliding_window: each query sees only the last ``sliding_window`` keys; None: all.
         q_residual: the [Q⁺; Q⁻] residual of M-DGSA (2025, §4.3); gated only.
