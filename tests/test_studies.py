@@ -5,13 +5,23 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import yaml
 
 from diffattn.studies import load_study, validate_study
-from diffattn.studies.report import Metric, aggregate, read_seed, run_seeds, write_seed
-from diffattn.studies.stats import mean_std, paired_statement, paired_test, sign_test_p, t_two_sided_p
+from diffattn.studies.report import Control, Metric, aggregate, read_seed, run_seeds, write_seed, write_study
+from diffattn.studies.stats import (
+    holm,
+    mean_std,
+    min_detectable_difference,
+    paired_statement,
+    paired_test,
+    sign_test_p,
+    t_quantile,
+    t_two_sided_p,
+)
 
 # ------------------------------------------------------------------------------------------------ stats
 
@@ -52,9 +62,15 @@ def test_paired_test_hand_numbers():
     assert r["mean_diff"] == pytest.approx(1.5) and r["std_diff"] == pytest.approx(0.75 ** 0.5)
     assert r["t"] == pytest.approx(3.0) and r["p"] == pytest.approx(1 - 3 / 11 ** 0.5)
     assert (r["wins"], r["losses"], r["ties"], r["p_sign"]) == (3, 0, 0, 0.25)
+    # 95 % CI: 1.5 ± t_{0.975, 2} · √0.75 / √3 = 1.5 ± 4.3027 · 0.5; d_z = 1.5 / √0.75 = √3
+    assert r["ci95"] == pytest.approx([1.5 - 4.302653 * 0.5, 1.5 + 4.302653 * 0.5], abs=1e-5)
+    assert r["d_z"] == pytest.approx(3 ** 0.5)
     assert paired_statement(r, "DAA", "plain") == (
-        "DAA − plain = +1.50 ± 0.87 (t-test p = 0.095, sign test p = 0.25, higher on 3 of 3 seeds): no significant "
-        "difference at p < 0.05")
+        "DAA − plain = +1.50 ± 0.87 [95 % CI -0.65, +3.65; d_z = +1.73] (t-test p = 0.095, sign test p = 0.25, "
+        "higher on 3 of 3 seeds): no significant difference at p < 0.05")
+    holm_adjusted = {**r, "p": 0.01, "p_holm": 0.2}  # the verdict follows the adjusted p
+    assert "Holm-adjusted p = 0.200" in paired_statement(holm_adjusted, "DAA", "plain")
+    assert paired_statement(holm_adjusted, "DAA", "plain").endswith("no significant difference at p < 0.05")
     same = paired_test([2.0, 3.0], [1.0, 2.0])  # identical non-zero differences: t = inf, p = 0
     assert same["t"] == math.inf and same["p"] == 0.0
     assert "DAA higher than plain (p < 0.05)" in paired_statement(same, "DAA", "plain")
@@ -69,6 +85,30 @@ def test_paired_test_hand_numbers():
 def test_paired_test_rejects_bad_input(x, y, exc, message):
     with pytest.raises(exc, match=message):
         paired_test(x, y)
+
+
+def test_t_quantile_table_values():
+    # Student's t table: t_{0.975} for ν = 1, 2, 4, 9 and t_{0.95} for ν = 4
+    for q, df, t in [(0.975, 1, 12.7062), (0.975, 2, 4.3027), (0.975, 4, 2.7764), (0.975, 9, 2.2622),
+                     (0.95, 4, 2.1318)]:
+        assert t_quantile(q, df) == pytest.approx(t, abs=1e-4)
+    with pytest.raises(ValueError, match="q must be a float in"):
+        t_quantile(0.4, 3)
+
+
+def test_holm_hand_numbers():
+    # sorted 0.01, 0.02, 0.04, 0.30 → 4·0.01, max(3·0.02, ·), max(2·0.04, ·), max(0.30, ·)
+    assert holm([0.04, 0.01, 0.30, 0.02]) == pytest.approx([0.08, 0.04, 0.30, 0.06])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1, monotone
+    with pytest.raises(ValueError, match="pvalues must lie in"):
+        holm([1.5])
+
+
+def test_min_detectable_difference():
+    # (z_{0.975} + z_{0.8}) · sd / √n = (1.95996 + 0.84162) · 2 / √4
+    assert min_detectable_difference(2.0, 4) == pytest.approx(2.80158, abs=1e-4)
+    with pytest.raises(ValueError, match="n must be an int >= 2"):
+        min_detectable_difference(1.0, 1)
 
 
 def test_t_two_sided_p_rejects_bad_df():
@@ -92,6 +132,32 @@ def test_aggregate_rows_hand_numbers():
     vs = acc["vs_baseline"]["B"]
     assert vs["mean_diff"] == pytest.approx(15.0) and vs["wins"] == 2 and "B − A = +15.0" in vs["statement"]
     assert rows[1]["values"]["A"] == [2.0, 4.0]  # a key holding a dot ("x.1") is matched whole
+
+
+def test_aggregate_holm_over_the_table():
+    per_seed = {s: {"A": {"x": 0.0, "y": 0.0}, "B": {"x": 1.0 + 0.1 * s, "y": 0.1 * (-1) ** s}}
+                for s in range(4)}
+    rows = aggregate(per_seed, [Metric("x", "x"), Metric("y", "y")])
+    px, py = rows[0]["vs_baseline"]["B"]["p"], rows[1]["vs_baseline"]["B"]["p"]
+    assert [rows[0]["vs_baseline"]["B"]["p_holm"], rows[1]["vs_baseline"]["B"]["p_holm"]] == pytest.approx(
+        holm([px, py]))
+    assert aggregate(per_seed, [Metric("x", "x")], compare=False)[0]["vs_baseline"] == {}
+
+
+def test_write_study_control_gates_the_tests(tmp_path):
+    per_seed = {s: {"Transformer": {"acc": 0.20 + 0.01 * s}, "Diff": {"acc": 0.30}} for s in range(3)}
+    failed = write_study(tmp_path / "f", {"study": "noise"}, "T", "intro", per_seed, [Metric("acc", "acc", 100.0, 1)],
+                         1.0, control=Control("Transformer accuracy (%)", "acc", 90.0, scale=100.0))
+    assert not failed["control"]["passed"] and failed["control"]["mean"] == pytest.approx(21.0)
+    assert failed["results"]["verdict"] == "inconclusive" and failed["rows"][0]["vs_baseline"] == {}
+    text = Path(failed["report"]).read_text()
+    assert "inconclusive: the baseline did not learn the task" in text and "p_Holm" not in text
+    passed = write_study(tmp_path / "p", {"study": "noise"}, "T", "intro", per_seed,
+                         [Metric("acc", "acc", 100.0, 1)], 1.0,
+                         control=Control("Transformer accuracy (%)", "acc", 20.0, scale=100.0))
+    assert passed["control"]["passed"] and passed["results"]["verdict"] == "compared"
+    assert "p_Holm" in Path(passed["report"]).read_text()
+    assert json.loads(Path(tmp_path / "p" / "results.json").read_text())["control"]["passed"] is True
 
 
 def test_read_seed_only_for_the_same_budget(tmp_path):

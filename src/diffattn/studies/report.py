@@ -1,18 +1,26 @@
 """Aggregate per-seed results of a study: mean ± std per variant and metric, paired tests against the baseline
-(the first variant), and the files ``<out>/results.json`` and ``<out>/report.md``."""
+(the first variant) with 95 % intervals, effect sizes and Holm's correction over the whole table, and the files
+``<out>/results.json`` and ``<out>/report.md``.
+
+Every study states a positive control (:class:`Control`): the level its baseline must reach on the task the models
+are compared on. A comparison between models that never learnt the task says nothing about their attention, so when
+the baseline misses the level the report says "inconclusive: the baseline did not learn the task" and shows the
+means without any test between the models."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write_file
-from .stats import mean_std, paired_statement, paired_test
+from .stats import holm, mean_std, paired_statement, paired_test
 
-__all__ = ["Metric", "aggregate", "markdown_table", "write_study", "read_seed", "write_seed", "run_seeds"]
+__all__ = ["Metric", "Control", "check_control", "aggregate", "markdown_table", "write_study", "read_seed",
+           "write_seed", "run_seeds"]
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,46 @@ class Metric:
     scale: float = 1.0
     digits: int = 2
     higher_is_better: bool | None = True
+
+
+@dataclass(frozen=True)
+class Control:
+    """A study's positive control: the baseline's mean over seeds of ``key`` (a dotted path in its per-seed result,
+    times ``scale``) must reach ``threshold`` (at least it when ``higher_is_better``, at most it otherwise) before
+    any model is compared with it. ``name`` says what is measured, e.g. "Transformer needle accuracy at the trained
+    length (%)"."""
+
+    name: str
+    key: str
+    threshold: float
+    scale: float = 1.0
+    higher_is_better: bool = True
+
+    def __post_init__(self):
+        if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool) or \
+                not math.isfinite(self.threshold):
+            raise ValueError(f"threshold must be a finite number, got {self.threshold!r}")
+
+
+def check_control(per_seed: Mapping[int, Mapping[str, Mapping]], control: Control) -> dict[str, Any]:
+    """``{"name", "key", "threshold", "higher_is_better", "baseline", "values", "mean", "passed", "line"}`` for the
+    baseline (the first variant) of ``per_seed`` (seed → variant label → result). A baseline without the metric
+    fails the control."""
+    seeds = list(per_seed)
+    base = next(iter(per_seed[seeds[0]]))
+    raw = [_get(per_seed[s].get(base, {}), control.key) for s in seeds]
+    values = [float(v) * control.scale for v in raw if v is not None]
+    mean = sum(values) / len(values) if len(values) == len(raw) else math.nan
+    passed = bool(values) and len(values) == len(raw) and (
+        mean >= control.threshold if control.higher_is_better else mean <= control.threshold)
+    rel = "≥" if control.higher_is_better else "≤"
+    line = (f"Control: {control.name} must be {rel} {control.threshold:g}; {base} reached "
+            f"{mean:.2f} (mean over {len(seeds)} seeds, per seed {[round(v, 2) for v in values]}): "
+            + ("passed." if passed else "**failed — inconclusive: the baseline did not learn the task**, so no "
+                                        "model is compared with it."))
+    return {"name": control.name, "key": control.key, "threshold": control.threshold,
+            "higher_is_better": control.higher_is_better, "baseline": base, "values": values, "mean": mean,
+            "passed": passed, "line": line}
 
 
 def _get(d: Mapping, path: str):
@@ -41,11 +89,13 @@ def _get(d: Mapping, path: str):
         d = d[head]
 
 
-def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[Metric]) -> list[dict[str, Any]]:
+def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[Metric], *,
+              compare: bool = True) -> list[dict[str, Any]]:
     """Rows ``{"metric", "key", "scale", "digits", "higher_is_better", "values": {label: [per seed]},
-    "summary": {label: {"mean", "std"}}, "vs_baseline": {label: {paired test…, "statement"}}}`` for every metric
-    that every variant has at every seed. ``per_seed``: seed → variant label → result (the first label is the
-    baseline)."""
+    "summary": {label: {"mean", "std"}}, "vs_baseline": {label: {paired test…, "p_holm", "statement"}}}`` for
+    every metric that every variant has at every seed. ``per_seed``: seed → variant label → result (the first
+    label is the baseline). ``p_holm`` is Holm's adjustment over every test of the table (all metrics × variants);
+    with ``compare=False`` (a failed control) ``vs_baseline`` stays empty."""
     seeds = list(per_seed)
     labels = list(per_seed[seeds[0]])
     base = labels[0]
@@ -59,15 +109,20 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
                "higher_is_better": m.higher_is_better, "values": values,
                "summary": {lab: dict(zip(("mean", "std"), mean_std(v))) for lab, v in values.items()},
                "vs_baseline": {}}
-        for lab in labels[1:]:
-            test = paired_test(values[lab], values[base])
-            row["vs_baseline"][lab] = {**test, "statement": paired_statement(test, lab, base, digits=m.digits)}
+        for lab in labels[1:] if compare and len(seeds) >= 2 else ():
+            row["vs_baseline"][lab] = paired_test(values[lab], values[base])
         rows.append(row)
+    tests = [(r, lab) for r in rows for lab in r["vs_baseline"]]
+    for (r, lab), p in zip(tests, holm([r["vs_baseline"][lab]["p"] for r, lab in tests]) if tests else []):
+        test = r["vs_baseline"][lab]
+        test["p_holm"] = p
+        test["statement"] = paired_statement(test, lab, base, digits=r["digits"])
     return rows
 
 
 def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int) -> str:
-    """Metric × variant table of mean ± std, with the baseline-relative paired t-test p-value per cell."""
+    """Metric × variant table of mean ± std, with the baseline-relative paired t-test p-value (Holm-adjusted over
+    the table) per cell when the rows hold tests."""
     lines = [f"| metric (mean ± std over {n_seeds} seeds) | " + " | ".join(labels) + " |",
              "|---|" + "---:|" * len(labels)]
     for r in rows:
@@ -78,35 +133,51 @@ def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int)
             s = r["summary"][lab]
             cell = f"{s['mean']:.{d}f} ± {s['std']:.{d}f}"
             if lab in r["vs_baseline"]:
-                cell += f" (p = {r['vs_baseline'][lab]['p']:.2f})"
+                cell += f" (p_Holm = {r['vs_baseline'][lab]['p_holm']:.2f})"
             cells.append(cell)
         lines.append(f"| {r['metric']}{arrow} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed: Mapping[int, Mapping],
-                metrics: Sequence[Metric], seconds: float, extra_sections: Sequence[str] = ()) -> dict[str, Any]:
-    """Aggregate ``per_seed`` (:func:`aggregate`), write ``<out>/results.json`` and ``<out>/report.md``; returns
-    ``{"rows", "table", "seconds", "report", "results"}``."""
+                metrics: Sequence[Metric], seconds: float, extra_sections: Sequence[str] = (), *,
+                control: Control | None = None) -> dict[str, Any]:
+    """Check the ``control`` (:func:`check_control`), aggregate ``per_seed`` (:func:`aggregate`; tests only when
+    the control passed), write ``<out>/results.json`` and ``<out>/report.md``; returns
+    ``{"rows", "table", "seconds", "report", "results", "control"}``."""
     out = Path(out)
-    rows = aggregate(per_seed, metrics)
+    ctrl = check_control(per_seed, control) if control is not None else {
+        "passed": True, "line": "Control: none stated for this study: the differences below are shown without "
+                                "knowing whether the baseline learnt the task."}
+    rows = aggregate(per_seed, metrics, compare=ctrl["passed"])
     labels = list(next(iter(per_seed.values())))
     table = markdown_table(rows, labels, len(per_seed))
-    tests = [f"- {r['metric']}: " + "; ".join(v["statement"] for v in r["vs_baseline"].values()) for r in rows]
+    n = len(per_seed)
+    if ctrl["passed"]:
+        tests = [f"- {r['metric']}: " + "; ".join(v["statement"] for v in r["vs_baseline"].values()) for r in rows]
+        body = [f"Cells: mean ± sample std over seeds, and the two-sided paired t-test p-value against {labels[0]}, "
+                f"Holm-adjusted over the {sum(len(r['vs_baseline']) for r in rows)} tests of the table (↑ higher "
+                f"is better, ↓ lower is better).", "", table, "",
+                f"## Paired over seeds: each variant minus {labels[0]}", "",
+                "Mean difference ± std over seeds, its 95 % interval (t with n − 1 degrees of freedom) and Cohen's "
+                "d_z; the verdict uses the Holm-adjusted p.", "", *tests, "",
+                f"With {n} seeds the sign test cannot go below p = {2 / 2 ** n:.3g} and the t-test has {n - 1} "
+                f"degrees of freedom: only large, consistent differences survive the correction."]
+    else:
+        body = ["Cells: mean ± sample std over seeds. No test between the models: the baseline failed the "
+                "control.", "", table]
     report = "\n".join([
-        f"# {title}", "", intro, "",
-        f"Seeds {list(per_seed)}; wall time {seconds / 60:.1f} min. Cells: mean ± sample std over seeds, and the "
-        f"two-sided paired t-test p-value against {labels[0]} (↑ higher is better, ↓ lower is better).", "",
-        table, "", f"## Paired over seeds: each variant minus {labels[0]}", "", *tests, "",
-        "With 3 seeds the sign test cannot go below p = 0.25 and the t-test has 2 degrees of freedom: only large, "
-        "consistent differences reach p < 0.05.", "", *extra_sections, ""])
+        f"# {title}", "", intro, "", f"Seeds {list(per_seed)}; wall time {seconds / 60:.1f} min.", "",
+        ctrl["line"], "", *body, "", *extra_sections, ""])
     with atomic_write_file(out / "report.md", "w") as f:
         f.write(report)
     results = {"study": cfg.get("study"), "config": dict(cfg), "labels": labels, "seeds": list(per_seed),
-               "rows": rows, "per_seed": {str(s): v for s, v in per_seed.items()}, "seconds": round(seconds, 1)}
+               "control": ctrl, "verdict": "compared" if ctrl["passed"] else "inconclusive", "rows": rows,
+               "per_seed": {str(s): v for s, v in per_seed.items()}, "seconds": round(seconds, 1)}
     with atomic_write_file(out / "results.json", "w") as f:
         json.dump(results, f, indent=1, default=float)
-    return {"rows": rows, "table": table, "seconds": seconds, "report": str(out / "report.md"), "results": results}
+    return {"rows": rows, "table": table, "seconds": seconds, "report": str(out / "report.md"), "results": results,
+            "control": ctrl}
 
 
 def _budget(cfg: Mapping) -> dict[str, Any]:

@@ -12,6 +12,13 @@ of freedom ν has a closed form (Abramowitz & Stegun 1964, eq. 26.7.3–26.7.4),
 
 so no scipy is needed. Sign test: the number of seeds on which the difference is positive, against
 Binomial(n, 1/2) with ties dropped, two-sided (with 3 seeds its smallest p-value is 0.25: it can never reach 0.05).
+
+Effect sizes: the 95 % confidence interval of the mean paired difference, mean(d) ± t_{0.975, n−1} · sd(d) / √n
+(the quantile found by bisection on the closed-form CDF), and Cohen's d_z = mean(d) / sd(d) (Cohen 1988, §2.3).
+Many comparisons in one table: Holm's step-down adjustment (Holm 1979) of the m p-values sorted ascending,
+p̃_(i) = max_{j ≤ i} min(1, (m − j + 1) · p_(j)), which controls the family-wise error rate at α.
+The smallest true difference a paired test detects with power 1 − β at level α (two-sided, normal approximation,
+Cohen 1988, eq. 12.2.1 for paired samples): δ = (z_{1−α/2} + z_{1−β}) · sd(d) / √n.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["mean_std", "t_two_sided_p", "sign_test_p", "paired_test", "paired_statement"]
+__all__ = ["mean_std", "t_two_sided_p", "t_quantile", "sign_test_p", "paired_test", "paired_statement", "holm",
+           "min_detectable_difference"]
 
 
 def _floats(name: str, values: Sequence[float]) -> list[float]:
@@ -69,6 +77,48 @@ def t_two_sided_p(t: float, df: int) -> float:
     return min(1.0, max(0.0, 1.0 - a))
 
 
+def t_quantile(q: float, df: int) -> float:
+    """The ``q`` quantile (0.5 < q < 1) of Student's t with ``df`` degrees of freedom: the t with
+    P(|T| ≥ t) = 2 (1 − q), by bisection on :func:`t_two_sided_p` (e.g. t_quantile(0.975, 4) = 2.776)."""
+    if not (isinstance(q, float) and 0.5 < q < 1):
+        raise ValueError(f"q must be a float in (0.5, 1), got {q!r}")
+    target = 2 * (1 - q)
+    lo, hi = 0.0, 1.0
+    while t_two_sided_p(hi, df) > target:
+        hi *= 2
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if t_two_sided_p(mid, df) > target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm (1979) step-down adjusted p-values, in the input's order (module docstring)."""
+    p = _floats("pvalues", pvalues)
+    if any(not 0 <= v <= 1 for v in p):
+        raise ValueError(f"pvalues must lie in [0, 1], got {p}")
+    m = len(p)
+    order = sorted(range(m), key=lambda i: p[i])
+    out, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def min_detectable_difference(std_diff: float, n: int, *, alpha: float = 0.05, power: float = 0.8) -> float:
+    """The smallest mean paired difference a two-sided test at ``alpha`` detects with probability ``power`` given
+    the per-seed differences' standard deviation ``std_diff`` and ``n`` seeds (module docstring)."""
+    from statistics import NormalDist
+
+    if not (isinstance(n, int) and n >= 2):
+        raise ValueError(f"n must be an int >= 2 (seeds), got {n!r}")
+    if not (math.isfinite(std_diff) and std_diff >= 0):
+        raise ValueError(f"std_diff must be a finite number >= 0, got {std_diff!r}")
+    z = NormalDist().inv_cdf
+    return (z(1 - alpha / 2) + z(power)) * std_diff / math.sqrt(n)
+
+
 def sign_test_p(wins: int, losses: int) -> float:
     """Two-sided exact sign test: P(a count at least as far from n/2 as ``wins``) under Binomial(n, 1/2),
     n = wins + losses (ties are dropped before). 1.0 when n = 0."""
@@ -88,7 +138,8 @@ def paired_test(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
     d = x − y, the t statistic and its two-sided p-value (n − 1 degrees of freedom), and the sign test.
 
     Identical non-zero differences (zero spread) give t = ±inf and p = 0; all-zero differences give p = 1.
-    Returns ``{"n", "mean_diff", "std_diff", "t", "p", "wins", "losses", "ties", "p_sign"}``.
+    Returns ``{"n", "mean_diff", "std_diff", "t", "p", "wins", "losses", "ties", "p_sign", "ci95", "d_z"}``:
+    ``ci95`` the 95 % interval of the mean difference, ``d_z`` = mean / sd (±inf or 0 without spread).
     """
     xs, ys = _floats("x", x), _floats("y", y)
     if len(xs) != len(ys):
@@ -106,16 +157,22 @@ def paired_test(x: Sequence[float], y: Sequence[float]) -> dict[str, float]:
     p = 1.0 if t == 0.0 else t_two_sided_p(t, n - 1)
     tol = 1e-12 * scale
     wins, losses = sum(v > tol for v in d), sum(v < -tol for v in d)
+    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
+    d_z = t / math.sqrt(n) if math.isfinite(t) else t
     return {"n": n, "mean_diff": m, "std_diff": sd, "t": t, "p": p, "wins": wins, "losses": losses,
-            "ties": n - wins - losses, "p_sign": sign_test_p(wins, losses)}
+            "ties": n - wins - losses, "p_sign": sign_test_p(wins, losses), "ci95": [m - half, m + half], "d_z": d_z}
 
 
 def paired_statement(test: dict[str, float], label: str, base: str, *, alpha: float = 0.05, digits: int = 2) -> str:
     """One line for a :func:`paired_test` result of ``label`` against ``base``, e.g. "DiffViT − ViT = +1.20 ± 0.40
     (t-test p = 0.031, sign test p = 0.25, higher on 3 of 3 seeds): DiffViT higher than ViT (p < 0.05)"."""
+    lo, hi = test.get("ci95", (math.nan, math.nan))
+    p = test.get("p_holm", test["p"])
+    holm_note = f", Holm-adjusted p = {p:.3f}" if "p_holm" in test else ""
     head = (f"{label} − {base} = {test['mean_diff']:+.{digits}f} ± {test['std_diff']:.{digits}f} "
-            f"(t-test p = {test['p']:.3f}, sign test p = {test['p_sign']:.2f}, higher on {test['wins']} of "
-            f"{test['n']} seeds)")
-    if test["p"] < alpha:
+            f"[95 % CI {lo:+.{digits}f}, {hi:+.{digits}f}; d_z = {test.get('d_z', math.nan):+.2f}] "
+            f"(t-test p = {test['p']:.3f}{holm_note}, sign test p = {test['p_sign']:.2f}, higher on "
+            f"{test['wins']} of {test['n']} seeds)")
+    if p < alpha:
         return f"{head}: {label} {'higher' if test['mean_diff'] > 0 else 'lower'} than {base} (p < {alpha:g})"
     return f"{head}: no significant difference at p < {alpha:g}"
