@@ -212,8 +212,8 @@ def test_paired_statement_against_the_t_distribution():
     test = paired_test([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])
     assert test["p"] == pytest.approx(1 - t / (t * t + 2) ** 0.5, rel=1e-9)
     assert paired_statement(test, "DiffCLIP", "CLIP") == (
-        "DiffCLIP − CLIP = +2.00 ± 1.00 (t-test p = 0.074, sign test p = 0.25, higher on 3 of 3 seeds): "
-        "no significant difference at p < 0.05")
+        "DiffCLIP − CLIP = +2.00 ± 1.00 [95 % CI -0.48, +4.48; d_z = +2.00] (t-test p = 0.074, sign test "
+        "p = 0.25, higher on 3 of 3 seeds): no significant difference at p < 0.05")
     test = paired_test([-5.0, -5.1, -4.9, -5.0], [0.0] * 4)
     assert test["p"] < 1e-4 and paired_statement(test, "DiffCLIP", "CLIP").endswith(
         "higher on 0 of 4 seeds): DiffCLIP lower than CLIP (p < 0.05)")
