@@ -339,3 +339,152 @@ def test_paligemma_study_tiny(tmp_path, one_thread):
         assert 0 <= seed0[lab]["pope"]["adversarial"]["accuracy"] <= 1
     assert (out / "seed0" / "pretrained" / "model" / "tokenizer.json").is_file()
     assert (out / "seed1" / "shared_qk" / "adapter").is_dir() and not (out / "seed1" / "lora" / "adapter").exists()
+
+
+# ------------------------------------------------------------------- synthetic tasks: needles and recall
+
+
+@pytest.mark.parametrize("dim", [32, 64])
+def test_synthetic_models_have_equal_parameter_counts(dim):
+    from diffattn.studies.synthetic import MODELS, build_model, param_count
+
+    counts = {k: param_count(build_model(k, vocab_size=131, dim=dim, depth=2, num_heads=4, max_seq_len=256, seed=0))
+              for k in MODELS}
+    base = counts["standard"]
+    for kind, n in counts.items():
+        assert abs(n - base) / base < 0.02, (kind, n, base)
+    # the Diff Transformer V2's extra D × D query projection per layer is paid for by a narrower SwiGLU
+    v2 = build_model("diff_v2", vocab_size=131, dim=dim, depth=2, num_heads=4, max_seq_len=256, seed=0)
+    std = build_model("standard", vocab_size=131, dim=dim, depth=2, num_heads=4, max_seq_len=256, seed=0)
+    assert v2.mlp_hidden < std.mlp_hidden
+    assert abs(counts["diff_v2"] - base) <= 3 * dim * 2  # within one SwiGLU unit per block of the target
+
+
+def test_synthetic_models_attention_and_lambda_init():
+    import torch
+
+    from diffattn.layers import DiffAttention, DiffAttentionV2, GatedDiffAttention
+    from diffattn.studies.synthetic import build_model
+
+    kw = dict(vocab_size=50, dim=32, depth=2, num_heads=4, max_seq_len=64, seed=3)
+    diff = build_model("diff", **kw)
+    assert all(isinstance(b.attn, DiffAttention) for b in diff.blocks)
+    # λ_init = 0.8 − 0.6·exp(−0.3·l), l the 0-based layer index (Ye et al. 2024, eq. 2)
+    assert [b.attn.lambda_init for b in diff.blocks] == pytest.approx([0.2, 0.8 - 0.6 * math.exp(-0.3)])
+    assert isinstance(build_model("diff_v2", **kw).blocks[0].attn, DiffAttentionV2)
+    gated = build_model("gated", **kw)
+    assert isinstance(gated.blocks[1].attn, GatedDiffAttention) and gated.blocks[1].attn.lambda_init == 0.8
+    a, b = build_model("standard", **kw), build_model("standard", **kw)  # same seed, same initial weights
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    with pytest.raises(ValueError, match="kind must be one of .*got 'flash'"):
+        build_model("flash", **kw)
+
+
+def test_synthetic_answer_loss_accuracy_and_steps_to_reach():
+    import torch
+
+    from diffattn.data.synthetic import SyntheticVocab, needle_batch
+    from diffattn.studies.synthetic import answer_accuracy, answer_loss, build_model, steps_to_reach
+
+    v = SyntheticVocab()
+    model = build_model("standard", vocab_size=v.size, dim=16, depth=1, num_heads=2, max_seq_len=64, seed=0)
+    b = needle_batch(6, length=30, needles=2, queried=2, depth=0.5, generator=torch.Generator().manual_seed(0),
+                     vocab=v)
+    logits = model(b.ids)  # (6, 30, V)
+    picked = logits[torch.arange(6)[:, None], b.answer_pos]  # (6, 2, V)
+    expect = torch.nn.functional.cross_entropy(picked.flatten(0, 1), b.answers.flatten())
+    assert answer_loss(model, b).item() == pytest.approx(expect.item(), rel=1e-6)
+    acc = answer_accuracy(model, b, chunk=4)  # chunked like the whole batch
+    assert acc.shape == (6,) and torch.equal(acc, (picked.argmax(-1) == b.answers).double().mean(-1))
+    assert steps_to_reach([[10, 0.2], [20, 0.81], [30, 0.9]], 0.8) == 20
+    assert steps_to_reach([[10, 0.2], [20, 0.5]], 0.8) is None
+
+
+def test_synthetic_study_checks():
+    with pytest.raises(ValueError, match=r"needles and queried in test must be .*got \[1, 2\] and \[2, 2\]"):
+        validate_study({"study": "needles", "seeds": [0, 1], "needles": [1, 2], "queried": [2, 2]}, "test")
+    with pytest.raises(ValueError, match=r"train_length in test must be >= 3 · \(max needles \+ max queried\) = 24"):
+        validate_study({"study": "needles", "seeds": [0, 1], "train_length": 20}, "test")
+    with pytest.raises(ValueError, match=r"length_factors in test must be a list of integers >= 1 starting with 1"):
+        validate_study({"study": "needles", "seeds": [0, 1], "length_factors": [2, 4]}, "test")
+    with pytest.raises(ValueError, match=r"widths in test must be a list of distinct integers >= 1 in increasing"):
+        validate_study({"study": "recall", "seeds": [0, 1], "widths": [64, 32]}, "test")
+    with pytest.raises(ValueError, match=r"pairs in test must be <= vocab.num_keys \(8"):
+        validate_study({"study": "recall", "seeds": [0, 1], "vocab": {"num_keys": 8, "num_values": 8,
+                                                                       "num_filler": 1}}, "test")
+    with pytest.raises(ValueError, match=r"control_accuracy in test must be in \(0, 1\], got 1.5"):
+        validate_study({"study": "recall", "seeds": [0, 1], "control_accuracy": 1.5}, "test")
+    for name in ("needles", "recall"):
+        cfg = load_study(name)
+        assert cfg["variants"] == ["standard", "diff", "diff_v2", "gated"] and len(cfg["seeds"]) >= 5
+        assert cfg["threads"] == 1 and cfg["out"] == f"runs/studies/{name}"
+
+
+def _check_synthetic(res, labels):
+    assert res["labels"] == labels and res["seeds"] == [0, 1]
+    ctrl = res["control"]
+    assert ctrl["line"].startswith("Control: Transformer accuracy") and len(ctrl["values"]) == 2
+    assert res["verdict"] == ("compared" if ctrl["passed"] else "inconclusive")
+    for r in res["rows"]:
+        for lab in labels:
+            vals = r["values"][lab]
+            assert len(vals) == 2 and all(math.isfinite(v) for v in vals)
+            assert r["summary"][lab]["mean"] == pytest.approx(sum(vals) / 2)
+        assert set(r["vs_baseline"]) == (set(labels[1:]) if ctrl["passed"] else set())
+        if r["scale"] == 100.0:  # accuracies
+            assert all(0 <= v <= 100 for lab in labels for v in r["values"][lab])
+
+
+def test_needles_study_tiny(tmp_path, one_thread):
+    from diffattn.studies import run_study
+
+    out = tmp_path / "out"
+    res = run_study({"study": "needles", "seeds": [0, 1], "out": str(out), "steps": 4, "batch_size": 4,
+                     "warmup_steps": 1, "model": {"dim": 16, "depth": 1, "num_heads": 2}, "train_length": 24,
+                     "needles": [1, 3], "queried": [1, 1], "depths": [0.0, 1.0], "length_factors": [1, 2],
+                     "samples": 3, "eval_every": 2, "curve_samples": 3, "attention_samples": 2}, progress=False)
+    labels = ["Transformer", "Diff Transformer", "Diff Transformer V2", "DG Transformer"]
+    results = json.loads((out / "results.json").read_text())
+    _check_synthetic(results, labels)
+    assert results == json.loads(json.dumps(res["results"], default=float))
+    assert {r["key"] for r in results["rows"]} >= {"accuracy.x1", "accuracy.x2", "cells.N1R1", "cells.N3R1",
+                                                    "attention.answer_signed", "attention.noise_signed"}
+    for lab in labels:
+        r = results["per_seed"]["0"][lab]
+        assert [s for s, _ in r["curve"]] == [2, 4] and all(0 <= a <= 1 for _, a in r["curve"])
+        cells = r["grid"]["x1"]
+        assert set(cells) == {"N1R1", "N3R1"} and set(cells["N1R1"]) == {"d0", "d100"}
+        # 3 samples of one answer each: an accuracy is a multiple of 1/3; the means are the cells' means
+        assert all(round(3 * a, 9) == round(3 * a) for c in cells.values() for a in c.values())
+        assert r["accuracy"]["x1"] == pytest.approx(sum(a for c in cells.values() for a in c.values()) / 4)
+        att = r["attention"]
+        assert 0 <= att["answer_abs"] and att["answer_abs"] + att["noise_abs"] <= 2 + 1e-6
+    std = results["per_seed"]["1"]["Transformer"]["attention"]
+    # standard attention is a probability map: signed = |·|, answer + rest of context <= 1 from the query
+    assert std["answer_signed"] == pytest.approx(std["answer_abs"])
+    assert 0 < std["answer_signed"] + std["noise_signed"] <= 1 + 1e-6
+    report = (out / "report.md").read_text()
+    assert "Control: Transformer accuracy at the trained length (24 tokens)" in report
+    assert "## Learning curves" in report and "### DG Transformer" in report
+
+
+def test_recall_study_tiny(tmp_path, one_thread):
+    from diffattn.studies import run_study
+
+    out = tmp_path / "out"
+    run_study({"study": "recall", "seeds": [0, 1], "out": str(out), "steps": 4, "batch_size": 4, "warmup_steps": 1,
+               "widths": [8, 16], "depth": 1, "num_heads": 2, "pairs": [2, 4], "samples": 5, "eval_every": 2,
+               "curve_samples": 5}, progress=False)
+    labels = ["Transformer", "Diff Transformer", "Diff Transformer V2", "DG Transformer"]
+    results = json.loads((out / "results.json").read_text())
+    _check_synthetic(results, labels)
+    assert {r["key"] for r in results["rows"]} == {"w8.accuracy.P2", "w8.accuracy.P4", "w16.accuracy.P2",
+                                                    "w16.accuracy.P4", "w8.mean_accuracy", "w16.mean_accuracy"}
+    assert results["control"]["key"] == "w16.accuracy.P2"
+    for lab in labels:
+        for w in ("w8", "w16"):
+            r = results["per_seed"]["0"][lab][w]
+            assert r["mean_accuracy"] == pytest.approx((r["accuracy"]["P2"] + r["accuracy"]["P4"]) / 2)
+            assert [s for s, _ in r["curve"]] == [2, 4] and r["params"] > 0
+    report = (out / "report.md").read_text()
+    assert "Control: Transformer accuracy at width 16 with 2 pairs (%)" in report

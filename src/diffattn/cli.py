@@ -1,7 +1,8 @@
 """The ``diffattn`` command.
 
     diffattn demo      # the main job: CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end
-    diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma, llava, detection)
+    diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma, llava, detection,
+                              # needles, recall)
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
     diffattn train / eval / compare / data   # registered by diffattn.train, diffattn.eval, diffattn.data
     diffattn object-attention / lm-eval      # registered by diffattn.eval
@@ -227,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
     d.set_defaults(func=_demo_command)
     st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
     st.add_argument("config", help="a YAML file, or a packaged study name (diffclip, retrofit, dgvit, noise, "
-                    "paligemma, llava, detection)")
+                    "paligemma, llava, detection, needles, recall)")
     st.add_argument("--out", default=None, help="folder for the seeds' runs, results.json and report.md (default: "
                     "the config's out)")
     st.add_argument("--seeds", type=bounded(int, 0), nargs="+", default=None, metavar="SEED",

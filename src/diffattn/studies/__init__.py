@@ -5,6 +5,8 @@
     diffattn study dgvit       # ViT vs DiffViT vs DGViT under noise and corruptions (M-DGSA 2025, §5.1)
     diffattn study noise       # answer vs context attention mass, standard vs differential LM (Ye et al. 2024)
     diffattn study paligemma   # LoRA vs shared-QK / split-heads + LoRA on a PaliGemma (Li et al. 2025)
+    diffattn study needles     # multi-needle retrieval, standard vs Diff V1 / V2 / gated (Ye et al. 2024, §3.4)
+    diffattn study recall      # multi-query associative recall at two widths (Arora et al. 2023, MQAR)
 
 A study is a YAML config (diffattn/configs/studies/<name>.yaml, :mod:`.config`) naming the variants, seeds and one
 budget; its module trains every variant at every seed through the library's train / eval / diagnostics code, saves each

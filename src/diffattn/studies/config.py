@@ -22,6 +22,8 @@ STUDY_MODULES: dict[str, str] = {
     "paligemma": "diffattn.studies.paligemma",
     "llava": "diffattn.studies.llava",
     "detection": "diffattn.studies.detection",
+    "needles": "diffattn.studies.needles",
+    "recall": "diffattn.studies.recall",
 }
 #: keys every study config holds
 COMMON_KEYS = ("study", "variants", "seeds", "out")

@@ -1,0 +1,266 @@
+"""Multi-needle retrieval at CPU size: standard vs Diff Transformer vs Diff Transformer V2 vs gated differential
+attention (Ye et al. 2024, "Differential Transformer", §3.4, Table 2, Table 3 and Fig. 3).
+
+Four causal LMs of (near-)equal parameter count (:mod:`.synthetic`) are trained from scratch with one recipe, seed
+and budget on generated multi-needle samples (:func:`diffattn.data.synthetic.needle_batch`: N key–value needles in
+a context of random distractor tokens, R of them asked for at the end; N, R drawn from the configured pairs, the
+needles anywhere, at the trained length), with the loss on the answer tokens only. The same checkpoints are then
+measured:
+
+- accuracy per (N, R, depth of the first queried needle, context length), ``samples`` per cell, at the trained
+  length and at ``length_factors`` times it (Table 2's grid, shrunk: N ∈ {1, 2, 4, 6}, R ∈ {1, 2, 2, 2}, depths
+  0/25/50/75/100 %);
+- attention allocation (Table 3): from the query position that predicts the first answer, the attention mass on
+  the answer's value token in the context vs on the rest of the context, mean over samples, heads and layers
+  (:func:`diffattn.diagnostics.answer_attention` on the maps :func:`diffattn.diagnostics.capture_attention`
+  records; signed = the map the layer applies to V, w1 ⊙ A1 − λ ⊙ A2 for the differential layers);
+- learning curves (Fig. 3's efficiency claim at this size): the accuracy on a fixed set at the trained length every
+  ``eval_every`` steps, and the first step at which each model reaches the control level.
+
+Control: the Transformer's mean accuracy at the trained length (over the (N, R) cells and depths) must reach
+``control_accuracy`` before any model is compared with it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.synthetic import SyntheticBatch, SyntheticVocab, needle_batch
+from .report import Control, Metric, run_seeds, write_study
+from .stats import mean_std
+from .synthetic import MODELS, answer_accuracy, build_model, param_count, steps_to_reach, train_model
+
+__all__ = ["VARIANTS", "DEFAULTS", "run", "needle_grid", "needle_allocation"]
+
+#: variant → label (the first is the baseline)
+VARIANTS: dict[str, str] = dict(MODELS)
+#: the budget (diffattn/configs/studies/needles.yaml)
+DEFAULTS: dict[str, Any] = {
+    "steps": 1500, "batch_size": 16, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
+    "model": {"dim": 64, "depth": 2, "num_heads": 4},
+    "vocab": {"num_keys": 32, "num_values": 32, "num_filler": 64},
+    "train_length": 64, "needles": [1, 2, 4, 6], "queried": [1, 2, 2, 2], "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
+    "length_factors": [1, 2, 4], "samples": 50, "eval_every": 150, "curve_samples": 50, "attention_samples": 10,
+    "control_accuracy": 0.8, "threads": 1,
+}
+
+
+def check_config(cfg: dict[str, Any], where: str) -> None:
+    errors: list[str] = []  # every constraint the config breaks, reported together
+    for key in ("steps", "batch_size", "warmup_steps", "train_length", "samples", "eval_every", "curve_samples",
+                "attention_samples", "threads"):
+        if cfg[key] < (0 if key == "warmup_steps" else 1):
+            errors.append(f"{key} in {where} must be >= {0 if key == 'warmup_steps' else 1}, got {cfg[key]}")
+    needles, queried = cfg["needles"], cfg["queried"]
+    if not needles or len(needles) != len(queried) or \
+            not all(isinstance(x, int) and x >= 1 for x in needles + queried) or \
+            any(r > n for n, r in zip(needles, queried)):
+        errors.append(f"needles and queried in {where} must be lists of the same length of integers >= 1 with "
+                      f"queried[i] <= needles[i], got {needles!r} and {queried!r}")
+    elif 3 * (max(needles) + max(queried)) > cfg["train_length"]:
+        errors.append(f"train_length in {where} must be >= 3 · (max needles + max queried) = "
+                      f"{3 * (max(needles) + max(queried))}, got {cfg['train_length']}")
+    if not cfg["depths"] or any(isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 1
+                                for d in cfg["depths"]):
+        errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
+    if not cfg["length_factors"] or cfg["length_factors"][0] != 1 or \
+            any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in cfg["length_factors"]):
+        errors.append(f"length_factors in {where} must be a list of integers >= 1 starting with 1 (the trained "
+                      f"length), got {cfg['length_factors']!r}")
+    if not 0 < cfg["control_accuracy"] <= 1:
+        errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
+    for key in ("model", "vocab"):
+        if set(cfg[key]) != set(DEFAULTS[key]) or not all(isinstance(v, int) and v >= 1 for v in cfg[key].values()):
+            errors.append(f"{key} in {where} must map exactly {sorted(DEFAULTS[key])} to integers >= 1, got "
+                          f"{cfg[key]!r}")
+    if errors:
+        raise ValueError("; ".join(errors))
+
+
+def _cell(n: int, r: int) -> str:
+    return f"N{n}R{r}"
+
+
+def _depth(d: float) -> str:
+    return f"d{round(100 * d)}"
+
+
+def needle_grid(cfg: dict[str, Any], vocab: SyntheticVocab,
+                seed: int) -> dict[str, dict[str, dict[str, SyntheticBatch]]]:
+    """The evaluation samples: length key ("x1", "x2", …) → cell ("N4R2") → depth ("d50") → ``samples`` samples,
+    drawn from ``seed`` (the same for every model of a seed)."""
+    g = torch.Generator().manual_seed(1_000_003 * (seed + 1))
+    return {f"x{f}": {_cell(n, r): {_depth(d): needle_batch(cfg["samples"], length=f * cfg["train_length"], needles=n,
+                                                            queried=r, depth=d, generator=g, vocab=vocab)
+                                    for d in cfg["depths"]}
+                      for n, r in zip(cfg["needles"], cfg["queried"])}
+            for f in cfg["length_factors"]}
+
+
+def grid_accuracy(model: torch.nn.Module, grid: dict) -> dict[str, Any]:
+    """``{"grid": length → cell → depth → accuracy, "accuracy": length → mean, "cells": cell → mean at the trained
+    length}``."""
+    acc = {lk: {ck: {dk: answer_accuracy(model, b).mean().item() for dk, b in cell.items()}
+                for ck, cell in cells.items()} for lk, cells in grid.items()}
+
+    def mean(xs):
+        xs = list(xs)
+        return sum(xs) / len(xs)
+
+    first = next(iter(acc))
+    return {"grid": acc, "accuracy": {lk: mean(v for c in cells.values() for v in c.values())
+                                      for lk, cells in acc.items()},
+            "cells": {ck: mean(c.values()) for ck, c in acc[first].items()}}
+
+
+@torch.no_grad()
+def needle_allocation(model: torch.nn.Module, batches: list[SyntheticBatch]) -> dict[str, float]:
+    """Attention mass (Ye et al. 2024, Table 3) from the position that predicts the first answer onto the answer's
+    value token in the context vs onto the rest of the context, mean over ``batches`` (each weighted by its size),
+    heads and layers; ``signed`` (the map applied to V) and ``abs`` (|map|)."""
+    from ..diagnostics import answer_attention, capture_attention
+
+    model.eval()
+    sums = {"answer_signed": 0.0, "noise_signed": 0.0, "answer_abs": 0.0, "noise_abs": 0.0}
+    total = 0
+    for b in batches:
+        B, L = b.ids.shape
+        with capture_attention(model) as cap:
+            model(b.ids)  # (B, L, V)
+        maps = cap.combined()  # per layer (B, heads, L, L)
+        pos = torch.arange(L)
+        context = (pos < b.context).expand(B, L)  # (B, L)
+        answer = pos[None] == b.answer_span[:, :1]  # (B, L)
+        for mode in ("signed", "abs"):
+            r = answer_attention(maps, answer, context, query=int(b.answer_pos[0, 0]), mode=mode)
+            sums[f"answer_{mode}"] += r["answer"] * B
+            sums[f"noise_{mode}"] += r["noise"] * B
+        total += B
+    return {k: v / total for k, v in sums.items()}
+
+
+def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
+    """The training stream of a seed: (N, R) drawn uniformly from the configured pairs, needles anywhere."""
+    g = torch.Generator().manual_seed(seed)
+    pairs = list(zip(cfg["needles"], cfg["queried"]))
+    while True:
+        n, r = pairs[int(torch.randint(len(pairs), (1,), generator=g))]
+        yield needle_batch(cfg["batch_size"], length=cfg["train_length"], needles=n, queried=r, depth=None,
+                           generator=g, vocab=vocab)
+
+
+def _fmt(values: list[float], digits: int = 1, scale: float = 100.0) -> str:
+    m, s = mean_std([v * scale for v in values])
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str]) -> list[str]:
+    seeds = list(per_seed)
+    level = cfg["control_accuracy"]
+    out = ["## Parameters", "", "| model | parameters | SwiGLU width |", "|---|---:|---:|"]
+    first = per_seed[seeds[0]]
+    out += [f"| {lab} | {first[lab]['params']:,} | {first[lab]['mlp_hidden']} |" for lab in labels]
+    out += ["", f"## Learning curves: accuracy (%) on the fixed set at the trained length ({cfg['curve_samples']} "
+                f"samples per (N, R), random depth), mean ± std over seeds", "",
+            "| step | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+    steps = [int(s) for s, _ in first[labels[0]]["curve"]]
+    for i, st in enumerate(steps):
+        out.append(f"| {st} | " + " | ".join(_fmt([per_seed[s][lab]["curve"][i][1] for s in seeds])
+                                              for lab in labels) + " |")
+    out += ["", f"Steps to reach the control level ({100 * level:g} % on this set; evaluated every "
+                f"{cfg['eval_every']} steps):", ""]
+    for lab in labels:
+        reached = [per_seed[s][lab]["steps_to_control"] for s in seeds]
+        hit = [x for x in reached if x is not None]
+        if hit:
+            m, sd = mean_std(hit)
+            out.append(f"- {lab}: reached on {len(hit)} of {len(seeds)} seeds, at step {m:.0f} ± {sd:.0f} "
+                       f"(mean ± std over those seeds; per seed {reached})")
+        else:
+            out.append(f"- {lab}: never reached it within {cfg['steps']} steps on any seed")
+    out += ["", "## Accuracy (%) per cell: (context length, N needles / R queried) × depth of the first queried "
+                "needle, mean ± std over seeds", ""]
+    grid0 = first[labels[0]]["grid"]
+    depths = list(next(iter(next(iter(grid0.values())).values())))
+    for lab in labels:
+        out += [f"### {lab}", "", "| length | cell | " + " | ".join(depths) + " |",
+                "|---:|---|" + "---:|" * len(depths)]
+        for lk, cells in grid0.items():
+            length = int(lk[1:]) * cfg["train_length"]
+            for ck in cells:
+                out.append(f"| {length} | {ck} | " + " | ".join(
+                    _fmt([per_seed[s][lab]["grid"][lk][ck][dk] for s in seeds], 0) for dk in depths) + " |")
+        out.append("")
+    return out
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every seed, aggregated (module docstring)."""
+    torch.set_num_threads(cfg["threads"])
+    vocab = SyntheticVocab(**cfg["vocab"])
+    out = Path(cfg["out"])
+    pairs = list(zip(cfg["needles"], cfg["queried"]))
+    max_len = cfg["train_length"] * max(cfg["length_factors"])
+    t0 = time.perf_counter()
+
+    def one_seed(seed: int, folder: Path) -> dict:
+        grid = needle_grid(cfg, vocab, seed)
+        g = torch.Generator().manual_seed(2_000_003 * (seed + 1))
+        curve_set = [needle_batch(cfg["curve_samples"], length=cfg["train_length"], needles=n, queried=r,
+                                  depth=None, generator=g, vocab=vocab) for n, r in pairs]
+        attn_set = [needle_batch(cfg["attention_samples"], length=cfg["train_length"], needles=n, queried=r,
+                                 depth=d, generator=g, vocab=vocab) for n, r in pairs for d in cfg["depths"]]
+
+        def curve_accuracy(model) -> float:
+            return sum(answer_accuracy(model, b).mean().item() for b in curve_set) / len(curve_set)
+
+        res = {}
+        for v in cfg["variants"]:
+            label = VARIANTS[v]
+            model = build_model(v, vocab_size=vocab.size, max_seq_len=max_len, seed=seed, **cfg["model"])
+            trained = train_model(model, _train_batches(cfg, vocab, seed), steps=cfg["steps"], lr=cfg["lr"],
+                                  weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
+                                  eval_every=cfg["eval_every"], evaluate=curve_accuracy)
+            model.eval()
+            r = {**grid_accuracy(model, grid), "attention": needle_allocation(model, attn_set), **trained,
+                 "steps_to_control": steps_to_reach(trained["curve"], cfg["control_accuracy"]),
+                 "params": param_count(model), "mlp_hidden": model.mlp_hidden}
+            res[label] = r
+            if progress:
+                acc = ", ".join(f"{k} {100 * a:.1f} %" for k, a in r["accuracy"].items())
+                print(f"[study needles] seed {seed}: {label}: accuracy {acc}; answer/context mass (signed) "
+                      f"{r['attention']['answer_signed']:.3f}/{r['attention']['noise_signed']:.3f}; "
+                      f"{trained['train_seconds']:.0f} s training", flush=True)
+        return res
+
+    per_seed = run_seeds(cfg, one_seed)
+    labels = [VARIANTS[v] for v in cfg["variants"]]
+    m = cfg["model"]
+    intro = (f"Multi-needle retrieval (Ye et al. 2024, §3.4, Tables 2–3, Fig. 3) at CPU size: four causal LMs of "
+             f"{m['depth']} layers, width {m['dim']}, {m['num_heads']} (standard) heads, near-equal parameter counts "
+             f"(below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, warm-up "
+             f"{cfg['warmup_steps']} then cosine) of {cfg['batch_size']} generated samples of {cfg['train_length']} "
+             f"tokens, loss on the answer tokens only; (N needles, R queried) drawn from "
+             f"{[_cell(n, r) for n, r in pairs]}, vocabulary {vocab.size} tokens ({vocab.num_keys} keys, "
+             f"{vocab.num_values} values, {vocab.num_filler} distractors). Evaluated on {cfg['samples']} samples per "
+             f"(N, R, depth {cfg['depths']}) cell at {[f * cfg['train_length'] for f in cfg['length_factors']]} "
+             f"tokens. Attention mass from the position that predicts the first answer, signed = the map applied "
+             f"to V, mean over {cfg['attention_samples']} samples per (N, R, depth) cell at the trained length, heads "
+             f"and layers.")
+    metrics = [Metric(f"accuracy at {cfg['train_length']} tokens (trained), mean over cells (%)", "accuracy.x1", 100.0,
+                      1)]
+    metrics += [Metric(f"accuracy {_cell(n, r)} at {cfg['train_length']} tokens (%)", f"cells.{_cell(n, r)}", 100.0, 1)
+                for n, r in pairs]
+    metrics += [Metric(f"accuracy at {f * cfg['train_length']} tokens ({f}× trained) (%)", f"accuracy.x{f}", 100.0, 1)
+                for f in cfg["length_factors"][1:]]
+    metrics += [Metric("answer attention mass (signed)", "attention.answer_signed", 1.0, 3),
+                Metric("context attention mass outside the answer (signed)", "attention.noise_signed", 1.0, 3, False),
+                Metric("final train loss (answer tokens)", "final_loss", 1.0, 3, False)]
+    control = Control(f"{labels[0]} accuracy at the trained length ({cfg['train_length']} tokens), mean over the "
+                      f"(N, R) cells and depths (%)", "accuracy.x1", 100.0 * cfg["control_accuracy"], scale=100.0)
+    return write_study(out, cfg, "Study: multi-needle retrieval, standard vs differential attention", intro, per_seed,
+                       metrics, time.perf_counter() - t0, _sections(cfg, per_seed, labels), control=control)

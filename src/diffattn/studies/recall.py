@@ -1,0 +1,173 @@
+"""Multi-query associative recall at two widths: standard vs Diff Transformer vs Diff Transformer V2 vs gated
+differential attention (MQAR of Arora et al. 2023, "Zoology: Measuring and Improving Recall in Efficient Language
+Models", §3; the models of Ye et al. 2024 and 2026, M-DGSA 2025).
+
+At each model width, four causal LMs of (near-)equal parameter count (:mod:`.synthetic`) are trained from scratch
+with one recipe, seed and budget on generated MQAR samples (:func:`diffattn.data.synthetic.mqar_batch`: P
+key–value pairs, then every key again, each to be completed with its value; P drawn per batch from ``pairs``), with
+the loss on the queried values only. Measured on the same checkpoints: accuracy per (width, P) on ``samples`` fresh
+samples per cell, and learning curves (the accuracy at the easiest setting, the smallest P, on a fixed set every
+``eval_every`` steps) with the first step at which each model reaches the control level.
+
+Control: the Transformer at the larger width must reach ``control_accuracy`` at the easiest setting (the smallest
+P) before any model is compared with it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..data.synthetic import SyntheticVocab, mqar_batch
+from .report import Control, Metric, run_seeds, write_study
+from .stats import mean_std
+from .synthetic import MODELS, answer_accuracy, build_model, param_count, steps_to_reach, train_model
+
+__all__ = ["VARIANTS", "DEFAULTS", "run"]
+
+#: variant → label (the first is the baseline)
+VARIANTS: dict[str, str] = dict(MODELS)
+#: the budget (diffattn/configs/studies/recall.yaml)
+DEFAULTS: dict[str, Any] = {
+    "steps": 1500, "batch_size": 16, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
+    "widths": [32, 64], "depth": 2, "num_heads": 4,
+    "vocab": {"num_keys": 64, "num_values": 64, "num_filler": 1},
+    "pairs": [4, 8, 16], "samples": 200, "eval_every": 150, "curve_samples": 100,
+    "control_accuracy": 0.9, "threads": 1,
+}
+
+
+def check_config(cfg: dict[str, Any], where: str) -> None:
+    errors: list[str] = []  # every constraint the config breaks, reported together
+    for key in ("steps", "batch_size", "depth", "num_heads", "samples", "eval_every", "curve_samples", "threads"):
+        if cfg[key] < 1:
+            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+    if cfg["warmup_steps"] < 0:
+        errors.append(f"warmup_steps in {where} must be >= 0, got {cfg['warmup_steps']}")
+    widths = cfg["widths"]
+    if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
+            widths != sorted(set(widths)):
+        errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order (the last "
+                      f"is the control's), got {widths!r}")
+    elif cfg["num_heads"] >= 1 and any(w % (2 * cfg["num_heads"]) for w in widths):
+        errors.append(f"widths in {where} must be multiples of 2 · num_heads ({2 * cfg['num_heads']}: even head "
+                      f"widths for the rotary embedding), got {widths!r}")
+    if cfg["num_heads"] % 2:
+        errors.append(f"num_heads in {where} must be even (the differential models pair heads), got "
+                      f"{cfg['num_heads']}")
+    vocab = cfg["vocab"]
+    if set(vocab) != set(DEFAULTS["vocab"]) or not all(isinstance(v, int) and v >= 1 for v in vocab.values()):
+        errors.append(f"vocab in {where} must map exactly {sorted(DEFAULTS['vocab'])} to integers >= 1, got "
+                      f"{vocab!r}")
+    pairs = cfg["pairs"]
+    if not pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pairs) or \
+            pairs != sorted(set(pairs)):
+        errors.append(f"pairs in {where} must be a list of distinct integers >= 1 in increasing order (the first "
+                      f"is the control's setting), got {pairs!r}")
+    elif isinstance(vocab.get("num_keys"), int) and max(pairs) > vocab["num_keys"]:
+        errors.append(f"pairs in {where} must be <= vocab.num_keys ({vocab['num_keys']}: distinct keys), got "
+                      f"{pairs!r}")
+    if not 0 < cfg["control_accuracy"] <= 1:
+        errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
+    if errors:
+        raise ValueError("; ".join(errors))
+
+
+def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
+    """The training stream of a seed: P drawn uniformly from ``pairs`` per batch."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        p = cfg["pairs"][int(torch.randint(len(cfg["pairs"]), (1,), generator=g))]
+        yield mqar_batch(cfg["batch_size"], pairs=p, generator=g, vocab=vocab)
+
+
+def _fmt(values: list[float], digits: int = 1) -> str:
+    m, s = mean_std([100 * v for v in values])
+    return f"{m:.{digits}f} ± {s:.{digits}f}"
+
+
+def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str]) -> list[str]:
+    seeds = list(per_seed)
+    first = per_seed[seeds[0]]
+    easiest = cfg["pairs"][0]
+    out = ["## Parameters", "", "| model | " + " | ".join(f"width {w}: parameters (SwiGLU width)"
+                                                           for w in cfg["widths"]) + " |",
+           "|---|" + "---:|" * len(cfg["widths"])]
+    out += [f"| {lab} | " + " | ".join(f"{first[lab][f'w{w}']['params']:,} ({first[lab][f'w{w}']['mlp_hidden']})"
+                                       for w in cfg["widths"]) + " |" for lab in labels]
+    for w in cfg["widths"]:
+        out += ["", f"## Learning curve at width {w}: accuracy (%) with {easiest} pairs on the fixed set "
+                    f"({cfg['curve_samples']} samples), mean ± std over seeds", "",
+                "| step | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+        steps = [int(s) for s, _ in first[labels[0]][f"w{w}"]["curve"]]
+        for i, st in enumerate(steps):
+            out.append(f"| {st} | " + " | ".join(_fmt([per_seed[s][lab][f"w{w}"]["curve"][i][1] for s in seeds])
+                                                  for lab in labels) + " |")
+        out += ["", f"Steps to reach the control level ({100 * cfg['control_accuracy']:g} % with {easiest} pairs; "
+                    f"evaluated every {cfg['eval_every']} steps) at width {w}:", ""]
+        for lab in labels:
+            reached = [per_seed[s][lab][f"w{w}"]["steps_to_control"] for s in seeds]
+            hit = [x for x in reached if x is not None]
+            if hit:
+                m, sd = mean_std(hit)
+                out.append(f"- {lab}: reached on {len(hit)} of {len(seeds)} seeds, at step {m:.0f} ± {sd:.0f} "
+                           f"(mean ± std over those seeds; per seed {reached})")
+            else:
+                out.append(f"- {lab}: never reached it within {cfg['steps']} steps on any seed")
+    return out
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every width and seed, aggregated (module docstring)."""
+    torch.set_num_threads(cfg["threads"])
+    vocab = SyntheticVocab(**cfg["vocab"])
+    out = Path(cfg["out"])
+    easiest = cfg["pairs"][0]
+    t0 = time.perf_counter()
+
+    def one_seed(seed: int, folder: Path) -> dict:
+        g = torch.Generator().manual_seed(1_000_003 * (seed + 1))
+        test = {p: mqar_batch(cfg["samples"], pairs=p, generator=g, vocab=vocab) for p in cfg["pairs"]}
+        curve_set = mqar_batch(cfg["curve_samples"], pairs=easiest, generator=g, vocab=vocab)
+        res: dict[str, dict] = {}
+        for v in cfg["variants"]:
+            label = VARIANTS[v]
+            res[label] = {}
+            for w in cfg["widths"]:
+                model = build_model(v, vocab_size=vocab.size, dim=w, depth=cfg["depth"], num_heads=cfg["num_heads"],
+                                    max_seq_len=4 * max(cfg["pairs"]), seed=seed)
+                trained = train_model(model, _train_batches(cfg, vocab, seed), steps=cfg["steps"], lr=cfg["lr"],
+                                      weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
+                                      eval_every=cfg["eval_every"],
+                                      evaluate=lambda m: answer_accuracy(m, curve_set).mean().item())
+                acc = {f"P{p}": answer_accuracy(model, b).mean().item() for p, b in test.items()}
+                res[label][f"w{w}"] = {"accuracy": acc, "mean_accuracy": sum(acc.values()) / len(acc), **trained,
+                                       "steps_to_control": steps_to_reach(trained["curve"], cfg["control_accuracy"]),
+                                       "params": param_count(model), "mlp_hidden": model.mlp_hidden}
+                if progress:
+                    print(f"[study recall] seed {seed}: {label} width {w}: accuracy "
+                          + ", ".join(f"{k} {100 * a:.1f} %" for k, a in acc.items())
+                          + f"; {trained['train_seconds']:.0f} s training", flush=True)
+        return res
+
+    per_seed = run_seeds(cfg, one_seed)
+    labels = [VARIANTS[v] for v in cfg["variants"]]
+    intro = (f"Multi-query associative recall (Arora et al. 2023, MQAR) at widths {cfg['widths']}: four causal LMs "
+             f"of {cfg['depth']} layers and {cfg['num_heads']} (standard) heads per width, near-equal parameter "
+             f"counts (below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, warm-up "
+             f"{cfg['warmup_steps']} then cosine) of {cfg['batch_size']} generated samples, loss on the queried "
+             f"values only; P key–value pairs drawn per batch from {cfg['pairs']} (4P tokens), {vocab.num_keys} keys, "
+             f"{vocab.num_values} values. Accuracy on {cfg['samples']} fresh samples per (width, P).")
+    metrics = [Metric(f"accuracy, width {w}, {p} pairs (%)", f"w{w}.accuracy.P{p}", 100.0, 1)
+               for w in cfg["widths"] for p in cfg["pairs"]]
+    metrics += [Metric(f"accuracy, width {w}, mean over P (%)", f"w{w}.mean_accuracy", 100.0, 1)
+                for w in cfg["widths"]]
+    w = cfg["widths"][-1]
+    control = Control(f"{labels[0]} accuracy at width {w} with {easiest} pairs (%)", f"w{w}.accuracy.P{easiest}",
+                      100.0 * cfg["control_accuracy"], scale=100.0)
+    return write_study(out, cfg, "Study: multi-query associative recall, standard vs differential attention", intro,
+                       per_seed, metrics, time.perf_counter() - t0, _sections(cfg, per_seed, labels),
+                       control=control)

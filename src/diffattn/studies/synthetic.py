@@ -1,0 +1,144 @@
+"""What the synthetic-task studies (:mod:`.needles`, :mod:`.recall`) share: four causal LMs of (near-)equal size that
+differ only in their attention, trained from scratch on generated batches with the loss on the answer tokens only,
+and batched answer accuracy.
+
+The four models are the library's :class:`~diffattn.models.CausalLM` with an
+:class:`~diffattn.layers.AttentionSpec`:
+
+- ``standard``: h heads of width d = D / h (a Llama-style Transformer);
+- ``diff``: the Diff Transformer (Ye et al. 2024, §2.1, eq. 1–3): the h query heads paired into h/2 differential
+  heads with V of width 2d, λ_init = 0.8 − 0.6·exp(−0.3·l) with the 0-based layer index l (Ye et al.'s
+  0.8 − 0.6·exp(−0.3·(l − 1)) with l 1-based), per-head RMSNorm;
+- ``diff_v2``: Diff Transformer V2 (Ye et al. 2026): 2h query heads, one K and V shared by both branches,
+  λ = σ(x W_λ) per token and head, no sub-norm;
+- ``gated``: gated differential attention (M-DGSA 2025, eq. 3), λ_init 0.8.
+
+Equal size: every model's SwiGLU width is the one whose total parameter count comes closest to the standard
+model's (the Diff Transformer V2's extra query projection D × D per layer is paid for by a narrower MLP; Ye et al.
+2024, §3.1 match sizes the same way by construction). Every model's count is reported.
+
+Training: AdamW (decoupled weight decay on weight matrices, :func:`diffattn.train.optim.param_groups`), linear
+warm-up then cosine decay (:func:`diffattn.train.optim.warmup_cosine`), gradient clipping at 1, the steps taken by
+:func:`diffattn.train.loop.fit`; the loss is the cross-entropy of the answer tokens only. The batches come from a
+generator seeded by the study seed, so at one seed all four models see the same data in the same order.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..data.synthetic import SyntheticBatch
+from ..layers import AttentionSpec
+from ..models import CausalLM
+from ..train.loop import fit
+from ..train.optim import param_groups, warmup_cosine
+
+__all__ = ["MODELS", "attention_for", "build_model", "param_count", "answer_loss", "answer_accuracy",
+           "train_model", "steps_to_reach"]
+
+#: variant → label
+MODELS: dict[str, str] = {
+    "standard": "Transformer",
+    "diff": "Diff Transformer",
+    "diff_v2": "Diff Transformer V2",
+    "gated": "DG Transformer",
+}
+
+
+def attention_for(kind: str) -> AttentionSpec:
+    """The attention of variant ``kind`` (module docstring)."""
+    if kind == "standard":
+        return AttentionSpec("standard")
+    if kind == "diff":
+        return AttentionSpec("diff", lambda_init="ye")
+    if kind == "diff_v2":
+        return AttentionSpec("diff_v2")
+    if kind == "gated":
+        return AttentionSpec("gated", lambda_init=0.8)
+    raise ValueError(f"kind must be one of {list(MODELS)}, got {kind!r}")
+
+
+def param_count(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def _lm(kind: str, vocab_size: int, dim: int, depth: int, num_heads: int, max_seq_len: int,
+        mlp_hidden: int | None) -> CausalLM:
+    return CausalLM(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, attention=attention_for(kind),
+                    max_seq_len=max_seq_len, mlp_hidden=mlp_hidden)
+
+
+def build_model(kind: str, *, vocab_size: int, dim: int, depth: int, num_heads: int, max_seq_len: int,
+                seed: int) -> CausalLM:
+    """The ``kind`` model (module docstring) initialised from ``seed``, its SwiGLU width chosen so that its
+    parameter count is the closest to the standard model's of the same sizes."""
+    with torch.device("meta"):  # counts only: no memory, no initialisation
+        target = param_count(_lm("standard", vocab_size, dim, depth, num_heads, max_seq_len, None))
+        probe = _lm(kind, vocab_size, dim, depth, num_heads, max_seq_len, None)
+    per_unit = 3 * dim * depth  # a SwiGLU of width w has 3 · dim · w weights per block (no bias)
+    hidden = max(1, probe.mlp_hidden - round((param_count(probe) - target) / per_unit))
+    torch.manual_seed(seed)
+    return _lm(kind, vocab_size, dim, depth, num_heads, max_seq_len, hidden)
+
+
+def _answer_logits(model: torch.nn.Module, batch: SyntheticBatch) -> torch.Tensor:
+    logits = model(batch.ids)  # (B, L, V)
+    idx = batch.answer_pos[..., None].expand(-1, -1, logits.shape[-1])  # (B, R, V)
+    return logits.gather(1, idx)  # (B, R, V)
+
+
+def answer_loss(model: torch.nn.Module, batch: SyntheticBatch) -> torch.Tensor:
+    """Mean cross-entropy of the answer tokens: −log p(answers | ids[: answer_pos + 1])."""
+    logits = _answer_logits(model, batch)  # (B, R, V)
+    return F.cross_entropy(logits.flatten(0, 1).float(), batch.answers.flatten())
+
+
+@torch.no_grad()
+def answer_accuracy(model: torch.nn.Module, batch: SyntheticBatch, chunk: int = 128) -> torch.Tensor:
+    """(B,) the fraction of each sample's answers predicted exactly (argmax of the next-token logits at the
+    answer positions, the earlier answers in the prompt as given)."""
+    was_training = model.training
+    model.eval()
+    out = []
+    for i in range(0, batch.ids.shape[0], chunk):
+        part = SyntheticBatch(batch.ids[i:i + chunk], batch.answer_pos[i:i + chunk], batch.answers[i:i + chunk],
+                              batch.answer_span[i:i + chunk], batch.context)
+        pred = _answer_logits(model, part).argmax(-1)  # (b, R)
+        out.append((pred == part.answers).double().mean(-1))
+    model.train(was_training)
+    return torch.cat(out)
+
+
+def train_model(model: torch.nn.Module, batches: Iterator[SyntheticBatch], *, steps: int, lr: float,
+                weight_decay: float, warmup_steps: int, eval_every: int,
+                evaluate: Callable[[torch.nn.Module], float]) -> dict[str, Any]:
+    """``steps`` optimizer steps on ``batches`` (module docstring), ``evaluate(model)`` after every
+    ``eval_every`` steps and at the end. Returns ``{"final_loss", "curve": [[step, value], ...],
+    "train_seconds"}`` (the loss is the mean of the last 5 % of steps; the time excludes the evaluations)."""
+    opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.98))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warmup_steps))
+    losses: list[float] = []
+    curve: list[list[float]] = []
+    seconds = 0.0
+    while len(losses) < steps:
+        k = min(eval_every, steps - len(losses))
+        t0 = time.perf_counter()
+        losses += fit(model, opt, sched, (next(batches) for _ in range(k)), answer_loss, grad_clip=1.0, total=steps)
+        seconds += time.perf_counter() - t0
+        curve.append([len(losses), float(evaluate(model))])
+    tail = losses[-max(1, steps // 20):]
+    return {"final_loss": sum(tail) / len(tail), "curve": curve, "train_seconds": round(seconds, 1)}
+
+
+def steps_to_reach(curve: Sequence[Sequence[float]], level: float) -> int | None:
+    """The first evaluated step at which the curve's value reaches ``level`` (None: never)."""
+    for step, value in curve:
+        if value >= level and not math.isnan(value):
+            return int(step)
+    return None
