@@ -302,3 +302,18 @@ def test_default_path_untouched_without_a_context():
         assert seen == [1, 1]
     finally:
         functional._SCORE_HOOK.reset(token)
+
+
+def test_soft_capped_layer_records_the_capped_logits():
+    """With Gemma-2's soft-capping the softmax sees c · tanh(S / c): that is what is recorded and quantised."""
+    torch.manual_seed(0)
+    layer = DiffAttention(32, 4, causal=True, softcap=2.0).double().eval()
+    with torch.no_grad():
+        layer.q_proj.weight.mul_(20.0)
+    x = torch.randn(1, 5, 32, dtype=torch.float64)
+    with torch.no_grad(), capture_logits(layer) as cap:
+        layer(x)
+        ref = _ref_logits(layer, "diff", x)
+    for got, s in zip(cap.layers[0]["logits"], ref):
+        assert (got - 2.0 * torch.tanh(s / 2.0)).abs().max().item() <= 1e-12
+        assert got.abs().max().item() < 2.0 < s.abs().max().item()  # the cap bit

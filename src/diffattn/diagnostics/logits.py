@@ -196,11 +196,9 @@ def _abs_stats(values: list[torch.Tensor]) -> dict:
     if n == 0:
         raise ValueError("no entries to summarise: the capture is empty (was the model called inside the context?) "
                          "or every entry is masked")
-    v = v.to(torch.float64)
-    top = torch.topk(v, min(10, n)).values
-    lo = torch.kthvalue(v, (n + 1) // 2).values
-    hi = torch.kthvalue(v, n // 2 + 1).values
-    return {"top1": float(top[0]), "top10": float(top[-1]), "median": float((lo + hi) / 2), "count": int(n)}
+    top = torch.topk(v, min(10, n)).values  # order statistics: exact in the values' own dtype
+    lo, hi = float(torch.kthvalue(v, (n + 1) // 2).values), float(torch.kthvalue(v, n // 2 + 1).values)
+    return {"top1": float(top[0]), "top10": float(top[-1]), "median": (lo + hi) / 2, "count": int(n)}
 
 
 def _logit_entries(capture_or_layers) -> list[dict]:
