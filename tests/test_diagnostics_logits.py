@@ -317,3 +317,18 @@ def test_soft_capped_layer_records_the_capped_logits():
     for got, s in zip(cap.layers[0]["logits"], ref):
         assert (got - 2.0 * torch.tanh(s / 2.0)).abs().max().item() <= 1e-12
         assert got.abs().max().item() < 2.0 < s.abs().max().item()  # the cap bit
+
+
+def test_the_usage_example_in_docs_runs():
+    """docs/evaluation.md's example of the four functions runs as written."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    section = doc.split("### Attention logits, activation outliers and quantised logits", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    ns: dict = {"__name__": "__doc_example__"}
+    exec(compile(code, "docs/evaluation.md", "exec"), ns)
+    st = logit_stats(ns["cap"], per_map=True)
+    assert st["count"] == 2 * 2 * 2 * 2 * (32 * 33 // 2)  # layers × maps × B × H × causal entries
+    assert set(st["per_map"]) == {"A1", "A2"} and hidden_stats(ns["hs"])["count"] == 2 * 2 * 32 * 64
+    assert ns["logits_4bit"].shape == (2, 32, 256)

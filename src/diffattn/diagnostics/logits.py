@@ -335,8 +335,8 @@ def quantized_logits(model: nn.Module, bits: int) -> contextlib.AbstractContextM
         S_q = round(S / Δ) · Δ,   Δ = max|S| / (2^(bits−1) − 1),   A = softmax(S_q + M)
 
     the max over the entries the softmax sees, per batch element and head; λ, the gate, the sub-norm, V and the
-    output projection are unchanged. ``bits``: an integer in [2, 16] (16 is within ~1e-5 of the unquantised
-    logits). Meant for evaluation: round has no gradient.
+    output projection are unchanged. ``bits``: an integer in [2, 16]; a logit moves by at most Δ/2 (max|S| / 65534
+    at 16 bits). Meant for evaluation: round has no gradient.
     """
     bits = _check_bits(bits)
     mods = logit_layers(model)
