@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Callable
+from contextvars import ContextVar
 from typing import NamedTuple
 
 import torch
@@ -287,11 +289,22 @@ def _expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------- backends
 
 
+#: A private hook on the logits of the ``math`` path: ``hook(scores, mask) -> scores`` is called by :func:`_probs`
+#: with the scaled (soft-capped) logits (B, H, Nq, Nk) of each map and the :class:`PreparedMask`, before the mask
+#: and the softmax, and returns the logits to use. None (the default) leaves the path as it is; only
+#: :mod:`diffattn.diagnostics.logits` sets it, around one layer's call, with that layer routed to ``math``.
+_SCORE_HOOK: ContextVar[Callable[[torch.Tensor, PreparedMask], torch.Tensor] | None] = ContextVar(
+    "diffattn_score_hook", default=None)
+
+
 def _probs(q, k, mask: PreparedMask, scale, softcap, dropout_p):
     """softmax(cap(Q Kᵀ s) + M) with Q Kᵀ and the softmax in ≥ float32, (B, H, Nq, Nk); fully masked rows are 0."""
     s = torch.matmul(_upcast(q), _upcast(k).transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
+    hook = _SCORE_HOOK.get()
+    if hook is not None:
+        s = hook(s, mask)
     if mask.sdpa_causal:
         s = s.masked_fill(~causal_mask(q.shape[2], k.shape[2], q.device), float("-inf"))
     s = mask.apply(s)

@@ -461,7 +461,10 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
         f"trained from scratch for {cfg.run.steps} steps of {cfg.run.batch_size} pairs (seed {cfg.run.seed}, "
         f"AdamW lr {cfg.optim.lr:g}) on the train splits of the Tux Paint stamps and the Noto emoji; only the "
         f"attention differs (Hammoud & Ghanem 2025, §4). One seed: differences of a few points are within "
-        f"seed-to-seed noise at this size. Total wall time {seconds / 60:.1f} min"
+        f"seed-to-seed noise at this size, and a single-seed number also changes with the machine's "
+        f"floating-point path (thread count, CPU instruction set, library build), which at this size is a "
+        f"different draw; what reproduces is the mean ± std over seeds of `diffattn study diffclip`. Total wall "
+        f"time {seconds / 60:.1f} min"
         + (" (quick protocol)." if quick else "."), "",
         table, "",
         f"Zero-shot, retrieval and linear probe on the held-out Tux Paint test split ({n_test['tux']} "

@@ -1,0 +1,334 @@
+"""Attention logits, hidden states and quantised logits: captured logits equal a float64 reference from the layer's
+weights, outputs are unchanged, absmax quantisation follows its formula, the statistics are the ones by hand."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from diffattn import functional
+from diffattn.diagnostics import (
+    capture_attention,
+    capture_hidden_states,
+    capture_logits,
+    hidden_stats,
+    logit_layers,
+    logit_stats,
+    quantize_absmax,
+    quantized_logits,
+)
+from diffattn.layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, apply_rotary
+from diffattn.models import CausalLM
+
+KINDS = {"standard": Attention, "diff": DiffAttention, "gated": GatedDiffAttention, "diff_v2": DiffAttentionV2}
+
+
+def _layer(kind: str, *, causal: bool, rope: str | None, num_kv_heads: int | None = None):
+    torch.manual_seed(0)
+    layer = KINDS[kind](32, 4, causal=causal, rope=rope, num_kv_heads=num_kv_heads).double().eval()
+    with torch.no_grad():  # larger logits than the default init, so quantisation has something to round
+        layer.q_proj.weight.mul_(4.0)
+    return layer
+
+
+def _ref_logits(layer, kind: str, x: torch.Tensor) -> list[torch.Tensor]:
+    """S = Q Kᵀ / √d per map in float64 from the layer's projections and rotary module, the pairing written out:
+    standard one map per head; diff / gated Q/K heads (2i, 2i+1); V2 query heads (2i, 2i+1) against one K head."""
+    B, N, _ = x.shape
+    d = layer.head_dim
+    q = layer.q_proj(x).view(B, N, -1, d).transpose(1, 2)  # (B, q_heads, N, d)
+    k = layer.k_proj(x).view(B, N, -1, d).transpose(1, 2)  # (B, kv_heads, N, d)
+    if layer.rotary is not None:
+        cos, sin = layer.rotary(torch.arange(N), dtype=torch.float64)
+        q, k = apply_rotary(q, cos, sin, layer.rotary.style), apply_rotary(k, cos, sin, layer.rotary.style)
+    if kind == "standard":
+        pairs = [(q, k)]
+    elif kind == "diff_v2":
+        pairs = [(q[:, 0::2], k), (q[:, 1::2], k)]
+    else:
+        pairs = [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])]
+    out = []
+    for qq, kk in pairs:
+        kk = kk.repeat_interleave(qq.shape[1] // kk.shape[1], dim=1)  # GQA: query head h reads key head h // G
+        out.append(qq @ kk.transpose(-2, -1) / d**0.5)  # (B, H, N, N)
+    return out
+
+
+def _seen(B, N, causal, pad):
+    """(B, 1, N, N) bool: causal and/or the padding of the last ``pad`` keys of batch element 1."""
+    keep = torch.ones(B, 1, N, N, dtype=torch.bool)
+    if causal:
+        keep &= torch.ones(N, N, dtype=torch.bool).tril()
+    if pad:
+        keep[1, :, :, N - pad:] = False
+    return keep
+
+
+def _ref_output(layer, kind, x, maps):
+    """The layer's output from the maps A (standard) or A1, A2 (differential), its own V, λ, norm and projection."""
+    B, N, _ = x.shape
+    v = layer.v_proj(x).view(B, N, layer.v_heads, layer.v_head_dim).transpose(1, 2)
+    v = v.repeat_interleave(maps[0].shape[1] // v.shape[1], dim=1)
+    if kind == "standard":
+        o = maps[0] @ v
+    else:
+        w1, lam = layer.lambda_weights(x)
+        o = (w1 * maps[0] - lam * maps[1]) @ v
+        o = layer.diff_norm(o) * layer.out_scale
+    return layer.out_proj(o.transpose(1, 2).reshape(B, N, -1))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("rope", [None, "half"])
+def test_captured_logits_are_the_reference_and_outputs_unchanged(kind, causal, rope):
+    layer = _layer(kind, causal=causal, rope=rope, num_kv_heads=2 if kind == "diff_v2" else None)
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
+    mask[1, ..., 4:] = False  # the last two keys of batch element 1 are padding
+    with torch.no_grad():
+        ref_out = layer(x, mask)
+        with capture_logits(layer) as cap:
+            out = layer(x, mask)
+        ref = _ref_logits(layer, kind, x)
+    assert layer.backend == "auto" and functional._SCORE_HOOK.get() is None  # restored
+    assert (out - ref_out).abs().max().item() <= 1e-12
+    assert len(cap.layers) == 1
+    entry = cap.layers[0]
+    assert entry["name"] == "" and entry["kind"] == kind
+    assert len(entry["logits"]) == (1 if kind == "standard" else 2)
+    for got, want in zip(entry["logits"], ref):
+        assert got.shape == want.shape and got.dtype == torch.float64
+        assert (got - want).abs().max().item() <= 1e-12
+    assert torch.equal(entry["mask"].expand(2, 1, 6, 6), _seen(2, 6, causal, 2))
+
+
+def test_causal_lm_capture_float32_and_every_block():
+    torch.manual_seed(0)
+    for kind in KINDS:
+        model = CausalLM(vocab_size=50, dim=32, depth=2, num_heads=4, attention=kind).eval()
+        ids = torch.randint(0, 50, (2, 9))
+        with torch.no_grad():
+            ref = model(ids)
+            with capture_logits(model) as cap:
+                out = model(ids)
+        assert (out - ref).abs().max().item() <= 1e-5
+        assert [e["name"] for e in cap.layers] == ["blocks.0.attn", "blocks.1.attn"]
+        assert all(e["mask"].shape == (9, 9) and torch.equal(e["mask"], torch.ones(9, 9).tril().bool())
+                   for e in cap.layers)
+        st = logit_stats(cap, per_map=True)
+        heads = 4 if kind in ("standard", "diff_v2") else 2
+        maps = 1 if kind == "standard" else 2
+        assert st["count"] == 2 * maps * 2 * heads * 45  # layers × maps × B × heads × causal entries of 9×9
+        assert 0 < st["median"] <= st["top10"] <= st["top1"]
+        assert set(st["per_map"]) == ({"A"} if kind == "standard" else {"A1", "A2"})
+        assert max(s["top1"] for s in st["per_map"].values()) == st["top1"]
+
+
+def test_nested_contexts_capture_quantised_logits_and_unwind():
+    layer = _layer("diff", causal=True, rope="half")
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    with torch.no_grad(), quantized_logits(layer, 4), capture_logits(layer) as cap:
+        layer(x)
+        ref = _ref_logits(layer, "diff", x)
+    assert functional._SCORE_HOOK.get() is None and layer.backend == "auto"
+    assert not layer._forward_hooks and not layer._forward_pre_hooks
+    seen = _seen(2, 6, True, 0)
+    for got, s in zip(cap.layers[0]["logits"], ref):
+        q = quantize_absmax(s, seen, 4)
+        assert (got - q).abs().max().item() <= 1e-12
+        step = (s.abs().masked_fill(~seen, 0).amax((-2, -1), keepdim=True) / 7)  # Δ per (b, h)
+        k = got / step
+        assert (k - k.round()).abs().max().item() <= 1e-9  # every logit a multiple of Δ
+        top = k.masked_fill(~seen, 0).abs().amax((-2, -1))  # the max maps to 2^(bits−1) − 1
+        assert (top - 7).abs().max().item() <= 1e-9
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_quantized_maps_and_output_match_a_float64_reference(kind, causal):
+    layer = _layer(kind, causal=causal, rope="half")
+    x = torch.randn(2, 7, 32, dtype=torch.float64)
+    pad = torch.ones(2, 1, 1, 7, dtype=torch.bool)
+    pad[1, ..., 5:] = False
+    seen = _seen(2, 7, causal, 2)
+    with torch.no_grad():
+        plain = layer(x, pad)
+        with quantized_logits(layer, 4):
+            out, w = layer(x, pad, need_weights=True)
+        logits = _ref_logits(layer, kind, x)
+        maps = []
+        for s in logits:
+            a = s.abs().masked_fill(~seen, 0).amax(dim=(-2, -1), keepdim=True)  # max|S| per (b, h) over seen
+            delta = a / (2**3 - 1)
+            sq = torch.round(s / delta) * delta
+            maps.append(torch.softmax(sq.masked_fill(~seen, float("-inf")), dim=-1))
+        ref = _ref_output(layer, kind, x, maps)
+    got = [w.first] if kind == "standard" else [w.first, w.second]
+    for g, m in zip(got, maps):
+        assert (g - m).abs().max().item() <= 1e-5
+    assert (out - ref).abs().max().item() <= 1e-5
+    assert (out - plain).abs().max().item() > 1e-3  # 4 bits changes the output
+    with torch.no_grad(), quantized_logits(layer, 16):
+        out16 = layer(x, pad)
+    assert (out16 - plain).abs().max().item() <= 1e-3
+    assert layer.backend == "auto"
+
+
+def test_quantized_causal_lm_16_bits_is_the_model_4_bits_is_not():
+    torch.manual_seed(1)
+    for kind in KINDS:
+        model = CausalLM(vocab_size=50, dim=32, depth=2, num_heads=4, attention=kind).eval()
+        with torch.no_grad():
+            for blk in model.blocks:
+                blk.attn.q_proj.weight.mul_(20.0)
+            ids = torch.randint(0, 50, (2, 12))
+            ref = model(ids)
+            with quantized_logits(model, 16):
+                q16 = model(ids)
+            with quantized_logits(model, 4):
+                q4 = model(ids)
+            after = model(ids)
+        assert (q16 - ref).abs().max().item() <= 1e-3
+        assert (q4 - ref).abs().max().item() > 1e-4
+        assert torch.equal(after, ref)
+
+
+def test_quantize_absmax_by_hand():
+    s = torch.tensor([[[[1.0, -3.5, 100.0], [0.4, 2.0, 0.0]]]])  # (1, 1, 2, 3)
+    seen = torch.tensor([[True, True, False], [True, True, True]])  # 100 is masked: Δ = 3.5 / 7 = 0.5 at 4 bits
+    q = quantize_absmax(s, seen, 4)
+    assert q[0, 0, 0, :2].tolist() == [1.0, -3.5] and q[0, 0, 1].tolist() == [0.5, 2.0, 0.0]
+    assert quantize_absmax(torch.zeros(1, 1, 2, 2), None, 3).abs().sum().item() == 0.0  # Δ = 0 keeps zeros
+    q2 = quantize_absmax(s, None, 2)  # Δ = 100: everything below 50 rounds to 0
+    assert q2.flatten().tolist() == [0.0, -0.0, 100.0, 0.0, 0.0, 0.0]
+
+
+def test_logit_stats_by_hand():
+    s1 = torch.arange(1.0, 17.0).view(1, 1, 4, 4) * torch.tensor([1.0, -1.0, 1.0, -1.0])  # |S| = 1 … 16
+    s2 = torch.full((1, 1, 4, 4), 0.5)
+    tril = torch.ones(4, 4, dtype=torch.bool).tril()  # seen |S1|: 1, 5, 6, 9, 10, 11, 13, 14, 15, 16
+    layers = [{"name": "a", "kind": "diff", "logits": [s1, s2], "mask": tril}]
+    st = logit_stats(layers, per_map=True)
+    seen1 = sorted([1, 5, 6, 9, 10, 11, 13, 14, 15, 16] + [0.5] * 10, reverse=True)
+    assert st["count"] == 20 and st["top1"] == 16.0
+    assert st["top10"] == seen1[9] == 1.0
+    assert st["median"] == (seen1[9] + seen1[10]) / 2 == 0.75
+    assert st["per_map"]["A1"] == {"top1": 16.0, "top10": 1.0, "median": 10.5, "count": 10}
+    assert st["per_map"]["A2"] == {"top1": 0.5, "top10": 0.5, "median": 0.5, "count": 10}
+    # the masked 12, 8, 7, … are never counted, and the median of an odd count is the middle value
+    one = logit_stats([{"name": "s", "kind": "standard", "logits": [s1], "mask": torch.eye(4, dtype=torch.bool)}])
+    assert one == {"top1": 16.0, "top10": 1.0, "median": 8.5, "count": 4}  # |diag| = 1, 6, 11, 16
+    three = logit_stats([{"name": "s", "kind": "standard", "logits": [s1[..., :3, :1]], "mask": None}])
+    assert three["median"] == 5.0 and three["top10"] == 1.0  # 1, 5, 9; fewer than 10: the smallest
+
+
+def test_hidden_states_every_block_and_stats_by_hand():
+    torch.manual_seed(0)
+    model = CausalLM(vocab_size=50, dim=16, depth=3, num_heads=2, attention="diff").eval()
+    ids = torch.randint(0, 50, (2, 5))
+    outs = []
+    hooks = [b.register_forward_hook(lambda m, a, o: outs.append(o.detach())) for b in model.blocks]
+    with torch.no_grad(), capture_hidden_states(model) as hs:
+        ref = model(ids)
+    for h in hooks:
+        h.remove()
+    assert [s["name"] for s in hs.states] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert all(torch.equal(s["hidden"], o) for s, o in zip(hs.states, outs))
+    assert hs.states[0]["hidden"].shape == (2, 5, 16)
+    with torch.no_grad():
+        assert torch.equal(model(ids), ref)  # hooks removed, computation untouched
+    assert not any(b._forward_hooks for b in model.blocks)
+    allv = torch.cat([o.flatten() for o in outs]).abs().sort(descending=True).values
+    st = hidden_stats(hs)
+    assert st["count"] == 3 * 2 * 5 * 16 and st["top1"] == pytest.approx(allv[0].item(), abs=1e-7)
+    assert st["top10"] == pytest.approx(allv[9].item(), abs=1e-7)
+    assert st["median"] == pytest.approx((allv[239] + allv[240]).item() / 2, abs=1e-7)
+    by_hand = hidden_stats([torch.tensor([[-4.0, 1.0], [2.0, -3.0]])])
+    assert by_hand == {"top1": 4.0, "top10": 1.0, "median": 2.5, "count": 4}
+
+
+def test_contexts_restore_on_exception():
+    model = CausalLM(vocab_size=20, dim=16, depth=2, num_heads=2, attention="gated")
+    layers = [m for _, m, _ in logit_layers(model)]
+    with pytest.raises(RuntimeError, match="boom"), quantized_logits(model, 8):
+        raise RuntimeError("boom")
+    with pytest.raises(ValueError), capture_logits(model):
+        model(torch.zeros(2, 3))  # float ids: the model raises ValueError inside the context
+    assert all(m.backend == "auto" and not m._forward_hooks and not m._forward_pre_hooks for m in layers)
+    assert functional._SCORE_HOOK.get() is None
+
+
+def test_exception_inside_a_layer_resets_the_hook():
+    layer = _layer("standard", causal=False, rope=None)
+    with pytest.raises(ValueError, match="x must have shape"), capture_logits(layer):
+        layer(torch.randn(1, 3, 31, dtype=torch.float64))
+    assert functional._SCORE_HOOK.get() is None and layer.backend == "auto"
+
+
+def test_bad_input():
+    plain = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    for fn in (capture_logits, capture_hidden_states, lambda m: quantized_logits(m, 8)):
+        with pytest.raises(ValueError, match="no diffattn attention layer"):
+            fn(plain)
+    layer = Attention(16, 2)
+    with pytest.raises(ValueError, match="no block"):
+        capture_hidden_states(layer)
+    for bits in (1, 17, 4.0, True, "8", None):
+        with pytest.raises(ValueError, match=rf"bits must be an integer in \[2, 16\], got {bits!r}"):
+            quantized_logits(layer, bits)
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        capture_logits("model")
+    with pytest.raises(ValueError, match="no entries"):
+        logit_stats([])
+    with pytest.raises(ValueError, match="capture_or_layers must be"):
+        logit_stats([torch.zeros(2)])
+    with pytest.raises(ValueError, match="capture_or_states must hold tensors"):
+        hidden_stats([[1.0]])
+
+
+def test_default_path_untouched_without_a_context():
+    """No context: the layer keeps its backend and the fused path; capture_attention still works beside it."""
+    layer = DiffAttention(32, 4, causal=True).eval()
+    x = torch.randn(2, 5, 32)
+    seen = []
+    token = functional._SCORE_HOOK.set(lambda s, m: seen.append(1) or s)
+    try:
+        with torch.no_grad():
+            layer(x)  # sdpa backend: the hook of the math path is never called
+        assert seen == []
+        with torch.no_grad(), capture_attention(layer):
+            layer(x)  # the math path (maps asked for) calls it, once per map
+        assert seen == [1, 1]
+    finally:
+        functional._SCORE_HOOK.reset(token)
+
+
+def test_soft_capped_layer_records_the_capped_logits():
+    """With Gemma-2's soft-capping the softmax sees c · tanh(S / c): that is what is recorded and quantised."""
+    torch.manual_seed(0)
+    layer = DiffAttention(32, 4, causal=True, softcap=2.0).double().eval()
+    with torch.no_grad():
+        layer.q_proj.weight.mul_(20.0)
+    x = torch.randn(1, 5, 32, dtype=torch.float64)
+    with torch.no_grad(), capture_logits(layer) as cap:
+        layer(x)
+        ref = _ref_logits(layer, "diff", x)
+    for got, s in zip(cap.layers[0]["logits"], ref):
+        assert (got - 2.0 * torch.tanh(s / 2.0)).abs().max().item() <= 1e-12
+        assert got.abs().max().item() < 2.0 < s.abs().max().item()  # the cap bit
+
+
+def test_the_usage_example_in_docs_runs():
+    """docs/evaluation.md's example of the four functions runs as written."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    section = doc.split("### Attention logits, activation outliers and quantised logits", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    ns: dict = {"__name__": "__doc_example__"}
+    exec(compile(code, "docs/evaluation.md", "exec"), ns)
+    st = logit_stats(ns["cap"], per_map=True)
+    assert st["count"] == 2 * 2 * 2 * 2 * (32 * 33 // 2)  # layers × maps × B × H × causal entries
+    assert set(st["per_map"]) == {"A1", "A2"} and hidden_stats(ns["hs"])["count"] == 2 * 2 * 32 * 64
+    assert ns["logits_4bit"].shape == (2, 32, 256)
