@@ -459,6 +459,12 @@ def test_needles_study_tiny(tmp_path, one_thread):
         assert r["accuracy"]["x1"] == pytest.approx(sum(a for c in cells.values() for a in c.values()) / 4)
         att = r["attention"]
         assert 0 <= att["answer_abs"] and att["answer_abs"] + att["noise_abs"] <= 2 + 1e-6
+        out_ = r["outliers"]
+        assert out_["logits"]["top1"] >= out_["logits"]["top10"] >= out_["logits"]["median"] >= 0
+        assert out_["hidden"]["top1"] >= out_["hidden"]["top10"] >= out_["hidden"]["median"] >= 0
+        maps = {"Transformer": {"logits_A"}}.get(lab, {"logits_A1", "logits_A2"})
+        assert {k for k in out_ if k.startswith("logits_")} == maps
+        assert set(r["quantized"]) == {"b8", "b6", "b4"} and all(0 <= a <= 1 for a in r["quantized"].values())
     std = results["per_seed"]["1"]["Transformer"]["attention"]
     # standard attention is a probability map: signed = |·|, answer + rest of context <= 1 from the query
     assert std["answer_signed"] == pytest.approx(std["answer_abs"])

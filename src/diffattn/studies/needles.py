@@ -14,6 +14,12 @@ measured:
   the answer's value token in the context vs on the rest of the context, mean over samples, heads and layers
   (:func:`diffattn.diagnostics.answer_attention` on the maps :func:`diffattn.diagnostics.capture_attention`
   records; signed = the map the layer applies to V, w1 ⊙ A1 − λ ⊙ A2 for the differential layers);
+- activation outliers (Table 5): top-1, top-10 and median of |S| over the attention logits S = Q Kᵀ/√d the softmax
+  sees (both maps of the differential layers together, and each map apart) and of |h| over the blocks' hidden states,
+  on the attention-allocation samples (:func:`diffattn.diagnostics.capture_logits`,
+  :func:`diffattn.diagnostics.logit_stats`, :func:`diffattn.diagnostics.capture_hidden_states`);
+- quantised attention logits (Fig. 8): the accuracy at the trained length again with every map computed from logits
+  quantised per head with absmax scaling to ``quant_bits`` bits (:func:`diffattn.diagnostics.quantized_logits`);
 - learning curves (Fig. 3's efficiency claim at this size): the accuracy on a fixed set at the trained length every
   ``eval_every`` steps, and the first step at which each model reaches the control level.
 
@@ -34,7 +40,8 @@ from .report import Control, Metric, run_seeds, write_study
 from .stats import mean_std
 from .synthetic import MODELS, answer_accuracy, build_model, param_count, steps_to_reach, train_model
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "needle_grid", "needle_allocation"]
+__all__ = ["VARIANTS", "DEFAULTS", "run", "needle_grid", "grid_accuracy", "needle_allocation", "needle_outliers",
+           "quantized_accuracy"]
 
 #: variant → label (the first is the baseline)
 VARIANTS: dict[str, str] = dict(MODELS)
@@ -45,7 +52,7 @@ DEFAULTS: dict[str, Any] = {
     "vocab": {"num_keys": 32, "num_values": 32, "num_filler": 64},
     "train_length": 64, "needles": [1, 2, 4, 6], "queried": [1, 2, 2, 2], "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
     "length_factors": [1, 2, 4], "samples": 50, "eval_every": 150, "curve_samples": 50, "attention_samples": 10,
-    "control_accuracy": 0.8, "threads": 1,
+    "quant_bits": [8, 6, 4], "control_accuracy": 0.8, "threads": 1,
 }
 
 
@@ -71,6 +78,8 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
             any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in cfg["length_factors"]):
         errors.append(f"length_factors in {where} must be a list of integers >= 1 starting with 1 (the trained "
                       f"length), got {cfg['length_factors']!r}")
+    if any(isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16 for b in cfg["quant_bits"]):
+        errors.append(f"quant_bits in {where} must be a list of integers in [2, 16], got {cfg['quant_bits']!r}")
     if not 0 < cfg["control_accuracy"] <= 1:
         errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
     for key in ("model", "vocab"):
@@ -143,6 +152,40 @@ def needle_allocation(model: torch.nn.Module, batches: list[SyntheticBatch]) -> 
     return {k: v / total for k, v in sums.items()}
 
 
+@torch.no_grad()
+def needle_outliers(model: torch.nn.Module, batches: list[SyntheticBatch]) -> dict[str, dict[str, float]]:
+    """Activation outliers (Ye et al. 2024, §3.8, Table 5) over ``batches``: ``{"logits": {"top1", "top10",
+    "median"}, "logits_A1": …, "logits_A2": … (the differential maps apart; "logits_A" for standard attention),
+    "hidden": {…}}``, the |attention logits| the softmax sees and the |hidden states| of every block."""
+    from ..diagnostics import capture_hidden_states, capture_logits, hidden_stats, logit_stats
+
+    model.eval()
+    with capture_logits(model) as cap, capture_hidden_states(model) as hs:
+        for b in batches:
+            model(b.ids)  # (B, L, V)
+    stats = logit_stats(cap, per_map=True)
+    keep = ("top1", "top10", "median")
+    out = {"logits": {k: stats[k] for k in keep}}
+    out.update({f"logits_{name}": {k: v[k] for k in keep} for name, v in stats["per_map"].items()})
+    h = hidden_stats(hs)
+    out["hidden"] = {k: h[k] for k in keep}
+    return out
+
+
+def quantized_accuracy(model: torch.nn.Module, cells: dict[str, dict[str, SyntheticBatch]],
+                       bits_list: list[int]) -> dict[str, float]:
+    """``{"b8": accuracy, …}``: the mean accuracy over ``cells`` (cell → depth → samples) with the attention logits
+    quantised to each number of bits (Ye et al. 2024, §3.8, Fig. 8; :func:`diffattn.diagnostics.quantized_logits`)."""
+    from ..diagnostics import quantized_logits
+
+    out = {}
+    for bits in bits_list:
+        with quantized_logits(model, bits):
+            accs = [answer_accuracy(model, b).mean().item() for c in cells.values() for b in c.values()]
+        out[f"b{bits}"] = sum(accs) / len(accs)
+    return out
+
+
 def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
     """The training stream of a seed: (N, R) drawn uniformly from the configured pairs, needles anywhere."""
     g = torch.Generator().manual_seed(seed)
@@ -182,6 +225,14 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
                        f"(mean ± std over those seeds; per seed {reached})")
         else:
             out.append(f"- {lab}: never reached it within {cfg['steps']} steps on any seed")
+    out += ["", "## Attention-logit outliers per map: |S| (mean ± std over seeds; A: standard attention's map, A1 / A2: "
+                "the two maps of a differential layer)", "",
+            "| model | map | top-1 | top-10 | median |", "|---|---|---:|---:|---:|"]
+    for lab in labels:
+        for key in sorted(k for k in first[lab]["outliers"] if k.startswith("logits_")):
+            out.append(f"| {lab} | {key[7:]} | " + " | ".join(
+                _fmt([per_seed[s][lab]["outliers"][key][st] for s in seeds], 3, 1.0)
+                for st in ("top1", "top10", "median")) + " |")
     out += ["", "## Accuracy (%) per cell: (context length, N needles / R queried) × depth of the first queried "
                 "needle, mean ± std over seeds", ""]
     grid0 = first[labels[0]]["grid"]
@@ -226,7 +277,9 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                                   weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
                                   eval_every=cfg["eval_every"], evaluate=curve_accuracy)
             model.eval()
-            r = {**grid_accuracy(model, grid), "attention": needle_allocation(model, attn_set), **trained,
+            r = {**grid_accuracy(model, grid), "attention": needle_allocation(model, attn_set),
+                 "outliers": needle_outliers(model, attn_set),
+                 "quantized": quantized_accuracy(model, grid["x1"], cfg["quant_bits"]), **trained,
                  "steps_to_control": steps_to_reach(trained["curve"], cfg["control_accuracy"]),
                  "params": param_count(model), "mlp_hidden": model.mlp_hidden}
             res[label] = r
@@ -250,7 +303,9 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"(N, R, depth {cfg['depths']}) cell at {[f * cfg['train_length'] for f in cfg['length_factors']]} "
              f"tokens. Attention mass from the position that predicts the first answer, signed = the map applied "
              f"to V, mean over {cfg['attention_samples']} samples per (N, R, depth) cell at the trained length, heads "
-             f"and layers.")
+             f"and layers. Outliers: |S| over the attention logits the softmax sees (both maps of a differential "
+             f"layer) and |h| over the blocks' outputs on those samples. Quantised: every map from logits quantised "
+             f"per head (absmax) to {cfg['quant_bits']} bits, the accuracy at the trained length.")
     metrics = [Metric(f"accuracy at {cfg['train_length']} tokens (trained), mean over cells (%)", "accuracy.x1", 100.0,
                       1)]
     metrics += [Metric(f"accuracy {_cell(n, r)} at {cfg['train_length']} tokens (%)", f"cells.{_cell(n, r)}", 100.0, 1)
@@ -259,7 +314,15 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                 for f in cfg["length_factors"][1:]]
     metrics += [Metric("answer attention mass (signed)", "attention.answer_signed", 1.0, 3),
                 Metric("context attention mass outside the answer (signed)", "attention.noise_signed", 1.0, 3, False),
-                Metric("final train loss (answer tokens)", "final_loss", 1.0, 3, False)]
+                Metric("attention logits |S|: top-1", "outliers.logits.top1", 1.0, 2, None),
+                Metric("attention logits |S|: top-10", "outliers.logits.top10", 1.0, 2, None),
+                Metric("attention logits |S|: median", "outliers.logits.median", 1.0, 3, None),
+                Metric("hidden states |h|: top-1", "outliers.hidden.top1", 1.0, 2, None),
+                Metric("hidden states |h|: top-10", "outliers.hidden.top10", 1.0, 2, None),
+                Metric("hidden states |h|: median", "outliers.hidden.median", 1.0, 3, None)]
+    metrics += [Metric(f"accuracy at {cfg['train_length']} tokens, logits quantised to {b} bits (%)",
+                       f"quantized.b{b}", 100.0, 1) for b in cfg["quant_bits"]]
+    metrics += [Metric("final train loss (answer tokens)", "final_loss", 1.0, 3, False)]
     control = Control(f"{labels[0]} accuracy at the trained length ({cfg['train_length']} tokens), mean over the "
                       f"(N, R) cells and depths (%)", "accuracy.x1", 100.0 * cfg["control_accuracy"], scale=100.0)
     return write_study(out, cfg, "Study: multi-needle retrieval, standard vs differential attention", intro, per_seed,
