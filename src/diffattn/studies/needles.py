@@ -225,8 +225,8 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
                        f"(mean ± std over those seeds; per seed {reached})")
         else:
             out.append(f"- {lab}: never reached it within {cfg['steps']} steps on any seed")
-    out += ["", "## Attention-logit outliers per map: |S| (mean ± std over seeds; A: standard attention's map, A1 / A2: "
-                "the two maps of a differential layer)", "",
+    out += ["", "## Attention-logit outliers per map: |S| (mean ± std over seeds; A: standard attention's map, "
+                "A1 / A2: the two maps of a differential layer)", "",
             "| model | map | top-1 | top-10 | median |", "|---|---|---:|---:|---:|"]
     for lab in labels:
         for key in sorted(k for k in first[lab]["outliers"] if k.startswith("logits_")):
