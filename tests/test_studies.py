@@ -405,6 +405,9 @@ def test_synthetic_study_checks():
         validate_study({"study": "needles", "seeds": [0, 1], "needles": [1, 2], "queried": [2, 2]}, "test")
     with pytest.raises(ValueError, match=r"train_length in test must be >= 3 · \(max needles \+ max queried\) = 24"):
         validate_study({"study": "needles", "seeds": [0, 1], "train_length": 20}, "test")
+    with pytest.raises(ValueError, match=r"train_lengths in test must be a list of integers >= 1 whose largest is "
+                                         r"train_length \(64\), got \[32\]"):
+        validate_study({"study": "needles", "seeds": [0, 1], "train_lengths": [32]}, "test")
     with pytest.raises(ValueError, match=r"length_factors in test must be a list of integers >= 1 starting with 1"):
         validate_study({"study": "needles", "seeds": [0, 1], "length_factors": [2, 4]}, "test")
     with pytest.raises(ValueError, match=r"widths in test must be a list of distinct integers >= 1 in increasing"):
@@ -441,7 +444,9 @@ def test_needles_study_tiny(tmp_path, one_thread):
     out = tmp_path / "out"
     res = run_study({"study": "needles", "seeds": [0, 1], "out": str(out), "steps": 4, "batch_size": 4,
                      "warmup_steps": 1, "model": {"dim": 16, "depth": 1, "num_heads": 2}, "train_length": 24,
-                     "needles": [1, 3], "queried": [1, 1], "depths": [0.0, 1.0], "length_factors": [1, 2],
+                     "train_lengths": [15, 24], "train_needles": [1, 3], "train_queried": [1, 2],
+                     "needles": [1, 3], "queried": [1, 1],
+                     "depths": [0.0, 1.0], "length_factors": [1, 2],
                      "samples": 3, "eval_every": 2, "curve_samples": 3, "attention_samples": 2}, progress=False)
     labels = ["Transformer", "Diff Transformer", "Diff Transformer V2", "DG Transformer"]
     results = json.loads((out / "results.json").read_text())

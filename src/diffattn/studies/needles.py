@@ -3,9 +3,10 @@ attention (Ye et al. 2024, "Differential Transformer", §3.4, Table 2, Table 3 a
 
 Four causal LMs of (near-)equal parameter count (:mod:`.synthetic`) are trained from scratch with one recipe, seed
 and budget on generated multi-needle samples (:func:`diffattn.data.synthetic.needle_batch`: N key–value needles in
-a context of random distractor tokens, R of them asked for at the end; N, R drawn from the configured pairs, the
-needles anywhere, at the trained length), with the loss on the answer tokens only. The same checkpoints are then
-measured:
+a context of random distractor tokens, R of them asked for at the end; (N, R) drawn from ``train_needles`` /
+``train_queried``, the length from ``train_lengths`` (the longest is the trained length ``train_length``), the
+needles anywhere), with the loss on the answer tokens only. The same
+checkpoints are then measured:
 
 - accuracy per (N, R, depth of the first queried needle, context length), ``samples`` per cell, at the trained
   length and at ``length_factors`` times it (Table 2's grid, shrunk: N ∈ {1, 2, 4, 6}, R ∈ {1, 2, 2, 2}, depths
@@ -50,7 +51,8 @@ DEFAULTS: dict[str, Any] = {
     "steps": 1500, "batch_size": 16, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
     "model": {"dim": 64, "depth": 2, "num_heads": 4},
     "vocab": {"num_keys": 32, "num_values": 32, "num_filler": 64},
-    "train_length": 64, "needles": [1, 2, 4, 6], "queried": [1, 2, 2, 2], "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
+    "train_length": 64, "train_lengths": [64], "train_needles": [1, 2, 4, 6], "train_queried": [1, 2, 4, 6],
+    "needles": [1, 2, 4, 6], "queried": [1, 2, 2, 2], "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
     "length_factors": [1, 2, 4], "samples": 50, "eval_every": 150, "curve_samples": 50, "attention_samples": 10,
     "quant_bits": [8, 6, 4], "control_accuracy": 0.8, "threads": 1,
 }
@@ -62,15 +64,24 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
                 "attention_samples", "threads"):
         if cfg[key] < (0 if key == "warmup_steps" else 1):
             errors.append(f"{key} in {where} must be >= {0 if key == 'warmup_steps' else 1}, got {cfg[key]}")
-    needles, queried = cfg["needles"], cfg["queried"]
-    if not needles or len(needles) != len(queried) or \
-            not all(isinstance(x, int) and x >= 1 for x in needles + queried) or \
-            any(r > n for n, r in zip(needles, queried)):
-        errors.append(f"needles and queried in {where} must be lists of the same length of integers >= 1 with "
-                      f"queried[i] <= needles[i], got {needles!r} and {queried!r}")
-    elif 3 * (max(needles) + max(queried)) > cfg["train_length"]:
-        errors.append(f"train_length in {where} must be >= 3 · (max needles + max queried) = "
-                      f"{3 * (max(needles) + max(queried))}, got {cfg['train_length']}")
+    lengths = cfg["train_lengths"]
+    if not lengths or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in lengths) or \
+            max(lengths) != cfg["train_length"]:
+        errors.append(f"train_lengths in {where} must be a list of integers >= 1 whose largest is train_length "
+                      f"({cfg['train_length']}), got {lengths!r}")
+    for a, b in (("needles", "queried"), ("train_needles", "train_queried")):
+        needles, queried = cfg[a], cfg[b]
+        if not needles or len(needles) != len(queried) or \
+                not all(isinstance(x, int) and x >= 1 for x in needles + queried) or \
+                any(r > n for n, r in zip(needles, queried)):
+            errors.append(f"{a} and {b} in {where} must be lists of the same length of integers >= 1 with "
+                          f"{b}[i] <= {a}[i], got {needles!r} and {queried!r}")
+        elif 3 * (max(needles) + max(queried)) > cfg["train_length"]:
+            errors.append(f"train_length in {where} must be >= 3 · (max {a} + max {b}) = "
+                          f"{3 * (max(needles) + max(queried))}, got {cfg['train_length']}")
+        elif max(needles) > cfg["vocab"].get("num_keys", 0):
+            errors.append(f"{a} in {where} must be <= vocab.num_keys ({cfg['vocab'].get('num_keys')}: the keys "
+                          f"of a sample are distinct), got {needles!r}")
     if not cfg["depths"] or any(isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 1
                                 for d in cfg["depths"]):
         errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
@@ -187,13 +198,16 @@ def quantized_accuracy(model: torch.nn.Module, cells: dict[str, dict[str, Synthe
 
 
 def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
-    """The training stream of a seed: (N, R) drawn uniformly from the configured pairs, needles anywhere."""
+    """The training stream of a seed: per batch, (N, R) drawn uniformly from the training pairs, then the length
+    from the ``train_lengths`` that hold N needles and R queries; the needles anywhere."""
     g = torch.Generator().manual_seed(seed)
-    pairs = list(zip(cfg["needles"], cfg["queried"]))
+    pairs = list(zip(cfg["train_needles"], cfg["train_queried"]))
     while True:
         n, r = pairs[int(torch.randint(len(pairs), (1,), generator=g))]
-        yield needle_batch(cfg["batch_size"], length=cfg["train_length"], needles=n, queried=r, depth=None,
-                           generator=g, vocab=vocab)
+        lengths = [x for x in cfg["train_lengths"] if x >= 3 * (n + r)]
+        length = lengths[int(torch.randint(len(lengths), (1,), generator=g))]
+        yield needle_batch(cfg["batch_size"], length=length, needles=n, queried=r, depth=None, generator=g,
+                           vocab=vocab)
 
 
 def _fmt(values: list[float], digits: int = 1, scale: float = 100.0) -> str:
@@ -296,9 +310,10 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     intro = (f"Multi-needle retrieval (Ye et al. 2024, §3.4, Tables 2–3, Fig. 3) at CPU size: four causal LMs of "
              f"{m['depth']} layers, width {m['dim']}, {m['num_heads']} (standard) heads, near-equal parameter counts "
              f"(below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, warm-up "
-             f"{cfg['warmup_steps']} then cosine) of {cfg['batch_size']} generated samples of {cfg['train_length']} "
-             f"tokens, loss on the answer tokens only; (N needles, R queried) drawn from "
-             f"{[_cell(n, r) for n, r in pairs]}, vocabulary {vocab.size} tokens ({vocab.num_keys} keys, "
+             f"{cfg['warmup_steps']} then cosine) of {cfg['batch_size']} generated samples of {cfg['train_lengths']} "
+             f"tokens (one length per batch), loss on the answer tokens only; (N needles, R queried) drawn from "
+             f"{[_cell(n, r) for n, r in zip(cfg['train_needles'], cfg['train_queried'])]}, vocabulary "
+             f"{vocab.size} tokens ({vocab.num_keys} keys, "
              f"{vocab.num_values} values, {vocab.num_filler} distractors). Evaluated on {cfg['samples']} samples per "
              f"(N, R, depth {cfg['depths']}) cell at {[f * cfg['train_length'] for f in cfg['length_factors']]} "
              f"tokens. Attention mass from the position that predicts the first answer, signed = the map applied "
