@@ -412,8 +412,8 @@ def test_synthetic_study_checks():
         validate_study({"study": "needles", "seeds": [0, 1], "length_factors": [2, 4]}, "test")
     with pytest.raises(ValueError, match=r"widths in test must be a list of distinct integers >= 1 in increasing"):
         validate_study({"study": "recall", "seeds": [0, 1], "widths": [64, 32]}, "test")
-    with pytest.raises(ValueError, match=r"pairs in test must be <= vocab.num_keys \(8"):
-        validate_study({"study": "recall", "seeds": [0, 1], "vocab": {"num_keys": 8, "num_values": 8,
+    with pytest.raises(ValueError, match=r"pairs in test must be <= vocab.num_keys \(4"):
+        validate_study({"study": "recall", "seeds": [0, 1], "vocab": {"num_keys": 4, "num_values": 8,
                                                                        "num_filler": 1}}, "test")
     with pytest.raises(ValueError, match=r"control_accuracy in test must be in \(0, 1\], got 1.5"):
         validate_study({"study": "recall", "seeds": [0, 1], "control_accuracy": 1.5}, "test")

@@ -32,10 +32,10 @@ __all__ = ["VARIANTS", "DEFAULTS", "run"]
 VARIANTS: dict[str, str] = dict(MODELS)
 #: the budget (diffattn/configs/studies/recall.yaml)
 DEFAULTS: dict[str, Any] = {
-    "steps": 1500, "batch_size": 16, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
+    "steps": 600, "batch_size": 32, "lr": 1.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
     "widths": [32, 64], "depth": 2, "num_heads": 4,
-    "vocab": {"num_keys": 64, "num_values": 64, "num_filler": 1},
-    "pairs": [4, 8, 16], "samples": 200, "eval_every": 150, "curve_samples": 100,
+    "vocab": {"num_keys": 16, "num_values": 16, "num_filler": 1},
+    "pairs": [2, 4, 8], "samples": 200, "eval_every": 50, "curve_samples": 100,
     "control_accuracy": 0.9, "threads": 1,
 }
 
