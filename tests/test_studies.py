@@ -406,8 +406,8 @@ def test_synthetic_study_checks():
     with pytest.raises(ValueError, match=r"train_length in test must be >= 3 · \(max needles \+ max queried\) = 24"):
         validate_study({"study": "needles", "seeds": [0, 1], "train_length": 20}, "test")
     with pytest.raises(ValueError, match=r"train_lengths in test must be a list of integers >= 1 whose largest is "
-                                         r"train_length \(64\), got \[32\]"):
-        validate_study({"study": "needles", "seeds": [0, 1], "train_lengths": [32]}, "test")
+                                         r"train_length \(32\), got \[16, 24\]"):
+        validate_study({"study": "needles", "seeds": [0, 1], "train_lengths": [16, 24]}, "test")
     with pytest.raises(ValueError, match=r"length_factors in test must be a list of integers >= 1 starting with 1"):
         validate_study({"study": "needles", "seeds": [0, 1], "length_factors": [2, 4]}, "test")
     with pytest.raises(ValueError, match=r"widths in test must be a list of distinct integers >= 1 in increasing"):

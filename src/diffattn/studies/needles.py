@@ -48,12 +48,12 @@ __all__ = ["VARIANTS", "DEFAULTS", "run", "needle_grid", "grid_accuracy", "needl
 VARIANTS: dict[str, str] = dict(MODELS)
 #: the budget (diffattn/configs/studies/needles.yaml)
 DEFAULTS: dict[str, Any] = {
-    "steps": 1500, "batch_size": 16, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
+    "steps": 600, "batch_size": 32, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
     "model": {"dim": 64, "depth": 2, "num_heads": 4},
-    "vocab": {"num_keys": 32, "num_values": 32, "num_filler": 64},
-    "train_length": 64, "train_lengths": [64], "train_needles": [1, 2, 4, 6], "train_queried": [1, 2, 4, 6],
+    "vocab": {"num_keys": 16, "num_values": 16, "num_filler": 64},
+    "train_length": 32, "train_lengths": [16, 24, 32], "train_needles": [1, 2, 4, 6], "train_queried": [1, 2, 2, 2],
     "needles": [1, 2, 4, 6], "queried": [1, 2, 2, 2], "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
-    "length_factors": [1, 2, 4], "samples": 50, "eval_every": 150, "curve_samples": 50, "attention_samples": 10,
+    "length_factors": [1, 2, 4], "samples": 50, "eval_every": 60, "curve_samples": 50, "attention_samples": 10,
     "quant_bits": [8, 6, 4], "control_accuracy": 0.8, "threads": 1,
 }
 
