@@ -4,6 +4,7 @@
 built-in sets into the data directory (:func:`default_root`: ``$DIFFATTN_DATA``, else a source checkout's ``data/``,
 else ``~/.cache/diffattn``); :func:`list_datasets` names them and :func:`get_dataset` reads any of them or a user format
 (webdataset shards, CSV, image folder, token memmap). docs/data.md is the card for each set.
+:mod:`diffattn.data.synthetic` generates the synthetic retrieval tasks (multi-needle, MQAR) from a seed.
 """
 
 from ._common import SETUP_COMMAND, DatasetNotInstalledError, default_root, hash_split

@@ -9,8 +9,9 @@ recall. Everything is generated from a seed; no external data.
     b.answers        # (8, 2) the answer tokens: ids[answer_pos + 1]
     b.answer_span    # (8, 2) where each answer stands in the context
 
-Vocabulary (:class:`SyntheticVocab`): ``PAD`` 0, ``NEEDLE`` 1, ``QUERY`` 2, then ``num_keys`` key tokens,
-``num_values`` value tokens and ``num_filler`` distractor tokens, four disjoint ranges.
+Vocabulary (:class:`SyntheticVocab`): ``PAD`` 0 (reserved for padding; the generators never emit it), ``NEEDLE``
+1, ``QUERY`` 2, then ``num_keys`` key tokens, ``num_values`` value tokens and ``num_filler`` distractor tokens, four
+disjoint ranges.
 
 **Multi-needle retrieval** (:func:`needle_batch`; the protocol of Ye et al. 2024, "Differential Transformer", §3.4
 and Table 2, shrunk to single tokens): a context of ``length − 3R`` tokens of random distractor tokens holds N
