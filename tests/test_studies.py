@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from diffattn.studies import load_study, validate_study
+from diffattn.studies import STUDY_MODULES, load_study, validate_study
 from diffattn.studies.report import Control, Metric, aggregate, read_seed, run_seeds, write_seed, write_study
 from diffattn.studies.stats import (
     holm,
@@ -160,6 +160,58 @@ def test_write_study_control_gates_the_tests(tmp_path):
     assert json.loads(Path(tmp_path / "p" / "results.json").read_text())["control"]["passed"] is True
 
 
+def test_write_study_controls_per_part_gate_their_own_metrics(tmp_path):
+    per_seed = {s: {"plain": {"a": {"acc": 0.9 + 0.01 * s}, "b": {"acc": 0.0}},
+                    "DAA": {"a": {"acc": 0.8 + 0.02 * s}, "b": {"acc": 0.1 * s}}} for s in range(3)}
+    metrics = [Metric("a acc", "a.acc", 100.0, 1), Metric("b acc", "b.acc", 100.0, 1)]
+    controls = [Control("plain a (%)", "a.acc", 80.0, scale=100.0, gates=("a",)),
+                Control("plain b (%)", "b.acc", 80.0, scale=100.0, gates=("b",))]
+    got = write_study(tmp_path, {"study": "retrofit"}, "T", "intro", per_seed, metrics, 1.0, control=controls)
+    assert [c["passed"] for c in got["control"]] == [True, False]
+    assert got["control"][0]["mean"] == pytest.approx(91.0) and got["control"][1]["mean"] == 0.0
+    assert got["results"]["verdict"] == "partly inconclusive"
+    a, b = got["rows"]
+    assert a["vs_baseline"]["DAA"]["mean_diff"] == pytest.approx(-9.0) and b["vs_baseline"] == {}
+    assert a["vs_baseline"]["DAA"]["p_holm"] == a["vs_baseline"]["DAA"]["p"]  # one test in the table
+    text = Path(got["report"]).read_text()
+    assert "Control: plain a (%) must be ≥ 80; plain reached 91.00" in text and "passed." in text
+    assert "so no model is compared with it on b" in text and "Verdict: partly inconclusive." in text
+    assert "No test for b acc: their control failed." in text and text.count("p_Holm") == 1
+    both = write_study(tmp_path / "x", {"study": "retrofit"}, "T", "intro", per_seed, metrics, 1.0,
+                       control=[controls[1], Control("plain a (%)", "a.acc", 95.0, scale=100.0, gates=("a",))])
+    assert both["results"]["verdict"] == "inconclusive" and all(r["vs_baseline"] == {} for r in both["rows"])
+    assert Control("x", "x", 1.0, gates=("lm",)).gate("lm.ppl") and not Control("x", "x", 1.0, gates=("lm",)).gate(
+        "lmx.ppl") and Control("x", "x", 1.0).gate("anything")
+
+
+def test_write_study_requires_a_control(tmp_path):
+    per_seed = {s: {"A": {"acc": 0.5}, "B": {"acc": 0.6}} for s in range(2)}
+    with pytest.raises(TypeError, match="control"):
+        write_study(tmp_path, {"study": "noise"}, "T", "intro", per_seed, [Metric("acc", "acc")], 1.0)
+    with pytest.raises(TypeError, match="control must be a Control or a non-empty list of Controls"):
+        write_study(tmp_path, {"study": "noise"}, "T", "intro", per_seed, [Metric("acc", "acc")], 1.0, control=[])
+    with pytest.raises(ValueError, match="gates must be a tuple of metric keys"):
+        Control("x", "x", 1.0, gates="lm")
+
+
+@pytest.mark.parametrize("name", list(STUDY_MODULES))
+def test_every_study_states_a_control(name):
+    """A study without a positive control cannot be written: ``control`` is a required keyword of write_study, and
+    each study module states its control (``CONTROL``, or ``control(cfg)`` when the level depends on the config) for
+    its default budget and passes it to write_study."""
+    import importlib
+    import inspect
+
+    assert inspect.signature(write_study).parameters["control"].default is inspect.Parameter.empty
+    module = importlib.import_module(STUDY_MODULES[name])
+    cfg = validate_study({"study": name, "seeds": [0, 1]}, "test")
+    got = module.control(cfg) if hasattr(module, "control") else module.CONTROL
+    controls = [got] if isinstance(got, Control) else got
+    assert controls and all(isinstance(c, Control) and math.isfinite(c.threshold) for c in controls)
+    source = inspect.getsource(module)
+    assert "write_study(" in source and "control=" in source[source.index("write_study("):]
+
+
 def test_read_seed_only_for_the_same_budget(tmp_path):
     cfg = {"study": "dgvit", "seeds": [0, 1], "out": "a", "steps": 3, "variants": ["vit", "dg_vit"]}
     write_seed(tmp_path, cfg, {"ViT": {"clean": 0.5}})
@@ -251,8 +303,21 @@ def _check_results(out, labels, metric_keys):
             assert len(vals) == 2 and all(math.isfinite(v) for v in vals)
             assert r["summary"][lab]["mean"] == pytest.approx(sum(vals) / 2)
             assert r["summary"][lab]["std"] == pytest.approx(abs(vals[0] - vals[1]) / 2 ** 0.5)
-        assert set(r["vs_baseline"]) == set(labels[1:])
     report = (out / "report.md").read_text()
+    controls = res["control"] if isinstance(res["control"], list) else [res["control"]]
+    for c in controls:  # the control is stated and checked on the baseline's per-seed values
+        assert c["baseline"] == labels[0] and len(c["values"]) == 2 and c["line"] in report
+        assert c["mean"] == pytest.approx(sum(c["values"]) / 2)
+        assert c["passed"] == (c["mean"] >= c["threshold"] if c["higher_is_better"] else c["mean"] <= c["threshold"])
+    passed = [c["passed"] for c in controls]
+    assert res["verdict"] == ("compared" if all(passed) else "inconclusive" if not any(passed) else
+                              "partly inconclusive") and f"Verdict: {res['verdict']}." in report
+    for r in res["rows"]:  # tests only where every control gating the metric passed
+        gated = [c for c in controls if not c["gates"] or any(r["key"] == g or r["key"].startswith(g + ".")
+                                                              for g in c["gates"])]
+        assert set(r["vs_baseline"]) == (set(labels[1:]) if all(c["passed"] for c in gated) else set())
+    if not any(passed):
+        assert "p_Holm" not in report and "inconclusive: the baseline did not learn the task" in report
     assert f"| metric (mean ± std over 2 seeds) | {' | '.join(labels)} |" in report
     for s in (0, 1):
         assert (out / f"seed{s}" / "seed_results.json").is_file()

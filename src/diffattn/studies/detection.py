@@ -13,6 +13,9 @@ paired tests), ``detection.json`` (the budget and one row per run, with its ``be
 averaged over heads and drawn over the image, each panel scaled to its own range (printed in its title).
 Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies (:func:`diffattn.detect.offline_env` runs
 before Ultralytics is imported). Needs the extra ``diffattn[detect]``.
+
+Control (:data:`CONTROL`, stated before any comparison): the baseline's mean mAP50 on the val split must reach
+10 % (an untrained detector scores 0); below that the detectors are not compared.
 """
 
 from __future__ import annotations
@@ -27,10 +30,10 @@ import torch
 
 from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS
 from ..io import atomic_write_file
-from .report import Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "check_config", "require_ultralytics", "train_one", "summarize", "plot_maps",
-           "run_compare"]
+__all__ = ["VARIANTS", "DEFAULTS", "CONTROL", "run", "check_config", "require_ultralytics", "train_one", "summarize",
+           "plot_maps", "run_compare"]
 
 #: variant → (what :func:`diffattn.detect.yolo` builds, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -42,6 +45,8 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "yolo26s_diffattn": ("yolo26s-diffattn", "yolo26s-diffattn"),
 }
 DEFAULT_VARIANTS = ["yolo26n", "yolo26n_diffpsa", "yolo26n_diffattn"]
+#: the positive control: the baseline's val mAP50 at least 10 % (an untrained detector scores 0)
+CONTROL = Control("baseline mAP50 on the val split (%; untrained: 0)", "mAP50", 10.0, scale=100.0)
 #: the budget (diffattn/configs/studies/detection.yaml); ``data``: an existing data.yaml (null: generated in out)
 DEFAULTS: dict[str, Any] = {
     "epochs": 3, "imgsz": 128, "batch": 16, "n_train": 128, "n_val": 48, "threads": 1, "optimizer": "auto",
@@ -275,4 +280,5 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"(diffattn.detect.OFFLINE_TRAIN_ARGS). Per-run rows: detection.json; attention maps: "
              f"attention_maps.png.")
     return write_study(out, cfg, "Study: YOLO26 with and without differential attention", intro, per_seed,
-                       metrics, time.perf_counter() - t0, extra_sections=["## Per model\n\n" + summarize(rows)])
+                       metrics, time.perf_counter() - t0, extra_sections=["## Per model\n\n" + summarize(rows)],
+                       control=CONTROL)

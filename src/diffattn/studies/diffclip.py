@@ -10,7 +10,10 @@ held-out emoji and zero-shot accuracy under common corruptions, then prints a si
 ``<out>/report.md`` with plots (attention maps of every model on the same images, λ per layer, learning curves).
 
 The study runs the demo at every seed into ``<out>/seed<k>/`` (a seed whose ``results.json`` already holds every
-variant is read back instead of retrained) and aggregates the table's metrics over seeds.
+variant is read back instead of retrained) and aggregates the table's metrics over seeds. Its control
+(:data:`CONTROL`, stated before any comparison): the baseline's zero-shot top-1 on the 16 held-out Tux Paint
+categories (the in-distribution task: Tux Paint stamps are half the training pairs) must reach 12.5 %, twice chance
+(6.25 %); below that the variants are not compared.
 """
 
 from __future__ import annotations
@@ -24,7 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DEMO_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "demo", "demo_pairs", "demo_table", "run"]
+from .report import Control
+
+__all__ = ["DEMO_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "CONTROL", "demo", "demo_pairs", "demo_table", "run"]
 
 #: variant → (registered tiny model, label in the tables); diffattn/configs/demo/<variant>.yaml trains it
 DEMO_VARIANTS: dict[str, tuple[str, str]] = {
@@ -488,6 +493,9 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
 
 #: the variants a study config may name (the first listed in the config is the baseline)
 VARIANTS = tuple(DEMO_VARIANTS)
+#: the positive control: the baseline's zero-shot top-1 on the 16 Tux Paint test categories, at least twice chance
+CONTROL = Control("baseline zero-shot Tux Paint top-1 (%; 16 classes, chance 6.25 %)", "clip.zero_shot.top1", 12.5,
+                  scale=100.0)
 #: the budget keys of diffattn/configs/studies/diffclip.yaml (None: the demo recipe's value)
 DEFAULTS: dict[str, Any] = {"steps": None, "batch_size": None, "quick": False, "max_pairs": None}
 
@@ -555,4 +563,5 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     intro = ("CLIP vs DiffCLIP variants (Hammoud & Ghanem 2025, §4) trained from scratch on the offline Tux Paint + "
              "emoji pairs with the demo's recipes (demo/*), one budget, several seeds; accuracies and recalls in %.")
     return write_study(out, cfg, "Study: CLIP vs DiffCLIP", intro, per_seed, _metrics(), time.perf_counter() - t0,
-                       ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)])
+                       ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)],
+                       control=CONTROL)

@@ -28,9 +28,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .report import Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "needle_attention", "needle_scores", "train_lm"]
+__all__ = ["VARIANTS", "DEFAULTS", "CONTROL", "run", "needle_attention", "needle_scores", "train_lm"]
 
 #: variant → (registered model, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -40,6 +40,8 @@ VARIANTS: dict[str, tuple[str, str]] = {
 }
 #: the variants a config without ``variants`` compares (``dg_lm`` on request)
 DEFAULT_VARIANTS = ["lm", "diff_lm"]
+#: the positive control: the baseline retrieves at least 80 % of the needles at the trained prompt length
+CONTROL = Control("baseline needle accuracy at the trained length (%)", "accuracy", 80.0, scale=100.0)
 #: the budget (diffattn/configs/studies/noise.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 250, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
@@ -214,4 +216,4 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                Metric("held-out perplexity (bytes)", "ppl", 1.0, 3, False),
                Metric("final train loss", "final_loss", 1.0, 3, False)]
     return write_study(out, cfg, "Study: attention noise, standard vs differential LM", intro, per_seed, metrics,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, control=CONTROL)
