@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from diffattn.studies import STUDY_MODULES, load_study, validate_study
@@ -220,6 +221,50 @@ def test_read_seed_only_for_the_same_budget(tmp_path):
     assert read_seed(tmp_path / "missing", cfg) is None
 
 
+def test_needle_batches_mix_needle_prompts_with_their_answers():
+    from diffattn.eval.language import NEEDLE_CITIES
+    from diffattn.studies.noise import needle_batches
+
+    text = "Fellow citizens, the state of our union is strong. " * 40
+    kw = dict(steps=2, batch_size=4, block_size=128, needle_fraction=0.5, prompt_length=120)
+    batches = list(needle_batches(text, seed=3, **kw))
+    assert len(batches) == 2
+    for x, y in batches:
+        assert x.shape == y.shape == (4, 128) and torch.equal(x[2:, 1:], y[2:, :-1])  # text rows: every byte
+        assert (y[:2, :-5] == -100).all() and torch.equal(y[:2, -5:-1], x[:2, -4:])  # needle rows: the answer only
+        for r in range(4):
+            row = bytes(torch.cat([x[r], y[r, -1:]]).tolist()).decode()
+            if r < 2:  # a needle prompt of 120 bytes and its answer end the row, after 4 bytes of the text
+                city = next(c for c in NEEDLE_CITIES if f"What is the magic number of {c}?" in row)
+                number = row.split(f"The magic number of {city} is ")[1][:4]
+                assert number.isdigit() and row.endswith(f"The magic number of {city} is {number}")
+                assert len(row) == 129 and row.index("\nWhat is") == 129 - 5 - len(
+                    f"\nWhat is the magic number of {city}? The magic number of {city} is")
+            else:
+                assert "magic" not in row and row in text * 2
+    again = list(needle_batches(text, seed=3, **kw))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, again))  # the same batches for every model
+    assert not torch.equal(next(needle_batches(text, seed=4, **kw))[0], batches[0][0])
+    with pytest.raises(ValueError, match="prompt_length \\+ 5 <= block_size \\+ 1"):
+        next(needle_batches(text, seed=0, **{**kw, "prompt_length": 125}))
+
+
+def test_needle_lm_loss_weighs_text_and_answers_alike():
+    from diffattn.studies.noise import needle_batches, needle_lm_loss
+
+    text = "Fellow citizens, the state of our union is strong. " * 40
+    x, y = next(needle_batches(text, steps=1, batch_size=4, block_size=128, needle_fraction=0.5, prompt_length=120,
+                               seed=0))
+    uniform = torch.zeros(4, 128, 256)  # every byte at probability 1/256: each term is ln 256
+    assert needle_lm_loss(uniform, y).item() == pytest.approx(2 * math.log(256))
+    assert needle_lm_loss(uniform[2:], y[2:]).item() == pytest.approx(math.log(256))  # text rows only
+    sure = torch.full((4, 128, 256), -30.0).scatter(2, y.clamp(min=0)[..., None], 30.0)  # right on every target
+    assert needle_lm_loss(sure, y).item() < 1e-6
+    wrong_answers = sure.clone()
+    wrong_answers[:2, -5:] = 0.0  # the answers at 1/256, the text still certain: only the answer term is ln 256
+    assert needle_lm_loss(wrong_answers, y).item() == pytest.approx(math.log(256), rel=1e-5)
+
+
 # ------------------------------------------------------------------------------------------------ config
 
 
@@ -261,8 +306,12 @@ def test_study_config_errors_name_the_key(change, message):
 def test_study_specific_checks():
     with pytest.raises(ValueError, match="variants in test must start with 'plain'"):
         validate_study({"study": "retrofit", "seeds": [0, 1], "variants": ["daa", "plain"]}, "test")
-    with pytest.raises(ValueError, match="prompt_length in test must be <= block_size \\(64"):
-        validate_study({"study": "noise", "seeds": [0, 1], "block_size": 64, "prompt_length": 128}, "test")
+    with pytest.raises(ValueError, match="prompt_length in test must be <= block_size - 4 \\(124: a training window"):
+        validate_study({"study": "noise", "seeds": [0, 1], "block_size": 128, "prompt_length": 125}, "test")
+    with pytest.raises(ValueError, match="needle_fraction in test must be in \\[0, 1\\]"):
+        validate_study({"study": "noise", "seeds": [0, 1], "needle_fraction": 1.5}, "test")
+    with pytest.raises(ValueError, match="needle_length in test must be <= block_size - 4 \\(124"):
+        validate_study({"study": "retrofit", "seeds": [0, 1], "needle_length": 128}, "test")
     with pytest.raises(ValueError, match="prompt_length in test must be >= 112 .*got 100"):
         validate_study({"study": "noise", "seeds": [0, 1], "prompt_length": 100}, "test")
     with pytest.raises(ValueError, match="needle_length in test must be >= 112 .*got 90"):
