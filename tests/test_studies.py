@@ -424,11 +424,16 @@ def test_retrofit_study_tiny(tmp_path, one_thread):
         "max_len": 16, "cls_batch_size": 4, "cls_epochs": 1,
         "lm": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256},
-        "block_size": 64, "lm_batch_size": 2, "pretrain_steps": 2, "finetune_steps": 2, "ppl_bytes": 100,
+        "block_size": 128, "lm_batch_size": 2, "pretrain_steps": 2, "finetune_steps": 2, "ppl_bytes": 100,
         "needle_length": 120, "needle_depths": [0.5], "needle_trials": 1})
     res = _check_results(out, ["plain", "DAA", "DiffV"], ["classification.accuracy", "classification.f1",
                                                          "lm.ppl", "lm.needle_accuracy"])
     seed0 = res["per_seed"]["0"]
+    # one control per part, each gating its own part's metrics: plain's accuracy and plain's needle accuracy
+    assert [(c["key"], c["gates"], c["threshold"]) for c in res["control"]] == [
+        ("classification.accuracy", ["classification"], 80.0), ("lm.needle_accuracy", ["lm"], 80.0)]
+    assert res["control"][0]["values"] == pytest.approx([100 * res["per_seed"][s]["plain"]["classification"]["accuracy"]
+                                                         for s in ("0", "1")])
     assert seed0["DAA"]["classification"]["identity"] < 1e-5  # the retrofit is exact before training
     assert seed0["plain"]["classification"]["identity"] is None
     assert (out / "seed0" / "pretrained" / "config.json").is_file()  # one pretrained LM per seed, shared
