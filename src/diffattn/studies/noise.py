@@ -141,18 +141,13 @@ def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, tex
     1); saved to ``<run_dir>/model``. Returns ``{"final_loss" (mean of the last 10 steps), "seconds"}``."""
     from ..models import create_model
     from ..train.loop import fit
+    from ..train.optim import warmup_cosine
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     model = create_model(model_name, **cfg["model"], max_seq_len=cfg["block_size"])
     steps, warm = cfg["steps"], cfg["warmup_steps"]
-
-    def factor(s: int) -> float:
-        if s < warm:
-            return (s + 1) / warm
-        return 0.1 + 0.45 * (1 + math.cos(math.pi * min(1.0, (s - warm) / max(1, steps - warm))))
-
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, factor)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warm, 0.1))
     batches = needle_batches(text, steps=steps, batch_size=cfg["batch_size"], block_size=cfg["block_size"],
                              needle_fraction=cfg["needle_fraction"], prompt_length=cfg["prompt_length"], seed=seed)
     losses = fit(model, opt, sched, batches, lambda m, b: needle_lm_loss(m(b[0]), b[1]), total=steps,

@@ -52,12 +52,12 @@ VARIANTS: dict[str, str] = {"plain": "plain", "daa": "DAA", "dex": "DEX", "diffq
 DEFAULTS: dict[str, Any] = {
     "parts": ["classification", "lm"], "lambda_init": 0.8,
     # (a) MiniLM on SpamAssassin
-    "minilm_layers": 1, "n_train": 192, "n_test": 300, "max_len": 64, "cls_batch_size": 16, "cls_epochs": 2,
+    "minilm_layers": 1, "n_train": 192, "n_test": 300, "max_len": 64, "cls_batch_size": 16, "cls_epochs": 8,
     "cls_lr": 1.0e-4, "head_lr": 1.0e-3,
     # (b) causal LM
     "lm": {"hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2, "num_attention_heads": 4,
            "num_key_value_heads": 4, "vocab_size": 256, "max_position_embeddings": 512},
-    "block_size": 128, "lm_batch_size": 16, "pretrain_steps": 300, "pretrain_lr": 3.0e-3, "finetune_steps": 100,
+    "block_size": 128, "lm_batch_size": 16, "pretrain_steps": 2400, "pretrain_lr": 3.0e-3, "finetune_steps": 100,
     "finetune_lr": 5.0e-4, "needle_fraction": 0.5, "ppl_bytes": 4000, "needle_length": 124,
     "needle_depths": [0.25, 0.5, 0.75], "needle_trials": 3, "threads": 1,
 }
@@ -217,14 +217,13 @@ def _epoch_batches(states, labels: list[int], cfg: dict[str, Any], seed: int):
             yield h, mask, y_all[order[s * bs:(s + 1) * bs]]
 
 
-def warmup_cosine(total: int):
-    """Learning-rate factor of step s: linear warm-up over 10 % of ``total`` steps, then cosine decay to 0."""
-    warm = max(1, total // 10)
+def warmup_cosine(total: int, *, warmup: int | None = None, floor: float = 0.0):
+    """Learning-rate factor of step s (:func:`diffattn.train.optim.warmup_cosine`): linear warm-up over ``warmup``
+    steps (default 10 % of ``total``), then cosine decay from 1 to ``floor``."""
+    from ..train.optim import warmup_cosine as factor
 
-    def factor(s: int) -> float:
-        return (s + 1) / warm if s < warm else 0.5 * (1 + math.cos(math.pi * (s - warm) / max(1, total - warm)))
-
-    return factor
+    warm = max(1, total // 10 if warmup is None else warmup)
+    return lambda s: factor(s, total, warm, floor)
 
 
 def _f1_acc(pred: list[int], gold: list[int]) -> dict[str, float]:
@@ -314,15 +313,16 @@ def classification_part(cfg: dict[str, Any], seed: int, progress: bool = True) -
 
 
 def _train_lm(model: nn.Module, text: str, cfg: dict[str, Any], steps: int, lr: float, seed: int,
-              after_step=None) -> float:
+              after_step=None, schedule=None) -> float:
     """``steps`` AdamW steps of :func:`~diffattn.studies.noise.needle_lm_loss` on
     :func:`~diffattn.studies.noise.needle_batches` of ``text`` (windows, and needle prompts scored on their answers;
-    batches from ``seed``); warm-up 10 %, cosine decay. Returns the mean loss of the last 10 steps."""
+    batches from ``seed``); ``schedule`` the learning-rate factor per step (default :func:`warmup_cosine` of
+    ``steps``). Returns the mean loss of the last 10 steps."""
     from .noise import needle_batches, needle_lm_loss
 
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(steps))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule or warmup_cosine(steps))
     batches = needle_batches(text, steps=steps, batch_size=cfg["lm_batch_size"], block_size=cfg["block_size"],
                              needle_fraction=cfg["needle_fraction"], prompt_length=cfg["needle_length"], seed=seed)
     losses = fit(model, opt, sched, batches, lambda m, b: needle_lm_loss(m(input_ids=b[0]).logits, b[1]),
@@ -357,7 +357,10 @@ def lm_part(cfg: dict[str, Any], seed: int, folder: Path, progress: bool = True)
         base = LlamaForCausalLM(LlamaConfig(**cfg["lm"], bos_token_id=0, eos_token_id=0, tie_word_embeddings=True))
         base.config.use_cache = False
         t0 = time.perf_counter()
-        pre_loss = _train_lm(base, sotu, cfg, cfg["pretrain_steps"], cfg["pretrain_lr"], seed)
+        # pretraining (shared by every method): 30 warm-up steps, cosine to 0.1 · lr, the recipe that makes the
+        # plain LM retrieve (the noise study's)
+        pre_loss = _train_lm(base, sotu, cfg, cfg["pretrain_steps"], cfg["pretrain_lr"], seed,
+                             schedule=warmup_cosine(cfg["pretrain_steps"], warmup=30, floor=0.1))
         from ..io import atomic_write_dir
 
         with atomic_write_dir(pre_dir) as tmp:
