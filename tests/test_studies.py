@@ -458,3 +458,22 @@ def test_paligemma_study_tiny(tmp_path, one_thread):
         assert 0 <= seed0[lab]["pope"]["adversarial"]["accuracy"] <= 1
     assert (out / "seed0" / "pretrained" / "model" / "tokenizer.json").is_file()
     assert (out / "seed1" / "shared_qk" / "adapter").is_dir() and not (out / "seed1" / "lora" / "adapter").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_llava_study_tiny(tmp_path, one_thread):
+    _need("tuxpaint_captions")
+    out = _run(tmp_path, {"study": "llava", "towers": {"clip": "random", "diffclip": "random"}, "stage1_steps": 1,
+                          "stage2_steps": 2, "batch_size": 4, "needle_count": 2, "attention_questions": 4,
+                          "max_new_tokens": 2})
+    res = _check_results(out, ["clip", "diffclip"], ["vqa.what", "pope.random.accuracy", "mmneedle.existence",
+                                                      "final_loss"])
+    control = res["control"]  # the CLIP-tower VLM's POPE accuracy on its training split, 60 % (chance 50 %)
+    assert control["key"] == "pope.random.accuracy" and control["threshold"] == 60.0
+    assert control["values"] == pytest.approx([100 * res["per_seed"][s]["clip"]["pope"]["random"]["accuracy"]
+                                               for s in ("0", "1")])
+    for s in ("0", "1"):
+        for lab in ("clip", "diffclip"):
+            r = res["per_seed"][s][lab]
+            assert all(0 <= r["pope"][split]["accuracy"] <= 1 for split in ("random", "popular", "adversarial"))

@@ -142,6 +142,7 @@ def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, tex
     from ..models import create_model
     from ..train.loop import fit
     from ..train.optim import warmup_cosine
+
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     model = create_model(model_name, **cfg["model"], max_seq_len=cfg["block_size"])
