@@ -223,7 +223,7 @@ def test_paired_statement_against_the_t_distribution():
 @pytest.mark.slow
 def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
     _need_demo_data()
-    assert cli.main(["study", str(_study_yaml(tmp_path)), "--no-progress"]) == 0
+    assert cli.main(["study", str(_study_yaml(tmp_path, curve_points=2)), "--no-progress"]) == 0
     res = json.loads((tmp_path / "study" / "results.json").read_text())
     report = (tmp_path / "study" / "report.md").read_text()
     assert all((tmp_path / "study" / f"seed{s}" / "report.md").is_file() for s in (0, 1))
@@ -233,11 +233,30 @@ def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
     assert row["values"]["DiffCLIP"] == pytest.approx(vals)
     mean, std = sum(vals) / 2, abs(vals[0] - vals[1]) / 2 ** 0.5  # sample std (n − 1)
     assert row["summary"]["DiffCLIP"]["mean"] == pytest.approx(mean)
-    assert "| zero-shot Tux Paint top-1 (16 classes) ↑ | " in report and f"{mean:.1f} ± {std:.1f} (p = " in report
-    assert "DiffCLIP − CLIP = " in report and "paired t-test" in report
+    assert "| zero-shot Tux Paint top-1 (16 classes) ↑ | " in report and f"{mean:.1f} ± {std:.1f}" in report
+    # the control: CLIP's zero-shot top-1 at least twice chance (12.5 %), else no test between the models
+    control = res["control"]
+    clip = [100 * s["CLIP"]["clip"]["zero_shot"]["top1"] for s in per_seed]
+    assert control["values"] == pytest.approx(clip) and control["threshold"] == 12.5 and control["line"] in report
+    assert control["passed"] == (sum(clip) / 2 >= 12.5)
+    assert res["verdict"] == ("compared" if control["passed"] else "inconclusive")
+    assert ("DiffCLIP − CLIP = " in report) == control["passed"] == ("p_Holm" in report)
+    # the curves: a checkpoint every step of 2, measured on the 48 quick-protocol test images
+    for s in per_seed:
+        for lab in ("CLIP", "DiffCLIP"):
+            curve = s[lab]["curve"]
+            assert curve["steps"] == [1, 2] and all(0 <= v <= 1 for k in ("zero_shot_top1", "image_to_text@1",
+                                                                          "text_to_image@1") for v in curve[k])
+            assert curve["zero_shot_top1"][-1] == pytest.approx(s[lab]["clip"]["zero_shot"]["top1"])
+            assert curve["image_to_text@1"][-1] == pytest.approx(s[lab]["clip"]["retrieval"]["image_to_text@1"])
+    assert not (tmp_path / "study" / "seed0" / "clip" / "checkpoints" / "step_00000001").exists()  # measured, gone
+    c, d = ([100 * s[lab]["curve"]["zero_shot_top1"][0] for s in per_seed] for lab in ("CLIP", "DiffCLIP"))
+    assert "## Along training" in report and "| zero-shot Tux Paint top-1: step | CLIP | DiffCLIP |" in report
+    assert (f"| 1 | {sum(c) / 2:.1f} ± {abs(c[0] - c[1]) / 2 ** 0.5:.1f} | {sum(d) / 2:.1f} ± "
+            f"{abs(d[0] - d[1]) / 2 ** 0.5:.1f} |") in report
     # a second run reads the finished seeds back instead of retraining them
     before = (tmp_path / "study" / "seed0" / "results.json").stat().st_mtime_ns
-    assert cli.main(["study", str(_study_yaml(tmp_path)), "--no-progress"]) == 0
+    assert cli.main(["study", str(_study_yaml(tmp_path, curve_points=2)), "--no-progress"]) == 0
     assert (tmp_path / "study" / "seed0" / "results.json").stat().st_mtime_ns == before
     assert "| metric (mean ± std over 2 seeds) | CLIP | DiffCLIP |" in capsys.readouterr().out
 

@@ -541,3 +541,15 @@ def test_compare_summary_pairs_each_model_with_the_first_by_seed():
     assert lines[2] == "| yolo26n | 20.0 ± 10.0 | 10.0 ± 5.0 | – | 10 | 1.0 | 5 | 3 |"
     # per-seed differences +5, −5, +10 points: mean 3.3, sample std 7.6, higher on 2 of 3
     assert lines[3] == "| x | 23.3 ± 14.4 | 11.7 ± 7.2 | +3.3 ± 7.6 (higher on 2 of 3) | 10 | 1.0 | 5 | 3 |"
+
+
+def test_detection_report_states_the_smallest_detectable_difference():
+    from diffattn.studies.detection import detectable_differences
+
+    per_seed = {s: {"yolo26n": {"mAP50": b}, "x": {"mAP50": x}} for s, (b, x) in
+                enumerate([(0.10, 0.15), (0.20, 0.15), (0.30, 0.40)])}
+    lines = detectable_differences(per_seed).splitlines()
+    assert lines[0] == "## Smallest detectable Δ mAP50" and "With 3 seeds" in lines[2] and "80%" in lines[2]
+    # differences +5, −5, +10 points: sd √58.33 = 7.64; (z_0.975 + z_0.8) · sd / √3 = 2.80158 · 7.6376 / 1.7321
+    assert lines[-3] == "| variant | mean Δ mAP50 vs yolo26n | sd of the per-seed Δ | smallest detectable Δ |"
+    assert lines[-1] == "| x | +3.3 | 7.6 | 12.4 |"

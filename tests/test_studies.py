@@ -8,9 +8,10 @@ import math
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
-from diffattn.studies import load_study, validate_study
+from diffattn.studies import STUDY_MODULES, load_study, validate_study
 from diffattn.studies.report import Control, Metric, aggregate, read_seed, run_seeds, write_seed, write_study
 from diffattn.studies.stats import (
     holm,
@@ -160,12 +161,108 @@ def test_write_study_control_gates_the_tests(tmp_path):
     assert json.loads(Path(tmp_path / "p" / "results.json").read_text())["control"]["passed"] is True
 
 
+def test_write_study_controls_per_part_gate_their_own_metrics(tmp_path):
+    per_seed = {s: {"plain": {"a": {"acc": 0.9 + 0.01 * s}, "b": {"acc": 0.0}},
+                    "DAA": {"a": {"acc": 0.8 + 0.02 * s}, "b": {"acc": 0.1 * s}}} for s in range(3)}
+    metrics = [Metric("a acc", "a.acc", 100.0, 1), Metric("b acc", "b.acc", 100.0, 1)]
+    controls = [Control("plain a (%)", "a.acc", 80.0, scale=100.0, gates=("a",)),
+                Control("plain b (%)", "b.acc", 80.0, scale=100.0, gates=("b",))]
+    got = write_study(tmp_path, {"study": "retrofit"}, "T", "intro", per_seed, metrics, 1.0, control=controls)
+    assert [c["passed"] for c in got["control"]] == [True, False]
+    assert got["control"][0]["mean"] == pytest.approx(91.0) and got["control"][1]["mean"] == 0.0
+    assert got["results"]["verdict"] == "partly inconclusive"
+    a, b = got["rows"]
+    assert a["vs_baseline"]["DAA"]["mean_diff"] == pytest.approx(-9.0) and b["vs_baseline"] == {}
+    assert a["vs_baseline"]["DAA"]["p_holm"] == a["vs_baseline"]["DAA"]["p"]  # one test in the table
+    text = Path(got["report"]).read_text()
+    assert "Control: plain a (%) must be ≥ 80; plain reached 91.00" in text and "passed." in text
+    assert "so no model is compared with it on b" in text and "Verdict: partly inconclusive." in text
+    assert "No test for b acc: their control failed." in text and text.count("p_Holm") == 1
+    both = write_study(tmp_path / "x", {"study": "retrofit"}, "T", "intro", per_seed, metrics, 1.0,
+                       control=[controls[1], Control("plain a (%)", "a.acc", 95.0, scale=100.0, gates=("a",))])
+    assert both["results"]["verdict"] == "inconclusive" and all(r["vs_baseline"] == {} for r in both["rows"])
+    assert Control("x", "x", 1.0, gates=("lm",)).gate("lm.ppl") and not Control("x", "x", 1.0, gates=("lm",)).gate(
+        "lmx.ppl") and Control("x", "x", 1.0).gate("anything")
+
+
+def test_write_study_requires_a_control(tmp_path):
+    per_seed = {s: {"A": {"acc": 0.5}, "B": {"acc": 0.6}} for s in range(2)}
+    with pytest.raises(TypeError, match="control"):
+        write_study(tmp_path, {"study": "noise"}, "T", "intro", per_seed, [Metric("acc", "acc")], 1.0)
+    with pytest.raises(TypeError, match="control must be a Control or a non-empty list of Controls"):
+        write_study(tmp_path, {"study": "noise"}, "T", "intro", per_seed, [Metric("acc", "acc")], 1.0, control=[])
+    with pytest.raises(ValueError, match="gates must be a tuple of metric keys"):
+        Control("x", "x", 1.0, gates="lm")
+
+
+@pytest.mark.parametrize("name", list(STUDY_MODULES))
+def test_every_study_states_a_control(name):
+    """A study without a positive control cannot be written: ``control`` is a required keyword of write_study, and
+    each study module states its control (``CONTROL``, or ``control(cfg)`` when the level depends on the config) for
+    its default budget and passes it to write_study."""
+    import importlib
+    import inspect
+
+    assert inspect.signature(write_study).parameters["control"].default is inspect.Parameter.empty
+    module = importlib.import_module(STUDY_MODULES[name])
+    cfg = validate_study({"study": name, "seeds": [0, 1]}, "test")
+    got = module.control(cfg) if hasattr(module, "control") else module.CONTROL
+    controls = [got] if isinstance(got, Control) else got
+    assert controls and all(isinstance(c, Control) and math.isfinite(c.threshold) for c in controls)
+    source = inspect.getsource(module)
+    assert "write_study(" in source and "control=" in source[source.index("write_study("):]
+
+
 def test_read_seed_only_for_the_same_budget(tmp_path):
     cfg = {"study": "dgvit", "seeds": [0, 1], "out": "a", "steps": 3, "variants": ["vit", "dg_vit"]}
     write_seed(tmp_path, cfg, {"ViT": {"clean": 0.5}})
     assert read_seed(tmp_path, {**cfg, "seeds": [0, 1, 2], "out": "b"}) == {"ViT": {"clean": 0.5}}
     assert read_seed(tmp_path, {**cfg, "steps": 4}) is None
     assert read_seed(tmp_path / "missing", cfg) is None
+
+
+def test_needle_batches_mix_needle_prompts_with_their_answers():
+    from diffattn.eval.language import NEEDLE_CITIES
+    from diffattn.studies.noise import needle_batches
+
+    text = "Fellow citizens, the state of our union is strong. " * 40
+    kw = dict(steps=2, batch_size=4, block_size=128, needle_fraction=0.5, prompt_length=120)
+    batches = list(needle_batches(text, seed=3, **kw))
+    assert len(batches) == 2
+    for x, y in batches:
+        assert x.shape == y.shape == (4, 128) and torch.equal(x[2:, 1:], y[2:, :-1])  # text rows: every byte
+        assert (y[:2, :-5] == -100).all() and torch.equal(y[:2, -5:-1], x[:2, -4:])  # needle rows: the answer only
+        for r in range(4):
+            row = bytes(torch.cat([x[r], y[r, -1:]]).tolist()).decode()
+            if r < 2:  # a needle prompt of 120 bytes and its answer end the row, after 4 bytes of the text
+                city = next(c for c in NEEDLE_CITIES if f"What is the magic number of {c}?" in row)
+                number = row.split(f"The magic number of {city} is ")[1][:4]
+                assert number.isdigit() and row.endswith(f"The magic number of {city} is {number}")
+                assert len(row) == 129 and row.index("\nWhat is") == 129 - 5 - len(
+                    f"\nWhat is the magic number of {city}? The magic number of {city} is")
+            else:
+                assert "magic" not in row and row in text * 2
+    again = list(needle_batches(text, seed=3, **kw))
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(batches, again))  # the same batches for every model
+    assert not torch.equal(next(needle_batches(text, seed=4, **kw))[0], batches[0][0])
+    with pytest.raises(ValueError, match="prompt_length \\+ 5 <= block_size \\+ 1"):
+        next(needle_batches(text, seed=0, **{**kw, "prompt_length": 125}))
+
+
+def test_needle_lm_loss_weighs_text_and_answers_alike():
+    from diffattn.studies.noise import needle_batches, needle_lm_loss
+
+    text = "Fellow citizens, the state of our union is strong. " * 40
+    x, y = next(needle_batches(text, steps=1, batch_size=4, block_size=128, needle_fraction=0.5, prompt_length=120,
+                               seed=0))
+    uniform = torch.zeros(4, 128, 256)  # every byte at probability 1/256: each term is ln 256
+    assert needle_lm_loss(uniform, y).item() == pytest.approx(2 * math.log(256))
+    assert needle_lm_loss(uniform[2:], y[2:]).item() == pytest.approx(math.log(256))  # text rows only
+    sure = torch.full((4, 128, 256), -30.0).scatter(2, y.clamp(min=0)[..., None], 30.0)  # right on every target
+    assert needle_lm_loss(sure, y).item() < 1e-6
+    wrong_answers = sure.clone()
+    wrong_answers[:2, -5:] = 0.0  # the answers at 1/256, the text still certain: only the answer term is ln 256
+    assert needle_lm_loss(wrong_answers, y).item() == pytest.approx(math.log(256), rel=1e-5)
 
 
 # ------------------------------------------------------------------------------------------------ config
@@ -209,8 +306,12 @@ def test_study_config_errors_name_the_key(change, message):
 def test_study_specific_checks():
     with pytest.raises(ValueError, match="variants in test must start with 'plain'"):
         validate_study({"study": "retrofit", "seeds": [0, 1], "variants": ["daa", "plain"]}, "test")
-    with pytest.raises(ValueError, match="prompt_length in test must be <= block_size \\(64"):
-        validate_study({"study": "noise", "seeds": [0, 1], "block_size": 64, "prompt_length": 128}, "test")
+    with pytest.raises(ValueError, match="prompt_length in test must be <= block_size - 4 \\(124: a training window"):
+        validate_study({"study": "noise", "seeds": [0, 1], "block_size": 128, "prompt_length": 125}, "test")
+    with pytest.raises(ValueError, match="needle_fraction in test must be in \\[0, 1\\]"):
+        validate_study({"study": "noise", "seeds": [0, 1], "needle_fraction": 1.5}, "test")
+    with pytest.raises(ValueError, match="needle_length in test must be <= block_size - 4 \\(124"):
+        validate_study({"study": "retrofit", "seeds": [0, 1], "needle_length": 128}, "test")
     with pytest.raises(ValueError, match="prompt_length in test must be >= 112 .*got 100"):
         validate_study({"study": "noise", "seeds": [0, 1], "prompt_length": 100}, "test")
     with pytest.raises(ValueError, match="needle_length in test must be >= 112 .*got 90"):
@@ -251,8 +352,21 @@ def _check_results(out, labels, metric_keys):
             assert len(vals) == 2 and all(math.isfinite(v) for v in vals)
             assert r["summary"][lab]["mean"] == pytest.approx(sum(vals) / 2)
             assert r["summary"][lab]["std"] == pytest.approx(abs(vals[0] - vals[1]) / 2 ** 0.5)
-        assert set(r["vs_baseline"]) == set(labels[1:])
     report = (out / "report.md").read_text()
+    controls = res["control"] if isinstance(res["control"], list) else [res["control"]]
+    for c in controls:  # the control is stated and checked on the baseline's per-seed values
+        assert c["baseline"] == labels[0] and len(c["values"]) == 2 and c["line"] in report
+        assert c["mean"] == pytest.approx(sum(c["values"]) / 2)
+        assert c["passed"] == (c["mean"] >= c["threshold"] if c["higher_is_better"] else c["mean"] <= c["threshold"])
+    passed = [c["passed"] for c in controls]
+    assert res["verdict"] == ("compared" if all(passed) else "inconclusive" if not any(passed) else
+                              "partly inconclusive") and f"Verdict: {res['verdict']}." in report
+    for r in res["rows"]:  # tests only where every control gating the metric passed
+        gated = [c for c in controls if not c["gates"] or any(r["key"] == g or r["key"].startswith(g + ".")
+                                                              for g in c["gates"])]
+        assert set(r["vs_baseline"]) == (set(labels[1:]) if all(c["passed"] for c in gated) else set())
+    if not any(passed):
+        assert "p_Holm" not in report and "inconclusive: the baseline did not learn the task" in report
     assert f"| metric (mean ± std over 2 seeds) | {' | '.join(labels)} |" in report
     for s in (0, 1):
         assert (out / f"seed{s}" / "seed_results.json").is_file()
@@ -310,11 +424,16 @@ def test_retrofit_study_tiny(tmp_path, one_thread):
         "max_len": 16, "cls_batch_size": 4, "cls_epochs": 1,
         "lm": {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
                "num_key_value_heads": 2, "vocab_size": 256, "max_position_embeddings": 256},
-        "block_size": 64, "lm_batch_size": 2, "pretrain_steps": 2, "finetune_steps": 2, "ppl_bytes": 100,
+        "block_size": 128, "lm_batch_size": 2, "pretrain_steps": 2, "finetune_steps": 2, "ppl_bytes": 100,
         "needle_length": 120, "needle_depths": [0.5], "needle_trials": 1})
     res = _check_results(out, ["plain", "DAA", "DiffV"], ["classification.accuracy", "classification.f1",
                                                          "lm.ppl", "lm.needle_accuracy"])
     seed0 = res["per_seed"]["0"]
+    # one control per part, each gating its own part's metrics: plain's accuracy and plain's needle accuracy
+    assert [(c["key"], c["gates"], c["threshold"]) for c in res["control"]] == [
+        ("classification.accuracy", ["classification"], 80.0), ("lm.needle_accuracy", ["lm"], 80.0)]
+    assert res["control"][0]["values"] == pytest.approx([100 * res["per_seed"][s]["plain"]["classification"]["accuracy"]
+                                                         for s in ("0", "1")])
     assert seed0["DAA"]["classification"]["identity"] < 1e-5  # the retrofit is exact before training
     assert seed0["plain"]["classification"]["identity"] is None
     assert (out / "seed0" / "pretrained" / "config.json").is_file()  # one pretrained LM per seed, shared
@@ -339,6 +458,25 @@ def test_paligemma_study_tiny(tmp_path, one_thread):
         assert 0 <= seed0[lab]["pope"]["adversarial"]["accuracy"] <= 1
     assert (out / "seed0" / "pretrained" / "model" / "tokenizer.json").is_file()
     assert (out / "seed1" / "shared_qk" / "adapter").is_dir() and not (out / "seed1" / "lora" / "adapter").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_llava_study_tiny(tmp_path, one_thread):
+    _need("tuxpaint_captions")
+    out = _run(tmp_path, {"study": "llava", "towers": {"clip": "random", "diffclip": "random"}, "stage1_steps": 1,
+                          "stage2_steps": 2, "batch_size": 4, "needle_count": 2, "attention_questions": 4,
+                          "max_new_tokens": 2})
+    res = _check_results(out, ["clip", "diffclip"], ["vqa.what", "pope.random.accuracy", "mmneedle.existence",
+                                                      "final_loss"])
+    control = res["control"]  # the CLIP-tower VLM's POPE accuracy on its training split, 60 % (chance 50 %)
+    assert control["key"] == "pope.random.accuracy" and control["threshold"] == 60.0
+    assert control["values"] == pytest.approx([100 * res["per_seed"][s]["clip"]["pope"]["random"]["accuracy"]
+                                               for s in ("0", "1")])
+    for s in ("0", "1"):
+        for lab in ("clip", "diffclip"):
+            r = res["per_seed"][s][lab]
+            assert all(0 <= r["pope"][split]["accuracy"] <= 1 for split in ("random", "popular", "adversarial"))
 
 
 # ------------------------------------------------------------------- synthetic tasks: needles and recall

@@ -28,7 +28,7 @@ __all__ = ["STUDY_MODULES", "find_config", "load_study", "validate_study", "run_
 
 def run_study(config: str | os.PathLike | dict, progress: bool = True) -> dict[str, Any]:
     """Run a study: ``config`` is a YAML path, a packaged study's name, or an already loaded mapping. Returns
-    ``{"rows", "table", "seconds", "report", "results"}`` (:func:`diffattn.studies.report.write_study`)."""
+    ``{"rows", "table", "seconds", "report", "results", "control"}`` (:func:`diffattn.studies.report.write_study`)."""
     cfg = validate_study(config, "the study config") if isinstance(config, dict) else load_study(config)
     module = importlib.import_module(STUDY_MODULES[cfg["study"]])
     return module.run(cfg, progress=progress)

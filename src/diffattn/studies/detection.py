@@ -6,13 +6,17 @@ For each model and seed: ``model.train()`` on the generated Tux Paint detection 
 with the same budget (epochs, image size, batch, images), then ``model.val()`` on its val split for mAP50 and
 mAP50-95; parameters and GFLOPs (at 640×640, Ultralytics' convention) come from Ultralytics' own
 ``get_num_params`` / ``get_flops``. Writes the study's ``results.json`` and ``report.md`` (mean ± std over seeds,
-paired tests), ``detection.json`` (the budget and one row per run, with its ``best.pt``: what
-``diffattn object-attention --results`` reads) and ``detection.md`` (:func:`summarize`), and
+paired tests, and the smallest Δ mAP50 the seeds can detect: :func:`detectable_differences`), ``detection.json``
+(the budget and one row per run, with its ``best.pt``: what ``diffattn object-attention --results`` reads) and
+``detection.md`` (:func:`summarize`), and
 ``attention_maps.png``: for one val image, the attention of every attention layer of each first-seed model
 (:func:`diffattn.detect.maps.attention_maps`), as the row of the query at the centre of the first labelled object,
 averaged over heads and drawn over the image, each panel scaled to its own range (printed in its title).
 Every setting in :data:`diffattn.detect.OFFLINE_TRAIN_ARGS` applies (:func:`diffattn.detect.offline_env` runs
 before Ultralytics is imported). Needs the extra ``diffattn[detect]``.
+
+Control (:data:`CONTROL`, stated before any comparison): the baseline's mean mAP50 on the val split must reach
+10 % (an untrained detector scores 0); below that the detectors are not compared.
 """
 
 from __future__ import annotations
@@ -27,10 +31,10 @@ import torch
 
 from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS
 from ..io import atomic_write_file
-from .report import Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "check_config", "require_ultralytics", "train_one", "summarize", "plot_maps",
-           "run_compare"]
+__all__ = ["VARIANTS", "DEFAULTS", "CONTROL", "run", "check_config", "require_ultralytics", "train_one", "summarize",
+           "detectable_differences", "plot_maps", "run_compare"]
 
 #: variant → (what :func:`diffattn.detect.yolo` builds, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -42,6 +46,8 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "yolo26s_diffattn": ("yolo26s-diffattn", "yolo26s-diffattn"),
 }
 DEFAULT_VARIANTS = ["yolo26n", "yolo26n_diffpsa", "yolo26n_diffattn"]
+#: the positive control: the baseline's val mAP50 at least 10 % (an untrained detector scores 0)
+CONTROL = Control("baseline mAP50 on the val split (%; untrained: 0)", "mAP50", 10.0, scale=100.0)
 #: the budget (diffattn/configs/studies/detection.yaml); ``data``: an existing data.yaml (null: generated in out)
 DEFAULTS: dict[str, Any] = {
     "epochs": 3, "imgsz": 128, "batch": 16, "n_train": 128, "n_val": 48, "threads": 1, "optimizer": "auto",
@@ -222,6 +228,28 @@ def _write(out: Path, rows: list[dict], budget: dict, maps: list[dict] | None = 
 
 
 
+def detectable_differences(per_seed: dict[int, dict], *, alpha: float = 0.05, power: float = 0.8) -> str:
+    """The report section on the smallest Δ mAP50 the seeds can detect: per variant, the sample std of its per-seed
+    mAP50 differences from the baseline (in points) and :func:`diffattn.studies.stats.min_detectable_difference`
+    of it (two-sided ``alpha``, ``power``), next to the measured mean difference."""
+    from .stats import mean_std, min_detectable_difference
+
+    labels = list(next(iter(per_seed.values())))
+    n = len(per_seed)
+    lines = ["## Smallest detectable Δ mAP50", "",
+             f"With {n} seeds and the measured seed-to-seed spread of the paired differences, a two-sided paired "
+             f"test at α = {alpha:g} detects a true mean Δ mAP50 of at least this size with probability "
+             f"{power:.0%} (normal approximation, (z_(1−α/2) + z_power) · sd / √n): smaller true differences are "
+             f"likely to be missed.", "", f"| variant | mean Δ mAP50 vs {labels[0]} | sd of the per-seed Δ | "
+             f"smallest detectable Δ |", "|---|---:|---:|---:|"]
+    for lab in labels[1:]:
+        diffs = [100 * (res[lab]["mAP50"] - res[labels[0]]["mAP50"]) for res in per_seed.values()]
+        m, sd = mean_std(diffs)
+        mdd = min_detectable_difference(sd, n, alpha=alpha, power=power) if n >= 2 else float("nan")
+        lines.append(f"| {lab} | {m:+.1f} | {sd:.1f} | {mdd:.1f} |")
+    return "\n".join(lines)
+
+
 def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
     from ..data.detection import export_detection
 
@@ -275,4 +303,6 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"(diffattn.detect.OFFLINE_TRAIN_ARGS). Per-run rows: detection.json; attention maps: "
              f"attention_maps.png.")
     return write_study(out, cfg, "Study: YOLO26 with and without differential attention", intro, per_seed,
-                       metrics, time.perf_counter() - t0, extra_sections=["## Per model\n\n" + summarize(rows)])
+                       metrics, time.perf_counter() - t0,
+                       extra_sections=[detectable_differences(per_seed), "## Per model\n\n" + summarize(rows)],
+                       control=CONTROL)

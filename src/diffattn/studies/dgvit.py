@@ -13,6 +13,9 @@ pixel mean / std), then evaluated on the test split:
   mCE = 100 − 100 · mean accuracy (:func:`diffattn.eval.robustness.corrupt_images` and
   :func:`~diffattn.eval.robustness.mean_corruption_error`; the corrupted images are made once per study, with
   corruption seed 0, and shared by every model and seed).
+
+Control (:data:`CONTROL`, stated before any comparison): the baseline (ViT) must classify at least 50 % of the clean
+test images right, five times chance (10 %: ten balanced classes); below that the models are not compared.
 """
 
 from __future__ import annotations
@@ -24,9 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .report import Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "train_and_evaluate"]
+__all__ = ["VARIANTS", "DEFAULTS", "CONTROL", "run", "train_and_evaluate"]
 
 #: variant → (registered model, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -34,6 +37,8 @@ VARIANTS: dict[str, tuple[str, str]] = {
     "diff_vit": ("diff_vit_nano", "DiffViT"),
     "dg_vit": ("dg_vit_nano", "DGViT"),
 }
+#: the positive control: the baseline's clean test accuracy, at least 50 % (chance: 10 %, ten balanced classes)
+CONTROL = Control("baseline clean test accuracy (%; chance 10 %)", "clean", 50.0, scale=100.0)
 #: the budget (diffattn/configs/studies/dgvit.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 200, "batch_size": 32, "lr": 2.0e-3, "weight_decay": 0.05, "warmup_steps": 20,
@@ -185,4 +190,4 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"images: clean, with Gaussian noise of σ ∈ {cfg['noise_levels']} added to [0, 1] pixels, and under "
              f"{', '.join(cfg['corruptions'])} at severities {cfg['severities']} (mCE = 100 − 100 · mean accuracy).")
     return write_study(out, cfg, "Study: ViT vs DiffViT vs DGViT under noise", intro, per_seed, _metrics(cfg),
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, control=CONTROL)

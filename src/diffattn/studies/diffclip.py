@@ -10,7 +10,13 @@ held-out emoji and zero-shot accuracy under common corruptions, then prints a si
 ``<out>/report.md`` with plots (attention maps of every model on the same images, λ per layer, learning curves).
 
 The study runs the demo at every seed into ``<out>/seed<k>/`` (a seed whose ``results.json`` already holds every
-variant is read back instead of retrained) and aggregates the table's metrics over seeds.
+variant is read back instead of retrained) and aggregates the table's metrics over seeds. With ``curve_points``
+the zero-shot accuracy and image↔text recall@1 on the Tux Paint test split are also measured along training, at
+``curve_points`` evenly spaced steps (:func:`learning_curve`), so that a difference in how fast the models learn
+shows as well as where they end. Its control
+(:data:`CONTROL`, stated before any comparison): the baseline's zero-shot top-1 on the 16 held-out Tux Paint
+categories (the in-distribution task: Tux Paint stamps are half the training pairs) must reach 12.5 %, twice chance
+(6.25 %); below that the variants are not compared.
 """
 
 from __future__ import annotations
@@ -24,7 +30,10 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["DEMO_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "demo", "demo_pairs", "demo_table", "run"]
+from .report import Control
+
+__all__ = ["DEMO_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "CONTROL", "curve_point", "learning_curve",
+           "curve_table", "demo", "demo_pairs", "demo_table", "run"]
 
 #: variant → (registered tiny model, label in the tables); diffattn/configs/demo/<variant>.yaml trains it
 DEMO_VARIANTS: dict[str, tuple[str, str]] = {
@@ -175,6 +184,48 @@ def demo_extra_suites(model, protocol: dict, seed: int = 0, progress: bool = Tru
     out["corruptions"] = {"clean": table["clean"], "mean_accuracy": table["mean_accuracy"], "mce": table["mce"],
                           "table": {c: {str(s): a for s, a in row.items()} for c, row in table["table"].items()}}
     return out
+
+
+@torch.no_grad()
+def curve_point(model, max_images: int | None = None) -> dict[str, float]:
+    """``{"zero_shot_top1", "image_to_text@1", "text_to_image@1"}`` (fractions) of ``model`` on the Tux Paint test
+    split (its first ``max_images`` images, all when None), measured as ``diffattn eval``'s CLIP suite does: zero-shot
+    with the prompt ensemble over the 16 categories, recall@1 between each image and its caption."""
+    from ..data import get_dataset
+    from ..eval import recall_at_k, zero_shot_classifier
+    from ..eval.classification import zero_shot_logits
+
+    model.eval()
+    te = get_dataset("tuxpaint_captions", split="test")
+    n = len(te) if not max_images else min(len(te), max_images)
+    imgs = torch.stack([model.eval_transform(te.load_image(i)) for i in range(n)])  # (n, 3, S, S)
+    f = torch.cat([model.encode_image(imgs[i:i + 128]).float() for i in range(0, n, 128)])  # (n, E)
+    w = zero_shot_classifier(model, [c.replace("_", " ") for c in te.categories])
+    top1 = (zero_shot_logits(f, w).argmax(-1) == torch.as_tensor(te.labels[:n])).double().mean().item()
+    t = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256])).float() for i in range(0, n, 256)])[:n]
+    r = recall_at_k(f, t, torch.arange(n), ks=(1,))
+    return {"zero_shot_top1": top1, "image_to_text@1": r["image_to_text@1"], "text_to_image@1": r["text_to_image@1"]}
+
+
+def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = None) -> dict[str, list]:
+    """:func:`curve_point` of every checkpoint in ``<run_dir>/checkpoints`` (``model``: the run's architecture,
+    whose weights are replaced by each checkpoint's), ``{"steps": [...], metric: [...]}`` in step order; the
+    checkpoints but the last are deleted once measured."""
+    import shutil
+
+    from ..train.checkpoint import load_checkpoint
+
+    dirs = sorted((Path(run_dir) / "checkpoints").glob("step_*"))
+    curve: dict[str, list] = {"steps": []}
+    for i, d in enumerate(dirs):
+        state = load_checkpoint(d)
+        model.load_state_dict(state["model"])
+        curve["steps"].append(int(state["step"]))
+        for k, v in curve_point(model, max_images).items():
+            curve.setdefault(k, []).append(v)
+        if i < len(dirs) - 1:
+            shutil.rmtree(d)
+    return curve
 
 
 # ------------------------------------------------------------------------------------------------- plots
@@ -372,11 +423,12 @@ def demo_table(summary: dict[str, dict]) -> str:
 def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = tuple(DEMO_VARIANTS), *,
          steps: int | None = None, batch_size: int | None = None, seed: int = 0, quick: bool = False,
          config_dir: str | os.PathLike | None = None, progress: bool = True,
-         max_pairs: int | None = None) -> dict[str, Any]:
+         max_pairs: int | None = None, curve_points: int | None = None) -> dict[str, Any]:
     """The DiffCLIP-vs-CLIP study end to end (module docstring): train every variant in ``variants`` with
     the packaged recipe ``demo/<variant>`` (``steps`` / ``batch_size`` / ``seed`` override it), evaluate it, write
     ``<out_dir>/report.md``, ``results.json`` and the plots, and return ``{"summary", "table", "seconds", …}``.
-    ``quick`` shrinks the evaluation (:data:`QUICK_PROTOCOL`); ``max_pairs`` caps the pairs taken from each set.
+    ``quick`` shrinks the evaluation (:data:`QUICK_PROTOCOL`); ``max_pairs`` caps the pairs taken from each set;
+    ``curve_points`` adds each variant's :func:`learning_curve` at that many evenly spaced steps (``"curve"``).
 
     Raises:
         DatasetNotInstalledError: Tux Paint, emoji or Fashion-MNIST is not prepared (the message names
@@ -411,6 +463,10 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
             if steps else []
         sets += [f"run.batch_size={batch_size}"] if batch_size else []
         cfg = load_config(configs / f"{v}.yaml", sets)
+        if curve_points:  # a checkpoint every steps / curve_points steps, all kept until measured
+            every = max(1, cfg.run.steps // curve_points)
+            cfg = load_config(configs / f"{v}.yaml", sets + [f"run.ckpt_every={every}",
+                                                              f"run.keep_last={cfg.run.steps // every + 1}"])
         run_dir = out / v
         print(f"[demo] {label}: diffattn train {configs / f'{v}.yaml'} ({cfg.model.name}, {cfg.run.steps} steps of "
               f"{cfg.run.batch_size} pairs) -> {run_dir}", flush=True)
@@ -432,6 +488,9 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
                           "train_seconds": round(train_s, 1), "final_loss": result["final_loss"],
                           "clip": res["clip"], "extra": extra, "lambda": lams[label],
                           "eval_report": str(Path(v) / "eval" / "report.md")}
+        if curve_points:
+            summary[label]["curve"] = learning_curve(run_dir, from_pretrained(run_dir / "model"),
+                                                     protocol["eval"].get("max_images"))
         curves[label] = [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
                                                               .splitlines()) if "loss" in r]  # not eval rows
         models[label] = model
@@ -491,14 +550,19 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
 
 #: the variants a study config may name (the first listed in the config is the baseline)
 VARIANTS = tuple(DEMO_VARIANTS)
+#: the positive control: the baseline's zero-shot top-1 on the 16 Tux Paint test categories, at least twice chance
+CONTROL = Control("baseline zero-shot Tux Paint top-1 (%; 16 classes, chance 6.25 %)", "clip.zero_shot.top1", 12.5,
+                  scale=100.0)
 #: the budget keys of diffattn/configs/studies/diffclip.yaml (None: the demo recipe's value)
-DEFAULTS: dict[str, Any] = {"steps": None, "batch_size": None, "quick": False, "max_pairs": None}
+DEFAULTS: dict[str, Any] = {"steps": None, "batch_size": None, "quick": False, "max_pairs": None,
+                            "curve_points": None}
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
-    """``steps``, ``batch_size`` and ``max_pairs`` are None (the recipes' values) or ints >= 1."""
+    """``steps``, ``batch_size``, ``max_pairs`` and ``curve_points`` are None (the recipes' values; no curve) or
+    ints >= 1."""
     errors: list[str] = []  # every constraint the config breaks, reported together
-    for key in ("steps", "batch_size", "max_pairs"):
+    for key in ("steps", "batch_size", "max_pairs", "curve_points"):
         v = cfg[key]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             errors.append(f"{key} in {where} must be null (the demo recipe's value) or an int >= 1, got {v!r}")
@@ -527,6 +591,9 @@ def _finished_demo(folder: Path, cfg: dict[str, Any]) -> dict | None:
     summary = json.loads(path.read_text()).get("summary", {})
     if [s.get("variant") for s in summary.values()] != list(cfg["variants"]):
         return None
+    if cfg["curve_points"] and any(len(s.get("curve", {}).get("steps", ())) < cfg["curve_points"]
+                                   for s in summary.values()):
+        return None
     for s in summary.values():
         run_cfg = folder / s["variant"] / "config.yaml"
         if not run_cfg.is_file():
@@ -551,11 +618,42 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         if summary is None:
             print(f"[study] seed {seed}: diffattn demo -> {folder}", flush=True)
             summary = demo(folder, tuple(cfg["variants"]), steps=cfg["steps"], batch_size=cfg["batch_size"],
-                           seed=seed, quick=cfg["quick"], progress=progress, max_pairs=cfg["max_pairs"])["summary"]
+                           seed=seed, quick=cfg["quick"], progress=progress, max_pairs=cfg["max_pairs"],
+                           curve_points=cfg["curve_points"])["summary"]
         else:
             print(f"[study] seed {seed}: reusing the finished demo in {folder}", flush=True)
         per_seed[seed] = summary
     intro = ("CLIP vs DiffCLIP variants (Hammoud & Ghanem 2025, §4) trained from scratch on the offline Tux Paint + "
              "emoji pairs with the demo's recipes (demo/*), one budget, several seeds; accuracies and recalls in %.")
+    extra = ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)]
+    if cfg["curve_points"]:
+        extra.insert(0, curve_table(per_seed))
     return write_study(out, cfg, "Study: CLIP vs DiffCLIP", intro, per_seed, _metrics(), time.perf_counter() - t0,
-                       ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)])
+                       extra, control=CONTROL)
+
+
+#: the metrics measured along training (:func:`curve_point`) and their names in the report
+CURVE_METRICS = (("zero_shot_top1", "zero-shot Tux Paint top-1"), ("image_to_text@1", "Tux Paint image→text R@1"),
+                 ("text_to_image@1", "Tux Paint text→image R@1"))
+
+
+def curve_table(per_seed: dict[int, dict]) -> str:
+    """The report section of the learning curves: per metric, one row per measured step with every variant's mean ±
+    sample std over seeds (in %). Seeds share the steps (same budget)."""
+    from .stats import mean_std
+
+    labels = list(next(iter(per_seed.values())))
+    steps = next(iter(per_seed.values()))[labels[0]]["curve"]["steps"]
+    lines = ["## Along training", "",
+             f"Measured on the Tux Paint test split at steps {steps} (mean ± sample std over {len(per_seed)} seeds, "
+             f"in %): how fast each model learns, not only where it ends. No test per step: the paired tests above "
+             f"are on the final models."]
+    for key, name in CURVE_METRICS:
+        lines += ["", f"| {name}: step | " + " | ".join(labels) + " |", "|---:|" + "---:|" * len(labels)]
+        for i, step in enumerate(steps):
+            cells = []
+            for lab in labels:
+                m, sd = mean_std([100 * res[lab]["curve"][key][i] for res in per_seed.values()])
+                cells.append(f"{m:.1f} ± {sd:.1f}")
+            lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -13,6 +13,10 @@ the image tokens (:func:`diffattn.eval.vlm_bench.image_attention`). Training ask
 
 :func:`llava_compare` runs the same over any set of towers without the study's seeds and report (its rows, and
 :func:`llava_table` over them).
+
+Control (:func:`control`, stated before any comparison): the baseline VLM must answer at least 60 % of the POPE
+questions of the first split it was trained on (``train_pope_splits``) right; one yes and one no question per image
+make chance and the always-yes prior 50 %. Below that the towers are not compared.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from typing import Any
 
 import torch
 
-from .report import Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "check_config", "train_and_evaluate", "llava_compare", "llava_table"]
+__all__ = ["VARIANTS", "DEFAULTS", "control", "run", "check_config", "train_and_evaluate", "llava_compare",
+           "llava_table"]
 
 #: variant → (registered VLM, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -124,6 +129,14 @@ def _metrics(layers: int) -> list[Metric]:
     return ms
 
 
+def control(cfg: dict[str, Any]) -> Control:
+    """The positive control: the baseline's POPE accuracy on the first training split (``train_pope_splits``) at
+    least 60 % (chance and the always-yes prior: 50 %)."""
+    split = cfg["train_pope_splits"][0]
+    return Control(f"baseline POPE {split} accuracy (%; chance and always-yes 50 %)", f"pope.{split}.accuracy", 60.0,
+                   scale=100.0)
+
+
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every seed (``<out>/seed<k>/results.json``), aggregated into ``<out>/results.json`` and ``report.md``; a
     tower folder that is not there raises, naming the study that trains it."""
@@ -168,7 +181,7 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"POPE {', '.join(cfg['train_pope_splits'])} negatives, {4 * cfg['needle_count']} needle grids). Test "
              f"split: {cfg['needle_count']} needle grids, greedy answers of at most {cfg['max_new_tokens']} tokens.")
     return write_study(cfg["out"], cfg, "Study: LLaVA-style VLM, CLIP vs DiffCLIP image tower", intro, per_seed,
-                       _metrics(layers), time.perf_counter() - t0)
+                       _metrics(layers), time.perf_counter() - t0, control=control(cfg))
 
 
 def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2), *, stage1_steps: int = 100,

@@ -1,11 +1,15 @@
 """Attention noise on the needle task: standard vs differential causal LMs (Ye et al. 2024, §3.4, Table 3).
 
 Ye et al. 2024 (Table 3) report that in key-information retrieval the Diff Transformer puts more attention on the
-answer span and less on the rest of the context ("attention noise") than a Transformer. Here causal LMs of the same
-size that differ only in their attention (the library's ``lm_tiny`` family, byte-level) are trained from scratch
-with the same recipe, seed and budget on the State of the Union addresses through ``diffattn train`` (task
-``lm``), then probed with needle prompts (:func:`diffattn.eval.language.needle_prompt`: "The magic number of
-{city} is {number}." inside held-out State of the Union text, at several depths, then the question):
+answer span and less on the rest of the context ("attention noise") than a Transformer. The question only means
+something for models that retrieve the needle, so the LMs are trained on the retrieval task itself: causal LMs of
+the same size that differ only in their attention (the library's ``lm_tiny`` family, byte-level) are trained from
+scratch with the same recipe, seed, batches and budget on the State of the Union train split, where a share
+``needle_fraction`` of every batch is needle prompts (:func:`diffattn.eval.language.needle_prompt`: "The magic
+number of {city} is {number}." inside State of the Union text at a random depth, then the question) followed by
+their answer (:func:`needle_batches`; the loss, :func:`needle_lm_loss`, is the next-byte cross-entropy of the text
+windows plus that of the answers, so retrieval is not drowned by the 120-odd filler bytes around each answer). Then
+needle prompts of the trained length in *held-out* State of the Union text, at several depths, measure:
 
 - attention mass on the answer span (the needle's number) vs the rest of the context, from the last query position
   (the one that predicts the answer), mean over prompts, heads and layers
@@ -13,8 +17,12 @@ with the same recipe, seed and budget on the State of the Union addresses throug
   records). ``signed``: the map as the layer applies it to V (w1 ⊙ A1 − λ ⊙ A2 for differential attention, what
   Table 3 reports); ``abs``: |A|, which counts negative (cancelling) mass as attention too;
 - needle accuracy (the greedy continuation reproduces the number) and the answer's mean negative log-likelihood
-  per token given the prompt (teacher-forced; more sensitive than accuracy for small models);
+  per token given the prompt (teacher-forced);
 - held-out perplexity (bytes) on the State of the Union test split.
+
+Control (:data:`CONTROL`, stated before any comparison): the baseline (the first variant, a Transformer) must
+retrieve at least 80 % of the held-out needles at the trained length; below that the attention of models that do
+not retrieve would be compared, and the report says inconclusive.
 """
 
 from __future__ import annotations
@@ -22,15 +30,17 @@ from __future__ import annotations
 import math
 import random
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from .report import Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "needle_attention", "needle_scores", "train_lm"]
+__all__ = ["VARIANTS", "DEFAULTS", "CONTROL", "run", "needle_attention", "needle_scores", "needle_batches",
+           "needle_lm_loss", "train_lm"]
 
 #: variant → (registered model, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -40,15 +50,20 @@ VARIANTS: dict[str, tuple[str, str]] = {
 }
 #: the variants a config without ``variants`` compares (``dg_lm`` on request)
 DEFAULT_VARIANTS = ["lm", "diff_lm"]
+#: the positive control: the baseline retrieves at least 80 % of the needles at the trained prompt length
+CONTROL = Control("baseline needle accuracy at the trained length (%)", "accuracy", 80.0, scale=100.0)
 #: the budget (diffattn/configs/studies/noise.yaml)
 DEFAULTS: dict[str, Any] = {
-    "steps": 250, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
+    "steps": 1200, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
+    "needle_fraction": 0.5,
     "model": {"vocab_size": 256, "dim": 64, "depth": 2, "num_heads": 4, "num_kv_heads": 4},
-    "prompt_length": 128, "depths": [0.25, 0.5, 0.75], "trials": 6, "ppl_bytes": 8000, "threads": 1,
+    "prompt_length": 124, "depths": [0.25, 0.5, 0.75], "trials": 6, "ppl_bytes": 8000, "threads": 1,
 }
 
 #: the shortest needle prompt in bytes: the longest needle sentence and question (106 bytes) plus some filler
 MIN_NEEDLE_LENGTH = 112
+#: the answer's length in bytes: " " and a 4-digit number
+ANSWER_BYTES = 5
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
@@ -59,30 +74,88 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     if cfg["prompt_length"] < MIN_NEEDLE_LENGTH:
         errors.append(f"prompt_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take up "
                       f"to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['prompt_length']}")
-    if cfg["prompt_length"] > cfg["block_size"]:
-        errors.append(f"prompt_length in {where} must be <= block_size ({cfg['block_size']}, the context the "
-                      f"models are trained on), got {cfg['prompt_length']}")
+    if cfg["prompt_length"] + ANSWER_BYTES > cfg["block_size"] + 1:
+        errors.append(f"prompt_length in {where} must be <= block_size - {ANSWER_BYTES - 1} "
+                      f"({cfg['block_size'] - ANSWER_BYTES + 1}: a training window holds the prompt and its "
+                      f"{ANSWER_BYTES}-byte answer), got {cfg['prompt_length']}")
+    if not 0.0 <= cfg["needle_fraction"] <= 1.0:
+        errors.append(f"needle_fraction in {where} must be in [0, 1] (the share of each batch that is needle "
+                      f"prompts), got {cfg['needle_fraction']}")
     if not cfg["depths"] or any(not isinstance(d, (int, float)) or not 0 <= d <= 1 for d in cfg["depths"]):
         errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
     if errors:
         raise ValueError("; ".join(errors))
 
 
-def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, progress: bool = True) -> dict:
-    """``diffattn train`` (task ``lm``) of ``model_name`` on the State of the Union addresses as UTF-8 bytes."""
-    from ..train.config import config_from_dict
-    from ..train.loop import train
+def needle_batches(text: str, *, steps: int, batch_size: int, block_size: int, needle_fraction: float,
+                   prompt_length: int, seed: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` (input, target) batches, each (batch_size, block_size), of UTF-8 bytes of ``text``, shifted by one.
+    The first round(needle_fraction · batch_size) rows of a batch end with a needle prompt of ``prompt_length``
+    bytes (its filler taken from ``text`` at a random place, the needle at a depth uniform in [0, 1]) and its
+    answer, after the bytes of ``text`` that precede the filler; their targets are -100 (ignored) except the
+    answer's :data:`ANSWER_BYTES`. The other rows are random windows of ``text``, every byte a target. Drawn from
+    ``random.Random(seed)`` alone: every model trained with a seed sees the same batches."""
+    from ..eval.language import needle_prompt
+    from ..eval.text_models import get_text_tokenizer
 
-    tc = config_from_dict({
-        "task": {"name": "lm"},
-        "model": {"name": model_name, "overrides": {**cfg["model"], "max_seq_len": cfg["block_size"]}},
-        "data": {"name": "state_of_the_union", "tokenizer": "bytes", "block_size": cfg["block_size"]},
-        "optim": {"lr": cfg["lr"], "weight_decay": cfg["weight_decay"], "warmup_steps": cfg["warmup_steps"]},
-        "run": {"steps": cfg["steps"], "batch_size": cfg["batch_size"], "seed": seed, "threads": cfg["threads"],
-                "log_every": max(1, cfg["steps"] // 10), "ckpt_every": cfg["steps"], "keep_last": 1,
-                "progress": progress},
-    })
-    return train(tc, out=run_dir, overwrite=True)  # a seed without results is trained again
+    tok = get_text_tokenizer("bytes")
+    ids = list(text.encode("utf-8"))
+    n = block_size + 1
+    pre = n - prompt_length - ANSWER_BYTES  # text before the prompt, so that every row has n bytes
+    if pre < 0 or len(ids) < 2 * n + pre:
+        raise ValueError(f"text must hold at least {2 * n + pre} bytes and prompt_length + {ANSWER_BYTES} <= "
+                         f"block_size + 1, got {len(ids)} bytes, prompt_length {prompt_length}, block_size "
+                         f"{block_size}")
+    rng = random.Random(seed)
+    needles = round(needle_fraction * batch_size)
+    for _ in range(steps):
+        rows = []
+        for b in range(batch_size):
+            if b < needles:
+                s = rng.randrange(pre, len(ids) - n)
+                prompt, answer = needle_prompt(tok, ids[s:s + n], length=prompt_length, depth=rng.random(), rng=rng)
+                rows.append(ids[s - pre:s] + prompt + answer)
+            else:
+                s = rng.randrange(0, len(ids) - n)
+                rows.append(ids[s:s + n])
+        x = torch.tensor(rows)  # (B, block_size + 1)
+        y = x[:, 1:].clone()  # (B, block_size)
+        y[:needles, :-ANSWER_BYTES] = -100  # a needle row is scored on its answer only
+        yield x[:, :-1], y
+
+
+def needle_lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The loss of a :func:`needle_batches` batch: the mean next-byte cross-entropy over the text rows (no ignored
+    target) plus the mean over the answer bytes of the needle rows (the targets that are not -100); either term is
+    left out when its batch has no such row. logits (B, N, V), targets (B, N)."""
+    needle = (targets == -100).any(dim=1)  # (B,)
+    terms = [F.cross_entropy(logits[rows].float().flatten(0, 1), targets[rows].flatten(), ignore_index=-100)
+             for rows in (~needle, needle) if rows.any()]
+    return sum(terms)
+
+
+def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, text: str,
+             progress: bool = True) -> dict:
+    """``model_name`` (registered, with ``cfg["model"]``) trained from scratch on :func:`needle_batches` of
+    ``text`` with :func:`needle_lm_loss` (AdamW, linear warm-up then cosine decay to 0.1 · lr, gradients clipped at
+    1); saved to ``<run_dir>/model``. Returns ``{"final_loss" (mean of the last 10 steps), "seconds"}``."""
+    from ..models import create_model
+    from ..train.loop import fit
+    from ..train.optim import warmup_cosine
+
+    t0 = time.perf_counter()
+    torch.manual_seed(seed)
+    model = create_model(model_name, **cfg["model"], max_seq_len=cfg["block_size"])
+    steps, warm = cfg["steps"], cfg["warmup_steps"]
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"], betas=(0.9, 0.95))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warm, 0.1))
+    batches = needle_batches(text, steps=steps, batch_size=cfg["batch_size"], block_size=cfg["block_size"],
+                             needle_fraction=cfg["needle_fraction"], prompt_length=cfg["prompt_length"], seed=seed)
+    losses = fit(model, opt, sched, batches, lambda m, b: needle_lm_loss(m(b[0]), b[1]), total=steps,
+                 log=print if progress else None, log_every=max(1, steps // 10), desc=f"{model_name} step")
+    model.eval()
+    model.save_pretrained(run_dir / "model")
+    return {"final_loss": sum(losses[-10:]) / len(losses[-10:]), "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def _span(seq: list[int], sub: list[int]) -> int:
@@ -168,6 +241,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         raise DatasetNotInstalledError(f"the noise study needs the State of the Union addresses; install them with "
                                        f"`{SETUP_COMMAND} state_of_the_union` or set DIFFATTN_DATA to the folder "
                                        f"holding them")
+    torch.set_num_threads(cfg["threads"])
+    train_text = "\n\n".join(get_dataset("state_of_the_union", split="train").texts)
     held_out = "\n\n".join(get_dataset("state_of_the_union", split="test").texts)
     out = Path(cfg["out"])
     t0 = time.perf_counter()
@@ -177,19 +252,17 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         for v in cfg["variants"]:
             name, label = VARIANTS[v]
             print(f"[study noise] seed {seed}: {label} ({name}) -> {folder / v}", flush=True)
-            t1 = time.perf_counter()
-            result = train_lm(cfg, name, seed, folder / v, progress)
-            train_s = time.perf_counter() - t1
+            trained = train_lm(cfg, name, seed, folder / v, train_text, progress)
             model = from_pretrained(folder / v / "model").eval()
             r = needle_attention(model, held_out, length=cfg["prompt_length"], depths=cfg["depths"],
                                  trials=cfg["trials"], seed=seed)
-            r.update(final_loss=result["final_loss"], train_seconds=round(train_s, 1),
+            r.update(final_loss=trained["final_loss"], train_seconds=trained["seconds"],
                      ppl=_byte_perplexity(model, held_out, cfg["ppl_bytes"], cfg["block_size"]),
                      params=sum(p.numel() for p in model.parameters()))
             res[label] = r
             print(f"[study noise] {label}: answer/context mass (signed) {r['answer_signed']:.3f}/"
                   f"{r['noise_signed']:.3f}, needle acc {r['accuracy']:.2f}, ppl {r['ppl']:.2f}, "
-                  f"{train_s:.0f} s training", flush=True)
+                  f"{trained['seconds']:.0f} s training", flush=True)
         return res
 
     per_seed = run_seeds(cfg, one_seed)
@@ -198,11 +271,12 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     intro = (f"Standard vs differential causal LMs (Ye et al. 2024, §3.4, Table 3): {m['depth']} layers, width "
              f"{m['dim']}, {m['num_heads']} heads, byte-level ({first['params']:,} parameters for the first variant), "
              f"trained from scratch on the State of the Union train split for {cfg['steps']} steps of "
-             f"{cfg['batch_size']} × {cfg['block_size']} bytes (AdamW lr {cfg['lr']:g}). Needle prompts of "
-             f"{cfg['prompt_length']} bytes in held-out State of the Union text, depths {cfg['depths']}, "
-             f"{cfg['trials']} prompts per depth. Attention mass from the last query position, mean over prompts, "
-             f"heads and layers: signed = the map the layer applies to V, abs = |map|. Perplexity: bytes of the "
-             f"test split ({cfg['ppl_bytes']:,}).")
+             f"{cfg['batch_size']} × {cfg['block_size']} bytes (AdamW lr {cfg['lr']:g}), "
+             f"{100 * cfg['needle_fraction']:.0f} % of each batch needle prompts of {cfg['prompt_length']} bytes with "
+             f"their answers. Probe: needle prompts of the trained length ({cfg['prompt_length']} bytes) in held-out "
+             f"State of the Union text, depths {cfg['depths']}, {cfg['trials']} prompts per depth. Attention mass "
+             f"from the last query position, mean over prompts, heads and layers: signed = the map the layer applies "
+             f"to V, abs = |map|. Perplexity: bytes of the test split ({cfg['ppl_bytes']:,}).")
     metrics = [Metric("answer-span attention mass (signed)", "answer_signed", 1.0, 4),
                Metric("context attention mass outside the answer (signed)", "noise_signed", 1.0, 4, False),
                Metric("answer / context ratio (signed)", "ratio_signed", 1.0, 3),
@@ -214,4 +288,4 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                Metric("held-out perplexity (bytes)", "ppl", 1.0, 3, False),
                Metric("final train loss", "final_loss", 1.0, 3, False)]
     return write_study(out, cfg, "Study: attention noise, standard vs differential LM", intro, per_seed, metrics,
-                       time.perf_counter() - t0)
+                       time.perf_counter() - t0, control=CONTROL)

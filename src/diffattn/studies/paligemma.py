@@ -20,6 +20,10 @@ needle-in-a-haystack. No PaliGemma weights can be fetched offline, so each seed 
    (:func:`diffattn.eval.paligemma.paligemma_image_attention`).
 
 Every variant of a seed starts from the same checkpoint with the same questions, batches, optimizer and schedule.
+
+Control (:func:`control`, stated before any comparison): the baseline (LoRA) must answer at least 60 % of the POPE
+questions of the first split it was fine-tuned on right; POPE asks one yes and one no question per image, so
+chance and the answer prior (always "yes") both give 50 %. Below that the variants are not compared.
 """
 
 from __future__ import annotations
@@ -31,9 +35,9 @@ from typing import Any
 import torch
 
 from ..data.vqa import POPE_SPLITS
-from .report import Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "pretrain", "transfer"]
+__all__ = ["VARIANTS", "DEFAULTS", "control", "run", "pretrain", "transfer"]
 
 #: variant → (the paligemma task's ``method``, label); the first is the baseline
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -163,6 +167,14 @@ def _metrics(cfg: dict[str, Any], layers: int) -> list[Metric]:
     return ms
 
 
+def control(cfg: dict[str, Any]) -> Control:
+    """The positive control: the baseline's POPE accuracy on the first fine-tuning split (``pope_splits``) at
+    least 60 % (chance and the always-yes prior: 50 %)."""
+    split = cfg["pope_splits"][0]
+    return Control(f"baseline POPE {split} accuracy (%; chance and always-yes 50 %)", f"pope.{split}.accuracy", 60.0,
+                   scale=100.0)
+
+
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every seed (``<out>/seed<k>/``: ``pretrained/`` then one run folder per variant), aggregated."""
     from ..data import dataset_info
@@ -207,4 +219,4 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         f"questions ({cfg['test_needle_count']} needle grids), greedy answers of at most "
         f"{cfg['max_new_tokens']} tokens.")
     return write_study(cfg["out"], cfg, "Study: Differential PaliGemma vs LoRA fine-tuning", intro, per_seed,
-                       _metrics(cfg, t["num_hidden_layers"]), time.perf_counter() - t0)
+                       _metrics(cfg, t["num_hidden_layers"]), time.perf_counter() - t0, control=control(cfg))

@@ -5,7 +5,9 @@
 Every study states a positive control (:class:`Control`): the level its baseline must reach on the task the models
 are compared on. A comparison between models that never learnt the task says nothing about their attention, so when
 the baseline misses the level the report says "inconclusive: the baseline did not learn the task" and shows the
-means without any test between the models."""
+means without any test between the models. A study with parts on different tasks states one control per part
+(``write_study(control=[...])``, each with the metric keys it ``gates``): a failed control removes the tests of its
+own part's metrics only."""
 
 from __future__ import annotations
 
@@ -40,18 +42,26 @@ class Control:
     """A study's positive control: the baseline's mean over seeds of ``key`` (a dotted path in its per-seed result,
     times ``scale``) must reach ``threshold`` (at least it when ``higher_is_better``, at most it otherwise) before
     any model is compared with it. ``name`` says what is measured, e.g. "Transformer needle accuracy at the trained
-    length (%)"."""
+    length (%)". ``gates``: the metric keys (dotted prefixes: "lm" gates "lm.ppl") whose tests need this control
+    to pass; empty (the default) gates every metric of the study."""
 
     name: str
     key: str
     threshold: float
     scale: float = 1.0
     higher_is_better: bool = True
+    gates: tuple[str, ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.threshold, (int, float)) or isinstance(self.threshold, bool) or \
                 not math.isfinite(self.threshold):
             raise ValueError(f"threshold must be a finite number, got {self.threshold!r}")
+        if not isinstance(self.gates, tuple) or not all(isinstance(g, str) and g for g in self.gates):
+            raise ValueError(f"gates must be a tuple of metric keys (non-empty str), got {self.gates!r}")
+
+    def gate(self, key: str) -> bool:
+        """Whether the tests of the metric ``key`` need this control."""
+        return not self.gates or any(key == g or key.startswith(g + ".") for g in self.gates)
 
 
 def check_control(per_seed: Mapping[int, Mapping[str, Mapping]], control: Control) -> dict[str, Any]:
@@ -70,9 +80,12 @@ def check_control(per_seed: Mapping[int, Mapping[str, Mapping]], control: Contro
             f"{mean:.2f} (mean over {len(seeds)} seeds, per seed {[round(v, 2) for v in values]}): "
             + ("passed." if passed else "**failed — inconclusive: the baseline did not learn the task**, so no "
                                         "model is compared with it."))
+    if control.gates:
+        line = line.replace("so no model is compared with it", f"so no model is compared with it on "
+                                                               f"{', '.join(control.gates)}")
     return {"name": control.name, "key": control.key, "threshold": control.threshold,
-            "higher_is_better": control.higher_is_better, "baseline": base, "values": values, "mean": mean,
-            "passed": passed, "line": line}
+            "higher_is_better": control.higher_is_better, "gates": list(control.gates), "baseline": base,
+            "values": values, "mean": mean, "passed": passed, "line": line}
 
 
 def _get(d: Mapping, path: str):
@@ -90,12 +103,13 @@ def _get(d: Mapping, path: str):
 
 
 def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[Metric], *,
-              compare: bool = True) -> list[dict[str, Any]]:
+              compare: bool | Callable[[str], bool] = True) -> list[dict[str, Any]]:
     """Rows ``{"metric", "key", "scale", "digits", "higher_is_better", "values": {label: [per seed]},
     "summary": {label: {"mean", "std"}}, "vs_baseline": {label: {paired test…, "p_holm", "statement"}}}`` for
     every metric that every variant has at every seed. ``per_seed``: seed → variant label → result (the first
     label is the baseline). ``p_holm`` is Holm's adjustment over every test of the table (all metrics × variants);
-    with ``compare=False`` (a failed control) ``vs_baseline`` stays empty."""
+    with ``compare=False`` (a failed control) ``vs_baseline`` stays empty, and so it does for the metrics whose key
+    a callable ``compare`` rejects."""
     seeds = list(per_seed)
     labels = list(per_seed[seeds[0]])
     base = labels[0]
@@ -109,7 +123,8 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
                "higher_is_better": m.higher_is_better, "values": values,
                "summary": {lab: dict(zip(("mean", "std"), mean_std(v))) for lab, v in values.items()},
                "vs_baseline": {}}
-        for lab in labels[1:] if compare and len(seeds) >= 2 else ():
+        tested = compare(m.key) if callable(compare) else compare
+        for lab in labels[1:] if tested and len(seeds) >= 2 else ():
             row["vs_baseline"][lab] = paired_test(values[lab], values[base])
         rows.append(row)
     tests = [(r, lab) for r in rows for lab in r["vs_baseline"]]
@@ -139,25 +154,39 @@ def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int)
     return "\n".join(lines)
 
 
+def _controls(control: Control | Sequence[Control]) -> list[Control]:
+    controls = [control] if isinstance(control, Control) else list(control) if isinstance(control, (list, tuple)) \
+        else None
+    if not controls or not all(isinstance(c, Control) for c in controls):
+        raise TypeError(f"control must be a Control or a non-empty list of Controls (the level the baseline must "
+                        f"reach before any comparison), got {control!r}")
+    return controls
+
+
 def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed: Mapping[int, Mapping],
                 metrics: Sequence[Metric], seconds: float, extra_sections: Sequence[str] = (), *,
-                control: Control | None = None) -> dict[str, Any]:
-    """Check the ``control`` (:func:`check_control`), aggregate ``per_seed`` (:func:`aggregate`; tests only when
-    the control passed), write ``<out>/results.json`` and ``<out>/report.md``; returns
-    ``{"rows", "table", "seconds", "report", "results", "control"}``."""
+                control: Control | Sequence[Control]) -> dict[str, Any]:
+    """Check the ``control`` (:func:`check_control`; a list: one per part of the study, each gating its own
+    metrics), aggregate ``per_seed`` (:func:`aggregate`; tests only for the metrics whose controls passed), write
+    ``<out>/results.json`` and ``<out>/report.md``; returns ``{"rows", "table", "seconds", "report", "results",
+    "control"}``, ``"control"`` the checked control (a list for a list). The verdict is "compared" when every
+    control passed, "inconclusive" when none did, "partly inconclusive" otherwise."""
     out = Path(out)
-    ctrl = check_control(per_seed, control) if control is not None else {
-        "passed": True, "line": "Control: none stated for this study: the differences below are shown without "
-                                "knowing whether the baseline learnt the task."}
-    rows = aggregate(per_seed, metrics, compare=ctrl["passed"])
+    controls = _controls(control)
+    checked = [check_control(per_seed, c) for c in controls]
+    failed = [c for c, r in zip(controls, checked) if not r["passed"]]
+    rows = aggregate(per_seed, metrics, compare=lambda key: not any(c.gate(key) for c in failed))
     labels = list(next(iter(per_seed.values())))
     table = markdown_table(rows, labels, len(per_seed))
     n = len(per_seed)
-    if ctrl["passed"]:
-        tests = [f"- {r['metric']}: " + "; ".join(v["statement"] for v in r["vs_baseline"].values()) for r in rows]
+    n_tests = sum(len(r["vs_baseline"]) for r in rows)
+    untested = [r["metric"] for r in rows if not r["vs_baseline"]] if failed else []
+    if n_tests:
+        tests = [f"- {r['metric']}: " + "; ".join(v["statement"] for v in r["vs_baseline"].values()) for r in rows
+                 if r["vs_baseline"]]
         body = [f"Cells: mean ± sample std over seeds, and the two-sided paired t-test p-value against {labels[0]}, "
-                f"Holm-adjusted over the {sum(len(r['vs_baseline']) for r in rows)} tests of the table (↑ higher "
-                f"is better, ↓ lower is better).", "", table, "",
+                f"Holm-adjusted over the {n_tests} tests of the table (↑ higher is better, ↓ lower is better)."
+                + (f" No test for {', '.join(untested)}: their control failed." if untested else ""), "", table, "",
                 f"## Paired over seeds: each variant minus {labels[0]}", "",
                 "Mean difference ± std over seeds, its 95 % interval (t with n − 1 degrees of freedom) and Cohen's "
                 "d_z; the verdict uses the Holm-adjusted p.", "", *tests, "",
@@ -166,13 +195,15 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
     else:
         body = ["Cells: mean ± sample std over seeds. No test between the models: the baseline failed the "
                 "control.", "", table]
+    verdict = "compared" if not failed else "inconclusive" if len(failed) == len(controls) else "partly inconclusive"
     report = "\n".join([
         f"# {title}", "", intro, "", f"Seeds {list(per_seed)}; wall time {seconds / 60:.1f} min.", "",
-        ctrl["line"], "", *body, "", *extra_sections, ""])
+        *(r["line"] for r in checked), "", f"Verdict: {verdict}.", "", *body, "", *extra_sections, ""])
     with atomic_write_file(out / "report.md", "w") as f:
         f.write(report)
+    ctrl = checked[0] if isinstance(control, Control) else checked
     results = {"study": cfg.get("study"), "config": dict(cfg), "labels": labels, "seeds": list(per_seed),
-               "control": ctrl, "verdict": "compared" if ctrl["passed"] else "inconclusive", "rows": rows,
+               "control": ctrl, "verdict": verdict, "rows": rows,
                "per_seed": {str(s): v for s, v in per_seed.items()}, "seconds": round(seconds, 1)}
     with atomic_write_file(out / "results.json", "w") as f:
         json.dump(results, f, indent=1, default=float)
