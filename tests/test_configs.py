@@ -21,7 +21,8 @@ def test_every_recipe_is_packaged_and_named():
                  "dex_gpt2_owt", "dgt_text", "dgvit_cifar10", "diff_paligemma_lora", "diffclip_b16_cc3m",
                  "diffclip_star_b16_cc3m"):
         assert name in names, name
-    assert config_names("studies") == ["detection", "dgvit", "diffclip", "llava", "noise", "paligemma", "retrofit"]
+    assert config_names("studies") == ["detection", "dgvit", "diffclip", "llava", "needles", "noise",
+                                       "paligemma", "recall", "retrofit"]
     assert CONFIG_DIR == Path(__import__("diffattn").__file__).resolve().parent / "configs"
 
 
