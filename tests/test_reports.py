@@ -87,7 +87,7 @@ def test_study_reports_every_broken_constraint_at_once(capsys):
                      "--set", "prompt_length=300"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("diffattn: error: ")
-    for part in ("seeds in", "steps in", "prompt_length in", "must be <= block_size (64"):
+    for part in ("seeds in", "steps in", "prompt_length in", "must be <= block_size - 4 (60"):
         assert part in err, part
 
 
