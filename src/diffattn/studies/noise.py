@@ -66,21 +66,29 @@ MIN_NEEDLE_LENGTH = 112
 ANSWER_BYTES = 5
 
 
+def needle_budget_errors(cfg: dict[str, Any], length_key: str, where: str) -> list[str]:
+    """The constraints of a budget that mixes needle prompts of ``cfg[length_key]`` bytes into training windows of
+    ``cfg["block_size"]`` bytes at the share ``cfg["needle_fraction"]`` (this study and the retrofit study)."""
+    errors, length = [], cfg[length_key]
+    if length < MIN_NEEDLE_LENGTH:
+        errors.append(f"{length_key} in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take up "
+                      f"to {MIN_NEEDLE_LENGTH - 6} bytes), got {length}")
+    if length + ANSWER_BYTES > cfg["block_size"] + 1:
+        errors.append(f"{length_key} in {where} must be <= block_size - {ANSWER_BYTES - 1} "
+                      f"({cfg['block_size'] - ANSWER_BYTES + 1}: a training window holds the prompt and its "
+                      f"{ANSWER_BYTES}-byte answer), got {length}")
+    if not 0.0 <= cfg["needle_fraction"] <= 1.0:
+        errors.append(f"needle_fraction in {where} must be in [0, 1] (the share of each batch that is needle "
+                      f"prompts), got {cfg['needle_fraction']}")
+    return errors
+
+
 def check_config(cfg: dict[str, Any], where: str) -> None:
     errors: list[str] = []  # every constraint the config breaks, reported together
     for key in ("steps", "batch_size", "block_size", "prompt_length", "trials", "ppl_bytes", "threads"):
         if cfg[key] < 1:
             errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-    if cfg["prompt_length"] < MIN_NEEDLE_LENGTH:
-        errors.append(f"prompt_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take up "
-                      f"to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['prompt_length']}")
-    if cfg["prompt_length"] + ANSWER_BYTES > cfg["block_size"] + 1:
-        errors.append(f"prompt_length in {where} must be <= block_size - {ANSWER_BYTES - 1} "
-                      f"({cfg['block_size'] - ANSWER_BYTES + 1}: a training window holds the prompt and its "
-                      f"{ANSWER_BYTES}-byte answer), got {cfg['prompt_length']}")
-    if not 0.0 <= cfg["needle_fraction"] <= 1.0:
-        errors.append(f"needle_fraction in {where} must be in [0, 1] (the share of each batch that is needle "
-                      f"prompts), got {cfg['needle_fraction']}")
+    errors += needle_budget_errors(cfg, "prompt_length", where)
     if not cfg["depths"] or any(not isinstance(d, (int, float)) or not 0 <= d <= 1 for d in cfg["depths"]):
         errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
     if errors:

@@ -24,7 +24,15 @@ import torch
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from .report import Control, Metric, run_seeds, write_study
 from .stats import mean_std
-from .synthetic import MODELS, answer_accuracy, build_model, param_count, steps_to_reach, train_model
+from .synthetic import (
+    MODELS,
+    answer_accuracy,
+    build_model,
+    param_count,
+    steps_to_control_lines,
+    steps_to_reach,
+    train_model,
+)
 
 __all__ = ["VARIANTS", "DEFAULTS", "run", "control"]
 
@@ -116,15 +124,8 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
                                                   for lab in labels) + " |")
         out += ["", f"Steps to reach the control level ({100 * cfg['control_accuracy']:g} % with {easiest} pairs; "
                     f"evaluated every {cfg['eval_every']} steps) at width {w}:", ""]
-        for lab in labels:
-            reached = [per_seed[s][lab][f"w{w}"]["steps_to_control"] for s in seeds]
-            hit = [x for x in reached if x is not None]
-            if hit:
-                m, sd = mean_std(hit)
-                out.append(f"- {lab}: reached on {len(hit)} of {len(seeds)} seeds, at step {m:.0f} ± {sd:.0f} "
-                           f"(mean ± std over those seeds; per seed {reached})")
-            else:
-                out.append(f"- {lab}: never reached it within {cfg['steps']} steps on any seed")
+        out += steps_to_control_lines(
+            {lab: [per_seed[s][lab][f"w{w}"]["steps_to_control"] for s in seeds] for lab in labels}, cfg["steps"])
     return out
 
 

@@ -95,18 +95,9 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     if not 1 <= cfg["minilm_layers"] <= 6:
         errors.append(f"minilm_layers in {where} must be in 1..6 (all-MiniLM-L6-v2 has 6 layers), got "
                       f"{cfg['minilm_layers']}")
-    from .noise import ANSWER_BYTES, MIN_NEEDLE_LENGTH
+    from .noise import needle_budget_errors
 
-    if cfg["needle_length"] < MIN_NEEDLE_LENGTH:
-        errors.append(f"needle_length in {where} must be >= {MIN_NEEDLE_LENGTH} (a needle and the question take "
-                      f"up to {MIN_NEEDLE_LENGTH - 6} bytes), got {cfg['needle_length']}")
-    if cfg["needle_length"] + ANSWER_BYTES > cfg["block_size"] + 1:
-        errors.append(f"needle_length in {where} must be <= block_size - {ANSWER_BYTES - 1} "
-                      f"({cfg['block_size'] - ANSWER_BYTES + 1}: a training window holds the prompt and its answer), "
-                      f"got {cfg['needle_length']}")
-    if not 0.0 <= cfg["needle_fraction"] <= 1.0:
-        errors.append(f"needle_fraction in {where} must be in [0, 1] (the share of each LM batch that is needle "
-                      f"prompts), got {cfg['needle_fraction']}")
+    errors += needle_budget_errors(cfg, "needle_length", where)
 
 
 # ------------------------------------------------------------------------------- (a) MiniLM on SpamAssassin

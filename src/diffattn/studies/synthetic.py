@@ -40,6 +40,7 @@ from ..train.loop import fit
 from ..train.optim import param_groups, warmup_cosine
 
 __all__ = ["MODELS", "attention_for", "build_model", "param_count", "answer_loss", "answer_accuracy",
+           "steps_to_control_lines",
            "train_model", "steps_to_reach"]
 
 #: variant → label
@@ -134,6 +135,23 @@ def train_model(model: torch.nn.Module, batches: Iterator[SyntheticBatch], *, st
         curve.append([len(losses), float(evaluate(model))])
     tail = losses[-max(1, steps // 20):]
     return {"final_loss": sum(tail) / len(tail), "curve": curve, "train_seconds": round(seconds, 1)}
+
+
+def steps_to_control_lines(reached: dict[str, list[int | None]], steps: int) -> list[str]:
+    """One markdown line per model: on how many seeds it reached the control level and at which step (mean ± std
+    over those seeds), from ``reached`` (model label → per-seed step or None); ``steps`` is the training budget."""
+    from .stats import mean_std
+
+    out = []
+    for lab, per_seed in reached.items():
+        hit = [x for x in per_seed if x is not None]
+        if hit:
+            m, sd = mean_std(hit)
+            out.append(f"- {lab}: reached on {len(hit)} of {len(per_seed)} seeds, at step {m:.0f} ± {sd:.0f} "
+                       f"(mean ± std over those seeds; per seed {per_seed})")
+        else:
+            out.append(f"- {lab}: never reached it within {steps} steps on any seed")
+    return out
 
 
 def steps_to_reach(curve: Sequence[Sequence[float]], level: float) -> int | None:
