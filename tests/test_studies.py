@@ -545,7 +545,14 @@ def test_synthetic_study_checks():
         validate_study({"study": "needles", "seeds": [0, 1], "train_length": 20}, "test")
     with pytest.raises(ValueError, match=r"train_lengths in test must be a list of integers >= 1 whose largest is "
                                          r"train_length \(32\), got \[16, 24\]"):
-        validate_study({"study": "needles", "seeds": [0, 1], "train_lengths": [16, 24]}, "test")
+        validate_study({"study": "needles", "seeds": [0, 1], "train_task": "needles", "train_lengths": [16, 24]},
+                       "test")
+    validate_study({"study": "needles", "seeds": [0, 1], "train_lengths": [16, 24]}, "test")  # unused with MQAR
+    with pytest.raises(ValueError, match=r"train_task in test must be one of \['mqar', 'needles'\], got 'copy'"):
+        validate_study({"study": "needles", "seeds": [0, 1], "train_task": "copy"}, "test")
+    with pytest.raises(ValueError, match=r"train_length in test must be the longest MQAR sequence, 4 · max "
+                                         r"train_pairs = 24, got 32"):
+        validate_study({"study": "needles", "seeds": [0, 1], "train_pairs": [2, 6]}, "test")
     with pytest.raises(ValueError, match=r"length_factors in test must be a list of integers >= 1 starting with 1"):
         validate_study({"study": "needles", "seeds": [0, 1], "length_factors": [2, 4]}, "test")
     with pytest.raises(ValueError, match=r"widths in test must be a list of distinct integers >= 1 in increasing"):
@@ -582,8 +589,7 @@ def test_needles_study_tiny(tmp_path, one_thread):
     out = tmp_path / "out"
     res = run_study({"study": "needles", "seeds": [0, 1], "out": str(out), "steps": 4, "batch_size": 4,
                      "warmup_steps": 1, "model": {"dim": 16, "depth": 1, "num_heads": 2}, "train_length": 24,
-                     "train_lengths": [15, 24], "train_needles": [1, 3], "train_queried": [1, 2],
-                     "needles": [1, 3], "queried": [1, 1],
+                     "train_pairs": [2, 6], "needles": [1, 3], "queried": [1, 1],
                      "depths": [0.0, 1.0], "length_factors": [1, 2],
                      "samples": 3, "eval_every": 2, "curve_samples": 3, "attention_samples": 2}, progress=False)
     labels = ["Transformer", "Diff Transformer", "Diff Transformer V2", "DG Transformer"]
@@ -617,6 +623,31 @@ def test_needles_study_tiny(tmp_path, one_thread):
     assert "## Learning curves" in report and "### DG Transformer" in report
 
 
+def test_needles_training_streams():
+    """MQAR by default (P from train_pairs, no distractor or marker token); needles on request, at the lengths that
+    hold them; the same seed gives the same stream."""
+    from diffattn.data.synthetic import NEEDLE, QUERY, SyntheticVocab
+    from diffattn.studies import needles
+
+    vocab = SyntheticVocab(num_keys=16, num_values=16, num_filler=64)
+    cfg = {**needles.DEFAULTS, "batch_size": 3}
+    first = [next(needles._train_batches(cfg, vocab, 0)) for _ in range(2)]
+    stream = needles._train_batches(cfg, vocab, 0)
+    batches = [next(stream) for _ in range(40)]
+    assert torch.equal(first[0].ids, batches[0].ids)
+    assert {b.ids.shape[1] for b in batches} == {8, 16, 32}  # 4 · P for P in train_pairs
+    assert all(int(b.ids.max()) < vocab.first_filler and int(b.ids.min()) >= vocab.first_key for b in batches)
+    cfg = {**cfg, "train_task": "needles", "train_needles": [1, 6], "train_queried": [1, 2]}
+    stream = needles._train_batches(cfg, vocab, 0)
+    batches = [next(stream) for _ in range(40)]
+    assert {b.ids.shape[1] for b in batches} <= {16, 24, 32}
+    assert {b.answer_pos.shape[1] for b in batches} == {1, 2}
+    assert all(b.ids.shape[1] >= 24 for b in batches if b.answer_pos.shape[1] == 2)  # N6R2: 3 · (6 + 2) tokens
+    for b in batches:  # 3 samples, each with R queries and N = 1 or 6 needles (R = 1 or 2)
+        r = b.answer_pos.shape[1]
+        assert (b.ids == QUERY).sum(1).tolist() == [r] * 3 and (b.ids == NEEDLE).sum(1).tolist() == [5 * r - 4] * 3
+
+
 def test_recall_study_tiny(tmp_path, one_thread):
     from diffattn.studies import run_study
 
@@ -637,3 +668,26 @@ def test_recall_study_tiny(tmp_path, one_thread):
             assert [s for s, _ in r["curve"]] == [2, 4] and r["params"] > 0
     report = (out / "report.md").read_text()
     assert "Control: Transformer accuracy at width 16 with 2 pairs (%)" in report
+
+
+def test_recall_crosscheck_script_runs(capsys, one_thread):
+    """scripts/recall_crosscheck_hf.py: transformers' Llama and DiffLlama through the studies' recipe, a line per
+    model and seed with three accuracies in [0, 100]."""
+    import re
+    import runpy
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "recall_crosscheck_hf.py"
+    argv = sys.argv
+    sys.argv = [str(script), "--seeds", "0", "--steps", "2"]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [ln.split(":")[0] for ln in lines] == ["seed 0 Llama", "seed 0 DiffLlama"]
+    for ln in lines:
+        accs = [float(a) for a in re.findall(r"(\d+\.\d) %", ln)]
+        assert len(accs) == 3 and all(0 <= a <= 100 for a in accs)
+        assert math.isfinite(float(ln.rsplit(" ", 1)[1]))

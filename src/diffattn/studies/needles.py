@@ -2,11 +2,19 @@
 attention (Ye et al. 2024, "Differential Transformer", §3.4, Table 2, Table 3 and Fig. 3).
 
 Four causal LMs of (near-)equal parameter count (:mod:`.synthetic`) are trained from scratch with one recipe, seed
-and budget on generated multi-needle samples (:func:`diffattn.data.synthetic.needle_batch`: N key–value needles in
-a context of random distractor tokens, R of them asked for at the end; (N, R) drawn from ``train_needles`` /
-``train_queried``, the length from ``train_lengths`` (the longest is the trained length ``train_length``), the
-needles anywhere), with the loss on the answer tokens only. The same
-checkpoints are then measured:
+and budget, with the loss on the answer tokens only, on one of two training tasks (``train_task``):
+
+- ``"mqar"`` (the default): multi-query associative recall (:func:`diffattn.data.synthetic.mqar_batch`; Arora et al.
+  2023), P key–value pairs then every key again, P drawn per batch from ``train_pairs``; the longest sequence,
+  4 · max(``train_pairs``), is the trained length ``train_length``. The models never see a distractor, a needle
+  marker or a query marker in training: the needles are a test of retrieval from a noisy context, the way Ye et al.
+  evaluate language models that were never trained on needles;
+- ``"needles"``: the needles themselves (:func:`diffattn.data.synthetic.needle_batch`), (N, R) drawn from
+  ``train_needles`` / ``train_queried``, the length from ``train_lengths`` (the longest is ``train_length``), the
+  needles anywhere.
+
+Then the same checkpoints are measured on generated multi-needle samples (N key–value needles in a context of
+random distractor tokens, R of them asked for at the end):
 
 - accuracy per (N, R, depth of the first queried needle, context length), ``samples`` per cell, at the trained
   length and at ``length_factors`` times it (Table 2's grid, shrunk: N ∈ {1, 2, 4, 6}, R ∈ {1, 2, 2, 2}, depths
@@ -24,7 +32,7 @@ checkpoints are then measured:
 - learning curves (Fig. 3's efficiency claim at this size): the accuracy on a fixed set at the trained length every
   ``eval_every`` steps, and the first step at which each model reaches the control level.
 
-Control: the Transformer's mean accuracy at the trained length (over the (N, R) cells and depths) must reach
+Control: the Transformer's mean needle accuracy at the trained length (over the (N, R) cells and depths) must reach
 ``control_accuracy`` before any model is compared with it.
 """
 
@@ -36,7 +44,7 @@ from typing import Any
 
 import torch
 
-from ..data.synthetic import SyntheticBatch, SyntheticVocab, needle_batch
+from ..data.synthetic import SyntheticBatch, SyntheticVocab, mqar_batch, needle_batch
 from .report import Control, Metric, run_seeds, write_study
 from .stats import mean_std
 from .synthetic import (
@@ -54,11 +62,14 @@ __all__ = ["VARIANTS", "DEFAULTS", "run", "control", "needle_grid", "grid_accura
 
 #: variant → label (the first is the baseline)
 VARIANTS: dict[str, str] = dict(MODELS)
+#: the training tasks (module docstring)
+TRAIN_TASKS = ("mqar", "needles")
 #: the budget (diffattn/configs/studies/needles.yaml)
 DEFAULTS: dict[str, Any] = {
-    "steps": 600, "batch_size": 32, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
+    "steps": 600, "batch_size": 32, "lr": 1.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
     "model": {"dim": 64, "depth": 2, "num_heads": 4},
-    "vocab": {"num_keys": 16, "num_values": 16, "num_filler": 64},
+    "vocab": {"num_keys": 16, "num_values": 16, "num_filler": 8},
+    "train_task": "mqar", "train_pairs": [2, 4, 8],
     "train_length": 32, "train_lengths": [16, 24, 32], "train_needles": [1, 2, 4, 6], "train_queried": [1, 2, 2, 2],
     "needles": [1, 2, 4, 6], "queried": [1, 2, 2, 2], "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
     "length_factors": [1, 2, 4], "samples": 50, "eval_every": 60, "curve_samples": 50, "attention_samples": 10,
@@ -72,12 +83,27 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
                 "attention_samples", "threads"):
         if cfg[key] < (0 if key == "warmup_steps" else 1):
             errors.append(f"{key} in {where} must be >= {0 if key == 'warmup_steps' else 1}, got {cfg[key]}")
+    task = cfg["train_task"]
+    if task not in TRAIN_TASKS:
+        errors.append(f"train_task in {where} must be one of {list(TRAIN_TASKS)}, got {task!r}")
+    train_pairs = cfg["train_pairs"]
+    if task == "mqar":
+        if not train_pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in train_pairs):
+            errors.append(f"train_pairs in {where} must be a non-empty list of integers >= 1, got {train_pairs!r}")
+        elif 4 * max(train_pairs) != cfg["train_length"]:
+            errors.append(f"train_length in {where} must be the longest MQAR sequence, 4 · max train_pairs = "
+                          f"{4 * max(train_pairs)}, got {cfg['train_length']}")
+        elif max(train_pairs) > cfg["vocab"].get("num_keys", 0):
+            errors.append(f"train_pairs in {where} must be <= vocab.num_keys ({cfg['vocab'].get('num_keys')}: the "
+                          f"keys of a sample are distinct), got {train_pairs!r}")
     lengths = cfg["train_lengths"]
-    if not lengths or any(isinstance(x, bool) or not isinstance(x, int) or x < 1 for x in lengths) or \
-            max(lengths) != cfg["train_length"]:
+    if task == "needles" and (not lengths or any(isinstance(x, bool) or not isinstance(x, int) or x < 1
+                                                 for x in lengths) or max(lengths) != cfg["train_length"]):
         errors.append(f"train_lengths in {where} must be a list of integers >= 1 whose largest is train_length "
                       f"({cfg['train_length']}), got {lengths!r}")
-    for a, b in (("needles", "queried"), ("train_needles", "train_queried")):
+    checked = (("needles", "queried"), ("train_needles", "train_queried")) if task == "needles" else \
+        (("needles", "queried"),)
+    for a, b in checked:
         needles, queried = cfg[a], cfg[b]
         if not needles or len(needles) != len(queried) or \
                 not all(isinstance(x, int) and x >= 1 for x in needles + queried) or \
@@ -214,9 +240,14 @@ def quantized_accuracy(model: torch.nn.Module, cells: dict[str, dict[str, Synthe
 
 
 def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
-    """The training stream of a seed: per batch, (N, R) drawn uniformly from the training pairs, then the length
-    from the ``train_lengths`` that hold N needles and R queries; the needles anywhere."""
+    """The training stream of a seed (module docstring): ``"mqar"``: P drawn uniformly from ``train_pairs`` per
+    batch; ``"needles"``: (N, R) drawn uniformly from the training pairs, then the length from the
+    ``train_lengths`` that hold N needles and R queries, the needles anywhere."""
     g = torch.Generator().manual_seed(seed)
+    if cfg["train_task"] == "mqar":
+        while True:
+            p = cfg["train_pairs"][int(torch.randint(len(cfg["train_pairs"]), (1,), generator=g))]
+            yield mqar_batch(cfg["batch_size"], pairs=p, generator=g, vocab=vocab)
     pairs = list(zip(cfg["train_needles"], cfg["train_queried"]))
     while True:
         n, r = pairs[int(torch.randint(len(pairs), (1,), generator=g))]
@@ -272,6 +303,15 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
     return out
 
 
+def _training(cfg: dict[str, Any]) -> str:
+    if cfg["train_task"] == "mqar":
+        return (f"trained on multi-query associative recall (Arora et al. 2023) with P drawn from "
+                f"{cfg['train_pairs']} pairs per batch ({4 * min(cfg['train_pairs'])}–{cfg['train_length']} tokens): "
+                f"no distractor, needle or query marker is seen in training")
+    return (f"trained on needles of {cfg['train_lengths']} tokens (one length per batch), (N needles, R queried) "
+            f"drawn from {[_cell(n, r) for n, r in zip(cfg['train_needles'], cfg['train_queried'])]}")
+
+
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every variant at every seed, aggregated (module docstring)."""
     torch.set_num_threads(cfg["threads"])
@@ -319,10 +359,8 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     intro = (f"Multi-needle retrieval (Ye et al. 2024, §3.4, Tables 2–3, Fig. 3) at CPU size: four causal LMs of "
              f"{m['depth']} layers, width {m['dim']}, {m['num_heads']} (standard) heads, near-equal parameter counts "
              f"(below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, warm-up "
-             f"{cfg['warmup_steps']} then cosine) of {cfg['batch_size']} generated samples of {cfg['train_lengths']} "
-             f"tokens (one length per batch), loss on the answer tokens only; (N needles, R queried) drawn from "
-             f"{[_cell(n, r) for n, r in zip(cfg['train_needles'], cfg['train_queried'])]}, vocabulary "
-             f"{vocab.size} tokens ({vocab.num_keys} keys, "
+             f"{cfg['warmup_steps']} then cosine) of {cfg['batch_size']} generated samples, loss on the answer tokens "
+             f"only, {_training(cfg)}; vocabulary {vocab.size} tokens ({vocab.num_keys} keys, "
              f"{vocab.num_values} values, {vocab.num_filler} distractors). Evaluated on {cfg['samples']} samples per "
              f"(N, R, depth {cfg['depths']}) cell at {[f * cfg['train_length'] for f in cfg['length_factors']]} "
              f"tokens. Attention mass from the position that predicts the first answer, signed = the map applied "
