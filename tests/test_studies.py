@@ -293,7 +293,7 @@ def test_run_seeds_computes_only_the_missing_seeds(tmp_path):
     ({"seeds": [0]}, "seeds in test must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
     ({"seeds": [0, True]}, "seeds in test must be a list of at least 2 distinct integers"),
     ({"variants": ["vit"]}, "variants in test must be a list of at least 2 distinct names from"),
-    ({"steps": "many"}, "steps in test must be of type int \\(default 200\\), got 'many' \\(str\\)"),
+    ({"steps": "many"}, "steps in test must be of type int \\(default 600\\), got 'many' \\(str\\)"),
     ({"steps": 0}, "steps in test must be >= 1, got 0"),
     ({"noise_levels": [0.1, -0.2]}, "noise_levels in test must be a non-empty list of numbers > 0"),
     ({"corruptions": ["rain"]}, "corruptions in test must be a non-empty list from"),
@@ -570,10 +570,16 @@ def test_synthetic_study_checks():
 
 def _check_synthetic(res, labels):
     assert res["labels"] == labels and res["seeds"] == [0, 1]
-    ctrl = res["control"]
-    assert ctrl["line"].startswith("Control: Transformer accuracy") and len(ctrl["values"]) == 2
-    assert res["verdict"] == ("compared" if ctrl["passed"] else "inconclusive")
+    ctrls = res["control"] if isinstance(res["control"], list) else [res["control"]]
+    for ctrl in ctrls:
+        assert ctrl["line"].startswith("Control: Transformer accuracy") and len(ctrl["values"]) == 2
+    passed = [c["passed"] for c in ctrls]
+    assert res["verdict"] == ("compared" if all(passed) else "inconclusive" if not any(passed) else
+                              "partly inconclusive")
     for r in res["rows"]:
+        # one control per part ("w8", "w16"): each gates the rows of its own part
+        part = r["key"].split(".")[0]
+        ctrl = ctrls[0] if len(ctrls) == 1 else next(c for c in ctrls if c["key"].split(".")[0] == part)
         for lab in labels:
             vals = r["values"][lab]
             assert len(vals) == 2 and all(math.isfinite(v) for v in vals)
@@ -660,13 +666,16 @@ def test_recall_study_tiny(tmp_path, one_thread):
     _check_synthetic(results, labels)
     assert {r["key"] for r in results["rows"]} == {"w8.accuracy.P2", "w8.accuracy.P4", "w16.accuracy.P2",
                                                     "w16.accuracy.P4", "w8.mean_accuracy", "w16.mean_accuracy"}
-    assert results["control"]["key"] == "w16.accuracy.P2"
+    assert [c["key"] for c in results["control"]] == ["w8.accuracy.P2", "w16.accuracy.P2"]
+    from diffattn.studies import recall
+    assert [c.gates for c in recall.control(results["config"])] == [("w8",), ("w16",)]
     for lab in labels:
         for w in ("w8", "w16"):
             r = results["per_seed"]["0"][lab][w]
             assert r["mean_accuracy"] == pytest.approx((r["accuracy"]["P2"] + r["accuracy"]["P4"]) / 2)
             assert [s for s, _ in r["curve"]] == [2, 4] and r["params"] > 0
     report = (out / "report.md").read_text()
+    assert "Control: Transformer accuracy at width 8 with 2 pairs (%)" in report
     assert "Control: Transformer accuracy at width 16 with 2 pairs (%)" in report
 
 

@@ -41,7 +41,7 @@ VARIANTS: dict[str, tuple[str, str]] = {
 CONTROL = Control("baseline clean test accuracy (%; chance 10 %)", "clean", 50.0, scale=100.0)
 #: the budget (diffattn/configs/studies/dgvit.yaml)
 DEFAULTS: dict[str, Any] = {
-    "steps": 200, "batch_size": 32, "lr": 2.0e-3, "weight_decay": 0.05, "warmup_steps": 20,
+    "steps": 600, "batch_size": 32, "lr": 2.0e-3, "weight_decay": 0.05, "warmup_steps": 20,
     "label_smoothing": 0.1, "model": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10},
     "test_images": 500, "noise_levels": [0.1, 0.2, 0.4],
     "corruptions": ["gaussian_noise", "defocus_blur", "contrast", "jpeg_compression"],

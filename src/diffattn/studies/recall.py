@@ -9,8 +9,8 @@ the loss on the queried values only. Measured on the same checkpoints: accuracy 
 samples per cell, and learning curves (the accuracy at the easiest setting, the smallest P, on a fixed set every
 ``eval_every`` steps) with the first step at which each model reaches the control level.
 
-Control: the Transformer at the larger width must reach ``control_accuracy`` at the easiest setting (the smallest
-P) before any model is compared with it.
+Controls, one per width: at each width the Transformer must reach ``control_accuracy`` at the easiest setting (the
+smallest P) before any model of that width is compared with it; a width whose Transformer misses it shows means only.
 """
 
 from __future__ import annotations
@@ -58,8 +58,8 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     widths = cfg["widths"]
     if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
             widths != sorted(set(widths)):
-        errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order (the last "
-                      f"is the control's), got {widths!r}")
+        errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order ), got "
+                      f"{widths!r}")
     elif cfg["num_heads"] >= 1 and any(w % (2 * cfg["num_heads"]) for w in widths):
         errors.append(f"widths in {where} must be multiples of 2 · num_heads ({2 * cfg['num_heads']}: even head "
                       f"widths for the rotary embedding), got {widths!r}")
@@ -84,12 +84,14 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
         raise ValueError("; ".join(errors))
 
 
-def control(cfg: dict[str, Any]) -> Control:
-    """The positive control: the baseline at the largest width must reach ``control_accuracy`` with the fewest pairs
-    (with 2 pairs, naming the value not yet given scores 75 % without matching any key)."""
-    w, easiest = cfg["widths"][-1], cfg["pairs"][0]
-    return Control(f"{VARIANTS[cfg['variants'][0]]} accuracy at width {w} with {easiest} pairs (%)",
-                   f"w{w}.accuracy.P{easiest}", 100.0 * cfg["control_accuracy"], scale=100.0)
+def control(cfg: dict[str, Any]) -> list[Control]:
+    """The positive controls, one per width, each gating only that width's tests: the baseline must reach
+    ``control_accuracy`` with the fewest pairs (with 2 pairs, naming the value not yet given scores 75 % without
+    matching any key)."""
+    easiest = cfg["pairs"][0]
+    return [Control(f"{VARIANTS[cfg['variants'][0]]} accuracy at width {w} with {easiest} pairs (%)",
+                    f"w{w}.accuracy.P{easiest}", 100.0 * cfg["control_accuracy"], scale=100.0, gates=(f"w{w}",))
+            for w in cfg["widths"]]
 
 
 def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
