@@ -41,7 +41,7 @@ VARIANTS: dict[str, str] = dict(MODELS)
 #: the budget (diffattn/configs/studies/recall.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 600, "batch_size": 32, "lr": 1.0e-3, "weight_decay": 0.1, "warmup_steps": 50,
-    "widths": [32, 64], "depth": 2, "num_heads": 4,
+    "widths": [64, 128], "depth": 2, "num_heads": 4,
     "vocab": {"num_keys": 16, "num_values": 16, "num_filler": 1},
     "pairs": [2, 4, 8], "samples": 200, "eval_every": 50, "curve_samples": 100,
     "control_accuracy": 0.9, "threads": 1,
@@ -58,7 +58,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     widths = cfg["widths"]
     if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
             widths != sorted(set(widths)):
-        errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order ), got "
+        errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order, got "
                       f"{widths!r}")
     elif cfg["num_heads"] >= 1 and any(w % (2 * cfg["num_heads"]) for w in widths):
         errors.append(f"widths in {where} must be multiples of 2 · num_heads ({2 * cfg['num_heads']}: even head "
