@@ -54,7 +54,7 @@ DEFAULT_VARIANTS = ["lm", "diff_lm"]
 CONTROL = Control("baseline needle accuracy at the trained length (%)", "accuracy", 80.0, scale=100.0)
 #: the budget (diffattn/configs/studies/noise.yaml)
 DEFAULTS: dict[str, Any] = {
-    "steps": 1200, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
+    "steps": 2400, "batch_size": 16, "block_size": 128, "lr": 3.0e-3, "weight_decay": 0.1, "warmup_steps": 30,
     "needle_fraction": 0.5,
     "model": {"vocab_size": 256, "dim": 64, "depth": 2, "num_heads": 4, "num_kv_heads": 4},
     "prompt_length": 124, "depths": [0.25, 0.5, 0.75], "trials": 6, "ppl_bytes": 8000, "threads": 1,
