@@ -153,6 +153,55 @@ def test_compare_of_runs_without_shared_metrics_is_an_error(evaluated, tmp_path,
     one_error(capsys, "share no metric")
 
 
+# ------------------------------------------------------------------ 3. a finished run can be extended
+
+
+def _rows(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+@pytest.fixture
+def short_run(tmp_path) -> Path:
+    """A finished 4-step run whose cosine decay is past its warm-up (2 steps), so a new total changes its lr."""
+    run = tmp_path / "short"
+    assert cli.main(["train", CLASSIFY, "--out", str(run), *FAST, "--set", "optim.warmup_steps=2"]) == 0
+    return run
+
+
+def test_resume_with_more_steps_extends_a_finished_run(short_run, capsys):
+    from diffattn.train.optim import warmup_cosine
+
+    before = _rows(short_run)
+    capsys.readouterr()
+    assert cli.main(["train", CLASSIFY, "--out", str(short_run), *FAST, "--set", "optim.warmup_steps=2",
+                     "--resume", "auto", "--set", "run.steps=8"]) == 0
+    captured = capsys.readouterr()
+    assert "trained 8 steps (resumed from step 4, extended from 4 steps)" in captured.out
+    assert "extended the run from 4 to 8 steps: from step 5 on the lr follows the warm-up + cosine schedule of a " \
+           "8-step run (lr 0.00225 at step 5)" in captured.err
+    rows = _rows(short_run)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert [r["loss"] for r in rows[:4]] == [r["loss"] for r in before]  # bit-identical first 4 steps
+    assert rows[3]["lr"] == 3e-3 * warmup_cosine(3, 4, 2)  # 1.5e-3: the old schedule up to the checkpoint
+    assert [r["lr"] for r in rows[4:]] == [3e-3 * warmup_cosine(s, 8, 2) for s in range(4, 8)]  # the new one after
+    assert sorted(p.name for p in (short_run / "checkpoints").iterdir())[-1] == "step_00000008"
+    assert "8 optimizer steps" in (short_run / "model" / "README.md").read_text()
+
+
+def test_resume_with_another_config_names_each_key_and_changes_nothing(short_run, capsys):
+    before = snapshot(short_run)
+    capsys.readouterr()
+    assert cli.main(["train", CLASSIFY, "--out", str(short_run), *FAST, "--resume", "auto", "--set",
+                     "run.steps=8", "--set", "optim.lr=6e-3", "--set", "model.overrides.depth=2"]) == 2
+    line = one_error(capsys, "optim.lr 0.003 → 0.006", "optim.warmup_steps 2 → 10",
+                     "model.overrides.depth 1 → 2", "run.steps", "--overwrite", "--out")
+    assert "run.steps 4" not in line  # the step budget may change; it is not listed as a difference
+    assert cli.main(["train", CLASSIFY, "--out", str(short_run), *FAST, "--set", "optim.warmup_steps=2",
+                     "--resume", "auto", "--set", "run.steps=3"]) == 2
+    one_error(capsys, "3 steps", "step 4", "run.steps >= 4")
+    assert snapshot(short_run) == before
+
+
 # ------------------------------------------------------------------------ 2. one line for every user error
 
 
