@@ -423,6 +423,92 @@ def test_images_and_classes_that_do_not_fit_the_model_are_refused(extra, names, 
 
 
 
+# ------------------------------------------------------------------- 6. one call loads any run or save
+
+
+@pytest.mark.slow
+def test_load_run_and_from_pretrained_take_the_run_folder_eval_takes(evaluated):
+    import torch
+
+    import diffattn
+
+    model = diffattn.load_run(evaluated)
+    ref = diffattn.from_pretrained(evaluated / "model")
+    assert type(model).__name__ == "VisionTransformer" and not model.training
+    for other in (ref, diffattn.from_pretrained(evaluated), diffattn.models.from_pretrained(evaluated)):
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+
+
+@pytest.fixture
+def saves(tmp_path) -> dict[str, Path]:
+    """One folder of each kind a user may hand to the wrong loader."""
+    import torch
+
+    import diffattn
+
+    out = {"save": tmp_path / "save", "diffllama": tmp_path / "diffllama", "gpt2": tmp_path / "gpt2",
+           "adapter": tmp_path / "adapter", "ckpt": tmp_path / "run" / "checkpoints" / "step_00000004"}
+    diffattn.create_model("diff_lm_tiny", depth=1, vocab_size=64).save_pretrained(out["save"])
+    for name, cfg in (("diffllama", {"architectures": ["DiffLlamaForCausalLM"], "model_type": "diffllama"}),
+                      ("gpt2", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})):
+        out[name].mkdir()
+        (out[name] / "config.json").write_text(json.dumps(cfg))
+    out["adapter"].mkdir()
+    (out["adapter"] / "diffattn_adapter.json").write_text("{}")
+    out["ckpt"].mkdir(parents=True)
+    torch.save({"step": 4}, out["ckpt"] / "state.pt")
+    return out
+
+
+def _loaders():
+    import torch
+
+    import diffattn
+
+    return {"from_pretrained": diffattn.from_pretrained, "load_run": diffattn.load_run,
+            "from_pretrained_retrofit": diffattn.from_pretrained_retrofit,
+            "load_adapter": lambda p: diffattn.load_adapter(torch.nn.Linear(2, 2), p),
+            "from_diffllama": diffattn.convert.from_diffllama}
+
+
+@pytest.mark.parametrize("loader, kind, names", [
+    ("from_pretrained", "diffllama", ["DiffLlama checkpoint (architectures ['DiffLlamaForCausalLM'])",
+                                      "diffattn.convert.from_diffllama(path)"]),
+    ("from_pretrained", "gpt2", ["transformers checkpoint", "diffattn.retrofit(model, method)"]),
+    ("from_pretrained", "adapter", ["adapter folder", "diffattn.load_adapter(base_model, path)"]),
+    ("load_run", "diffllama", ["diffattn.convert.from_diffllama(path)"]),
+    ("load_run", "adapter", ["diffattn.load_adapter(base_model, path)"]),
+    ("load_run", "ckpt", ["a training checkpoint (state.pt)", "diffattn.load_run('{tmp}/run')", "--resume"]),
+    ("from_pretrained_retrofit", "save", ["a diffattn save_pretrained folder", "diffattn.from_pretrained(path)"]),
+    ("from_pretrained_retrofit", "diffllama", ["diffattn.convert.from_diffllama(path)"]),
+    ("load_adapter", "save", ["a diffattn save_pretrained folder", "diffattn.load_run(path)"]),
+    ("from_diffllama", "save", ["not a transformers DiffLlama checkpoint", "diffattn.from_pretrained(path)"]),
+])
+def test_every_loader_names_the_loader_a_wrong_path_needs(loader, kind, names, saves, tmp_path):
+    with pytest.raises(ValueError) as e:
+        _loaders()[loader](saves[kind])
+    msg = str(e.value)
+    assert msg.startswith(f"{saves[kind]} is ") and "\n" not in msg, msg
+    for name in names:
+        assert name.format(tmp=tmp_path) in msg, (name, msg)
+
+
+@pytest.mark.parametrize("architecture, names", [
+    (["CausalLM"], ["'architecture' ['CausalLM']", "name of a diffattn model class", "from_diffllama"]),
+    (["DiffLlamaForCausalLM"], ["DiffLlama checkpoint (architecture ['DiffLlamaForCausalLM'])",
+                                "diffattn.convert.from_diffllama(path)"]),
+])
+def test_from_pretrained_of_a_list_architecture_is_a_value_error(architecture, names, saves):
+    import diffattn
+
+    cfg = saves["save"] / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "architecture": architecture}))
+    with pytest.raises(ValueError) as e:  # was TypeError: unhashable type: 'list'
+        diffattn.from_pretrained(saves["save"])
+    for name in names:
+        assert name in str(e.value), (name, str(e.value))
+
+
 # ------------------------------------------------------------------------------------- 8. honest metadata
 
 
