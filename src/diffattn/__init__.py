@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         adapters,
         convert,
         data,
+        export,
         factory,
         formats,
         functional,
@@ -36,6 +37,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     )
     from .adapters import from_pretrained_retrofit, load_adapter, retrofit, save_adapter
     from .data import get_dataset, list_datasets
+    from .export import export_onnx
     from .factory import create_model, from_pretrained, load_run, register_timm
     from .formats import FormatMigrationWarning
     from .functional import AttentionWeights, attention, diff_attention
@@ -78,6 +80,7 @@ __all__ = [
     "list_pretrained",
     "from_pretrained",
     "load_run",
+    "export_onnx",
     "create_model_and_transforms",
     "create_model_from_pretrained",
     "get_tokenizer",
@@ -90,7 +93,7 @@ __all__ = [
 ]
 
 #: the library's subpackages, imported on first access (``diffattn.layers``) or by ``import diffattn.layers``
-_SUBMODULES = ("adapters", "convert", "data", "factory", "formats", "functional", "io", "lambdas", "layers",
+_SUBMODULES = ("adapters", "convert", "data", "export", "factory", "formats", "functional", "io", "lambdas", "layers",
                "losses", "models", "openclip")
 #: public name -> the subpackage that defines it
 _LAZY = {
@@ -102,6 +105,7 @@ _LAZY = {
     **dict.fromkeys(("list_models", "list_pretrained"), "models"),
     **dict.fromkeys(("create_model_and_transforms", "create_model_from_pretrained", "get_tokenizer"), "openclip"),
     "FormatMigrationWarning": "formats",
+    "export_onnx": "export",
     **dict.fromkeys(("get_dataset", "list_datasets"), "data"),
 }
 
