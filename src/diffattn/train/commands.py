@@ -28,6 +28,9 @@ def _train_command(args: argparse.Namespace) -> int:
                   f"{result['run_dir']}")
         else:
             resumed = f" (resumed from step {result['resumed_from']})" if result.get("resumed_from") else ""
+            if result.get("extended_from"):
+                resumed = (f" (resumed from step {result['resumed_from']}, extended from {result['extended_from']} "
+                           f"steps)")
             print(f"trained {result['steps']} steps{resumed}, {loss_text}; run in {result['run_dir']}")
     if dist.is_initialized():
         dist.destroy_process_group()

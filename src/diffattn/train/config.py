@@ -27,7 +27,7 @@ from ..lambdas import DEFAULT_LAMBDA_INIT
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
            "load_config", "apply_overrides", "config_from_dict", "TASKS", "VAL_METRICS", "val_metric",
-           "RESUMABLE_KEYS", "digest_hash"]
+           "RESUMABLE_KEYS", "BUDGET_KEYS", "digest_hash"]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp2")
@@ -358,6 +358,9 @@ def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
 #: keys that may differ between a run and its resumption (they do not change the computation)
 RESUMABLE_KEYS = {("run", "out"), ("run", "progress"), ("run", "log_every"), ("run", "ckpt_every"),
                   ("run", "keep_last"), ("data", "num_workers"), ("run", "threads")}
+#: the step budget: it may change on resume, which extends (or shortens) the run; the lr schedule is then the one of
+#: a run planned for the new total from the resume step on (:func:`diffattn.train.loop.train`)
+BUDGET_KEYS = {("run", "steps"), ("run", "epochs")}
 
 
 def digest_hash(d: dict[str, Any]) -> str:
