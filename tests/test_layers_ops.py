@@ -15,43 +15,23 @@ The ceilings are the counts measured when the test was written (docs/benchmarks.
 
 from __future__ import annotations
 
-import collections
 from unittest import mock
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import diffattn.functional as functional
 from diffattn.kernels import triton_diff
 from diffattn.layers import AttentionSpec, Block
+from diffattn.utils import count_ops
 
 
-class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched inside the ``with`` block, views excluded."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if not func.is_view:
-            self.ops[func.overloadpacket.__name__] += 1
-        return func(*args, **(kwargs or {}))
-
-    @property
-    def total(self) -> int:
-        return sum(self.ops.values())
-
-
-def count_step(module: torch.nn.Module, x: torch.Tensor) -> OpCounter:
+def count_step(module: torch.nn.Module, x: torch.Tensor) -> int:
     """Ops of one forward + backward with the gradients at None (what ``zero_grad()`` leaves), after a warm-up."""
     module(x).sum().backward()
     module.zero_grad(set_to_none=True)
     x.grad = None
-    with OpCounter() as counter:
-        module(x).sum().backward()
-    return counter
+    return sum(count_ops(lambda: module(x).sum().backward()).values())
 
 
 def _fake_fwd(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches, tiles=None):
@@ -72,11 +52,11 @@ def block_ops(kind: str, backend: str = "sdpa") -> int:
     block = Block(64, 4, attention=spec)
     x = torch.randn(2, 16, 64, requires_grad=True)
     if backend != "triton":
-        return count_step(block, x).total
+        return count_step(block, x)
     with mock.patch.object(functional, "_triton_reason", lambda *a: None), \
             mock.patch.object(triton_diff, "_fwd_impl", _fake_fwd), \
             mock.patch.object(triton_diff, "_bwd_impl", _fake_bwd):
-        return count_step(block, x).total
+        return count_step(block, x)
 
 
 # ops of a standard block's forward + backward, and the ceiling of each differential block's ratio to it
@@ -86,11 +66,9 @@ FUSED_CEILING = {"diff": 2.2, "gated": 2.15, "diff_v2": 1.65}
 
 
 def test_counter_counts_what_runs():
-    counter = OpCounter()
     a = torch.randn(3, 4, requires_grad=True)
-    with counter:
-        (a * 2).t().sum().backward()  # mul, sum; backward: ones_like, expand (view), mul; .t() is a view
-    assert counter.ops["mul"] == 2 and counter.ops["sum"] == 1 and "t" not in counter.ops
+    ops = count_ops(lambda: (a * 2).t().sum().backward())  # backward: ones_like, expand (a view), mul
+    assert ops == {"mul": 2, "sum": 1, "ones_like": 1}
 
 
 def test_standard_block_ops():
@@ -115,9 +93,8 @@ def test_reparam_lambda_ops_and_gradient():
     from diffattn.lambdas import reparam_lambda
 
     ps = [torch.randn(8, dtype=torch.float64, requires_grad=True) for _ in range(4)]
-    with OpCounter() as counter:
-        reparam_lambda(*ps, 0.3).backward()
-    assert counter.total == 6 + 7 + 1  # + the ones_like of backward()
+    ops = count_ops(lambda: reparam_lambda(*ps, 0.3).backward())
+    assert sum(ops.values()) == 6 + 7 + 1  # + the ones_like of backward()
     got = [p.grad.clone() for p in ps]
     for p in ps:
         p.grad = None

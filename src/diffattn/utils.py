@@ -7,7 +7,7 @@ import platform
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["peak_memory_mb", "MALLOC_ENV", "cpu_name", "write_markdown_section"]
+__all__ = ["peak_memory_mb", "MALLOC_ENV", "cpu_name", "write_markdown_section", "count_ops"]
 
 # glibc keeps freed blocks resident once its dynamic mmap threshold has grown, which hides later peaks from the
 # RSS high-water mark; a fixed threshold returns every large block to the OS on free. Set it before the process
@@ -66,3 +66,22 @@ def write_markdown_section(path: str | Path, key: str, text: str) -> None:
         new = old.rstrip("\n") + ("\n\n" if old else "") + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new)
+
+
+def count_ops(fn: Callable[[], object]) -> dict[str, int]:
+    """The aten ops that ``fn()`` dispatches, views excluded, by name: the host cost of eager PyTorch code, which
+    on a GPU bounds the speed of small models (each op is a launch). Counted with a ``TorchDispatchMode``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: dict[str, int] = {}
+
+    class _Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                name = func.overloadpacket.__name__
+                ops[name] = ops.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with _Counter():
+        fn()
+    return ops
