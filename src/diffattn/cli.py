@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,8 @@ from .errors import UsageError, is_user_error, one_line
 if TYPE_CHECKING:
     from .studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
 
-__all__ = ["main", "demo", "study", "load_study", "build_parser", "DEMO_VARIANTS", "DEMO_DATASETS", "DEMO_ROWS",
-           "demo_pairs", "demo_table"]
+__all__ = ["main", "demo", "study", "load_study", "build_parser", "plain_text", "DEMO_VARIANTS", "DEMO_DATASETS",
+           "DEMO_ROWS", "demo_pairs", "demo_table"]
 
 #: defined in diffattn.studies.diffclip (torch, the training code), imported on first use so that importing this
 #: module (what the ``diffattn`` script does first) stays light and ``diffattn --version`` answers at once
@@ -170,7 +171,10 @@ def _models_command(args: argparse.Namespace) -> int:
 
     names = list_models(args.pattern)
     if not names:
-        raise UsageError(f"no registered model matches {args.pattern!r} (diffattn models lists them all)")
+        from .errors import did_you_mean
+
+        raise UsageError(f"no registered model matches {args.pattern!r}"
+                         f"{did_you_mean(args.pattern.strip('*?'), list_models())} (diffattn models lists them all)")
     if args.names:
         print("\n".join(names))
         return 0
@@ -193,8 +197,23 @@ def _models_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def plain_text(text: str) -> str:
+    """``text`` without the reST markup of docstrings: double backquotes dropped, a role such as :func: replaced by
+    the name it points to (its last part where the role has a tilde)."""
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.S)
+    return re.sub(r":[a-z]+:`(~?)([^`]+)`", lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with a one-line error, ``diffattn: error: <subcommand>: <message>`` (exit status 2)."""
+    """argparse with a one-line error, ``diffattn: error: <subcommand>: <message>`` (exit status 2), and help
+    without reST markup (:func:`plain_text`): help strings and descriptions borrowed from docstrings read as
+    text."""
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
+
+    def format_usage(self) -> str:
+        return plain_text(super().format_usage())
 
     def error(self, message: str):
         print(f"diffattn: error: {self.prog.removeprefix('diffattn').strip() + ': ' if self.prog != 'diffattn' else ''}"

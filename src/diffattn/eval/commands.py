@@ -16,7 +16,7 @@ __all__ = ["register"]
 
 
 def _eval_command(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
+    from ..errors import UsageError, did_you_mean
     from ..extras import require
 
     require("eval", "diffattn eval")  # before anything is written
@@ -24,8 +24,8 @@ def _eval_command(args: argparse.Namespace) -> int:
     from .runner import evaluate
 
     if args.dataset is not None and args.dataset not in DATASETS:
-        raise UsageError(f"--dataset {args.dataset!r} is not a dataset diffattn evaluates on; one of "
-                         f"{sorted(DATASETS)}")
+        raise UsageError(f"--dataset {args.dataset!r} is not a dataset diffattn evaluates on"
+                         f"{did_you_mean(args.dataset, DATASETS)} (one of {sorted(DATASETS)})")
     res = evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp, quick=args.quick,
                    seed=args.seed, progress=not args.no_progress)
     if res["skipped"]:

@@ -36,7 +36,9 @@ def _train_command(args: argparse.Namespace) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a model from a YAML recipe (one process or torchrun)",
-                              description=__doc__)
+                              description="Train a model from a YAML recipe into a run directory (config.yaml, "
+                              "metrics.jsonl, checkpoints, model/). Several processes: torchrun --nproc_per_node 2 "
+                              "-m diffattn train CONFIG.")
     p.add_argument("config", help="a YAML file, or a packaged recipe's name: tiny/clip, tiny/classify, … "
                    "(diffattn.configs.config_names)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
