@@ -151,7 +151,7 @@ def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=N
     for i in sorted({0, len(layers) - 1}):
         m = layers[i]
         plots.append(plot_maps(m.first, m.second, m.combined, out / f"{tag}_maps_layer{i}.png",
-                               title=f"{tag}: layer {i} ({m.kind})", tokens=tokens).name)
+                               title=f"{tag}: layer {i} ({m.kind})", tokens=tokens, cls=grid is not None).name)
     if any(v is not None for v in lam):
         vals = [(m.gate if m.gate is not None else m.lambda_) for m in layers if
                 (m.gate is not None or m.lambda_ is not None)]
