@@ -92,3 +92,47 @@ def test_help_has_no_rest_markup():
     train = " ".join(next(p for p in parsers if p.prog == "diffattn train").format_help().split())
     assert "Train a model from a YAML recipe" in train and "torchrun --nproc_per_node 2 -m diffattn train" in train
     assert cli.plain_text("``a`` :func:`~x.y.f` :mod:`x.y`") == "a f x.y"
+
+
+# ------------------------------------------------------------------------- other libraries' progress bars
+
+
+def test_library_bars_follow_diffattns_rule(monkeypatch):
+    import io
+
+    import huggingface_hub.utils as hub
+    from transformers.utils import logging as hf_logging
+
+    from diffattn.progress import library_bars
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    try:
+        assert library_bars(True, Terminal()) is True  # a terminal: nothing changes
+        assert hf_logging.is_progress_bar_enabled() and "HF_HUB_DISABLE_PROGRESS_BARS" not in __import__("os").environ
+        assert library_bars(True, io.StringIO()) is False  # a log file: no bars, as diffattn's own
+        assert not hf_logging.is_progress_bar_enabled() and hub.are_progress_bars_disabled()
+    finally:
+        hf_logging.enable_progress_bar()
+        hub.enable_progress_bars()
+
+
+def test_transformers_bars_stay_out_of_a_log_file(tmp_path):
+    """A run whose stderr is a file (not a terminal) gets no "Writing model shards" bar from transformers."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HF_HUB_DISABLE_PROGRESS_BARS"}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    with open(tmp_path / "log.txt", "w") as log:
+        subprocess.run([sys.executable, "-m", "diffattn", "train", "tiny/retrofit", "--out", str(tmp_path / "run"),
+                        "--set", "run.steps=2", "--set", "run.ckpt_every=2", "--set", "data.name=sklearn_text"],
+                       stdout=log, stderr=subprocess.STDOUT, env=env, check=True, timeout=300, cwd=tmp_path)
+    text = (tmp_path / "log.txt").read_text()
+    assert "trained 2 steps" in text
+    assert "Writing model shards" not in text and "Loading weights" not in text and "it/s]" not in text, text
+    assert (tmp_path / "run" / "adapter").is_dir()  # saved through transformers / peft, where the bar was

@@ -305,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         args.args = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from .progress import library_bars
+
+    library_bars(not getattr(args, "no_progress", False))  # transformers' bars follow diffattn's (progress.py)
     try:
         return int(args.func(args) or 0)
     except Exception as e:
