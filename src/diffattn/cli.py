@@ -132,6 +132,10 @@ def _study_command(args: argparse.Namespace) -> int:
         overrides["seeds"] = args.seeds
     with user_input():  # a study config is what the user gave: its ValueErrors are usage errors
         cfg = load_study(args.config, overrides)
+    from .studies.config import budget_warnings
+
+    for line in budget_warnings(cfg):
+        print(f"diffattn: warning: {line}", file=sys.stderr, flush=True)
     res = study(cfg, progress=not args.no_progress)
     print()
     print(res["table"])
@@ -245,7 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config-dir", default=None, help="folder of the recipes (default: the packaged demo/*)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo_command)
-    st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
+    from .studies.config import WALL_TIMES
+
+    st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="Train every variant of a study at every seed with one budget, check the "
+                        "baseline's control,\nthen report mean ± std with paired tests (docs/studies.md).\n\n"
+                        "Packaged studies and their wall time as measured for docs/studies.md (shared 2-core CPU, "
+                        "one thread per study):\n" + "\n".join(f"  {name:<10} {t}" for name, t in WALL_TIMES.items()))
     st.add_argument("config", help="a YAML file, or a packaged study name (diffclip, retrofit, dgvit, noise, "
                     "paligemma, llava, detection, needles, recall)")
     st.add_argument("--out", default=None, help="folder for the seeds' runs, results.json and report.md (default: "

@@ -128,17 +128,19 @@ def library_bars(enabled: bool = True, file: IO | None = None) -> bool:
     instead of writing every refresh of "Loading weights" or "Writing model shards" into a log file. Returns whether
     bars stay on.
 
-    Nothing is imported: a library already imported is switched off through its own API
-    (``transformers.utils.logging.disable_progress_bar()``, ``huggingface_hub.utils.disable_progress_bars()``), one
-    imported later reads ``HF_HUB_DISABLE_PROGRESS_BARS=1`` (set unless the user set it), which child processes
-    (torchrun workers, data loaders) inherit too. Bars are never switched back on."""
+    Through the libraries' own switches: ``huggingface_hub.utils.disable_progress_bars()`` (a light import; a
+    transformers imported later starts with its bars off, as it reads that switch) and, when transformers is already
+    imported, ``transformers.utils.logging.disable_progress_bar()``. Bars are never switched back on here; the
+    environment is left as it is (a user's ``HF_HUB_DISABLE_PROGRESS_BARS`` keeps its meaning)."""
     if enabled and is_terminal(file or sys.stderr):
         return True
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    if "huggingface_hub" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] not in ("0", "false", "False"):
-        from huggingface_hub.utils import disable_progress_bars
+    import importlib.util
 
-        disable_progress_bars()
+    if importlib.util.find_spec("huggingface_hub") is not None:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+
+        if not are_progress_bars_disabled():
+            disable_progress_bars()
     if "transformers" in sys.modules:
         from transformers.utils import logging as hf_logging
 

@@ -277,6 +277,19 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     return cfg
 
 
+def budget_warnings(cfg: TrainConfig) -> list[str]:
+    """One line per setting of a valid config that undoes another: a warm-up (``optim.warmup_steps``) at least as
+    long as the run (``run.steps``), where the lr rises linearly for the whole run and never reaches ``optim.lr``
+    nor decays. ``diffattn train`` prints them as ``diffattn: warning: …`` before it starts (a run by epochs is
+    checked by the loop, which knows the steps per epoch)."""
+    steps, warmup = cfg.run.steps, cfg.optim.warmup_steps
+    if steps is not None and warmup >= steps:
+        return [f"optim.warmup_steps {warmup} is not shorter than run.steps {steps}: the learning rate rises for the "
+                f"whole run and reaches only {steps / warmup:.0%} of optim.lr {cfg.optim.lr:g}; set "
+                f"optim.warmup_steps below {steps} (e.g. --set optim.warmup_steps={max(1, steps // 10)})"]
+    return []
+
+
 def train_data_names(task: str) -> list[str]:
     """The ``data.name`` values task ``task`` trains on: its kinds of built-in sets and the formats it reads."""
     from ..data.catalog import DATASETS
