@@ -16,28 +16,25 @@ __all__ = ["register"]
 
 
 def _eval_command(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
+    from ..errors import UsageError, did_you_mean
     from ..extras import require
 
     require("eval", "diffattn eval")  # before anything is written
     from ..data import DATASETS
-    from .runner import evaluate
+    from .runner import evaluate, summary_table
 
     if args.dataset is not None and args.dataset not in DATASETS:
-        raise UsageError(f"--dataset {args.dataset!r} is not a dataset diffattn evaluates on; one of "
-                         f"{sorted(DATASETS)}")
+        raise UsageError(f"--dataset {args.dataset!r} is not a dataset diffattn evaluates on"
+                         f"{did_you_mean(args.dataset, DATASETS)} (one of {sorted(DATASETS)})")
     res = evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp, quick=args.quick,
                    seed=args.seed, progress=not args.no_progress)
     if res["skipped"]:
         kind, why = next(iter(res["skipped"].items()))
         raise UsageError(f"the {kind} suite was skipped ({why}); {res['output_dir']}/results.json records it")
-    summary = {k: v for k, v in res.items() if k in ("model", "skipped", "seconds")}
-    print(json.dumps(summary, indent=1, default=str))
-    for suite in ("vision", "clip", "language"):
-        if suite in res:
-            headline = {k: v for k, v in res[suite].items() if isinstance(v, dict) and k not in ("diagnostics",)
-                        and all(isinstance(x, (int, float)) for x in v.values())}
-            print(f"{suite}: " + json.dumps(headline, default=float))
+    if args.json:  # for scripts: the results.json just written, on stdout
+        print(json.dumps(res, indent=1, default=float))
+        return 0
+    print(summary_table(res))
     print(f"wrote results.json and report.md to {res['output_dir']}")
     return 0
 
@@ -85,6 +82,8 @@ def register(subparsers) -> None:
     e.add_argument("--quick", action="store_true", help="small protocol (subsets, fewer episodes and trials)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    e.add_argument("--json", action="store_true", help="print the results as JSON (what results.json holds) instead "
+                   "of the summary table, for scripts")
     e.set_defaults(func=_eval_command)
     c = subparsers.add_parser("compare", help="compare evaluated runs side by side (mean ± std over seeds)")
     c.add_argument("runs", nargs="+", help="results.json files or run folders (a folder holding several seeds' "

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
+import sys
 
 __all__ = ["register"]
 
@@ -13,10 +15,13 @@ def _train_command(args: argparse.Namespace) -> int:
     from ..extras import require
 
     require("train", "diffattn train")  # before anything is written to the run directory
-    from .config import load_config
+    from .config import budget_warnings, load_config
     from .loop import train
 
     cfg = load_config(args.config, args.set)
+    if _is_main_rank():
+        for line in budget_warnings(cfg):
+            print(f"diffattn: warning: {line}", file=sys.stderr, flush=True)
     result = train(cfg, out=args.out, resume=args.resume, overwrite=args.overwrite)
     import torch.distributed as dist
 
@@ -37,9 +42,15 @@ def _train_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a model from a YAML recipe (one process or torchrun)",
-                              description=__doc__)
+                              description="Train a model from a YAML recipe into a run directory (config.yaml, "
+                              "metrics.jsonl, checkpoints, model/). Several processes: torchrun --nproc_per_node 2 "
+                              "-m diffattn train CONFIG.")
     p.add_argument("config", help="a YAML file, or a packaged recipe's name: tiny/clip, tiny/classify, … "
                    "(diffattn.configs.config_names)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
