@@ -244,7 +244,8 @@ def test_a_warm_up_longer_than_the_budget_is_warned_at_config_time(tmp_path, cap
                       "rises for the whole run and reaches only 20% of optim.lr 0.003; set optim.warmup_steps below 2 "
                       "(e.g. --set optim.warmup_steps=1)")
     from diffattn.studies import load_study
-    from diffattn.studies.config import budget_warnings, warmup_text
+    from diffattn.studies.config import budget_warnings
+    from diffattn.studies.report import warmup_text
 
     cfg = load_study("recall", {"steps": 20})
     (line,) = budget_warnings(cfg)

@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 __all__ = ["COMMON_KEYS", "STUDY_MODULES", "WALL_TIMES", "find_config", "load_study", "validate_study",
-           "budget_warnings", "warmup_text"]
+           "budget_warnings"]
 
 #: study name → module (each defines ``VARIANTS``, ``DEFAULTS`` and ``run(cfg, progress)``)
 STUDY_MODULES: dict[str, str] = {
@@ -130,15 +130,6 @@ def budget_warnings(cfg: dict[str, Any]) -> list[str]:
                 f"run and reaches only {steps / warmup:.0%} of lr {cfg.get('lr', '')}".rstrip() +
                 f"; set warmup_steps below {steps} (e.g. --set warmup_steps={max(1, steps // 10)})"]
     return []
-
-
-def warmup_text(steps: int, warmup: int) -> str:
-    """How a report states the schedule: "warm-up 50 then cosine", or for a warm-up that outlasts the budget what
-    really ran ("linear warm-up over all 20 steps (warmup_steps 50), no cosine decay")."""
-    if warmup >= steps:
-        return f"linear warm-up over all {steps} steps (warmup_steps {warmup}: lr reached {steps / warmup:.0%} of " \
-               f"its peak), no cosine decay"
-    return f"warm-up {warmup} then cosine"
 
 
 def _hashable(v: Any) -> bool:

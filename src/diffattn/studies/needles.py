@@ -45,8 +45,7 @@ from typing import Any
 import torch
 
 from ..data.synthetic import SyntheticBatch, SyntheticVocab, mqar_batch, needle_batch
-from .config import warmup_text
-from .report import Control, Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
     MODELS,

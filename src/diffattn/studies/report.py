@@ -22,7 +22,7 @@ from ..io import atomic_write_file
 from .stats import holm, mean_std, paired_statement, paired_test
 
 __all__ = ["Metric", "Control", "check_control", "recorded_chance", "aggregate", "markdown_table", "write_study",
-           "read_seed", "write_seed", "run_seeds"]
+           "read_seed", "write_seed", "run_seeds", "warmup_text"]
 
 
 @dataclass(frozen=True)
@@ -175,6 +175,15 @@ def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int)
             cells.append("" if r.get("chance") is None else f"{r['chance']:.{d}f}")
         lines.append(f"| {r['metric']}{arrow} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def warmup_text(steps: int, warmup: int) -> str:
+    """How a report states the schedule: "warm-up 50 then cosine", or for a warm-up that outlasts the budget what
+    really ran ("linear warm-up over all 20 steps (warmup_steps 50), no cosine decay")."""
+    if warmup >= steps:
+        return f"linear warm-up over all {steps} steps (warmup_steps {warmup}: lr reached {steps / warmup:.0%} of " \
+               f"its peak), no cosine decay"
+    return f"warm-up {warmup} then cosine"
 
 
 def _controls(control: Control | Sequence[Control]) -> list[Control]:
