@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import diffattn  # noqa: E402
 from diffattn.utils import count_ops as _count  # noqa: E402
 from diffattn.utils import cpu_name, write_markdown_section  # noqa: E402
-from test_layers_ops import block_ops  # noqa: E402  (one definition of the fused-path fakes, with the test)
+from test_layers_ops import block_ops, llama_layer_ops  # noqa: E402  (one definition of the fused-path fakes, with the test)
 
 MODELS = ("vit_base_patch16_224", "diff_vit_base_patch16_224", "dg_vit_base_patch16_224")
 
@@ -44,6 +44,9 @@ def main() -> None:
     for kind in ("diff", "gated", "diff_v2"):
         e, f = block_ops(kind), block_ops(kind, backend="triton")
         rows.append(f"| {kind} | {e} | {e / std:.2f} | {f} | {f / std:.2f} |")
+    base, daa = llama_layer_ops(None), llama_layer_ops("daa")
+    rows += ["", "| Llama decoder layer (width 64, 4 heads, B 2, N 16) | eager ops | × base |", "|---|---|---|",
+             f"| base | {base} | 1.00 |", f"| DAA retrofit | {daa} | {daa / base:.2f} |"]
     counts = {name: model_ops(name) for name in MODELS}
     rows += ["", "| model (B 2, 224², forward + backward, eager) | ops | × ViT-B/16 |", "|---|---|---|"]
     rows += [f"| {n} | {c} | {c / counts[MODELS[0]]:.2f} |" for n, c in counts.items()]

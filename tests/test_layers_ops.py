@@ -9,6 +9,8 @@ ops to the differential layers fails without a GPU. Two paths are counted:
 - fused: the ``triton`` backend with its launchers replaced by functions that allocate the same outputs, which
   is what runs around the kernel on a GPU.
 
+A DAA retrofit (DAA 2025) of a Llama decoder layer is counted against the pretrained layer.
+
 The ceilings are the counts measured when the test was written (docs/benchmarks.md, "Host cost"); the goal is
 1.3× the standard block. A change that lowers a count should lower its ceiling.
 """
@@ -102,3 +104,30 @@ def test_reparam_lambda_ops_and_gradient():
     (torch.exp((q1 * k1).sum()) - torch.exp((q2 * k2).sum()) + 0.3).backward()
     for g, p in zip(got, ps):
         torch.testing.assert_close(g, p.grad, rtol=0, atol=1e-15)
+
+
+def llama_layer_ops(retrofit: str | None) -> int:
+    """Ops of one Llama decoder layer's forward + backward, as the difference between a 2-layer and a 1-layer
+    model (so embedding, final norm and head cancel), standard or retrofitted."""
+    transformers = pytest.importorskip("transformers")
+    import diffattn
+
+    def model_ops(layers: int) -> int:
+        cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                                       num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(cfg)
+        if retrofit:
+            diffattn.retrofit(model, retrofit, train="all")
+        ids = torch.randint(0, 64, (2, 16))
+        model(ids).logits.sum().backward()
+        model.zero_grad(set_to_none=True)
+        return sum(count_ops(lambda: model(ids).logits.sum().backward()).values())
+
+    return model_ops(2) - model_ops(1)
+
+
+def test_daa_retrofit_layer_ops():
+    """DAA (2025) adds a second query projection and attention call to a pretrained layer: ≤ 1.3× its ops."""
+    base, daa = llama_layer_ops(None), llama_layer_ops("daa")
+    assert daa / base <= 1.3, f"DAA layer: {daa} ops against {base} ({daa / base:.2f}×)"
