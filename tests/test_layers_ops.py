@@ -63,8 +63,8 @@ def block_ops(kind: str, backend: str = "sdpa") -> int:
 
 # ops of a standard block's forward + backward, and the ceiling of each differential block's ratio to it
 STANDARD_OPS = 40
-EAGER_CEILING = {"diff": 2.3, "gated": 2.4, "diff_v2": 1.55}
-FUSED_CEILING = {"diff": 2.2, "gated": 2.15, "diff_v2": 1.65}
+EAGER_CEILING = {"diff": 2.1, "gated": 2.2, "diff_v2": 1.5}
+FUSED_CEILING = {"diff": 2.1, "gated": 2.05, "diff_v2": 1.6}
 
 
 def test_counter_counts_what_runs():

@@ -335,7 +335,15 @@ def _math(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, softcap, dropout_p):
     return out, AttentionWeights(a1, a2, a)
 
 
-def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
+def _split_pairs(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heads (2i, 2i+1) of t (B, 2H, N, w) as two (B, H, N, w) views. Split in the (B, N, 2H, w) layout of the
+    projections' views, so that the backward joins the two gradients in one ``stack`` written in that layout (and
+    the heads reach the projection without a copy)."""
+    a, b = t.transpose(1, 2).unflatten(2, (-1, 2)).unbind(3)  # each (B, N, H, w)
+    return a.transpose(1, 2), b.transpose(1, 2)
+
+
+def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs=None):
     """One call of PyTorch's fused attention per branch, then O = w1 ⊙ (A1 V) − λ ⊙ (A2 V).
 
     Fused kernels (the CPU flash kernel, CUDA FlashAttention-2) need q/k and v of one width, and v is 2d wide.
@@ -344,6 +352,10 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
     repeated. Measured on a 2-core CPU (docs/benchmarks.md): four calls on width-d halves of V compute each
     softmax twice and are slower; stacking the branches into one call needs a second copy of V, 2.1× the peak
     memory of standard attention against 1.65× here.
+
+    ``pairs`` = (q, k, k_paired): the tensors q1/q2 (and k1/k2 when ``k_paired``, else k1 = k2 = k) are the
+    interleaved head pairs of, as :func:`_diff_attention_pairs` passes them; each is then padded once, not per
+    branch.
     """
     if _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p):
         from ._diff_autograd import blockwise_diff_attention
@@ -358,13 +370,20 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
     width = max(d, dv)
     if H != Hkv and torch.onnx.is_in_onnx_export():  # the TorchScript ONNX exporter has no SDPA with enable_gqa
         k1, k2, v = (_expand_kv(t, H // Hkv) for t in (k1, k2, v))
-        Hkv = H
+        Hkv, pairs = H, None
 
     def padded(t: torch.Tensor) -> torch.Tensor:
         """(B, h, N, w) -> (B, h, N, width) in one op, laid out as (B, N, h, width) like the projections' views
         (the kernels then write their outputs in that layout and the heads concatenate without a copy)."""
         return t if t.shape[-1] == width else F.pad(t.transpose(1, 2), (0, width - t.shape[-1])).transpose(1, 2)
 
+    if pairs is not None and width != d:
+        q, k, k_paired = pairs
+
+        q1, q2 = _split_pairs(padded(q))  # padded once, in the (B, N, 2H, ·) layout (see padded)
+        k1, k2 = _split_pairs(padded(k)) if k_paired else (padded(k),) * 2
+    elif k1 is k2:  # one K for both branches (Diff Transformer V2, DAA): padded once
+        k1 = k2 = padded(k1)
     vv = padded(v)  # (B, Hkv, Nk, width)
     m = mask.additive()
     o1, o2 = (
@@ -520,6 +539,7 @@ def diff_attention(
     softcap: float | None = None,
     backend: str = "auto",
     return_weights: bool = False,
+    _pairs: tuple[torch.Tensor, torch.Tensor, bool] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
     """Differential attention O = (w1 ⊙ A1 − λ ⊙ A2) V (Ye et al. 2024, eq. 1; the M-DGSA gate of Lygizou &
     Kalamaras 2025, eq. 3, passes w1 = g, λ = 1 − g).
@@ -546,6 +566,8 @@ def diff_attention(
     Returns:
         (B, H, Nq, dv) output in the dtype of ``v``, and the maps when ``return_weights``. A query row whose every
         key is masked gives exactly 0.
+
+    ``_pairs`` is internal (:func:`_diff_attention_pairs`).
     """
     _validate(q1, k1, q2, k2, v)
     _check_options(is_causal, scale, dropout_p, softcap, backend)
@@ -591,13 +613,25 @@ def diff_attention(
     else:
         mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=q1.dtype, device=q1.device,
                             scale=scale)
-        out, weights = _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p)
+        out, weights = _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, _pairs)
         if mask.row_ok is not None:
             out = out.masked_fill(~mask.row_ok, 0.0)
     out = out.to(v.dtype)
     if return_weights:
         return out, weights
     return out
+
+
+def _diff_attention_pairs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lambda_: Weight, *,
+                          k_paired: bool = True, **kwargs) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
+    """:func:`diff_attention` with the two branches' query heads interleaved in one tensor, as the layers project
+    them: q (B, 2H, Nq, d), branch 1 the even heads and branch 2 the odd ones; k likewise (B, 2Hkv, Nk, d) when
+    ``k_paired``, else one K (B, Hkv, Nk, d) for both branches (Diff Transformer V2). The same numbers as
+    ``diff_attention(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], v, ...)``, with fewer ops: the ``sdpa`` path
+    pads Q and K once each instead of once per branch, and the backward joins each pair in one ``stack``."""
+    q1, q2 = _split_pairs(q)
+    k1, k2 = _split_pairs(k) if k_paired else (k, k)
+    return diff_attention(q1, k1, q2, k2, v, lambda_, _pairs=(q, k, k_paired), **kwargs)
 
 
 def attention(

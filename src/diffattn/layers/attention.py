@@ -21,8 +21,8 @@ from ..functional import (
     BACKENDS,
     AttentionWeights,
     _compute_dtype,
+    _diff_attention_pairs,
     attention,
-    diff_attention,
     restrict_mask,
     sliding_window_mask,
 )
@@ -38,13 +38,6 @@ __all__ = ["Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2"
 def _check_int(name: str, value, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-
-
-def _pairs(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Heads (2i, 2i+1) of t (B, 2H, N, d) as two (B, H, N, d) views, ``t[:, 0::2]`` and ``t[:, 1::2]``. Taken with
-    one ``unbind``, so the backward joins the two gradients in one ``stack`` (two strided slices cost a zero-filled
-    buffer, a copy and an addition each)."""
-    return t.unflatten(1, (-1, 2)).unbind(2)
 
 
 class _AttentionBase(nn.Module):
@@ -330,9 +323,8 @@ class DiffAttention(_DiffBase):
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         weight1, lam = self.lambda_weights(x)
-        q1, q2 = _pairs(q)  # each (B, H, N, d): Q heads 2i and 2i+1
-        k1, k2 = _pairs(k)  # each (B, Hkv/2, N, d)
-        res = diff_attention(q1, k1, q2, k2, v, lam, weight1=weight1,
+        # Q heads 2i and 2i+1 (and K heads) are the two branches of differential head i
+        res = _diff_attention_pairs(q, k, v, lam, weight1=weight1,
                              attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop,
                              softcap=self.softcap, backend=self.backend, return_weights=need_weights)
         out, weights = res if need_weights else (res, None)
@@ -415,8 +407,7 @@ class DiffAttentionV2(_DiffBase):
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         weight1, lam = self.lambda_weights(x)  # λ: (B, h, N, 1)
-        q1, q2 = _pairs(q)  # each (B, h, N, d)
-        res = diff_attention(q1, k, q2, k, v, lam, weight1=weight1, attn_mask=attn_mask,
+        res = _diff_attention_pairs(q, k, v, lam, k_paired=False, weight1=weight1, attn_mask=attn_mask,
                              is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
                              backend=self.backend, return_weights=need_weights)
         out, weights = res if need_weights else (res, None)
