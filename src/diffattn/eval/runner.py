@@ -283,12 +283,12 @@ def _clip_features(model, images: torch.Tensor, device: torch.device | None = No
                           for i in range(0, len(images), 128)])
 
 
-def _clip_images(ds, n: int, transform) -> torch.Tensor:
-    """The first ``n`` images of ``ds`` through the model's eval transform: a caption set's RGB images, or a
-    classification set's grey ones as RGB."""
-    if hasattr(ds, "load_image"):
-        return torch.stack([transform(ds.load_image(i)) for i in range(n)])
-    return torch.stack([transform(ds[i][0].convert("RGB")) for i in range(n)])
+def _clip_images(ds, n: int, transform, chans: int = 3) -> torch.Tensor:
+    """The first ``n`` images of ``ds`` (a caption set's RGB images, or a classification set's grey ones) through
+    the model's eval transform (which gives RGB); for a ``chans == 1`` image tower, the mean of the three channels."""
+    load = ds.load_image if hasattr(ds, "load_image") else (lambda i: ds[i][0])
+    x = torch.stack([transform(load(i)) for i in range(n)])
+    return x.mean(1, keepdim=True) if chans == 1 else x
 
 
 def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp: str | None,
@@ -305,12 +305,13 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
     n_te = len(te) if not p["max_images"] else min(len(te), p["max_images"])
     n_tr = len(tr) if not p["max_images"] else min(len(tr), 4 * p["max_images"])
     captioned = hasattr(te, "captions")  # a caption set; else a classification set (no retrieval, no masks)
-    imgs_te, imgs_tr = _clip_images(te, n_te, tf), _clip_images(tr, n_tr, tf)
+    chans = model.visual.patch_embed.proj.in_channels
+    imgs_te, imgs_tr = _clip_images(te, n_te, tf, chans), _clip_images(tr, n_tr, tf, chans)
     y_te, y_tr = torch.as_tensor(te.labels[:n_te]), torch.as_tensor(tr.labels[:n_tr])
     f_te, f_tr = _clip_features(model, imgs_te, device), _clip_features(model, imgs_tr, device)
     res: dict[str, Any] = {"dataset": dataset, "images": n_te, "skipped": {}}
     if not captioned:
-        res["preprocessing"] = "grey images as RGB through the model's eval transform (not inverted)"
+        res["preprocessing"] = "grey images through the model's eval transform (not inverted)"
     classes = [c.replace("_", " ") for c in te.categories] if captioned else list(te.prompt_names)
     w = zero_shot_classifier(model, classes).float().cpu()
     res["zero_shot"] = classification_metrics(zero_shot_logits(f_te, w), y_te, num_classes=len(classes))
@@ -347,8 +348,11 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
         with torch.no_grad(), capture_attention(model.visual) as cap:
             model.encode_image(imgs_te[:len(masks)].to(device))
         maps = [m.combined for m in cap.layers]
-        res["foreground_attention"] = {mode: foreground_attention(maps, masks, grid, mode=mode)
-                                       for mode in ("signed", "relu")}
+        try:  # a coarse patch grid can leave an image without a background (or foreground) patch
+            res["foreground_attention"] = {mode: foreground_attention(maps, masks, grid, mode=mode)
+                                           for mode in ("signed", "relu")}
+        except ValueError as e:
+            res["skipped"]["foreground_attention"] = f"{e} (patch grid {grid[0]}×{grid[1]})"
     else:
         res["skipped"]["foreground_attention"] = f"{dataset} has no foreground masks"
     diag, _ = _diagnostics(model.visual, model.encode_image, imgs_te[:8], out, "vision", grid=grid, device=device)
@@ -466,7 +470,6 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
         if unknown:
             raise ValueError(f"protocol keys must be among {sorted(p)}, got {sorted(unknown)}")
         p.update(protocol or {})
-        check_eval_dataset(dataset, what="dataset")
         dev = resolve_device(device, "device")
         if text is not None and not Path(text).is_file():
             raise UsageError(f"--text {str(text)!r} is not a file")
@@ -483,7 +486,10 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
         else:
             model = from_pretrained(model_dir).eval()
             kind, name, arch = _kind(model), getattr(model, "model_name", None), type(model).__name__
-        check_eval_dataset(dataset, kind, what="dataset")
+        from ..data import DATASETS
+
+        if dataset in DATASETS:  # a built-in set of another kind (a name it does not know: get_dataset's error)
+            check_eval_dataset(dataset, kind, what="dataset")
         model = model.to(dev)
     t0 = time.perf_counter()
     results: dict[str, Any] = {
