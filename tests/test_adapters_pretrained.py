@@ -92,7 +92,7 @@ def test_plain_architecture_is_told_it_drops_the_retrofit(tmp_path):
 
 def test_from_pretrained_retrofit_refuses_what_it_cannot_restore(tmp_path):
     _build("bert").save_pretrained(tmp_path / "plain")
-    with pytest.raises(ValueError, match="has no 'diffattn_retrofit' record"):
+    with pytest.raises(ValueError, match="not a transformers checkpoint of a retrofitted model"):
         diffattn.from_pretrained_retrofit(tmp_path / "plain")
     model = _retrofitted("bert")
     model.save_pretrained(tmp_path / "ret")

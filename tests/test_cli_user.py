@@ -19,7 +19,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CLASSIFY = str(ROOT / "configs/tiny/classify.yaml")
 LM = str(ROOT / "configs/tiny/lm.yaml")
 FAST = ["--set", "run.steps=4", "--set", "run.ckpt_every=2", "--set", "run.log_every=1", "--set",
-        "run.progress=false", "--set", "model.overrides.depth=1"]
+        "run.progress=false", "--set", "model.overrides.depth=1",
+        "--set", "optim.warmup_steps=1"]  # below the 4 steps: no warning line beside the errors tested here
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, int]]:
@@ -84,9 +85,12 @@ def test_train_eval_compare(evaluated, tmp_path, capsys):
     shutil.copytree(evaluated, other)
     capsys.readouterr()
     assert cli.main(["compare", str(evaluated), str(other), "--labels", "A", "B"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "| metric | better | A (n=1) | B (n=1) | Δ B |"
-    assert lines[2].startswith("| vision.classification.top1 | ↑ | ") and lines[2].endswith(" | +0.0000 |")
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "| metric | better | chance | A (n=1) | B (n=1) | Δ B |"
+    assert lines[2].startswith("| vision.classification.top1 | ↑ | 0.1000 | ") and lines[2].endswith(" | +0.0000 |")
+    assert "\nn = 1 for A, B: one evaluated run (one seed) per column. At this size single seeds vary by several " \
+           "points" in out
 
 
 @pytest.mark.slow
@@ -151,6 +155,55 @@ def test_compare_of_runs_without_shared_metrics_is_an_error(evaluated, tmp_path,
     (lm / "results.json").write_text(json.dumps({"model": {}, "language": {"perplexity": {"ppl": 3.5}}}))
     assert cli.main(["compare", str(evaluated), str(tmp_path / "lm")]) == 2
     one_error(capsys, "share no metric")
+
+
+# ------------------------------------------------------------------ 3. a finished run can be extended
+
+
+def _rows(run: Path) -> list[dict]:
+    return [r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines()) if "loss" in r]
+
+
+@pytest.fixture
+def short_run(tmp_path) -> Path:
+    """A finished 4-step run whose cosine decay is past its warm-up (2 steps), so a new total changes its lr."""
+    run = tmp_path / "short"
+    assert cli.main(["train", CLASSIFY, "--out", str(run), *FAST, "--set", "optim.warmup_steps=2"]) == 0
+    return run
+
+
+def test_resume_with_more_steps_extends_a_finished_run(short_run, capsys):
+    from diffattn.train.optim import warmup_cosine
+
+    before = _rows(short_run)
+    capsys.readouterr()
+    assert cli.main(["train", CLASSIFY, "--out", str(short_run), *FAST, "--set", "optim.warmup_steps=2",
+                     "--resume", "auto", "--set", "run.steps=8"]) == 0
+    captured = capsys.readouterr()
+    assert "trained 8 steps (resumed from step 4, extended from 4 steps)" in captured.out
+    assert "extended the run from 4 to 8 steps: from step 5 on the lr follows the warm-up + cosine schedule of a " \
+           "8-step run (lr 0.00225 at step 5)" in captured.err
+    rows = _rows(short_run)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    assert [r["loss"] for r in rows[:4]] == [r["loss"] for r in before]  # bit-identical first 4 steps
+    assert rows[3]["lr"] == 3e-3 * warmup_cosine(3, 4, 2)  # 1.5e-3: the old schedule up to the checkpoint
+    assert [r["lr"] for r in rows[4:]] == [3e-3 * warmup_cosine(s, 8, 2) for s in range(4, 8)]  # the new one after
+    assert sorted(p.name for p in (short_run / "checkpoints").iterdir())[-1] == "step_00000008"
+    assert "8 optimizer steps" in (short_run / "model" / "README.md").read_text()
+
+
+def test_resume_with_another_config_names_each_key_and_changes_nothing(short_run, capsys):
+    before = snapshot(short_run)
+    capsys.readouterr()
+    assert cli.main(["train", CLASSIFY, "--out", str(short_run), *FAST, "--resume", "auto", "--set",
+                     "run.steps=8", "--set", "optim.lr=6e-3", "--set", "model.overrides.depth=2"]) == 2
+    line = one_error(capsys, "optim.lr 0.003 → 0.006", "optim.warmup_steps 2 → 1",
+                     "model.overrides.depth 1 → 2", "run.steps", "--overwrite", "--out")
+    assert "run.steps 4" not in line  # the step budget may change; it is not listed as a difference
+    assert cli.main(["train", CLASSIFY, "--out", str(short_run), *FAST, "--set", "optim.warmup_steps=2",
+                     "--resume", "auto", "--set", "run.steps=3"]) == 2
+    one_error(capsys, "3 steps", "step 4", "run.steps >= 4")
+    assert snapshot(short_run) == before
 
 
 # ------------------------------------------------------------------------ 2. one line for every user error
@@ -372,6 +425,92 @@ def test_images_and_classes_that_do_not_fit_the_model_are_refused(extra, names, 
     one_error(capsys, *names)
     assert not out.exists()
 
+
+
+# ------------------------------------------------------------------- 6. one call loads any run or save
+
+
+@pytest.mark.slow
+def test_load_run_and_from_pretrained_take_the_run_folder_eval_takes(evaluated):
+    import torch
+
+    import diffattn
+
+    model = diffattn.load_run(evaluated)
+    ref = diffattn.from_pretrained(evaluated / "model")
+    assert type(model).__name__ == "VisionTransformer" and not model.training
+    for other in (ref, diffattn.from_pretrained(evaluated), diffattn.models.from_pretrained(evaluated)):
+        assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), other.state_dict().values()))
+
+
+@pytest.fixture
+def saves(tmp_path) -> dict[str, Path]:
+    """One folder of each kind a user may hand to the wrong loader."""
+    import torch
+
+    import diffattn
+
+    out = {"save": tmp_path / "save", "diffllama": tmp_path / "diffllama", "gpt2": tmp_path / "gpt2",
+           "adapter": tmp_path / "adapter", "ckpt": tmp_path / "run" / "checkpoints" / "step_00000004"}
+    diffattn.create_model("diff_lm_tiny", depth=1, vocab_size=64).save_pretrained(out["save"])
+    for name, cfg in (("diffllama", {"architectures": ["DiffLlamaForCausalLM"], "model_type": "diffllama"}),
+                      ("gpt2", {"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})):
+        out[name].mkdir()
+        (out[name] / "config.json").write_text(json.dumps(cfg))
+    out["adapter"].mkdir()
+    (out["adapter"] / "diffattn_adapter.json").write_text("{}")
+    out["ckpt"].mkdir(parents=True)
+    torch.save({"step": 4}, out["ckpt"] / "state.pt")
+    return out
+
+
+def _loaders():
+    import torch
+
+    import diffattn
+
+    return {"from_pretrained": diffattn.from_pretrained, "load_run": diffattn.load_run,
+            "from_pretrained_retrofit": diffattn.from_pretrained_retrofit,
+            "load_adapter": lambda p: diffattn.load_adapter(torch.nn.Linear(2, 2), p),
+            "from_diffllama": diffattn.convert.from_diffllama}
+
+
+@pytest.mark.parametrize("loader, kind, names", [
+    ("from_pretrained", "diffllama", ["DiffLlama checkpoint (architectures ['DiffLlamaForCausalLM'])",
+                                      "diffattn.convert.from_diffllama(path)"]),
+    ("from_pretrained", "gpt2", ["transformers checkpoint", "diffattn.retrofit(model, method)"]),
+    ("from_pretrained", "adapter", ["adapter folder", "diffattn.load_adapter(base_model, path)"]),
+    ("load_run", "diffllama", ["diffattn.convert.from_diffllama(path)"]),
+    ("load_run", "adapter", ["diffattn.load_adapter(base_model, path)"]),
+    ("load_run", "ckpt", ["a training checkpoint (state.pt)", "diffattn.load_run('{tmp}/run')", "--resume"]),
+    ("from_pretrained_retrofit", "save", ["a diffattn save_pretrained folder", "diffattn.from_pretrained(path)"]),
+    ("from_pretrained_retrofit", "diffllama", ["diffattn.convert.from_diffllama(path)"]),
+    ("load_adapter", "save", ["a diffattn save_pretrained folder", "diffattn.load_run(path)"]),
+    ("from_diffllama", "save", ["not a transformers DiffLlama checkpoint", "diffattn.from_pretrained(path)"]),
+])
+def test_every_loader_names_the_loader_a_wrong_path_needs(loader, kind, names, saves, tmp_path):
+    with pytest.raises(ValueError) as e:
+        _loaders()[loader](saves[kind])
+    msg = str(e.value)
+    assert msg.startswith(f"{saves[kind]} is ") and "\n" not in msg, msg
+    for name in names:
+        assert name.format(tmp=tmp_path) in msg, (name, msg)
+
+
+@pytest.mark.parametrize("architecture, names", [
+    (["CausalLM"], ["'architecture' ['CausalLM']", "name of a diffattn model class", "from_diffllama"]),
+    (["DiffLlamaForCausalLM"], ["DiffLlama checkpoint (architecture ['DiffLlamaForCausalLM'])",
+                                "diffattn.convert.from_diffllama(path)"]),
+])
+def test_from_pretrained_of_a_list_architecture_is_a_value_error(architecture, names, saves):
+    import diffattn
+
+    cfg = saves["save"] / "config.json"
+    cfg.write_text(json.dumps({**json.loads(cfg.read_text()), "architecture": architecture}))
+    with pytest.raises(ValueError) as e:  # was TypeError: unhashable type: 'list'
+        diffattn.from_pretrained(saves["save"])
+    for name in names:
+        assert name in str(e.value), (name, str(e.value))
 
 
 # ------------------------------------------------------------------------------------- 8. honest metadata

@@ -133,3 +133,98 @@ def test_training_without_a_terminal_writes_lines_not_bar_refreshes(tmp_path, ca
                      "model.overrides.depth=1", "--set", "run.progress=true"]) == 0
     err = capsys.readouterr().err
     assert "\r" not in err and "train: 3/3 steps (100%)" in err
+
+
+# ------------------------------------------------------------------- what each figure says on itself
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every figure the plot functions save, drawn, kept open for the test to read its matplotlib objects."""
+    seen = []
+    save = plots._save
+
+    def keep(fig, path):
+        fig.canvas.draw()
+        seen.append({"axes": [ax for ax in fig.axes if not hasattr(ax, "_colorbar")],
+                     "bars": [ax for ax in fig.axes if hasattr(ax, "_colorbar")], "suptitle": fig._suptitle})
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return seen
+
+
+def test_maps_share_one_scale_for_a1_a2_and_state_every_scale(figures, tmp_path):
+    a1, a2 = torch.rand(1, 2, 5, 5).softmax(-1), torch.rand(1, 2, 5, 5).softmax(-1)
+    plots.plot_maps(a1, a2, a1 - 1.5 * a2, tmp_path / "m.png", cls=True)
+    (fig,) = figures
+    ims = [ax.images[0] for ax in fig["axes"]]
+    assert ims[0].get_clim() == ims[1].get_clim() and ims[0].get_clim()[0] == 0  # A1 and A2: one scale from 0
+    lo, hi = ims[2].get_clim()
+    assert lo == -hi  # the signed map: centred on 0
+    assert len(fig["bars"]) == 2  # one bar for A1 and A2, one for A1 − λA2
+    titles = [ax.get_title() for ax in fig["axes"]]
+    assert titles[0].startswith("A1\nscale 0 to") and "shared with A2" in titles[0]
+    assert titles[2].startswith("A1 − λA2\nscale ±")
+    assert [ax.get_xlabel() for ax in fig["axes"]] == ["key token (0 = CLS)"] * 3
+    assert [ax.get_ylabel() for ax in fig["axes"]] == ["query token (0 = CLS)"] * 3
+
+
+def test_a_uniform_map_says_so_and_rollout_is_explained(figures, tmp_path):
+    flat = torch.full((1, 2, 10, 10), 0.1)
+    plots.plot_maps(flat, None, flat, tmp_path / "m.png")
+    texts = [t.get_text() for t in figures[0]["axes"][0].texts]
+    assert texts == ["uniform: every key gets 1/10\n(entropy = log 10)"]
+    peaked = torch.rand(1, 2, 10, 10).softmax(-1) ** 4
+    plots.plot_cls_maps({"A1": flat, "rollout": peaked}, (3, 3), tmp_path / "c.png", title="vit")
+    fig = figures[1]
+    assert [t.get_text() for t in fig["axes"][0].texts] == ["uniform: every key gets 1/9\n(entropy = log 9)"]
+    assert len(fig["axes"][1].texts) == 0
+    assert fig["suptitle"].get_text() == "vit\n" + plots.ROLLOUT_NOTE and "Abnar & Zuidema" in plots.ROLLOUT_NOTE
+    assert [ax.get_xlabel() for ax in fig["axes"]] == ["patch column"] * 2
+    assert [ax.get_ylabel() for ax in fig["axes"]] == ["patch row"] * 2
+    assert all(ax.get_title().startswith("CLS → patches: ") and "\nscale " in ax.get_title() for ax in fig["axes"])
+    assert len(fig["bars"]) == 2  # each panel its own scale, stated in its title
+    assert not plots.is_uniform(peaked) and plots.is_uniform(flat)
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+def test_lambda_legend_names_only_what_is_drawn(figures, tmp_path, per_head):
+    values = [torch.rand(4) if per_head else torch.tensor(0.2 + 0.1 * i) for i in range(3)]
+    plots.plot_lambdas(values, tmp_path / "l.png")
+    (ax,) = figures[0]["axes"]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert all(labels) and labels == (["mean λ", "min–max over heads / tokens"] if per_head else ["λ per layer"])
+    assert len(ax.collections) == (1 if per_head else 0)  # the band exists only when there is a spread
+
+
+def test_severity_ticks_are_the_whole_severities_measured(figures, tmp_path):
+    plots.plot_corruption_curves({"blur": {1: 0.9, 3: 0.7, 5: 0.4}, "noise": {"1": 0.8, "3": 0.5, "5": 0.2}},
+                                 tmp_path / "c.png", clean=0.95)
+    (ax,) = figures[0]["axes"]
+    assert list(ax.get_xticks()) == [1, 3, 5]
+    assert all(label.get_text() for label in ax.get_legend().get_texts())
+
+
+def test_readme_attention_figure_states_each_rows_scale(figures, tmp_path):
+    """The README figure (studies.diffclip.attention_figure): rows of very different ranges each say their scale."""
+    import numpy as np
+
+    from diffattn.studies.diffclip import _plot_attention
+
+    n, grid = 3, (4, 4)
+    masks = torch.zeros(n, 16, 16, dtype=torch.bool)
+    masks[:, 4:12, 4:12] = True
+    cls_maps = {"CLIP": torch.rand(n, 16).softmax(-1) * 0.3, "DiffCLIP": (torch.rand(n, 16) - 0.5) * 0.02,
+                "flat": torch.full((n, 16), 1 / 16)}
+    _plot_attention(torch.zeros(n, 3, 16, 16), masks, cls_maps, grid, tmp_path / "f.png",
+                    np.zeros((n, 16, 16, 3), dtype=np.uint8))
+    (fig,) = figures
+    rows = [ax.get_title(loc="left") for ax in fig["axes"] if ax.get_title(loc="left")][1:]  # after "image"
+    assert rows[0].startswith("CLIP (softmax): own colour scale, 0 to 0.")
+    assert rows[1].startswith("DiffCLIP (A1 − λA2, signed): own colour scale, ±0.0")
+    assert "own colour scale" in fig["suptitle"].get_text() and "4×4 patch grid" in fig["suptitle"].get_text()
+    assert len(fig["bars"]) == 3
+    flat_row = fig["axes"][-n:]
+    assert all([t.get_text() for t in ax.texts] == ["uniform"] for ax in flat_row)
+    assert all(ax.get_xlabel() == "patch column" for ax in flat_row)

@@ -61,6 +61,11 @@ def test_retrofit_run_reloads_from_its_directory_and_evaluates(tmp_path, capsys)
         reloaded = load_retrofit_run(run)
         x = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
         torch.testing.assert_close(reloaded(input_ids=x).logits, trained(input_ids=x).logits, rtol=0, atol=0)
+        import diffattn
+
+        one_call = diffattn.load_run(run)  # the public loader of any run: the retrofitted base model
+        assert not one_call.training
+        torch.testing.assert_close(one_call(input_ids=x).logits, reloaded(input_ids=x).logits, rtol=0, atol=0)
 
     (tmp_path / "prose.txt").write_text(PROSE)
     capsys.readouterr()

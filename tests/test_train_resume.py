@@ -60,7 +60,7 @@ def test_sigkill_then_resume_auto_is_bit_exact(tmp_path):
     ckpts = sorted(p.name for p in (run / "checkpoints").iterdir())
     assert ckpts == ["step_00000016", "step_00000020", "step_00000024"]  # keep_last 3
 
-    # a checkpoint of another config is refused with the differing key named
+    # a checkpoint of another config is refused with the differing key named, old → new
     res = subprocess.run(_cmd(run, "--resume", "auto", "--set", "optim.lr=1e-2"), env=_env(), capture_output=True,
                          text=True, timeout=300)
-    assert res.returncode != 0 and "optim.lr: checkpoint 0.003 vs now 0.01" in res.stderr
+    assert res.returncode != 0 and "optim.lr 0.003 → 0.01" in res.stderr

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
         adapters,
         convert,
         data,
+        export,
         factory,
         formats,
         functional,
@@ -36,7 +37,8 @@ if TYPE_CHECKING:  # what the lazy names below resolve to, for type checkers and
     )
     from .adapters import from_pretrained_retrofit, load_adapter, retrofit, save_adapter
     from .data import get_dataset, list_datasets
-    from .factory import create_model, from_pretrained, register_timm
+    from .export import export_onnx
+    from .factory import create_model, from_pretrained, load_run, register_timm
     from .formats import FormatMigrationWarning
     from .functional import AttentionWeights, attention, diff_attention
     from .layers import (
@@ -77,6 +79,8 @@ __all__ = [
     "list_models",
     "list_pretrained",
     "from_pretrained",
+    "load_run",
+    "export_onnx",
     "create_model_and_transforms",
     "create_model_from_pretrained",
     "get_tokenizer",
@@ -89,18 +93,19 @@ __all__ = [
 ]
 
 #: the library's subpackages, imported on first access (``diffattn.layers``) or by ``import diffattn.layers``
-_SUBMODULES = ("adapters", "convert", "data", "factory", "formats", "functional", "io", "lambdas", "layers", "losses",
-               "models", "openclip")
+_SUBMODULES = ("adapters", "convert", "data", "export", "factory", "formats", "functional", "io", "lambdas", "layers",
+               "losses", "models", "openclip")
 #: public name -> the subpackage that defines it
 _LAZY = {
     **dict.fromkeys(("AttentionWeights", "attention", "diff_attention"), "functional"),
     **dict.fromkeys(("Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "KVCache", "SwiGLU",
                      "attention_class"), "layers"),
     **dict.fromkeys(("retrofit", "save_adapter", "load_adapter", "from_pretrained_retrofit"), "adapters"),
-    **dict.fromkeys(("create_model", "from_pretrained", "register_timm"), "factory"),
+    **dict.fromkeys(("create_model", "from_pretrained", "load_run", "register_timm"), "factory"),
     **dict.fromkeys(("list_models", "list_pretrained"), "models"),
     **dict.fromkeys(("create_model_and_transforms", "create_model_from_pretrained", "get_tokenizer"), "openclip"),
     "FormatMigrationWarning": "formats",
+    "export_onnx": "export",
     **dict.fromkeys(("get_dataset", "list_datasets"), "data"),
 }
 

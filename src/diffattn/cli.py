@@ -32,6 +32,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +41,8 @@ from .errors import UsageError, is_user_error, one_line
 if TYPE_CHECKING:
     from .studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
 
-__all__ = ["main", "demo", "study", "load_study", "build_parser", "DEMO_VARIANTS", "DEMO_DATASETS", "DEMO_ROWS",
-           "demo_pairs", "demo_table"]
+__all__ = ["main", "demo", "study", "load_study", "build_parser", "plain_text", "DEMO_VARIANTS", "DEMO_DATASETS",
+           "DEMO_ROWS", "demo_pairs", "demo_table"]
 
 #: defined in diffattn.studies.diffclip (torch, the training code), imported on first use so that importing this
 #: module (what the ``diffattn`` script does first) stays light and ``diffattn --version`` answers at once
@@ -131,6 +132,10 @@ def _study_command(args: argparse.Namespace) -> int:
         overrides["seeds"] = args.seeds
     with user_input():  # a study config is what the user gave: its ValueErrors are usage errors
         cfg = load_study(args.config, overrides)
+    from .studies.config import budget_warnings
+
+    for line in budget_warnings(cfg):
+        print(f"diffattn: warning: {line}", file=sys.stderr, flush=True)
     res = study(cfg, progress=not args.no_progress)
     print()
     print(res["table"])
@@ -170,7 +175,10 @@ def _models_command(args: argparse.Namespace) -> int:
 
     names = list_models(args.pattern)
     if not names:
-        raise UsageError(f"no registered model matches {args.pattern!r} (diffattn models lists them all)")
+        from .errors import did_you_mean
+
+        raise UsageError(f"no registered model matches {args.pattern!r}"
+                         f"{did_you_mean(args.pattern.strip('*?'), list_models())} (diffattn models lists them all)")
     if args.names:
         print("\n".join(names))
         return 0
@@ -193,8 +201,23 @@ def _models_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def plain_text(text: str) -> str:
+    """``text`` without the reST markup of docstrings: double backquotes dropped, a role such as :func: replaced by
+    the name it points to (its last part where the role has a tilde)."""
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.S)
+    return re.sub(r":[a-z]+:`(~?)([^`]+)`", lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+
+
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse with a one-line error, ``diffattn: error: <subcommand>: <message>`` (exit status 2)."""
+    """argparse with a one-line error, ``diffattn: error: <subcommand>: <message>`` (exit status 2), and help
+    without reST markup (:func:`plain_text`): help strings and descriptions borrowed from docstrings read as
+    text."""
+
+    def format_help(self) -> str:
+        return plain_text(super().format_help())
+
+    def format_usage(self) -> str:
+        return plain_text(super().format_usage())
 
     def error(self, message: str):
         print(f"diffattn: error: {self.prog.removeprefix('diffattn').strip() + ': ' if self.prog != 'diffattn' else ''}"
@@ -226,7 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config-dir", default=None, help="folder of the recipes (default: the packaged demo/*)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo_command)
-    st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests")
+    from .studies.config import WALL_TIMES
+
+    st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests",
+                        formatter_class=argparse.RawDescriptionHelpFormatter,
+                        description="Train every variant of a study at every seed with one budget, check the "
+                        "baseline's control,\nthen report mean ± std with paired tests (docs/studies.md).\n\n"
+                        "Packaged studies and their wall time as measured for docs/studies.md (shared 2-core CPU, "
+                        "one thread per study):\n" + "\n".join(f"  {name:<10} {t}" for name, t in WALL_TIMES.items()))
     st.add_argument("config", help="a YAML file, or a packaged study name (diffclip, retrofit, dgvit, noise, "
                     "paligemma, llava, detection, needles, recall)")
     st.add_argument("--out", default=None, help="folder for the seeds' runs, results.json and report.md (default: "
@@ -286,6 +316,9 @@ def main(argv: list[str] | None = None) -> int:
         args.args = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    from .progress import library_bars
+
+    library_bars(not getattr(args, "no_progress", False))  # transformers' bars follow diffattn's (progress.py)
     try:
         return int(args.func(args) or 0)
     except Exception as e:

@@ -9,10 +9,12 @@ and keeps its traceback. Leaf module: it imports nothing from diffattn.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
-__all__ = ["UsageError", "RunExistsError", "user_input", "yaml_error", "one_line", "is_user_error"]
+__all__ = ["UsageError", "RunExistsError", "user_input", "yaml_error", "one_line", "is_user_error",
+           "did_you_mean"]
 
 
 class UsageError(ValueError):
@@ -61,3 +63,13 @@ def is_user_error(err: BaseException) -> bool:
     a file where a folder is needed, no permission)."""
     return isinstance(err, (UsageError, FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError,
                             FileExistsError))
+
+
+def did_you_mean(name: object, choices: Iterable[str], n: int = 3) -> str:
+    """``"; did you mean 'a' or 'b'?"`` for the ``choices`` closest to a mistyped ``name``
+    (:func:`difflib.get_close_matches`, cutoff 0.6), else ``""``: the tail of an "unknown name" message."""
+    close = difflib.get_close_matches(str(name), list(choices), n=n, cutoff=0.6)
+    if not close:
+        return ""
+    quoted = [repr(c) for c in close]
+    return "; did you mean " + (quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " or " + quoted[-1]) + "?"

@@ -20,19 +20,28 @@ package imports this module; :mod:`diffattn.models` and :mod:`diffattn` re-expor
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import torch.nn as nn
 
+from .adapters.hf import from_pretrained_retrofit, install_load_warning
+from .adapters.saving import load_adapter
 from .convert import load_diffclip, load_diffclip_image_tower, load_openai_clip, load_timm_vit
+from .errors import UsageError
+from .formats import saved_kind, wrong_kind
 from .models import causal_lm, clip, text, vit, vlm  # noqa: F401  (each family registers itself on import)
 from .models.base import DiffattnModel
 from .models.base import from_pretrained as _load_saved
 from .models.pretrained import list_pretrained, pretrained_file, split_model_tag, timm_default_cfgs
 from .models.registry import TIMM_KWARGS, is_model, model_builder, model_family
 
-__all__ = ["create_model", "from_pretrained", "load_pretrained", "register_timm", "TIMM_NAMES"]
+__all__ = ["create_model", "from_pretrained", "load_run", "load_pretrained", "register_timm", "TIMM_NAMES",
+           "find_saved_model", "is_retrofit_run", "load_retrofit_run", "RETROFIT_RUN"]
+
+#: the file a retrofit training run writes to say how it is rebuilt (:func:`load_retrofit_run`)
+RETROFIT_RUN = "retrofit.json"
 
 #: the :mod:`diffattn.convert` loader of each :class:`~diffattn.models.pretrained.PretrainedTag` ``loader`` name
 LOADERS = {"diffclip": load_diffclip, "diffclip_image_tower": load_diffclip_image_tower,
@@ -100,12 +109,121 @@ def load_pretrained(name: str, pretrained: str | os.PathLike, overrides: dict,
 
 
 def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
-    """Load a model saved with ``save_pretrained`` from a folder or a hub repo id; the config names the class.
+    """Load a model saved with ``save_pretrained`` from a folder, a training run folder (its final model, as
+    ``diffattn eval RUN`` finds it: :func:`find_saved_model`) or a hub repo id; the config names the class.
 
     Strict (:mod:`diffattn.models.base`): a config with unknown entries, a weights file with missing, unexpected or
-    mis-shaped tensors, or sizes beyond the bounds raise ValueError and no model is returned.
+    mis-shaped tensors, or sizes beyond the bounds raise ValueError and no model is returned. A path of another
+    kind (a retrofit run, an adapter, a transformers checkpoint, …) is a ValueError naming the loader it needs.
     """
+    path = Path(str(path_or_repo_id)).expanduser()
+    if path.is_dir() and not (path / "config.json").is_file():
+        if is_retrofit_run(path):
+            raise ValueError(wrong_kind(path, "a diffattn model"))
+        kind = saved_kind(path)
+        if kind is not None and kind[1].startswith("diffattn.load_run"):  # a training run: its final model
+            return _load_saved(find_saved_model(path), **kwargs)
     return _load_saved(path_or_repo_id, **kwargs)
+
+
+def load_run(path: str | os.PathLike) -> nn.Module:
+    """The model of any run folder or save, in eval mode: the one call that loads what ``diffattn eval`` takes.
+
+    - a ``diffattn train`` run folder: its final model (``model/``; else ``final/``, ``best/``:
+      :func:`find_saved_model`);
+    - a retrofit run (``retrofit.json``): the retrofitted base model (:func:`load_retrofit_run`), a transformers
+      model with the run's adapters (and LoRA);
+    - a ``save_pretrained`` folder: :func:`from_pretrained`;
+    - a transformers checkpoint saved from a retrofitted model: :func:`diffattn.from_pretrained_retrofit`.
+
+    Anything else (an adapter folder without its base, a DiffLlama or plain transformers checkpoint, a checkpoint
+    file, a training checkpoint) is a ValueError naming the loader it needs; a path that holds nothing loadable, a
+    FileNotFoundError."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a run folder or a saved model folder (str or os.PathLike), got "
+                        f"{type(path).__name__}")
+    p = Path(path).expanduser()
+    if not p.exists():
+        raise FileNotFoundError(f"path {str(p)!r} does not exist; give a run folder (diffattn train --out) or a "
+                                f"folder written by save_pretrained")
+    kind = saved_kind(p)
+    if is_retrofit_run(p):
+        return load_retrofit_run(p)
+    if kind is not None and "from_pretrained_retrofit" in kind[1]:
+        return from_pretrained_retrofit(p).eval()
+    if kind is not None and not kind[1].startswith(("diffattn.load_run", "diffattn.from_pretrained(")):
+        raise ValueError(wrong_kind(p, "a run or a saved diffattn model"))
+    if p.is_file():
+        raise ValueError(f"path {str(p)!r} is a file; load_run takes a run folder (diffattn train --out) or a "
+                         f"folder written by save_pretrained")
+    return _load_saved(find_saved_model(p)).eval()
+
+
+def _is_saved_model(p: Path) -> bool:
+    """Whether ``p`` holds a diffattn ``save_pretrained`` model; a ``config.json`` beside ``model.safetensors`` that
+    is not valid JSON is a :class:`~diffattn.errors.UsageError` naming it (a damaged save, not a missing one)."""
+    cfg = p / "config.json"
+    if not cfg.is_file() or not (p / "model.safetensors").is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{cfg} is not valid JSON ({e}): the model saved in {p} is damaged") from None
+    return isinstance(data, dict) and "architecture" in data
+
+
+def find_saved_model(path: str | Path) -> Path:
+    """The folder holding a diffattn ``save_pretrained`` model (config.json with ``architecture`` and
+    model.safetensors): ``path`` itself, else ``path/model``, ``path/final``, ``path/best``, else the most recently
+    written such folder below ``path``."""
+    path = Path(path)
+    if not path.is_dir():
+        raise FileNotFoundError(f"path must be a folder holding a saved model or a run directory, got {str(path)!r}")
+    for p in (path, path / "model", path / "final", path / "best"):
+        if _is_saved_model(p):
+            return p
+    found = sorted((c.parent for c in path.rglob("config.json") if _is_saved_model(c.parent)),
+                   key=lambda p: (p / "model.safetensors").stat().st_mtime)
+    if not found:
+        kind = saved_kind(path)
+        if kind is not None and not kind[0].startswith("a diffattn training run"):  # a run without a model: below
+            raise ValueError(wrong_kind(path, "a run or a save_pretrained folder"))
+        raise FileNotFoundError(f"no model saved with save_pretrained (config.json with 'architecture' + "
+                                f"model.safetensors) under {str(path)!r}")
+    return found[-1]
+
+
+def is_retrofit_run(path: str | Path) -> bool:
+    """Whether ``path`` is a run directory of ``diffattn train`` with task ``retrofit``."""
+    return (Path(path) / RETROFIT_RUN).is_file()
+
+
+def load_retrofit_run(run_dir: str | Path) -> nn.Module:
+    """A retrofit training run rebuilt from its directory alone, in eval mode: the base named in ``retrofit.json``
+    (the run's own ``base/`` folder for a base built from a config, else the pretrained checkpoint it was trained
+    from), retrofitted and loaded from ``adapter/`` (:func:`diffattn.load_adapter`), with the peft LoRA weights of
+    ``lora/`` on top when the run trained LoRA. Errors name the file at fault."""
+    run_dir = Path(run_dir)
+    path = run_dir / RETROFIT_RUN
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path} is not valid JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format_version") != 1 or not isinstance(meta.get("base"), str):
+        raise UsageError(f"{path} must be a JSON object with format_version 1 and 'base', got {meta!r}")
+    base_dir = run_dir / meta["base"]  # an absolute path stays itself
+    if not (base_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{path} names the base model {str(base_dir)!r}, which holds no config.json")
+    from transformers import AutoModelForCausalLM
+
+    install_load_warning()
+    base = AutoModelForCausalLM.from_pretrained(str(base_dir))
+    model = load_adapter(base, run_dir / (meta.get("adapter") or "adapter"))
+    if meta.get("lora"):
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(run_dir / meta["lora"]))
+    return model.eval()
 
 
 # ------------------------------------------------------------------------------------------------ timm's registry

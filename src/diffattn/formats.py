@@ -23,6 +23,10 @@ Formats:
   form: ``lambda_options={"bias": True}`` where the file holds ``lambda_proj.bias``, ``sub_norm=True`` where it
   holds the sub-norm (for models: every token_sigmoid model of format 0, since 0.1.0 models had no λ form option).
 
+Which loader reads a path: :func:`saved_kind` tells the kinds of saved paths apart (a training run, a
+``save_pretrained`` folder, an adapter, a transformers checkpoint, …) from their marker files alone, so every loader's
+error on a path of the wrong kind names the call that loads it (:func:`wrong_kind`).
+
 This module imports nothing from diffattn, so every layer of the package may use it.
 """
 
@@ -35,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["FORMAT", "FORMAT_KEY", "VERSION_KEY", "KINDS", "FormatMigrationWarning", "FormatVersionError",
-           "Migration", "MIGRATIONS", "read_format", "check_format", "migrate"]
+           "Migration", "MIGRATIONS", "read_format", "check_format", "migrate", "saved_kind", "wrong_kind"]
 
 FORMAT = 1
 FORMAT_KEY = "diffattn_format"
@@ -178,3 +182,76 @@ def _caller_level() -> int:
             return level
         frame, level = frame.f_back, level + 1
     return 1
+
+
+# ------------------------------------------------------------------------------------- which loader reads a path
+
+#: the file extensions of single checkpoint files (state dicts)
+_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".bin", ".safetensors", ".ckpt")
+
+
+def _json_object(path) -> dict | None:
+    import json
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def saved_kind(path) -> tuple[str, str] | None:
+    """What ``path`` holds and the call that loads it: ``(description, call)``, or None when it is none of
+    diffattn's saves nor a checkpoint diffattn converts. Reads marker files only (``retrofit.json``,
+    ``config.yaml``, ``config.json``, ``diffattn_adapter.json``, ``state.pt``), never weights."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if p.is_file():
+        if p.suffix in _CHECKPOINT_SUFFIXES:
+            return ("a checkpoint file", "diffattn.create_model(name, pretrained=path) for a diffattn model's "
+                    "weights, or a diffattn.convert loader (load_timm_vit, load_diffclip, load_openai_clip, "
+                    "read_checkpoint)")
+        if p.name == "config.json":
+            kind = saved_kind(p.parent)
+            return ("the config.json of " + kind[0], kind[1].replace("(path)", "(path.parent)")) if kind else None
+        return None
+    if not p.is_dir():
+        return None
+    if (p / "retrofit.json").is_file():
+        return "a retrofit training run (retrofit.json)", "diffattn.load_run(path)"
+    if (p / "config.yaml").is_file() and any((p / d).is_dir() for d in ("model", "best", "checkpoints")):
+        return "a diffattn training run (config.yaml)", "diffattn.load_run(path)"
+    if (p / "state.pt").is_file() and p.parent.name == "checkpoints":
+        return ("a training checkpoint (state.pt)", f"diffattn.load_run({str(p.parent.parent)!r}) (the run's final "
+                "model), or diffattn train … --resume path")
+    if (p / "diffattn_adapter.json").is_file():
+        return ("a diffattn adapter folder (diffattn_adapter.json)", "diffattn.load_adapter(base_model, path) onto "
+                "the base model it was saved from")
+    cfg = _json_object(p / "config.json") if (p / "config.json").is_file() else None
+    if cfg is None:
+        return None
+    arch = cfg.get("architecture")
+    if isinstance(arch, str) and "architectures" not in cfg:
+        return "a diffattn save_pretrained folder", "diffattn.from_pretrained(path) or diffattn.load_run(path)"
+    names = cfg.get("architectures") if "architectures" in cfg else arch
+    names = names if isinstance(names, list) else [names]
+    shown = f"{'architectures' if 'architectures' in cfg else 'architecture'} {names!r}"
+    if "diffattn_retrofit" in cfg:
+        return (f"a transformers checkpoint of a retrofitted model ({shown})",
+                "diffattn.from_pretrained_retrofit(path) or diffattn.load_run(path)")
+    if cfg.get("model_type") == "diffllama" or any(isinstance(n, str) and n.startswith("DiffLlama") for n in names):
+        return f"a transformers DiffLlama checkpoint ({shown})", "diffattn.convert.from_diffllama(path)"
+    if "model_type" in cfg or "architectures" in cfg:
+        return (f"a transformers checkpoint ({shown})", "transformers' AutoModelForCausalLM.from_pretrained(path) "
+                "(or the Auto class of its task), then diffattn.retrofit(model, method)")
+    return None
+
+
+def wrong_kind(path, want: str) -> str | None:
+    """``"{path} is <what it holds>, not {want}; load it with <call>"``, or None when :func:`saved_kind` does not
+    know what ``path`` holds (the caller then says what it needs)."""
+    kind = saved_kind(path)
+    if kind is None:
+        return None
+    return f"{path} is {kind[0]}, not {want}; load it with {kind[1]}"

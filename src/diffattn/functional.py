@@ -269,17 +269,26 @@ def prepare_mask(attn_mask: torch.Tensor | None, *, is_causal: bool, nq: int, nk
 
 
 def _combine(o1, o2, weight1, lambda_):
+    """w1 ⊙ o1 − λ ⊙ o2 in as few ops as the weights allow (one ``addcmul`` for w1 = 1 and a tensor λ)."""
     out = o1 * weight1 if not (isinstance(weight1, float) and weight1 == 1.0) else o1
+    if isinstance(lambda_, torch.Tensor) and lambda_.dim() <= out.dim() and torch.broadcast_shapes(
+            lambda_.shape, o2.shape) == o2.shape:
+        return torch.addcmul(out, o2, lambda_, value=-1)  # the dtype o1 − o2 ⊙ λ promotes to, one rounding
     return out - o2 * lambda_
 
 
-def _upcast(t: torch.Tensor) -> torch.Tensor:
-    """To float32, or float64 when the input already is."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
-
-
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.promote_types(dtype, torch.float32)
+    """float32, or float64 for float64 (``torch.promote_types(dtype, float32)`` for the real dtypes, without the
+    dispatcher call that ``torch.promote_types`` costs on every forward)."""
+    return dtype if dtype in _WIDE_ENOUGH else torch.float32
+
+
+_WIDE_ENOUGH = (torch.float32, torch.float64)
+
+
+def _upcast(t: torch.Tensor) -> torch.Tensor:
+    """To float32, or float64 when the input already is (no op when it already is one of them)."""
+    return t if t.dtype in _WIDE_ENOUGH else t.to(torch.float32)
 
 
 def _expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
@@ -351,12 +360,10 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p):
         k1, k2, v = (_expand_kv(t, H // Hkv) for t in (k1, k2, v))
         Hkv = H
 
-    def padded(t: torch.Tensor) -> torch.Tensor:  # (B, h, N, w) -> (B, h, N, width), one allocation
-        if t.shape[-1] == width:
-            return t
-        buf = t.new_zeros(*t.shape[:-1], width)
-        buf[..., : t.shape[-1]] = t
-        return buf
+    def padded(t: torch.Tensor) -> torch.Tensor:
+        """(B, h, N, w) -> (B, h, N, width) in one op, laid out as (B, N, h, width) like the projections' views
+        (the kernels then write their outputs in that layout and the heads concatenate without a copy)."""
+        return t if t.shape[-1] == width else F.pad(t.transpose(1, 2), (0, width - t.shape[-1])).transpose(1, 2)
 
     vv = padded(v)  # (B, Hkv, Nk, width)
     m = mask.additive()
@@ -444,7 +451,7 @@ def _grouped_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
     hkv, nk = k.shape[1], k.shape[2]
     g = H // hkv
     s = torch.matmul(q.reshape(B, hkv, g * nq, d), k.transpose(-2, -1))  # (B, Hkv, G·Nq, Nk)
-    return s.view(B, H, nq, nk).to(torch.promote_types(s.dtype, torch.float32)) * scale
+    return s.view(B, H, nq, nk).to(_compute_dtype(s.dtype)) * scale
 
 
 def decode_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
@@ -472,7 +479,7 @@ def decode_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, 
     hkv, nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
     # one query row at the end of a causal sequence sees every key: no mask to build
     mask = prepare_mask(attn_mask, is_causal=is_causal and nq > 1, nq=nq, nk=nk,
-                        dtype=torch.promote_types(q1.dtype, torch.float32), device=q1.device, scale=0.0)
+                        dtype=_compute_dtype(q1.dtype), device=q1.device, scale=0.0)
     if k1 is k2:  # one K for both branches (Diff Transformer V2): stack the queries, read K once
         s = _grouped_scores(torch.cat([q1, q2], dim=2), k1, scale)  # (B, H, 2·Nq, Nk)
         s1, s2 = s[:, :, :nq], s[:, :, nq:]

@@ -3,6 +3,10 @@
 On a terminal :func:`progress` is a tqdm bar. Where the stream is not a terminal (a log file, a pipe, ``make demo
 > log``) a bar would write every refresh as another line, so it prints one plain line every ``every`` seconds
 instead (and one at the end): ``desc: 120/600 steps (20%) 1.9 steps/s ETA 4m12s loss=2.1``.
+
+:func:`library_bars` makes the bars of transformers and huggingface_hub ("Loading weights", "Writing model shards",
+downloads) follow the same rule; the ``diffattn`` command calls it once at its entry (importing this module changes
+nothing).
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
-__all__ = ["progress", "LineProgress", "is_terminal"]
+__all__ = ["progress", "LineProgress", "is_terminal", "library_bars"]
 
 #: seconds between two lines where the output is not a terminal (``DIFFATTN_PROGRESS_EVERY`` changes it)
 DEFAULT_EVERY = 30.0
@@ -116,3 +120,29 @@ def progress(iterable: Iterable | None = None, *, total: int | None = None, init
 
     return tqdm(iterable, total=total, initial=initial, desc=desc, unit=unit, file=file, leave=leave,
                 dynamic_ncols=True, **tqdm_kwargs)
+
+
+def library_bars(enabled: bool = True, file: IO | None = None) -> bool:
+    """Apply diffattn's rule to the progress bars of transformers and huggingface_hub: where diffattn draws no bar
+    (``enabled=False``, e.g. ``--no-progress``, or ``file``, default stderr, is not a terminal) they draw none either,
+    instead of writing every refresh of "Loading weights" or "Writing model shards" into a log file. Returns whether
+    bars stay on.
+
+    Through the libraries' own switches: ``huggingface_hub.utils.disable_progress_bars()`` (a light import; a
+    transformers imported later starts with its bars off, as it reads that switch) and, when transformers is already
+    imported, ``transformers.utils.logging.disable_progress_bar()``. Bars are never switched back on here; the
+    environment is left as it is (a user's ``HF_HUB_DISABLE_PROGRESS_BARS`` keeps its meaning)."""
+    if enabled and is_terminal(file or sys.stderr):
+        return True
+    import importlib.util
+
+    if importlib.util.find_spec("huggingface_hub") is not None:
+        from huggingface_hub.utils import are_progress_bars_disabled, disable_progress_bars
+
+        if not are_progress_bars_disabled():
+            disable_progress_bars()
+    if "transformers" in sys.modules:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    return False

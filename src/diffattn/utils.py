@@ -1,6 +1,6 @@
 """Small utilities shared by the commands, tests and benchmarks: the device a command runs on
 (:func:`check_device`, :func:`resolve_device`), the memory it can use (:func:`available_memory`), peak memory of a
-call, the CPU's name, results sections in markdown files."""
+call, the CPU's name, results sections in markdown files, the ops a call dispatches (:func:`count_ops`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 from .errors import UsageError
 
 __all__ = ["peak_memory_mb", "MALLOC_ENV", "cpu_name", "write_markdown_section", "check_device", "resolve_device",
-           "available_memory", "format_bytes", "DEVICE_VALUES", "device_type"]
+           "available_memory", "format_bytes", "DEVICE_VALUES", "device_type", "count_ops"]
 
 #: what ``run.device`` / ``--device`` take (null / not given: ``cuda`` when torch sees a GPU, else ``cpu``)
 DEVICE_VALUES = "'cpu', 'cuda' or 'cuda:N'"
@@ -186,3 +186,22 @@ def write_markdown_section(path: str | Path, key: str, text: str) -> None:
         new = old.rstrip("\n") + ("\n\n" if old else "") + block + "\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(new)
+
+
+def count_ops(fn: Callable[[], object]) -> dict[str, int]:
+    """The aten ops that ``fn()`` dispatches, views excluded, by name: the host cost of eager PyTorch code, which
+    on a GPU bounds the speed of small models (each op is a launch). Counted with a ``TorchDispatchMode``."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    ops: dict[str, int] = {}
+
+    class _Counter(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if not func.is_view:
+                name = func.overloadpacket.__name__
+                ops[name] = ops.get(name, 0) + 1
+            return func(*args, **(kwargs or {}))
+
+    with _Counter():
+        fn()
+    return ops

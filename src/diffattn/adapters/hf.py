@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..formats import FORMAT_KEY, read_format
+from ..formats import FORMAT_KEY, read_format, saved_kind, wrong_kind
 from .binding import ADAPTER_ATTR
 from .config import RetrofitConfig
 from .core import HF_CONFIG_KEY, HF_FORMAT_VERSION, apply_plan, plan_retrofit
@@ -209,6 +209,9 @@ def from_pretrained_retrofit(path: str | os.PathLike, *, model_class: type | Non
 
     install_load_warning()
     directory = _resolve(path, kwargs)
+    kind = saved_kind(directory)
+    if kind is not None and "from_pretrained_retrofit" not in kind[1]:  # a diffattn save, a run, an adapter, …
+        raise ValueError(wrong_kind(directory, "a transformers checkpoint of a retrofitted model"))
     config = transformers.AutoConfig.from_pretrained(str(directory))
     rec = _read_record(config, str(directory))
     try:

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..formats import FORMAT_KEY, migrate, read_format
+from ..formats import FORMAT_KEY, migrate, read_format, wrong_kind
 from ..io import atomic_write_dir, recover_dir
 from .config import RetrofitConfig
 from .core import PLAN_ATTR, RetrofitPlan, _plan, apply_plan, plan_retrofit, retrofit_record
@@ -124,7 +124,8 @@ def read_adapter(directory: str | os.PathLike) -> tuple[RetrofitConfig, dict[str
     recover_dir(directory)
     path = directory / CONFIG_FILE
     if not path.is_file():
-        raise ValueError(f"directory must hold {CONFIG_FILE} written by save_adapter, got {str(directory)!r}")
+        raise ValueError(wrong_kind(directory, "an adapter folder written by save_adapter")
+                         or f"directory must hold {CONFIG_FILE} written by save_adapter, got {str(directory)!r}")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

@@ -26,10 +26,12 @@ shape, and raises ``ValueError`` for anything the target cannot express exactly.
 from __future__ import annotations
 
 import math
+import os
 
 import torch
 import torch.nn as nn
 
+from ..formats import saved_kind, wrong_kind
 from ..layers import DiffAttention
 from ..models.causal_lm import CausalLM
 from ._common import LAMBDAS, StateDict, check_convertible, check_even_heads, check_no_extra, take
@@ -323,8 +325,11 @@ def from_diffllama(hf_model, *, diff_norm_affine: bool = False, backend: str = "
     and device (float64 stays float64, bf16 stays bf16)."""
     from transformers import DiffLlamaForCausalLM
 
-    if isinstance(hf_model, str):
-        hf_model = DiffLlamaForCausalLM.from_pretrained(hf_model)
+    if isinstance(hf_model, (str, os.PathLike)):
+        kind = saved_kind(hf_model)
+        if kind is not None and "from_diffllama" not in kind[1]:
+            raise ValueError(wrong_kind(hf_model, "a transformers DiffLlama checkpoint"))
+        hf_model = DiffLlamaForCausalLM.from_pretrained(str(hf_model))
     if not isinstance(hf_model, DiffLlamaForCausalLM):
         raise ValueError(f"hf_model must be a DiffLlamaForCausalLM or a path to one, got {type(hf_model).__name__}")
     c = hf_model.config

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import did_you_mean
 from ._common import DatasetNotInstalledError, default_root
 
 __all__ = ["DatasetInfo", "DATASETS", "USER_FORMATS", "list_datasets", "get_dataset", "dataset_info"]
@@ -74,7 +75,7 @@ def list_datasets(installed_only: bool = False, root: str | os.PathLike | None =
 
 def dataset_info(name: str) -> DatasetInfo:
     if name not in DATASETS:
-        raise ValueError(f"name must be one of {sorted(DATASETS)}, got {name!r}")
+        raise ValueError(f"name must be one of {sorted(DATASETS)}, got {name!r}{did_you_mean(name, DATASETS)}")
     return DATASETS[name]
 
 
@@ -130,7 +131,8 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
         from .tokens import TokenMemmap
 
         return TokenMemmap(root, **kwargs)
-    raise ValueError(f"name must be one of {sorted(DATASETS) + list(USER_FORMATS)}, got {name!r}")
+    raise ValueError(f"name must be one of {sorted(DATASETS) + list(USER_FORMATS)}, got {name!r}"
+                     f"{did_you_mean(name, [*DATASETS, *USER_FORMATS])}")
 
 
 __all__ += ["DatasetNotInstalledError"]

@@ -1,5 +1,10 @@
 """Plots (matplotlib, Agg backend, PNG): maps A1, A2 and their difference, λ / gate per layer, corruption curves
-and needle-retrieval grids. Every function writes one PNG atomically and returns its path."""
+and needle-retrieval grids. Every function writes one PNG atomically and returns its path.
+
+What every figure says on itself: each panel's colour scale in its title (A1 and A2 share one, so they compare;
+a signed map has its own, centred on 0), the axes (query / key token, CLS marked; patch row / column), what
+rollout is (a subtitle), a map whose rows are uniform (entropy log N: it attends to nothing in particular), whole
+numbers on layer and severity axes, and legend entries only for what is drawn."""
 
 from __future__ import annotations
 
@@ -11,7 +16,8 @@ import torch
 
 from ..io import atomic_write_file
 
-__all__ = ["plot_maps", "plot_lambdas", "plot_corruption_curves", "plot_needle_grid", "plot_cls_maps"]
+__all__ = ["plot_maps", "plot_lambdas", "plot_corruption_curves", "plot_needle_grid", "plot_cls_maps", "is_uniform",
+           "ROLLOUT_NOTE"]
 
 
 def _plt():
@@ -43,37 +49,77 @@ def _as_2d(name: str, a) -> torch.Tensor:
     return a
 
 
-def plot_maps(first, second, combined, path, *, title: str = "", tokens: Sequence[str] | None = None) -> Path:
-    """Heat maps of A1, A2 and the combined map side by side (each averaged over batch and heads). The combined
-    map uses a diverging colour scale centred on 0 (it is signed). ``second=None`` plots A1 and the combined map."""
+def _scale(a: torch.Tensor, signed: bool) -> tuple[float, float, str]:
+    """(vmin, vmax, the scale as the title states it) of a map: ±max|a| for a signed map, else 0 to its maximum."""
+    v = float(a.abs().max()) or 1.0
+    return (-v, v, f"scale ±{v:.2g}") if signed else (0.0, v, f"scale 0 to {v:.2g}")
+
+
+def is_uniform(a: torch.Tensor, tol: float = 1e-3) -> bool:
+    """Whether every row of the non-negative map ``a`` (…, N) is uniform: its entropy is log N within ``tol`` (a
+    map that attends to nothing in particular, as a freshly initialised layer's)."""
+    a = torch.as_tensor(a).detach().double()
+    if a.shape[-1] < 2 or bool((a < 0).any()):
+        return False
+    p = a / a.sum(dim=-1, keepdim=True).clamp_min(1e-300)
+    h = -(p * p.clamp_min(1e-300).log()).sum(dim=-1)
+    return bool((h >= math.log(a.shape[-1]) * (1 - tol)).all())
+
+
+def _say_uniform(ax, n: int) -> None:
+    ax.text(0.5, 0.5, f"uniform: every key gets 1/{n}\n(entropy = log {n})", transform=ax.transAxes, ha="center",
+            va="center", fontsize=8, color="white", bbox=dict(facecolor="black", alpha=0.6, lw=0))
+
+
+def plot_maps(first, second, combined, path, *, title: str = "", tokens: Sequence[str] | None = None,
+              cls: bool = False) -> Path:
+    """Heat maps of A1, A2 and the combined map side by side (each averaged over batch and heads). A1 and A2 share
+    one colour scale from 0 (one colour bar); the combined map, signed, has a diverging scale centred on 0. Each
+    panel's title states its scale; a uniform A1 or A2 says so on its panel. ``tokens`` label the key axis,
+    ``cls=True`` marks token 0 as the CLS token. ``second=None`` plots A1 and the combined map."""
     plt = _plt()
-    panels = [("A1", _as_2d("first", first), "viridis")] if first is not None else []
+    softmax = [("A1", _as_2d("first", first))] if first is not None else []
     if second is not None:
-        panels.append(("A2", _as_2d("second", second), "viridis"))
+        softmax.append(("A2", _as_2d("second", second)))
     c = _as_2d("combined", combined)
-    panels.append(("A1 − λA2" if second is not None else "combined", c, "RdBu_r"))
+    signed = bool((c < 0).any())
+    panels = softmax + [("A1 − λA2" if second is not None else "combined", c)]
+    vmax = max((float(a.max()) for _, a in softmax), default=0.0) or 1.0
     # constrained layout places every colour bar beside its own panel, clear of the next panel's labels
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.6), squeeze=False, layout="constrained")
-    for ax, (name, a, cmap) in zip(axes[0], panels):
-        if cmap == "RdBu_r":
-            v = float(a.abs().max()) or 1.0
-            im = ax.imshow(a.numpy(), cmap=cmap, vmin=-v, vmax=v)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels), 3.8), squeeze=False, layout="constrained")
+    axis = "token (0 = CLS)" if cls else "token"
+    for i, (ax, (name, a)) in enumerate(zip(axes[0], panels)):
+        if i < len(softmax):
+            im = ax.imshow(a.numpy(), cmap="viridis", vmin=0, vmax=vmax)
+            label = f"scale 0 to {vmax:.2g}" + (", shared with A2" if name == "A1" and len(softmax) > 1 else
+                                                 ", shared with A1" if name == "A2" else "")
+            if is_uniform(a):
+                _say_uniform(ax, a.shape[-1])
         else:
-            im = ax.imshow(a.numpy(), cmap=cmap, vmin=0)
-        ax.set_title(name)
-        ax.set_xlabel("key")
-        ax.set_ylabel("query")
+            lo, hi, label = _scale(a, signed)
+            im = ax.imshow(a.numpy(), cmap="RdBu_r" if signed else "viridis", vmin=lo, vmax=hi)
+        ax.set_title(f"{name}\n{label}", fontsize=9)
+        ax.set_xlabel(f"key {axis}")
+        ax.set_ylabel(f"query {axis}")
         if tokens is not None and len(tokens) == a.shape[-1] <= 40:
             ax.set_xticks(range(len(tokens)), tokens, rotation=90, fontsize=6)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
+        if i != 0 or len(softmax) < 2:  # A1 and A2 share A2's colour bar
+            fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     fig.suptitle(title)
     return _save(fig, path)
+
+
+#: the subtitle of a figure with a rollout panel
+ROLLOUT_NOTE = ("rollout: attention flow through every layer, R = Â_L ⋯ Â_1 with Â = 0.5·A + 0.5·I, rows L1-normalised "
+                "(Abnar & Zuidema 2020); signed for differential maps")
 
 
 def plot_cls_maps(maps: Mapping[str, torch.Tensor], grid: tuple[int, int], path, *, image=None,
                   num_prefix_tokens: int = 1, title: str = "") -> Path:
     """The CLS row of each map (name → (…, N, N)) over the gh × gw patch grid, beside the image when given
-    (C, H, W) or (H, W, C). Signed maps use a diverging scale centred on 0."""
+    (C, H, W) or (H, W, C). Every panel has its own colour scale, stated in its title; signed maps use a
+    diverging scale centred on 0. A map named ``rollout`` adds a subtitle saying what rollout is; a uniform CLS
+    row says so on its panel."""
     plt = _plt()
     n = len(maps) + (image is not None)
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.2), squeeze=False, layout="constrained")
@@ -90,21 +136,26 @@ def plot_cls_maps(maps: Mapping[str, torch.Tensor], grid: tuple[int, int], path,
     for name, a in maps.items():
         row = _as_2d(name, a)[0, num_prefix_tokens:].reshape(grid)
         ax = next(ax_iter)
-        if bool((row < 0).any()):
-            v = float(row.abs().max()) or 1.0
-            im = ax.imshow(row.numpy(), cmap="RdBu_r", vmin=-v, vmax=v)
-        else:
-            im = ax.imshow(row.numpy(), cmap="viridis")
-        ax.set_title(name)
-        ax.axis("off")
+        signed = bool((row < 0).any())
+        lo, hi, label = _scale(row, signed)
+        im = ax.imshow(row.numpy(), cmap="RdBu_r" if signed else "viridis", vmin=lo, vmax=hi)
+        if not signed and is_uniform(row.flatten()):
+            _say_uniform(ax, row.numel())
+        ax.set_title(f"CLS → patches: {name}\n{label}", fontsize=9)
+        ax.set_xlabel("patch column")
+        ax.set_ylabel("patch row")
+        ax.set_xticks([])
+        ax.set_yticks([])
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
-    fig.suptitle(title)
+    rollout = any("rollout" in name for name in maps)
+    fig.suptitle(title + (f"\n{ROLLOUT_NOTE}" if rollout else ""), fontsize=9 if rollout else None)
     return _save(fig, path)
 
 
 def plot_lambdas(values: Sequence, path, *, label: str = "λ", title: str = "") -> Path:
     """λ (or the mean gate) per layer: ``values[l]`` is a scalar or a tensor of per-head (or per-token) values;
-    plots the mean per layer with the min–max range over heads/tokens."""
+    plots the mean per layer with the min–max range over heads/tokens (no band, and no legend entry for one, where
+    every layer has a single value)."""
     plt = _plt()
     if not len(values):
         raise ValueError("values must hold one entry per layer, got none")
@@ -117,8 +168,10 @@ def plot_lambdas(values: Sequence, path, *, label: str = "λ", title: str = "") 
 
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # layers are whole numbers
     layers = list(range(len(v)))
-    ax.plot(layers, mean, marker="o", label=f"mean {label}")
-    ax.fill_between(layers, lo, hi, alpha=0.25, label="min–max over heads")
+    spread = any(h > lo_ for lo_, h in zip(lo, hi))  # one λ per layer: no band to draw or name
+    ax.plot(layers, mean, marker="o", label=f"mean {label}" if spread else f"{label} per layer")
+    if spread:
+        ax.fill_between(layers, lo, hi, alpha=0.25, label="min–max over heads / tokens")
     ax.set_xlabel("layer")
     ax.set_ylabel(label)
     ax.legend(fontsize=8)
@@ -128,14 +181,17 @@ def plot_lambdas(values: Sequence, path, *, label: str = "λ", title: str = "") 
 
 def plot_corruption_curves(table: Mapping[str, Mapping[int, float]], path, *, clean: float | None = None,
                            title: str = "accuracy under corruption") -> Path:
-    """Accuracy vs severity, one line per corruption (``table[corruption][severity] = accuracy``)."""
+    """Accuracy vs severity, one line per corruption (``table[corruption][severity] = accuracy``); the severity
+    axis shows exactly the severities measured."""
     plt = _plt()
     if not table:
         raise ValueError("table must hold at least one corruption")
     fig, ax = plt.subplots(figsize=(6, 4))
+    severities = sorted({int(s) for row in table.values() for s in row})
     for name, row in table.items():
-        sev = sorted(row)
-        ax.plot(sev, [row[s] for s in sev], marker="o", label=name)
+        sev = sorted(row, key=int)
+        ax.plot([int(s) for s in sev], [row[s] for s in sev], marker="o", label=name)
+    ax.set_xticks(severities)  # severities are whole levels (1–5), not a continuum
     if clean is not None:
         ax.axhline(clean, color="k", ls="--", lw=1, label="clean")
     ax.set_xlabel("severity")

@@ -24,7 +24,7 @@ def _eval_command(args: argparse.Namespace) -> int:
 
     require("eval", "diffattn eval")  # before anything is written
     from ..utils import resolve_device
-    from .runner import check_eval_dataset, evaluate
+    from .runner import check_eval_dataset, evaluate, summary_table
 
     check_eval_dataset(args.dataset, what="--dataset")
     if args.device is not None:
@@ -34,13 +34,10 @@ def _eval_command(args: argparse.Namespace) -> int:
     if res["skipped"]:
         kind, why = next(iter(res["skipped"].items()))
         raise UsageError(f"the {kind} suite was skipped ({why}); {res['output_dir']}/results.json records it")
-    summary = {k: v for k, v in res.items() if k in ("model", "skipped", "seconds")}
-    print(json.dumps(summary, indent=1, default=str))
-    for suite in ("vision", "clip", "language"):
-        if suite in res:
-            headline = {k: v for k, v in res[suite].items() if isinstance(v, dict) and k not in ("diagnostics",)
-                        and all(isinstance(x, (int, float)) for x in v.values())}
-            print(f"{suite}: " + json.dumps(headline, default=float))
+    if args.json:  # for scripts: the results.json just written, on stdout
+        print(json.dumps(res, indent=1, default=float))
+        return 0
+    print(summary_table(res))
     print(f"wrote results.json and report.md to {res['output_dir']}")
     return 0
 
@@ -91,6 +88,8 @@ def register(subparsers) -> None:
     e.add_argument("--quick", action="store_true", help="small protocol (subsets, fewer episodes and trials)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
+    e.add_argument("--json", action="store_true", help="print the results as JSON (what results.json holds) instead "
+                   "of the summary table, for scripts")
     e.set_defaults(func=_eval_command)
     c = subparsers.add_parser("compare", help="compare evaluated runs side by side (mean ± std over seeds)")
     c.add_argument("runs", nargs="+", help="results.json files or run folders (a folder holding several seeds' "

@@ -35,12 +35,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import UsageError, user_input, yaml_error
+from ..errors import UsageError, did_you_mean, user_input, yaml_error
 from ..io import atomic_write_dir, atomic_write_file
 from ..utils import resolve_device
 
-__all__ = ["evaluate", "write_report", "compare", "load_results", "flatten", "EVAL_DATASETS", "KIND_NAMES",
-           "check_eval_dataset"]
+__all__ = ["evaluate", "write_report", "summary_table", "recorded_chance", "compare", "load_results", "flatten",
+           "EVAL_DATASETS", "KIND_NAMES", "check_eval_dataset"]
 
 #: the built-in datasets each kind of model is evaluated on (``--dataset``): classification sets for vision
 #: transformers; caption sets (zero-shot, retrieval, foreground attention) and classification sets (zero-shot,
@@ -64,9 +64,10 @@ def check_eval_dataset(dataset: str | None, kind: str | None = None, what: str =
     evaluates some model on); otherwise a :class:`~diffattn.errors.UsageError` naming ``what`` and the sets that fit."""
     if dataset is None:
         return
-    if not any(dataset in v for v in EVAL_DATASETS.values()):
-        raise UsageError(f"{what} {dataset!r} is not a dataset diffattn eval evaluates on; per kind of model: "
-                         f"{offered_datasets()}")
+    names = list(dict.fromkeys(d for v in EVAL_DATASETS.values() for d in v))
+    if dataset not in names:
+        raise UsageError(f"{what} {dataset!r} is not a dataset diffattn eval evaluates on"
+                         f"{did_you_mean(dataset, names)}; per kind of model: {offered_datasets()}")
     if kind is not None and dataset not in EVAL_DATASETS[kind]:
         fits = [KIND_NAMES[k] for k, v in EVAL_DATASETS.items() if dataset in v]
         raise UsageError(f"{what} {dataset!r} is for a {' or '.join(fits)}, but this run is a {KIND_NAMES[kind]}; "
@@ -185,7 +186,7 @@ def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=N
     for i in sorted({0, len(layers) - 1}):
         m = layers[i]
         plots.append(plot_maps(m.first, m.second, m.combined, out / f"{tag}_maps_layer{i}.png",
-                               title=f"{tag}: layer {i} ({m.kind})", tokens=tokens).name)
+                               title=f"{tag}: layer {i} ({m.kind})", tokens=tokens, cls=grid is not None).name)
     if any(v is not None for v in lam):
         vals = [(m.gate if m.gate is not None else m.lambda_) for m in layers if
                 (m.gate is not None or m.lambda_ is not None)]
@@ -567,6 +568,28 @@ def _table(rows: dict, head=("metric", "value"), chance: dict | None = None, pre
     return lines + [""]
 
 
+def summary_table(results: dict) -> str:
+    """What ``diffattn eval`` prints: the model in one line, then per suite the report's table of its headline
+    metrics (every group of plain numbers, ``group.metric``), with the chance column and the results at or below
+    chance marked where the suite records chance levels; ``report.md`` has every table and the plots."""
+    m = results["model"]
+    lines = [f"{m.get('name') or m['architecture']} ({m['architecture']}, {m['params']:,} parameters): "
+             f"{results.get('protocol', '?')} protocol, {results.get('seconds', '?')} s", ""]
+    for suite in ("vision", "clip", "language"):
+        r = results.get(suite)
+        if r is None:
+            continue
+        rows = {f"{group}.{k}": v for group, val in r.items() if isinstance(val, dict)
+                and group not in ("diagnostics", "chance", "skipped", "plots") and val
+                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in val.values())
+                for k, v in val.items()}
+        if "corruptions" in r:
+            rows.update({f"corruptions.{k}": r["corruptions"][k] for k in ("clean", "mean_accuracy", "mce")
+                         if k in r["corruptions"]})
+        lines += [suite, ""] + _table(rows, chance=r.get("chance"))
+    return "\n".join(lines).rstrip() + "\n"
+
+
 def _get(d: dict, dotted: str):
     for part in dotted.split("."):
         if not isinstance(d, dict) or part not in d:
@@ -707,20 +730,34 @@ def _read_results(path: Path) -> dict:
     return data
 
 
+def recorded_chance(results: dict) -> dict[str, float]:
+    """The chance levels a results dict records, keyed as :func:`flatten` keys its metrics (``suite.group.metric``)."""
+    return {f"{suite}.{k}": float(v) for suite, r in results.items() if isinstance(r, dict)
+            and isinstance(r.get("chance"), dict) for k, v in r["chance"].items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
 def compare(runs: Sequence[str | Path], out: str | Path | None = None,
             labels: Sequence[str] | None = None) -> str:
     """A markdown table with one column per run argument: mean ± std (population, over the seeds found under it)
-    of every metric the runs share, in the order of the first run's results, with the direction of better (↑/↓)
-    and one Δ column per further run (its mean minus the first run's); written to ``out`` (and ``out`` with
-    ``.json``) when given. Runs that share no metric are a :class:`~diffattn.errors.UsageError`."""
+    of every metric the runs share, in the order of the first run's results, with the direction of better (↑/↓),
+    the chance level where the results record one (:func:`recorded_chance`; "varies" where the runs' levels
+    differ) and one Δ column per further run (its mean minus the first run's); a note below the table where a
+    column holds one run (n = 1); written to ``out`` (and ``out`` with ``.json``) when given. Runs that share no
+    metric are a :class:`~diffattn.errors.UsageError`."""
     if len(runs) < 1:
         raise UsageError("compare needs at least one run")
     labels = list(labels) if labels else [Path(r).name for r in runs]
     if len(labels) != len(runs):
         raise UsageError(f"--labels must give one name per run ({len(runs)}), got {len(labels)}")
     cols = []
+    levels: dict[str, set[float]] = {}
     for r in runs:
-        flat = [flatten(x) for x in load_results(r)]
+        found = load_results(r)
+        for res in found:
+            for k, v in recorded_chance(res).items():
+                levels.setdefault(k, set()).add(v)
+        flat = [flatten(x) for x in found]
         shared = set.intersection(*(set(f) for f in flat))
         cols.append({k: (float(np.mean([f[k] for f in flat])), float(np.std([f[k] for f in flat])), len(flat))
                      for k in flat[0] if k in shared})
@@ -730,22 +767,33 @@ def compare(runs: Sequence[str | Path], out: str | Path | None = None,
         raise UsageError(f"the runs share no metric to compare: {what}; evaluate them with the same suite "
                          f"(diffattn eval)")
     n = [next(iter(c.values()))[2] for c in cols]
-    head = ["metric", "better"] + [f"{lab} (n={k})" for lab, k in zip(labels, n)] + \
+    chance = {k: (next(iter(levels[k])) if len(levels[k]) == 1 else "varies") for k in keys if k in levels}
+    head = ["metric", "better"] + (["chance"] if chance else []) + [f"{lab} (n={k})" for lab, k in zip(labels, n)] + \
         [f"Δ {lab}" for lab in labels[1:]]
-    lines = ["| " + " | ".join(head) + " |", "|---|:-:|" + "---:|" * (len(cols) + len(cols) - 1)]
+    lines = ["| " + " | ".join(head) + " |",
+             "|---|:-:|" + "---:|" * (len(cols) + len(cols) - 1 + bool(chance))]
     for k in keys:
-        cells = []
+        cells = [_fmt(chance.get(k, ""))] if chance else []
         for c in cols:
             mean, std, count = c[k]
             cells.append(f"{mean:.4f} ± {std:.4f}" if count > 1 else f"{mean:.4f}")
         deltas = [f"{c[k][0] - cols[0][k][0]:+.4f}" for c in cols[1:]]
         lines.append(f"| {k} | {better(k)} | " + " | ".join(cells + deltas) + " |")
+    single = [lab for lab, k in zip(labels, n) if k == 1]
+    if single:
+        lines += ["", f"n = 1 for {', '.join(single)}: one evaluated run (one seed) per column. At this size single "
+                  f"seeds vary by several points, so read a Δ of a few points as noise; give a folder holding several "
+                  f"seeds' runs for mean ± std."]
+    if chance:
+        lines += ["", "chance: what guessing uniformly scores (as recorded by diffattn eval)."]
     table = "\n".join(lines) + "\n"
     if out is not None:
         out = Path(out)
         with atomic_write_file(out, "w") as f:
             f.write(table)
         with atomic_write_file(out.with_suffix(".json"), "w") as f:
-            json.dump({lab: {k: {"mean": v[0], "std": v[1], "n": v[2]} for k, v in c.items() if k in keys}
+            json.dump({lab: {k: {"mean": v[0], "std": v[1], "n": v[2], **({"chance": chance[k]} if k in chance
+                                                                          else {})}
+                             for k, v in c.items() if k in keys}
                        for lab, c in zip(labels, cols)}, f, indent=1)
     return table

@@ -16,7 +16,6 @@ Face tokenizer saved beside the model, then ``"gpt2"`` for a vocabulary of at le
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,11 +23,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..factory import RETROFIT_RUN, find_saved_model, is_retrofit_run, load_retrofit_run
+
 __all__ = ["Tokenizer", "get_text_tokenizer", "find_saved_model", "load_language_model", "lm_logits", "RETROFIT_RUN",
            "is_retrofit_run", "load_retrofit_run"]
 
-#: the file a retrofit training run writes to say how it is rebuilt (:func:`load_retrofit_run`)
-RETROFIT_RUN = "retrofit.json"
 
 
 @dataclass
@@ -86,77 +85,6 @@ def _tokenizer_from_run(path: Path) -> str | None:
         if (d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file():
             return str(d)
     return None
-
-
-def _is_saved_model(p: Path) -> bool:
-    """Whether ``p`` holds a diffattn ``save_pretrained`` model; a ``config.json`` beside ``model.safetensors`` that
-    is not valid JSON is a :class:`~diffattn.errors.UsageError` naming it (a damaged save, not a missing one)."""
-    cfg = p / "config.json"
-    if not cfg.is_file() or not (p / "model.safetensors").is_file():
-        return False
-    try:
-        data = json.loads(cfg.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        from ..errors import UsageError
-
-        raise UsageError(f"{cfg} is not valid JSON ({e}): the model saved in {p} is damaged") from None
-    return isinstance(data, dict) and "architecture" in data
-
-
-def find_saved_model(path: str | Path) -> Path:
-    """The folder holding a diffattn ``save_pretrained`` model (config.json with ``architecture`` and
-    model.safetensors): ``path`` itself, else ``path/model``, ``path/final``, ``path/best``, else the most recently
-    written such folder below ``path``."""
-    path = Path(path)
-    if not path.is_dir():
-        raise FileNotFoundError(f"path must be a folder holding a saved model or a run directory, got {str(path)!r}")
-    for p in (path, path / "model", path / "final", path / "best"):
-        if _is_saved_model(p):
-            return p
-    found = sorted((c.parent for c in path.rglob("config.json") if _is_saved_model(c.parent)),
-                   key=lambda p: (p / "model.safetensors").stat().st_mtime)
-    if not found:
-        raise FileNotFoundError(f"no model saved with save_pretrained (config.json with 'architecture' + "
-                                f"model.safetensors) under {str(path)!r}")
-    return found[-1]
-
-
-def is_retrofit_run(path: str | Path) -> bool:
-    """Whether ``path`` is a run directory of ``diffattn train`` with task ``retrofit``."""
-    return (Path(path) / RETROFIT_RUN).is_file()
-
-
-def load_retrofit_run(run_dir: str | Path) -> nn.Module:
-    """A retrofit training run rebuilt from its directory alone, in eval mode: the base named in ``retrofit.json``
-    (the run's own ``base/`` folder for a base built from a config, else the pretrained checkpoint it was trained
-    from), retrofitted and loaded from ``adapter/`` (:func:`diffattn.load_adapter`), with the peft LoRA weights of
-    ``lora/`` on top when the run trained LoRA. Errors name the file at fault."""
-    from ..errors import UsageError
-
-    run_dir = Path(run_dir)
-    path = run_dir / RETROFIT_RUN
-    try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UsageError(f"{path} is not valid JSON ({e})") from None
-    if not isinstance(meta, dict) or meta.get("format_version") != 1 or not isinstance(meta.get("base"), str):
-        raise UsageError(f"{path} must be a JSON object with format_version 1 and 'base', got {meta!r}")
-    base_dir = run_dir / meta["base"]  # an absolute path stays itself
-    if not (base_dir / "config.json").is_file():
-        raise FileNotFoundError(f"{path} names the base model {str(base_dir)!r}, which holds no config.json")
-    from transformers import AutoModelForCausalLM
-
-    from ..adapters import load_adapter
-    from ..adapters.hf import install_load_warning
-
-    install_load_warning()
-    base = AutoModelForCausalLM.from_pretrained(str(base_dir))
-    model = load_adapter(base, run_dir / (meta.get("adapter") or "adapter"))
-    if meta.get("lora"):
-        from peft import PeftModel
-
-        model = PeftModel.from_pretrained(model, str(run_dir / meta["lora"]))
-    return model.eval()
 
 
 def load_language_model(pretrained: str | Path | None = None, *, base: str | None = None,

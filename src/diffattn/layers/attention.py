@@ -17,10 +17,18 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..functional import BACKENDS, AttentionWeights, attention, diff_attention, restrict_mask, sliding_window_mask
+from ..functional import (
+    BACKENDS,
+    AttentionWeights,
+    _compute_dtype,
+    attention,
+    diff_attention,
+    restrict_mask,
+    sliding_window_mask,
+)
 from ..lambdas import DEFAULT_LAMBDA_INIT, build_lambda, resolve_lambda_init
 from .kv_cache import KVCache
-from .norm import head_rms_norm
+from .norm import head_rms_norm, scaled_rms_norm
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 
 __all__ = ["Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "ATTENTION_TYPES",
@@ -30,6 +38,13 @@ __all__ = ["Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2"
 def _check_int(name: str, value, minimum: int = 1) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _pairs(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Heads (2i, 2i+1) of t (B, 2H, N, d) as two (B, H, N, d) views, ``t[:, 0::2]`` and ``t[:, 1::2]``. Taken with
+    one ``unbind``, so the backward joins the two gradients in one ``stack`` (two strided slices cost a zero-filled
+    buffer, a copy and an addition each)."""
+    return t.unflatten(1, (-1, 2)).unbind(2)
 
 
 class _AttentionBase(nn.Module):
@@ -97,7 +112,7 @@ class _AttentionBase(nn.Module):
             if position_ids is None:
                 start = kv_cache.length if kv_cache is not None else 0
                 position_ids = torch.arange(start, start + N, device=x.device)
-            cos, sin = self.rotary(position_ids, dtype=torch.promote_types(q.dtype, torch.float32))
+            cos, sin = self.rotary(position_ids, dtype=_compute_dtype(q.dtype))
             q = apply_rotary(q, cos, sin, self.rotary.style)
             k = apply_rotary(k, cos, sin, self.rotary.style)
         if kv_cache is not None:
@@ -315,12 +330,13 @@ class DiffAttention(_DiffBase):
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         weight1, lam = self.lambda_weights(x)
-        res = diff_attention(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], v, lam, weight1=weight1,
+        q1, q2 = _pairs(q)  # each (B, H, N, d): Q heads 2i and 2i+1
+        k1, k2 = _pairs(k)  # each (B, Hkv/2, N, d)
+        res = diff_attention(q1, k1, q2, k2, v, lam, weight1=weight1,
                              attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop,
                              softcap=self.softcap, backend=self.backend, return_weights=need_weights)
         out, weights = res if need_weights else (res, None)
-        out = self.diff_norm(out) * self.out_scale  # (B, H, N, 2d)
-        return out, weights
+        return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, H, N, 2d)
 
 
 class GatedDiffAttention(DiffAttention):
@@ -399,11 +415,12 @@ class DiffAttentionV2(_DiffBase):
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         weight1, lam = self.lambda_weights(x)  # λ: (B, h, N, 1)
-        res = diff_attention(q[:, 0::2], k, q[:, 1::2], k, v, lam, weight1=weight1, attn_mask=attn_mask,
+        q1, q2 = _pairs(q)  # each (B, h, N, d)
+        res = diff_attention(q1, k, q2, k, v, lam, weight1=weight1, attn_mask=attn_mask,
                              is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
                              backend=self.backend, return_weights=need_weights)
         out, weights = res if need_weights else (res, None)
-        return self.diff_norm(out) * self.out_scale, weights  # (B, h, N, d)
+        return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, h, N, d)
 
 
 ATTENTION_TYPES = {"standard": Attention, "diff": DiffAttention, "gated": GatedDiffAttention,

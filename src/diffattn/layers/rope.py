@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from ..functional import _upcast
+
 __all__ = ["ROPE_STYLES", "RotaryEmbedding", "apply_rotary"]
 
 ROPE_STYLES = ("half", "interleaved")
@@ -54,5 +56,5 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: s
     """Rotate ``x`` (B, heads, N, d) by tables (N, d) or (B, N, d); computed in ≥ float32, returned in x's dtype."""
     if cos.dim() == 3:  # (B, N, d) -> (B, 1, N, d)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    xf = x.to(torch.promote_types(x.dtype, torch.float32))
+    xf = _upcast(x)
     return (xf * cos + _rotate(xf, style) * sin).to(x.dtype)

@@ -30,7 +30,7 @@ import torch
 import torch.nn as nn
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 
-from ..formats import FORMAT, FORMAT_KEY, VERSION_KEY, migrate, read_format
+from ..formats import FORMAT, FORMAT_KEY, VERSION_KEY, migrate, read_format, wrong_kind
 from ..io import atomic_write_dir, recover_dir
 
 __all__ = ["DiffattnModel", "from_pretrained", "model_class", "load_state_dict_exact", "check_state_dict",
@@ -157,7 +157,7 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         if os.path.isdir(path):
             cfg_file = os.path.join(path, CONFIG_NAME)
             if not os.path.isfile(cfg_file):
-                raise FileNotFoundError(f"{path} has no {CONFIG_NAME}; was it written by save_pretrained?")
+                raise _no_config(path)
             _read_config(cfg_file, cls)
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
@@ -205,15 +205,31 @@ def _encode_specs(value):
     return value
 
 
+def _no_config(path: str) -> Exception:
+    """The error for a folder without config.json: a ValueError naming the right loader when the folder is another
+    kind of save (a training run, an adapter, …), else a FileNotFoundError."""
+    hint = wrong_kind(path, "a save_pretrained folder")
+    return ValueError(hint) if hint else FileNotFoundError(f"{path} has no {CONFIG_NAME}; was it written by "
+                                                           f"save_pretrained?")
+
+
 def _load_json(cfg_file: str) -> dict:
     try:
         with open(cfg_file, encoding="utf-8") as f:
             cfg = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{cfg_file} is not valid JSON: {e}") from e
-    if not isinstance(cfg, dict) or "architecture" not in cfg:
-        raise ValueError(f"{cfg_file} must be a JSON object with an 'architecture' entry (written by diffattn's "
-                         f"save_pretrained), got {type(cfg).__name__}")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("architecture"), str) or "architectures" in cfg:
+        hint = wrong_kind(os.path.dirname(cfg_file), "a diffattn save_pretrained folder") if isinstance(cfg, dict) \
+            else None
+        if hint is not None:
+            raise ValueError(hint)
+        found = (f"'architecture' {cfg['architecture']!r}" if isinstance(cfg, dict) and "architecture" in cfg
+                 else f"keys {sorted(cfg)[:8]}" if isinstance(cfg, dict) else type(cfg).__name__)
+        raise ValueError(f"{cfg_file} must be a JSON object whose 'architecture' is the name of a diffattn model class "
+                         f"(written by diffattn's save_pretrained), got {found}; diffattn.from_pretrained reads "
+                         f"save_pretrained folders, a transformers checkpoint ('architectures') loads with "
+                         f"transformers (DiffLlama: diffattn.convert.from_diffllama)")
     return cfg
 
 
@@ -279,7 +295,7 @@ def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
     if os.path.isdir(path):
         cfg_file = os.path.join(path, CONFIG_NAME)
         if not os.path.exists(cfg_file):
-            raise FileNotFoundError(f"{path} has no {CONFIG_NAME}; was it written by save_pretrained?")
+            raise _no_config(path)
     else:
         cfg_file = hf_hub_download(path, CONFIG_NAME, **{k: v for k, v in kwargs.items()
                                                          if k in ("revision", "cache_dir", "token",

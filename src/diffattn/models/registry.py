@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 
 import torch.nn as nn
 
+from ..errors import did_you_mean
 from .pretrained import list_pretrained
 
 __all__ = ["ModelFamily", "register_family", "register_model", "build_model", "build", "list_models", "is_model",
-           "model_builder", "model_family", "model_config", "model_info", "inspect_args"]
+           "model_builder", "model_family", "model_config", "model_info", "describe_model", "inspect_args"]
 
 _BUILDERS: dict[str, Callable[..., nn.Module]] = {}
 _FAMILY_OF: dict[str, ModelFamily] = {}
@@ -142,12 +143,14 @@ def model_config(name: str) -> dict:
 def model_family(name: str) -> ModelFamily:
     """The :class:`ModelFamily` that registered model ``name``."""
     if name not in _FAMILY_OF:
-        raise ValueError(f"name must be a registered model (see diffattn.models.list_models()), got {name!r}")
+        raise ValueError(f"name must be a registered model (see diffattn.models.list_models()), got {name!r}"
+                         f"{did_you_mean(name, _FAMILY_OF)}")
     return _FAMILY_OF[name]
 
 
 def model_info(name: str) -> dict:
-    """One row describing model ``name``: its family (class and description), the attention of each tower, its
+    """One row describing model ``name``: its family (class and description), what sets it apart from the family's
+    other rows (``description``, :func:`describe_model`), the attention of each tower, its
     parameter count, counted on the meta device (nothing is allocated), and its pretrained tags (``pretrained``,
     a list, empty for most models; :func:`diffattn.models.list_pretrained`)."""
     import torch
@@ -160,9 +163,85 @@ def model_info(name: str) -> dict:
         attention = {t: cfg.get(t, {}).get("attention", "standard") for t in family.towers}
     else:
         attention = cfg.get("attention", "standard")
-    return {"name": name, "family": family.cls.__name__, "description": family.description,
-            "attention": attention, "params": params, "module": family.module,
+    return {"name": name, "family": family.cls.__name__, "description": describe_model(name),
+            "family_description": family.description, "attention": attention, "params": params, "module": family.module,
             "pretrained": [t for _, t in list_pretrained(name)]}
+
+
+#: the words ``diffattn models`` uses for each attention kind
+ATTENTION_WORDS = {"standard": "standard", "diff": "differential", "diff_v2": "Diff Transformer V2",
+                   "gated": "gated differential"}
+#: CLIP variants by (vision, text) attention and λ_init (Hammoud & Ghanem 2025 name DiffCLIP* and DiffCLIP†)
+_CLIP_VARIANTS = {("standard", "standard"): "CLIP", ("diff", "diff"): "DiffCLIP", ("diff", "standard"): "DiffCLIP†",
+                  ("gated", "gated"): "gated DiffCLIP"}
+
+
+def _with_defaults(cls: type, cfg: Mapping) -> dict:
+    """``cfg`` over the constructor defaults of ``cls``: what the model is built with."""
+    params = inspect.signature(cls.__init__).parameters
+    return {**{k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}, **cfg}
+
+
+def _attention_kind(args: Mapping) -> str:
+    kind = args.get("attention", "standard")
+    return kind if isinstance(kind, str) else getattr(kind, "kind", str(kind))
+
+
+def _lambda_text(args: Mapping) -> str | None:
+    """``λ_init 0.8`` or ``λ_init by depth …`` for the differential kinds that scale by (1 − λ_init), else None."""
+    if _attention_kind(args) not in ("diff", "gated"):
+        return None
+    lam = args.get("lambda_init")
+    if lam == "ye":
+        return "λ_init by depth (0.8 − 0.6·exp(−0.3·l))"
+    return f"λ_init {lam:g}" if isinstance(lam, (int, float)) else f"λ_init {lam}"
+
+
+def _size_text(args: Mapping, classes: bool = True) -> str:
+    """Width, depth, heads and what else sets the size: MLP ratio, image and patch, context, vocabulary, classes
+    (``classes=False`` for a tower, whose head its model replaces)."""
+    width = args.get("embed_dim", args.get("dim"))
+    parts = [f"width {width}", f"depth {args.get('depth')}"]
+    heads = args.get("num_heads")
+    kv = args.get("num_kv_heads")
+    parts.append(f"{heads} heads" + (f" ({kv} K/V)" if kv not in (None, heads) else ""))
+    if args.get("mlp_ratio", 4.0) != 4.0:
+        parts.append(f"MLP ×{args['mlp_ratio']:.3g}")
+    if "img_size" in args and "patch_size" in args:
+        parts.append(f"{args['img_size']} px / patch {args['patch_size']}")
+    for key, label in (("max_seq_len", "context"), ("max_len", "context"), ("context_length", "context"),
+                       ("vocab_size", "vocabulary"), ("num_classes", "classes")):
+        if key in args and not (key == "num_classes" and not (classes and args[key])):
+            parts.append(f"{label} {args[key]}")
+    return ", ".join(parts)
+
+
+def describe_model(name: str) -> str:
+    """One line saying what sets model ``name`` apart from its family's other rows: the variant (CLIP family), the
+    attention kind of each tower, λ_init where it applies, and the size, e.g. ``DiffCLIP*: differential attention
+    in both towers, λ_init by depth (…); vision width 64, depth 2, 4 heads, 32 px / patch 4``."""
+    family = model_family(name)
+    cfg = model_config(name)
+    if not family.towers:
+        args = _with_defaults(family.cls, cfg)
+        head = ", ".join(x for x in (f"{ATTENTION_WORDS.get(_attention_kind(args), _attention_kind(args))} attention",
+                                     _lambda_text(args)) if x)
+        return f"{head}; {_size_text(args)}"
+    towers = {t: _with_defaults(cls, cfg.get(t, {})) for t, cls in family.towers.items()}
+    kinds = {t: _attention_kind(a) for t, a in towers.items()}
+    if len(set(kinds.values())) == 1:
+        head = f"{ATTENTION_WORDS.get(kinds[next(iter(kinds))], kinds[next(iter(kinds))])} attention in both towers"
+    else:
+        head = ", ".join(f"{ATTENTION_WORDS.get(k, k)} {t}" for t, k in kinds.items())
+    lams = dict.fromkeys(x for x in (_lambda_text(a) for a in towers.values()) if x)
+    variant = None
+    if set(kinds) == {"vision", "text"}:
+        variant = _CLIP_VARIANTS.get((kinds["vision"], kinds["text"]))
+        if variant == "DiffCLIP" and any(towers[t].get("lambda_init") == "ye" for t in towers):
+            variant = "DiffCLIP*"
+    first, args = next(iter(towers.items()))
+    return (f"{variant + ': ' if variant else ''}{head}{''.join(', ' + x for x in lams)}; "
+            f"{first} {_size_text(args, classes=False)}")
 
 
 def is_model(name: str) -> bool:
@@ -171,9 +250,8 @@ def is_model(name: str) -> bool:
 
 def model_builder(name: str) -> Callable[..., nn.Module]:
     if name not in _BUILDERS:
-        close = fnmatch.filter(_BUILDERS, f"*{str(name).split('_')[0]}*")[:10]
-        raise ValueError(f"unknown model {name!r}; see diffattn.models.list_models()"
-                         + (f" (similar: {close})" if close else ""))
+        raise ValueError(f"unknown model {name!r}{did_you_mean(name, _BUILDERS)} (diffattn.models.list_models() "
+                         f"lists them all)")
     return _BUILDERS[name]
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import yaml
 
-__all__ = ["COMMON_KEYS", "STUDY_MODULES", "find_config", "load_study", "validate_study"]
+__all__ = ["COMMON_KEYS", "STUDY_MODULES", "WALL_TIMES", "find_config", "load_study", "validate_study",
+           "budget_warnings"]
 
 #: study name → module (each defines ``VARIANTS``, ``DEFAULTS`` and ``run(cfg, progress)``)
 STUDY_MODULES: dict[str, str] = {
@@ -24,6 +25,19 @@ STUDY_MODULES: dict[str, str] = {
     "detection": "diffattn.studies.detection",
     "needles": "diffattn.studies.needles",
     "recall": "diffattn.studies.recall",
+}
+#: study name → the wall time of its packaged config as measured for docs/studies.md (its summary table; the shared
+#: 2-core CPU, one thread per study): what ``diffattn study --help`` quotes, never an estimate
+WALL_TIMES: dict[str, str] = {
+    "diffclip": "67 min (5 seeds in 3 processes)",
+    "retrofit": "27.1 min",
+    "dgvit": "21.7 min (two calls)",
+    "noise": "21.7 min (two processes)",
+    "paligemma": "20.5 min",
+    "llava": "25 min",
+    "detection": "56 + 37 min (6 seeds in two runs, docs/detection.md)",
+    "needles": "8.5 min",
+    "recall": "20.6 min",
 }
 #: keys every study config holds
 COMMON_KEYS = ("study", "variants", "seeds", "out")
@@ -104,6 +118,18 @@ def validate_study(cfg: Any, where: str = "the study config") -> dict[str, Any]:
     if errors:
         raise ValueError("; ".join(errors))
     return full
+
+
+def budget_warnings(cfg: dict[str, Any]) -> list[str]:
+    """One line per budget key of a checked study config that undoes another: a warm-up (``warmup_steps``) at
+    least as long as the training (``steps``), where the lr rises linearly the whole run and never reaches its
+    peak or decays. The ``diffattn study`` command prints them as ``diffattn: warning: …`` before it starts."""
+    steps, warmup = cfg.get("steps"), cfg.get("warmup_steps")
+    if isinstance(steps, int) and isinstance(warmup, int) and warmup >= steps > 0:
+        return [f"warmup_steps {warmup} is not shorter than steps {steps}: the learning rate rises for the whole "
+                f"run and reaches only {steps / warmup:.0%} of lr {cfg.get('lr', '')}".rstrip() +
+                f"; set warmup_steps below {steps} (e.g. --set warmup_steps={max(1, steps // 10)})"]
+    return []
 
 
 def _hashable(v: Any) -> bool:

@@ -147,11 +147,12 @@ def train_and_evaluate(cfg: dict[str, Any], variant: str, seed: int, run_dir: Pa
 
 
 def _metrics(cfg: dict[str, Any]) -> list[Metric]:
+    chance = 1 / cfg["model"]["num_classes"] if cfg.get("model", {}).get("num_classes") else None  # balanced classes
     return [Metric("final train loss", "final_loss", 1.0, 3, False),
-            Metric("clean test accuracy (%)", "clean", 100.0, 1),
-            *[Metric(f"accuracy, Gaussian noise σ = {s:g} (%)", f"noise.{s:g}", 100.0, 1)
+            Metric("clean test accuracy (%)", "clean", 100.0, 1, chance=chance),
+            *[Metric(f"accuracy, Gaussian noise σ = {s:g} (%)", f"noise.{s:g}", 100.0, 1, chance=chance)
               for s in cfg["noise_levels"]],
-            Metric("corruptions: mean accuracy (%)", "corruptions.mean_accuracy", 100.0, 1),
+            Metric("corruptions: mean accuracy (%)", "corruptions.mean_accuracy", 100.0, 1, chance=chance),
             Metric("corruptions: mCE", "corruptions.mce", 1.0, 1, False)]
 
 

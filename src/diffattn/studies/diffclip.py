@@ -265,9 +265,10 @@ def _plot_lambdas(lams: dict[str, dict[str, list[float]]], path: Path) -> Path:
 def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[str, torch.Tensor], grid, path: Path,
                     rgb: np.ndarray) -> Path:
     """Row 0: the images with their foreground outline; one row per model: the last layer's CLS attention (mean over
-    heads) over the patch grid, one colour scale per model: diverging and centred on 0 where the map has negative
-    entries (differential maps are signed), else from 0."""
-    from ..diagnostics.plots import _plt, _save
+    heads) over the patch grid, one colour scale per model, stated in the row's title because the rows' ranges
+    differ by an order of magnitude (a softmax map reaches 0.3, a differential one ±0.01): diverging and centred on
+    0 where the map has negative entries (differential maps are signed), else from 0. A uniform map says so."""
+    from ..diagnostics.plots import _plt, _save, is_uniform
 
     plt = _plt()
     n, rows = len(images), 1 + len(cls_maps)
@@ -287,11 +288,21 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
             ax = axes[i, j]
             im = ax.imshow(maps[j].reshape(grid).numpy(), extent=(0, W, H, 0), **style)
             ax.contour(masks[j].float().numpy(), levels=[0.5], colors="k", linewidths=0.6)
+            if not signed and is_uniform(maps[j]):
+                ax.text(0.5, 0.5, "uniform", transform=ax.transAxes, ha="center", va="center", fontsize=7,
+                        color="white", bbox=dict(facecolor="black", alpha=0.6, lw=0))
             ax.set_xticks([])
             ax.set_yticks([])
-        axes[i, 0].set_ylabel(label, fontsize=9)
+        kind = "A1 − λA2, signed" if signed else "softmax"
+        scale = f"±{v:.2g}" if signed else f"0 to {v:.2g}"
+        axes[i, 0].set_title(f"{label} ({kind}): own colour scale, {scale}", fontsize=8, loc="left")
+        axes[i, 0].set_ylabel(f"{label}\npatch row", fontsize=9)
         fig.colorbar(im, ax=list(axes[i]), fraction=0.02)
-    fig.suptitle("CLS attention of the last vision layer (black: foreground outline)", fontsize=9)
+    for j in range(n):
+        axes[-1, j].set_xlabel("patch column", fontsize=8)
+    fig.suptitle(f"CLS attention of the last vision layer over the {grid[0]}×{grid[1]} patch grid (mean over "
+                 f"heads; black: foreground outline).\nEach row has its own colour scale, stated in its title: "
+                 f"compare where a model looks, not colours across rows.", fontsize=9)
     return _save(fig, path)
 
 

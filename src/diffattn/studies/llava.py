@@ -118,7 +118,7 @@ def _metrics(layers: int) -> list[Metric]:
     ms = [Metric("VQA score, what is this? (%)", "vqa.what", 100.0, 1),
           Metric("VQA score, category (%)", "vqa.category", 100.0, 1)]
     for s in POPE_SPLITS:
-        ms += [Metric(f"POPE {s}: accuracy (%)", f"pope.{s}.accuracy", 100.0, 1),
+        ms += [Metric(f"POPE {s}: accuracy (%)", f"pope.{s}.accuracy", 100.0, 1, chance=0.5),  # yes / no
                Metric(f"POPE {s}: F1 (%)", f"pope.{s}.f1", 100.0, 1),
                Metric(f"POPE {s}: yes-ratio (%)", f"pope.{s}.yes_ratio", 100.0, 1, None)]
     ms += [Metric(f"MMNeedle {n} (%)", f"mmneedle.{n}", 100.0, 1) for n in ("existence", "index", "exact")]

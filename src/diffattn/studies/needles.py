@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from ..data.synthetic import SyntheticBatch, SyntheticVocab, mqar_batch, needle_batch
-from .report import Control, Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
     MODELS,
@@ -358,8 +358,9 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     m = cfg["model"]
     intro = (f"Multi-needle retrieval (Ye et al. 2024, §3.4, Tables 2–3, Fig. 3) at CPU size: four causal LMs of "
              f"{m['depth']} layers, width {m['dim']}, {m['num_heads']} (standard) heads, near-equal parameter counts "
-             f"(below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, warm-up "
-             f"{cfg['warmup_steps']} then cosine) of {cfg['batch_size']} generated samples, loss on the answer tokens "
+             f"(below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, "
+             f"{warmup_text(cfg['steps'], cfg['warmup_steps'])}) of {cfg['batch_size']} generated samples, loss on "
+             f"the answer tokens "
              f"only, {_training(cfg)}; vocabulary {vocab.size} tokens ({vocab.num_keys} keys, "
              f"{vocab.num_values} values, {vocab.num_filler} distractors). Evaluated on {cfg['samples']} samples per "
              f"(N, R, depth {cfg['depths']}) cell at {[f * cfg['train_length'] for f in cfg['length_factors']]} "

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from ..data.synthetic import SyntheticVocab, mqar_batch
-from .report import Control, Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
     MODELS,
@@ -168,8 +168,9 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     labels = [VARIANTS[v] for v in cfg["variants"]]
     intro = (f"Multi-query associative recall (Arora et al. 2023, MQAR) at widths {cfg['widths']}: four causal LMs "
              f"of {cfg['depth']} layers and {cfg['num_heads']} (standard) heads per width, near-equal parameter "
-             f"counts (below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, warm-up "
-             f"{cfg['warmup_steps']} then cosine) of {cfg['batch_size']} generated samples, loss on the queried "
+             f"counts (below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, "
+             f"{warmup_text(cfg['steps'], cfg['warmup_steps'])}) of {cfg['batch_size']} generated samples, loss on "
+             f"the queried "
              f"values only; P key–value pairs drawn per batch from {cfg['pairs']} (4P tokens), {vocab.num_keys} keys, "
              f"{vocab.num_values} values. Accuracy on {cfg['samples']} fresh samples per (width, P).")
     metrics = [Metric(f"accuracy, width {w}, {p} pairs (%)", f"w{w}.accuracy.P{p}", 100.0, 1)

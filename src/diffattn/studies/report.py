@@ -21,20 +21,23 @@ from typing import Any
 from ..io import atomic_write_file
 from .stats import holm, mean_std, paired_statement, paired_test
 
-__all__ = ["Metric", "Control", "check_control", "aggregate", "markdown_table", "write_study", "read_seed",
-           "write_seed", "run_seeds"]
+__all__ = ["Metric", "Control", "check_control", "recorded_chance", "aggregate", "markdown_table", "write_study",
+           "read_seed", "write_seed", "run_seeds", "warmup_text"]
 
 
 @dataclass(frozen=True)
 class Metric:
     """One row of a study table: ``name`` (shown), ``key`` (dotted path in a variant's per-seed result),
-    ``scale`` (100 shows fractions as %), ``digits`` and whether higher is better (None: neither)."""
+    ``scale`` (100 shows fractions as %), ``digits``, whether higher is better (None: neither) and ``chance``, what
+    guessing uniformly scores, in the result's units like the values (None: the level the per-seed result records
+    under its suite's ``chance``, as ``diffattn eval`` does, else no chance level)."""
 
     name: str
     key: str
     scale: float = 1.0
     digits: int = 2
     higher_is_better: bool | None = True
+    chance: float | None = None
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,20 @@ def _get(d: Mapping, path: str):
         d = d[head]
 
 
+def recorded_chance(result: Mapping, key: str) -> float | None:
+    """The chance level of ``key`` ("suite.group.metric") that ``result`` records under ``result[suite]["chance"]``
+    ("group.metric"), as ``diffattn eval``'s results do; None where it records none."""
+    head, rest = key, ""
+    while "." in head:
+        head, _, tail = head.rpartition(".")
+        rest = f"{tail}.{rest}" if rest else tail
+        level = _get(result, f"{head}.chance")
+        level = level.get(rest) if isinstance(level, Mapping) else None
+        if isinstance(level, (int, float)) and not isinstance(level, bool):
+            return float(level)
+    return None
+
+
 def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[Metric], *,
               compare: bool | Callable[[str], bool] = True) -> list[dict[str, Any]]:
     """Rows ``{"metric", "key", "scale", "digits", "higher_is_better", "values": {label: [per seed]},
@@ -119,8 +136,10 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
         if any(v is None for vs in vals.values() for v in vs):
             continue
         values = {lab: [float(v) * m.scale for v in vs] for lab, vs in vals.items()}
+        chance = m.chance if m.chance is not None else recorded_chance(per_seed[seeds[0]][base], m.key)
         row = {"metric": m.name, "key": m.key, "scale": m.scale, "digits": m.digits,
-               "higher_is_better": m.higher_is_better, "values": values,
+               "higher_is_better": m.higher_is_better, "chance": None if chance is None else chance * m.scale,
+               "values": values,
                "summary": {lab: dict(zip(("mean", "std"), mean_std(v))) for lab, v in values.items()},
                "vs_baseline": {}}
         tested = compare(m.key) if callable(compare) else compare
@@ -137,9 +156,11 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
 
 def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int) -> str:
     """Metric × variant table of mean ± std, with the baseline-relative paired t-test p-value (Holm-adjusted over
-    the table) per cell when the rows hold tests."""
-    lines = [f"| metric (mean ± std over {n_seeds} seeds) | " + " | ".join(labels) + " |",
-             "|---|" + "---:|" * len(labels)]
+    the table) per cell when the rows hold tests, and a chance column when any row has a chance level."""
+    with_chance = any(r.get("chance") is not None for r in rows)
+    lines = [f"| metric (mean ± std over {n_seeds} seeds) | " + " | ".join(labels) + (" | chance |" if with_chance
+                                                                                      else " |"),
+             "|---|" + "---:|" * (len(labels) + with_chance)]
     for r in rows:
         d = r["digits"]
         arrow = {True: " ↑", False: " ↓", None: ""}[r["higher_is_better"]]
@@ -150,8 +171,19 @@ def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int)
             if lab in r["vs_baseline"]:
                 cell += f" (p_Holm = {r['vs_baseline'][lab]['p_holm']:.2f})"
             cells.append(cell)
+        if with_chance:
+            cells.append("" if r.get("chance") is None else f"{r['chance']:.{d}f}")
         lines.append(f"| {r['metric']}{arrow} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def warmup_text(steps: int, warmup: int) -> str:
+    """How a report states the schedule: "warm-up 50 then cosine", or for a warm-up that outlasts the budget what
+    really ran ("linear warm-up over all 20 steps (warmup_steps 50), no cosine decay")."""
+    if warmup >= steps:
+        return f"linear warm-up over all {steps} steps (warmup_steps {warmup}: lr reached {steps / warmup:.0%} of " \
+               f"its peak), no cosine decay"
+    return f"warm-up {warmup} then cosine"
 
 
 def _controls(control: Control | Sequence[Control]) -> list[Control]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import sys
 
 from ..utils import device_type, resolve_device
 
@@ -16,13 +17,16 @@ def _train_command(args: argparse.Namespace) -> int:
     from ..extras import require
 
     require("train", "diffattn train")  # before anything is written to the run directory
-    from .config import load_config
+    from .config import budget_warnings, load_config
     from .loop import train
 
     if args.device is not None:  # a GPU torch cannot see is named as the flag, before the config is read
         resolve_device(args.device, "--device", local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                        world_size=int(os.environ.get("WORLD_SIZE", "1")))
     cfg = load_config(args.config, [*args.set, *([f"run.device={args.device}"] if args.device else [])])
+    if _is_main_rank():
+        for line in budget_warnings(cfg):
+            print(f"diffattn: warning: {line}", file=sys.stderr, flush=True)
     result = train(cfg, out=args.out, resume=args.resume, overwrite=args.overwrite)
     import torch.distributed as dist
 
@@ -34,15 +38,24 @@ def _train_command(args: argparse.Namespace) -> int:
                   f"{result['run_dir']}")
         else:
             resumed = f" (resumed from step {result['resumed_from']})" if result.get("resumed_from") else ""
+            if result.get("extended_from"):
+                resumed = (f" (resumed from step {result['resumed_from']}, extended from {result['extended_from']} "
+                           f"steps)")
             print(f"trained {result['steps']} steps{resumed}, {loss_text}; run in {result['run_dir']}")
     if dist.is_initialized():
         dist.destroy_process_group()
     return 0
 
 
+def _is_main_rank() -> bool:
+    return os.environ.get("RANK", "0") in ("", "0")
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser("train", help="train a model from a YAML recipe (one process or torchrun)",
-                              description=__doc__)
+                              description="Train a model from a YAML recipe into a run directory (config.yaml, "
+                              "metrics.jsonl, checkpoints, model/). Several processes: torchrun --nproc_per_node 2 "
+                              "-m diffattn train CONFIG.")
     p.add_argument("config", help="a YAML file, or a packaged recipe's name: tiny/clip, tiny/classify, … "
                    "(diffattn.configs.config_names)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",

@@ -23,13 +23,13 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ..errors import UsageError, yaml_error
+from ..errors import UsageError, did_you_mean, yaml_error
 from ..lambdas import DEFAULT_LAMBDA_INIT
 from ..utils import check_device
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
            "load_config", "apply_overrides", "config_from_dict", "TASKS", "VAL_METRICS", "val_metric",
-           "RESUMABLE_KEYS", "digest_hash"]
+           "RESUMABLE_KEYS", "BUDGET_KEYS", "digest_hash"]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp2")
@@ -187,7 +187,8 @@ def _section(name: str, values: Any) -> Any:
     valid = [f.name for f in fields(cls)]
     for key in values:
         if key not in valid:
-            raise UsageError(f"unknown config key {name}.{key}; valid keys in {name!r}: {', '.join(valid)}")
+            raise UsageError(f"unknown config key {name}.{key}{did_you_mean(key, valid)} (valid keys in {name!r}: "
+                             f"{', '.join(valid)})")
     types = {f.name: str(f.type) for f in fields(cls)}
     values = {k: _number(v) if "float" in types[k] else v for k, v in values.items()}
     return cls(**values)
@@ -201,9 +202,11 @@ def _number(v: Any) -> Any:
     return float(v) if isinstance(v, str) and _FLOAT.match(v.strip()) else v
 
 
-def _check(ok: bool, key: str, got: Any, need: str) -> None:
+def _check(ok: bool, key: str, got: Any, need: str, hint: str = "") -> None:
+    """Raise a :class:`UsageError` naming ``key``, what it must be and what it got (then ``hint``: "did you
+    mean …?") unless ``ok``."""
     if not ok:
-        raise UsageError(f"config {key} must be {need}, got {got!r}")
+        raise UsageError(f"config {key} must be {need}, got {got!r}{hint}")
 
 
 def _is_int(v: Any) -> bool:
@@ -259,10 +262,11 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
            "an integer >= 2")
     if cfg.model.name and t.name not in ("retrofit", "paligemma"):
-        from ..models import is_model
+        from ..models import is_model, list_models
 
         _check(is_model(cfg.model.name), "model.name", cfg.model.name,
-               "a registered model name (list them with `diffattn models`)")
+               "a registered model name (list them with `diffattn models`)",
+               did_you_mean(cfg.model.name, list_models()))
     e = cfg.eval
     _check(e.every is None or (_is_int(e.every) and e.every >= 1), "eval.every", e.every, "null or an integer >= 1")
     _check(_is_int(e.max_samples) and e.max_samples >= 1, "eval.max_samples", e.max_samples, "an integer >= 1")
@@ -274,8 +278,22 @@ def validate(cfg: TrainConfig) -> TrainConfig:
                f"one of {VAL_METRICS[t.name]} for task {t.name!r}")
     if t.name in ("clip", "classify", "lm", "retrofit"):
         names = train_data_names(t.name)
-        _check(cfg.data.name in names, "data.name", cfg.data.name, f"one of {names} (for task {t.name!r})")
+        _check(cfg.data.name in names, "data.name", cfg.data.name, f"one of {names} (for task {t.name!r})",
+               did_you_mean(cfg.data.name, names))
     return cfg
+
+
+def budget_warnings(cfg: TrainConfig) -> list[str]:
+    """One line per setting of a valid config that undoes another: a warm-up (``optim.warmup_steps``) at least as
+    long as the run (``run.steps``), where the lr rises linearly for the whole run and never reaches ``optim.lr``
+    nor decays. ``diffattn train`` prints them as ``diffattn: warning: …`` before it starts (a run by epochs is
+    checked by the loop, which knows the steps per epoch)."""
+    steps, warmup = cfg.run.steps, cfg.optim.warmup_steps
+    if steps is not None and warmup >= steps:
+        return [f"optim.warmup_steps {warmup} is not shorter than run.steps {steps}: the learning rate rises for the "
+                f"whole run and reaches only {steps / warmup:.0%} of optim.lr {cfg.optim.lr:g}; set "
+                f"optim.warmup_steps below {steps} (e.g. --set optim.warmup_steps={max(1, steps // 10)})"]
+    return []
 
 
 def train_data_names(task: str) -> list[str]:
@@ -364,6 +382,9 @@ def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
 #: keys that may differ between a run and its resumption (they do not change the computation)
 RESUMABLE_KEYS = {("run", "out"), ("run", "progress"), ("run", "log_every"), ("run", "ckpt_every"),
                   ("run", "keep_last"), ("data", "num_workers"), ("run", "threads"), ("run", "device")}
+#: the step budget: it may change on resume, which extends (or shortens) the run; the lr schedule is then the one of
+#: a run planned for the new total from the resume step on (:func:`diffattn.train.loop.train`)
+BUDGET_KEYS = {("run", "steps"), ("run", "epochs")}
 
 
 def digest_hash(d: dict[str, Any]) -> str:

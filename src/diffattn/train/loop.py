@@ -46,11 +46,11 @@ from ..errors import RunExistsError, UsageError, user_input
 from ..io import atomic_write_file, remove_dir
 from ..utils import available_memory, format_bytes
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
-from .config import TrainConfig, digest_hash, val_metric
+from .config import BUDGET_KEYS, TrainConfig, digest_hash, val_metric
 from .data import StepBatchSampler, steps_for
 from .data import to_device as _to
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
-from .optim import EMA, build_optimizer, build_scheduler
+from .optim import EMA, build_optimizer, build_scheduler, warmup_cosine
 from .tasks import build_task, config_digest, mean_lambdas, run_config_dict
 
 __all__ = ["train", "fit", "optimizer_step", "seed_everything", "training_bytes", "check_fits", "check_backends"]
@@ -218,16 +218,48 @@ def _gather_rng(env: DistEnv) -> list[dict]:
     return out
 
 
-def _check_resume(ckpt: dict, cfg: TrainConfig, env: DistEnv, path: Path) -> None:
+def _flat(d: dict, prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` → ``{"a.b": 1}`` (empty dicts stay values)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def _check_resume(ckpt: dict, cfg: TrainConfig, env: DistEnv, path: Path, n_samples: int) -> int:
+    """Refuse a checkpoint of another world size or another config, naming every differing key (old → new); the
+    step budget (:data:`BUDGET_KEYS`) may differ. Returns the total steps the checkpoint's run was planned for."""
     if ckpt["world_size"] != env.world_size:
         raise UsageError(f"checkpoint {path} was written by {ckpt['world_size']} processes, this run has "
                          f"{env.world_size}; resume with the same world size (the RNG states are per rank)")
     mine, theirs = config_digest(cfg), config_digest(ckpt["config"])
+    old_run = dict(theirs.get("run", {}))
+    for d in (mine, theirs):
+        for section, key in BUDGET_KEYS:
+            d.get(section, {}).pop(key, None)
     if digest_hash(mine) != digest_hash(theirs):
-        keys = sorted({(s, k) for d in (mine, theirs) for s, sec in d.items() for k in sec})
-        diffs = [f"{s}.{k}: checkpoint {theirs.get(s, {}).get(k)!r} vs now {mine.get(s, {}).get(k)!r}"
-                 for s, k in keys if theirs.get(s, {}).get(k) != mine.get(s, {}).get(k)]
-        raise UsageError(f"checkpoint {path} is from another config; differing keys: {'; '.join(diffs)}")
+        new, old = _flat(mine), _flat(theirs)
+        missing = "(unset)"
+        diffs = [f"{k} {old.get(k, missing)!r} → {new.get(k, missing)!r}" for k in sorted(set(new) | set(old))
+                 if old.get(k, missing) != new.get(k, missing)]
+        raise UsageError(f"checkpoint {path} was trained with another config: {'; '.join(diffs)}; only the step "
+                         f"budget (run.steps, run.epochs) may change when resuming: set these keys back, or train "
+                         f"the new config with --overwrite (replaces the run) or into another --out")
+    planned = dataclasses.replace(cfg.run, steps=old_run.get("steps"), epochs=old_run.get("epochs"))
+    return steps_for(planned, n_samples)
+
+
+def _extend_schedule(optimizer: torch.optim.Optimizer, scheduler, start: int, total: int, cfg: TrainConfig) -> None:
+    """After loading a checkpoint planned for another total: the lr of every step from ``start`` (0-based) on is
+    ``base_lr · warmup_cosine(step, total, …)``, what a run planned for ``total`` steps has at that step. The
+    scheduler's closure already holds the new total; only the lr the optimizer kept from the old schedule is set."""
+    factor = warmup_cosine(start, total, cfg.optim.warmup_steps, cfg.optim.min_lr_ratio)
+    for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+        group["lr"] = base * factor
+    scheduler._last_lr = [g["lr"] for g in optimizer.param_groups]
 
 
 def _truncate_metrics(path: Path, step: int) -> None:
@@ -316,8 +348,14 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
 
     ``resume``: None (a new run: ``out`` must be empty or absent, unless ``overwrite`` replaces the previous run),
     ``"auto"`` (the newest intact checkpoint of ``out``; a new run if there is none) or a checkpoint / run
-    directory. Returns ``{"run_dir", "steps", "final_loss", "losses", "resumed_from"}`` (losses of the steps this
-    call trained, averaged over ranks; ``resumed_from`` is the step it started at).
+    directory. Returns ``{"run_dir", "steps", "final_loss", "losses", "resumed_from", "extended_from"}`` (losses of
+    the steps this call trained, averaged over ranks; ``resumed_from`` is the step it started at; ``extended_from``
+    the total the resumed run was planned for when ``run.steps`` / ``run.epochs`` changed it, else None).
+
+    Resuming with another step budget (``run.steps`` or ``run.epochs``; a finished run included) extends the run:
+    the steps before the checkpoint stay as they were, and from the checkpoint's step on the lr is the warm-up +
+    cosine schedule of a run planned for the new total (:func:`_extend_schedule`). Any other config key that differs
+    from the checkpoint's is refused, each one named with its old and new value.
 
     Raises:
         diffattn.extras.MissingExtraError: a package of the ``train`` extra is missing (nothing is written then).
@@ -358,8 +396,13 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
                                    accum_steps=cfg.run.accum_steps, seed=cfg.run.seed, start_step=0,
                                    total_steps=total)
         ckpt_path, ckpt, skipped = find_resume(resume, run_dir)
+        planned = total
         if ckpt is not None:
-            _check_resume(ckpt, cfg, env, ckpt_path)
+            planned = _check_resume(ckpt, cfg, env, ckpt_path, len(dataset))
+            if int(ckpt["step"]) > total:
+                raise UsageError(f"the step budget is {total} steps, but checkpoint {ckpt_path} is at step "
+                                 f"{ckpt['step']}; a resumed run can only be extended: give run.steps >= "
+                                 f"{ckpt['step']}")
     for path, why in skipped:
         say(f"skipped checkpoint {path}: {why}")
 
@@ -392,6 +435,14 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
             ema.load_state_dict(ckpt["ema"])
         set_rng_state(ckpt["rng"][env.rank])
         say(f"resumed from step {start} of {total} ({ckpt_path})")
+        if planned != total:
+            _extend_schedule(optimizer, scheduler, start, total, cfg)
+            say(f"extended the run from {planned} to {total} steps: from step {start + 1} on the lr follows the "
+                f"warm-up + cosine schedule of a {total}-step run (lr {optimizer.param_groups[0]['lr']:.3g} at step "
+                f"{start + 1}); the first {start} steps are unchanged")
+            if env.is_main and (run_dir / "eval").is_dir():
+                say(f"{run_dir / 'eval'} holds the evaluation of the step-{start} model; run diffattn eval again "
+                    f"after this run")
     else:
         seed_everything(cfg.run.seed + 1_000_003 * env.rank + 1)
     del ckpt
@@ -531,4 +582,4 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
     barrier()
     final_loss = losses[-1] if losses else math.nan
     return {"run_dir": str(run_dir), "steps": total, "final_loss": final_loss, "losses": losses,
-            "resumed_from": start}
+            "resumed_from": start, "extended_from": planned if planned != total else None}

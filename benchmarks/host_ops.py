@@ -1,0 +1,60 @@
+"""Host cost: the aten ops (views excluded) that one forward + backward dispatches, differential against standard.
+
+On a GPU, small and medium models train host-bound: the step takes as long as its ops take to launch. This counts
+them on the CPU (``diffattn.utils.count_ops``) for one block of each attention kind and for whole ViT-B/16 models,
+on the eager ``sdpa`` path and, for blocks, on the fused-kernel path (the Triton launchers replaced by functions
+that allocate the same outputs; tests/test_layers_ops.py does the same and holds the ceilings).
+
+    python benchmarks/host_ops.py --markdown docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+import diffattn  # noqa: E402
+from diffattn.utils import count_ops as _count  # noqa: E402
+from diffattn.utils import cpu_name, write_markdown_section  # noqa: E402
+from test_layers_ops import block_ops  # noqa: E402  (one definition of the fused-path fakes, with the test)
+
+MODELS = ("vit_base_patch16_224", "diff_vit_base_patch16_224", "dg_vit_base_patch16_224")
+
+
+def model_ops(name: str) -> int:
+    torch.manual_seed(0)
+    model = diffattn.create_model(name)  # N = 197: the sdpa path on the CPU
+    x = torch.randn(2, 3, 224, 224)
+    model(x).sum().backward()
+    model.zero_grad(set_to_none=True)
+    return sum(_count(lambda: model(x).sum().backward()).values())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--markdown", type=Path, help="write the table into this file's 'Host cost' section")
+    args = ap.parse_args()
+    std = block_ops("standard")
+    rows = ["| block (width 64, 4 heads, B 2, N 16) | eager ops | × standard | fused-kernel ops | × standard |",
+            "|---|---|---|---|---|", f"| standard | {std} | 1.00 | {std} | 1.00 |"]
+    for kind in ("diff", "gated", "diff_v2"):
+        e, f = block_ops(kind), block_ops(kind, backend="triton")
+        rows.append(f"| {kind} | {e} | {e / std:.2f} | {f} | {f / std:.2f} |")
+    counts = {name: model_ops(name) for name in MODELS}
+    rows += ["", "| model (B 2, 224², forward + backward, eager) | ops | × ViT-B/16 |", "|---|---|---|"]
+    rows += [f"| {n} | {c} | {c / counts[MODELS[0]]:.2f} |" for n, c in counts.items()]
+    text = "\n".join(rows)
+    print(text)
+    if args.markdown:
+        body = (f"## Host cost (ops per training step), cpu\n\nMachine: {cpu_name()}, torch {torch.__version__}. "
+                "Command: `python benchmarks/host_ops.py --markdown docs/benchmarks.md`. Goal: every differential "
+                "block ≤ 1.3× the standard block.\n\n" + text)
+        write_markdown_section(args.markdown, "host-ops", body)
+
+
+if __name__ == "__main__":
+    main()
