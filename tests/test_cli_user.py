@@ -197,7 +197,7 @@ def test_resume_with_another_config_names_each_key_and_changes_nothing(short_run
     capsys.readouterr()
     assert cli.main(["train", CLASSIFY, "--out", str(short_run), *FAST, "--resume", "auto", "--set",
                      "run.steps=8", "--set", "optim.lr=6e-3", "--set", "model.overrides.depth=2"]) == 2
-    line = one_error(capsys, "optim.lr 0.003 → 0.006", "optim.warmup_steps 2 → 10",
+    line = one_error(capsys, "optim.lr 0.003 → 0.006", "optim.warmup_steps 2 → 1",
                      "model.overrides.depth 1 → 2", "run.steps", "--overwrite", "--out")
     assert "run.steps 4" not in line  # the step budget may change; it is not listed as a difference
     assert cli.main(["train", CLASSIFY, "--out", str(short_run), *FAST, "--set", "optim.warmup_steps=2",
@@ -557,3 +557,193 @@ def test_eval_report_states_chance_and_flags_results_at_or_below_it(evaluated):
     assert ("**At or below chance:** classification.top1" in report) == low
     assert ("(at or below chance)" in report) == (low or v["classification"]["top5"] <= 0.5
                                                  or v["classification"]["mean_per_class_recall"] <= 0.1)
+
+
+# ------------------------------------------------------------- 10. known before the first step: size, backend
+
+RETROFIT = str(ROOT / "configs/tiny/retrofit.yaml")
+SMALL_LLAMA = "task.base.config={vocab_size: 256, hidden_size: 64, intermediate_size: 128, num_hidden_layers: 1, " \
+              "num_attention_heads: 4}"
+
+
+def test_retrofit_base_keys_of_another_model_are_named(tmp_path, no_data, capsys):
+    """GPT-2's keys given to LlamaConfig were ignored and its 7B default built until the kernel killed it."""
+    out = tmp_path / "r"
+    assert cli.main(["train", RETROFIT, "--out", str(out), "--set", "task.base.type=llama"]) == 2
+    line = one_error(capsys, "task.base.config keys n_layer, n_embd, n_head, n_positions are not arguments of "
+                     "LlamaConfig", "n_layer → num_hidden_layers", "n_embd → hidden_size", "n_head → "
+                     "num_attention_heads", "n_positions → max_position_embeddings")
+    assert "takes" not in line  # every key has its llama spelling: no list of arguments
+    assert cli.main(["train", RETROFIT, "--out", str(out), "--set", "task.base.type=llama",
+                     "--set", "task.base.config={vocab_size: 256, n_layerz: 1}"]) == 2
+    one_error(capsys, "key n_layerz is not an argument of LlamaConfig", "LlamaConfig takes vocab_size, hidden_size, "
+              "intermediate_size, num_hidden_layers")
+    assert cli.main(["train", RETROFIT, "--out", str(out), "--set", "task.base.type=llama", "--set", SMALL_LLAMA]) == 2
+    one_error(capsys, "task.lora_targets ['c_attn', 'c_proj', 'c_fc'] name no layer of the llama base", "q_proj")
+    assert not out.exists()
+
+
+def test_model_too_large_for_the_memory_is_refused_before_it_is_built(tmp_path, no_data, capsys, monkeypatch):
+    out = tmp_path / "r"
+    huge = ["--set", "task.base.config.n_layer=400", "--set", "task.base.config.n_embd=8192"]
+    assert cli.main(["train", RETROFIT, "--out", str(out), *huge]) == 2  # 330B parameters: 1.3 TB of weights alone
+    one_error(capsys, "the model has 330.56B parameters and needs at least 2.7 TB to train", "a copy of the base",
+              "available", "(task.base.config)")
+    from diffattn.train import loop
+
+    monkeypatch.setattr(loop, "available_memory", lambda device: 1_000_000)
+    assert cli.main(["train", LM, "--out", str(out), *FAST, "--set", "data.name=sklearn_text"]) == 2
+    # 82,208 float32 parameters (one block) × (weight + gradient + 2 AdamW states) × 4 bytes = 1,315,328 bytes
+    one_error(capsys, "the model has 0.08M parameters and needs at least 1.3 MB to train", "the machine has 1.0 MB "
+              "available", "(model.overrides)")
+    assert not out.exists()
+
+
+def test_triton_backend_on_the_cpu_is_refused_and_the_retry_needs_no_overwrite(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, "--device", "cpu",
+                     "--set", "model.overrides.backend=triton"]) == 2
+    one_error(capsys, "model.overrides.backend 'triton'", "needs a CUDA device, but the run is on cpu", "'sdpa'")
+    assert not out.exists()
+    assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, "--set", "run.steps=1"]) == 0
+
+
+# ------------------------------------------------------------------------------------- 11. the device
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--device", "gpu"], ["argument --device", "'cpu', 'cuda' or 'cuda:N'", "'gpu'"]),
+    (["--device", "cuda:x"], ["argument --device", "'cuda:x'"]),
+    (["--set", "run.device=gpu"], ["run.device", "'cpu', 'cuda' or 'cuda:N'", "'gpu'"]),
+])
+def test_bad_device_names_are_one_line(argv, names, tmp_path, capsys):
+    out = tmp_path / "r"
+    try:
+        code = cli.main(["train", CLASSIFY, "--out", str(out), *FAST, *argv])
+    except SystemExit as e:  # argparse's own error
+        code = e.code
+    assert code == 2
+    one_error(capsys, *names)
+    assert not out.exists()
+
+
+def test_unavailable_cuda_is_named_before_anything_is_written(tmp_path, capsys, monkeypatch):
+    import torch
+
+    out = tmp_path / "r"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    for cmd in (["train", CLASSIFY, "--out", str(out), *FAST], ["eval", str(tmp_path / "no-run")]):
+        assert cli.main([*cmd, "--device", "cuda"]) == 2
+        one_error(capsys, "--device 'cuda' needs a CUDA GPU, but torch sees none (CUDA_VISIBLE_DEVICES='')",
+                  "use --device cpu")
+    assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, "--set", "run.device=cuda"]) == 2
+    one_error(capsys, "run.device 'cuda' needs a CUDA GPU")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, "--device", "cuda:2"]) == 2
+    one_error(capsys, "--device 'cuda:2': torch sees 2 CUDA GPUs (cuda:0 to cuda:1)")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, "--device", "cuda:1"]) == 2
+    one_error(capsys, "--device 'cuda:1' names one GPU, but torchrun started 2 processes", "CUDA_VISIBLE_DEVICES")
+    assert not out.exists()
+
+
+def test_device_cpu_is_recorded_by_train_and_eval(tmp_path):
+    import yaml
+
+    out = tmp_path / "r"
+    assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, "--set", "run.steps=1", "--device", "cpu"]) == 0
+    assert yaml.safe_load((out / "config.yaml").read_text())["run"]["device"] == "cpu"
+
+
+# --------------------------------------------------------- 12. every dataset eval offers, for every kind of model
+
+TINY_PROTOCOL = {"noise_levels": (0.0, 0.5), "corruptions": ("gaussian_noise",), "severities": (1,), "episodes": 5,
+                 "max_images": 24, "ppl_tokens": 256, "lambada": 2, "needle_lengths": (128,),
+                 "needle_depths": (0.5,), "needle_trials": 1, "probe_max_iter": 10, "probe_fine_steps": 1}
+#: one tiny run of each kind, on data that is always there (digits, scikit-learn's texts)
+KIND_RUNS = {
+    "vit": [CLASSIFY],
+    "clip": [str(ROOT / "configs/tiny/clip.yaml"), "--set", "data.name=digits", "--set",
+             "model.overrides.vision_img_size=8", "--set", "model.overrides.vision_patch_size=2", "--set",
+             "model.overrides.vision_in_chans=1"],
+    "lm": [LM, "--set", "data.name=sklearn_text"],
+}
+#: the headline number of each kind's results: (suite, dotted key, lowest sensible value, highest)
+HEADLINE = {"vit": ("vision", "classification.top1", 0.0, 1.0), "clip": ("clip", "zero_shot.top1", 0.0, 1.0),
+            "lm": ("language", "perplexity.ppl", 1.0, 1e4)}
+
+
+@pytest.fixture(scope="module")
+def kind_runs(tmp_path_factory) -> dict[str, Path]:
+    """A tiny run of each kind, trained 2 steps through the CLI."""
+    import torch
+
+    threads = torch.get_num_threads()
+    root = tmp_path_factory.mktemp("kinds")
+    try:
+        for kind, argv in KIND_RUNS.items():
+            assert cli.main(["train", *argv, "--out", str(root / kind), *FAST, "--set", "run.steps=2"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return {kind: root / kind for kind in KIND_RUNS}
+
+
+def _offered(capsys) -> dict[str, list[str]]:
+    """What ``diffattn eval``'s error for a misspelled --dataset offers: {kind of model: [datasets]}."""
+    assert cli.main(["eval", "unused", "--dataset", "fashon_mnist"]) == 2
+    line = one_error(capsys, "--dataset 'fashon_mnist' is not a dataset diffattn eval evaluates on")
+    offered = {}
+    for part in line.split("per kind of model: ", 1)[1].split("; "):
+        kind, names = part.split(": ")
+        offered[kind] = names.split(", ")
+    return offered
+
+
+def test_the_error_offers_exactly_the_datasets_each_kind_is_evaluated_on(capsys):
+    from diffattn.eval.runner import EVAL_DATASETS, KIND_NAMES
+
+    assert _offered(capsys) == {KIND_NAMES[k]: list(v) for k, v in EVAL_DATASETS.items()}
+    assert set(KIND_RUNS) == set(EVAL_DATASETS)  # the test below trains a run of every kind the error offers
+
+
+def _pairs(fit: bool) -> list[tuple[str, str]]:
+    from diffattn.eval.runner import EVAL_DATASETS
+
+    names = sorted({d for v in EVAL_DATASETS.values() for d in v})
+    return [(k, d) for k in EVAL_DATASETS for d in names if (d in EVAL_DATASETS[k]) == fit]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, dataset", _pairs(fit=True))
+def test_eval_runs_every_offered_dataset_for_its_kind(kind, dataset, kind_runs, tmp_path, monkeypatch):
+    from diffattn.data import DATASETS
+    from diffattn.eval import runner
+
+    if not DATASETS[dataset].installed():
+        pytest.skip(f"dataset {dataset!r} is not prepared (diffattn data prepare {dataset}; DIFFATTN_DATA)")
+    for key, value in TINY_PROTOCOL.items():
+        monkeypatch.setitem(runner.QUICK, key, value)
+    out = tmp_path / "eval"
+    assert cli.main(["eval", str(kind_runs[kind]), "--dataset", dataset, "--quick", "--no-progress",
+                     "--device", "cpu", "--out", str(out)]) == 0
+    res = json.loads((out / "results.json").read_text())
+    suite, key, lo, hi = HEADLINE[kind]
+    assert res["skipped"] == {} and res["device"] == "cpu"
+    assert res[suite].get("dataset", res[suite].get("text", "").split(" ")[0]) == dataset
+    value = runner._get(res[suite], key)
+    assert lo <= value <= hi, (key, value)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind, dataset", _pairs(fit=False))
+def test_eval_on_a_dataset_of_another_kind_is_one_line(kind, dataset, kind_runs, tmp_path, capsys):
+    from diffattn.eval.runner import EVAL_DATASETS, KIND_NAMES
+
+    out = tmp_path / "eval"
+    assert cli.main(["eval", str(kind_runs[kind]), "--dataset", dataset, "--out", str(out)]) == 2
+    one_error(capsys, f"dataset {dataset!r} is for a", f"but this run is a {KIND_NAMES[kind]}",
+              ", ".join(EVAL_DATASETS[kind]))
+    assert not out.exists()

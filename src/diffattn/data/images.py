@@ -58,6 +58,9 @@ class FashionMNIST(Dataset):
 
     splits = ("train", "val", "test", "trainval", "all")
     classes = FASHION_MNIST_CLASSES
+    #: the class names a zero-shot prompt says ("a photo of a {}.")
+    prompt_names = ("t-shirt", "trousers", "pullover", "dress", "coat", "sandal", "shirt", "sneaker", "bag",
+                    "ankle boot")
     n_val = 5000
 
     def __init__(self, split: str = "train", root: str | os.PathLike | None = None,
@@ -119,6 +122,8 @@ class Digits(Dataset):
 
     splits = ("train", "val", "test", "all")
     classes = tuple(str(d) for d in range(10))
+    #: the class names a zero-shot prompt says (as the captions of ``diffattn train``'s digit pairs name them)
+    prompt_names = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
 
     def __init__(self, split: str = "train", root: str | os.PathLike | None = None,
                  transform: Callable | None = None) -> None:

@@ -1,7 +1,8 @@
 """The ``diffattn eval`` and ``diffattn compare`` subcommands (registered through ``diffattn.cli.COMMAND_MODULES``).
 
     diffattn eval runs/diff_vit --quick            # results.json + report.md + plots in runs/diff_vit/eval/
-    diffattn eval eval.yaml                        # model:, dataset:, text:, mmvp:, quick:, seed:, out:
+    diffattn eval runs/tiny_clip --dataset fashion_mnist --device cuda:1   # zero-shot Fashion-MNIST on GPU 1
+    diffattn eval eval.yaml                        # model:, dataset:, text:, mmvp:, quick:, seed:, out:, device:
     diffattn compare runs/vit runs/diff_vit        # side by side; a folder with several seeds gives mean ± std
     diffattn object-attention --results runs/studies/detection/detection.json --out object_attention.md
     diffattn lm-eval --model diffattn --model_args path=runs/lm/model --tasks lambada_openai   # lm-eval's CLI
@@ -12,22 +13,24 @@ from __future__ import annotations
 import argparse
 import json
 
+from ..utils import device_type
+
 __all__ = ["register"]
 
 
 def _eval_command(args: argparse.Namespace) -> int:
-    from ..errors import UsageError, did_you_mean
+    from ..errors import UsageError
     from ..extras import require
 
     require("eval", "diffattn eval")  # before anything is written
-    from ..data import DATASETS
-    from .runner import evaluate, summary_table
+    from ..utils import resolve_device
+    from .runner import check_eval_dataset, evaluate, summary_table
 
-    if args.dataset is not None and args.dataset not in DATASETS:
-        raise UsageError(f"--dataset {args.dataset!r} is not a dataset diffattn evaluates on"
-                         f"{did_you_mean(args.dataset, DATASETS)} (one of {sorted(DATASETS)})")
+    check_eval_dataset(args.dataset, what="--dataset")
+    if args.device is not None:
+        resolve_device(args.device, "--device")  # a GPU torch cannot see is named as the flag, before any work
     res = evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp, quick=args.quick,
-                   seed=args.seed, progress=not args.no_progress)
+                   seed=args.seed, progress=not args.no_progress, device=args.device)
     if res["skipped"]:
         kind, why = next(iter(res["skipped"].items()))
         raise UsageError(f"the {kind} suite was skipped ({why}); {res['output_dir']}/results.json records it")
@@ -75,8 +78,11 @@ def register(subparsers) -> None:
     e = subparsers.add_parser("eval", help="evaluate a saved model / run: results.json, report.md and plots")
     e.add_argument("target", help="run directory, folder saved with save_pretrained, or a YAML file")
     e.add_argument("--out", default=None, help="output folder (default <target>/eval)")
-    e.add_argument("--dataset", default=None, help="dataset name for diffattn.data.get_dataset (default: from "
-                   "the run's config.yaml, else by model type)")
+    e.add_argument("--dataset", default=None, help="a built-in dataset that fits the model: digits or fashion_mnist "
+                   "(vision transformer); tuxpaint_captions, emoji, fashion_mnist or digits (CLIP); moby_dick, "
+                   "state_of_the_union or spamassassin (causal LM). Default: the run's, else by model type")
+    e.add_argument("--device", type=device_type, default=None, help="cpu, cuda or cuda:N (default: cuda when "
+                   "torch sees a GPU, else cpu; CUDA_VISIBLE_DEVICES picks the GPUs it sees)")
     e.add_argument("--text", default=None, help="a text file for the language-model evaluations")
     e.add_argument("--mmvp", default=None, help="an MMVP-VLM folder (Questions.csv + 'MLLM_VLM Images/')")
     e.add_argument("--quick", action="store_true", help="small protocol (subsets, fewer episodes and trials)")

@@ -35,10 +35,43 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import UsageError, user_input, yaml_error
+from ..errors import UsageError, did_you_mean, user_input, yaml_error
 from ..io import atomic_write_dir, atomic_write_file
+from ..utils import resolve_device
 
-__all__ = ["evaluate", "write_report", "summary_table", "recorded_chance", "compare", "load_results", "flatten"]
+__all__ = ["evaluate", "write_report", "summary_table", "recorded_chance", "compare", "load_results", "flatten",
+           "EVAL_DATASETS", "KIND_NAMES", "check_eval_dataset"]
+
+#: the built-in datasets each kind of model is evaluated on (``--dataset``): classification sets for vision
+#: transformers; caption sets (zero-shot, retrieval, foreground attention) and classification sets (zero-shot,
+#: linear probe, few-shot) for CLIP models; text sets for causal LMs
+EVAL_DATASETS: dict[str, tuple[str, ...]] = {
+    "vit": ("digits", "fashion_mnist"),
+    "clip": ("tuxpaint_captions", "emoji", "fashion_mnist", "digits"),
+    "lm": ("moby_dick", "state_of_the_union", "spamassassin"),
+}
+#: how messages name each kind of model
+KIND_NAMES = {"vit": "vision transformer", "clip": "CLIP model", "lm": "causal language model"}
+
+
+def offered_datasets() -> str:
+    """The ``--dataset`` values, per kind of model: ``"vision transformer: digits, fashion_mnist; …"``."""
+    return "; ".join(f"{KIND_NAMES[k]}: {', '.join(v)}" for k, v in EVAL_DATASETS.items())
+
+
+def check_eval_dataset(dataset: str | None, kind: str | None = None, what: str = "--dataset") -> None:
+    """``dataset`` (None: the default) is one ``diffattn eval`` evaluates a ``kind`` model on (any kind: one it
+    evaluates some model on); otherwise a :class:`~diffattn.errors.UsageError` naming ``what`` and the sets that fit."""
+    if dataset is None:
+        return
+    names = list(dict.fromkeys(d for v in EVAL_DATASETS.values() for d in v))
+    if dataset not in names:
+        raise UsageError(f"{what} {dataset!r} is not a dataset diffattn eval evaluates on"
+                         f"{did_you_mean(dataset, names)}; per kind of model: {offered_datasets()}")
+    if kind is not None and dataset not in EVAL_DATASETS[kind]:
+        fits = [KIND_NAMES[k] for k, v in EVAL_DATASETS.items() if dataset in v]
+        raise UsageError(f"{what} {dataset!r} is for a {' or '.join(fits)}, but this run is a {KIND_NAMES[kind]}; "
+                         f"a {KIND_NAMES[kind]} is evaluated on {', '.join(EVAL_DATASETS[kind])}")
 
 QUICK = {"noise_levels": (0.0, 0.25, 0.5, 1.0), "corruptions": ("gaussian_noise", "motion_blur", "contrast"),
          "severities": (1, 3, 5), "episodes": 200, "max_images": 256, "ppl_tokens": 2048, "lambada": 20,
@@ -133,13 +166,15 @@ def _params(model) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=None) -> tuple[dict, list]:
-    """Capture maps for one batch; λ / gate per layer, entropy per branch, plots, CLS rollout (images)."""
+def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=None,
+                 device: torch.device | None = None) -> tuple[dict, list]:
+    """Capture maps for one batch (run on ``device``, the maps kept on the CPU); λ / gate per layer, entropy per
+    branch, plots, CLS rollout (images)."""
     from ..diagnostics import branch_entropy, capture_attention, rollout
     from ..diagnostics.plots import plot_cls_maps, plot_lambdas, plot_maps
 
     with torch.no_grad(), capture_attention(model) as cap:
-        run(inputs)
+        run(inputs.to(device) if device is not None else inputs)
     layers = cap.layers
     res: dict[str, Any] = {"layers": len(layers), "kind": layers[0].kind if layers else None}
     lam = [m.gate.mean().item() if m.gate is not None else (m.lambda_.mean().item() if m.lambda_ is not None
@@ -198,7 +233,8 @@ def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torc
 # ------------------------------------------------------------------------------------------------- suites
 
 
-def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progress: bool) -> dict:
+def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progress: bool,
+               device: torch.device) -> dict:
     from ..data import get_dataset
     from ..diagnostics.plots import plot_corruption_curves
     from .classification import classification_metrics
@@ -218,11 +254,11 @@ def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progre
         return _standardise(x_tr, imgs, size, chans)
 
     def predict(x):
-        return model(x)
+        return model(x.to(device)).float().cpu()
 
     x = transform(x_te)
     with torch.no_grad():
-        logits = torch.cat([model(x[i:i + 256]) for i in range(0, len(x), 256)])
+        logits = torch.cat([predict(x[i:i + 256]) for i in range(0, len(x), 256)])
     res: dict[str, Any] = {"dataset": dataset, "split": "test", "images": len(y_te),
                            "preprocessing": "pixels/255, standardised with the train split's mean and std"}
     res["classification"] = classification_metrics(logits, y_te)
@@ -234,19 +270,30 @@ def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progre
                           "table": {c: {str(s): a for s, a in row.items()} for c, row in table["table"].items()}}
     plots = [plot_corruption_curves(table["table"], out / "corruptions.png", clean=table["clean"]).name]
     grid = (size // model.patch_embed.patch_size,) * 2
-    diag, _ = _diagnostics(model, model, x[:8], out, "vision", grid=grid)
+    diag, _ = _diagnostics(model, model, x[:8], out, "vision", grid=grid, device=device)
     res["diagnostics"] = diag
     res["plots"] = plots + diag.pop("plots")
     return res
 
 
-def _clip_features(model, images: torch.Tensor) -> torch.Tensor:
+def _clip_features(model, images: torch.Tensor, device: torch.device | None = None) -> torch.Tensor:
+    """(N, E) float32 image embeddings on the CPU, computed in batches of 128 on ``device``."""
+    device = device if device is not None else images.device
     with torch.no_grad():
-        return torch.cat([model.encode_image(images[i:i + 128]).float() for i in range(0, len(images), 128)])
+        return torch.cat([model.encode_image(images[i:i + 128].to(device)).float().cpu()
+                          for i in range(0, len(images), 128)])
+
+
+def _clip_images(ds, n: int, transform, chans: int = 3) -> torch.Tensor:
+    """The first ``n`` images of ``ds`` (a caption set's RGB images, or a classification set's grey ones) through
+    the model's eval transform (which gives RGB); for a ``chans == 1`` image tower, the mean of the three channels."""
+    load = ds.load_image if hasattr(ds, "load_image") else (lambda i: ds[i][0])
+    x = torch.stack([transform(load(i)) for i in range(n)])
+    return x.mean(1, keepdim=True) if chans == 1 else x
 
 
 def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp: str | None,
-                progress: bool) -> dict:
+                progress: bool, device: torch.device) -> dict:
     from ..data import get_dataset
     from ..diagnostics import capture_attention, foreground_attention
     from .classification import classification_metrics, zero_shot_classifier, zero_shot_logits
@@ -258,21 +305,27 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
     tr, te = get_dataset(dataset, split="train"), get_dataset(dataset, split="test")
     n_te = len(te) if not p["max_images"] else min(len(te), p["max_images"])
     n_tr = len(tr) if not p["max_images"] else min(len(tr), 4 * p["max_images"])
-    imgs_te = torch.stack([tf(te.load_image(i)) for i in range(n_te)])
-    imgs_tr = torch.stack([tf(tr.load_image(i)) for i in range(n_tr)])
+    captioned = hasattr(te, "captions")  # a caption set; else a classification set (no retrieval, no masks)
+    chans = model.visual.patch_embed.proj.in_channels
+    imgs_te, imgs_tr = _clip_images(te, n_te, tf, chans), _clip_images(tr, n_tr, tf, chans)
     y_te, y_tr = torch.as_tensor(te.labels[:n_te]), torch.as_tensor(tr.labels[:n_tr])
-    f_te, f_tr = _clip_features(model, imgs_te), _clip_features(model, imgs_tr)
+    f_te, f_tr = _clip_features(model, imgs_te, device), _clip_features(model, imgs_tr, device)
     res: dict[str, Any] = {"dataset": dataset, "images": n_te, "skipped": {}}
-    classes = [c.replace("_", " ") for c in te.categories]
-    w = zero_shot_classifier(model, classes)
+    if not captioned:
+        res["preprocessing"] = "grey images through the model's eval transform (not inverted)"
+    classes = [c.replace("_", " ") for c in te.categories] if captioned else list(te.prompt_names)
+    w = zero_shot_classifier(model, classes).float().cpu()
     res["zero_shot"] = classification_metrics(zero_shot_logits(f_te, w), y_te, num_classes=len(classes))
     res["chance"] = classification_chance("zero_shot", res["zero_shot"], len(classes))
-    with torch.no_grad():
-        t_emb = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256])).float()
-                           for i in range(0, n_te, 256)])[:n_te]
-    res["retrieval"] = recall_at_k(f_te, t_emb, torch.arange(n_te))
-    for key in res["retrieval"]:  # one correct item among n_te: a random ranking puts it in the top k with k / n
-        res["chance"][f"retrieval.{key}"] = min(int(key.rsplit("@", 1)[1]), n_te) / n_te
+    if captioned:
+        with torch.no_grad():
+            t_emb = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256]).to(device)).float().cpu()
+                               for i in range(0, n_te, 256)])[:n_te]
+        res["retrieval"] = recall_at_k(f_te, t_emb, torch.arange(n_te))
+        for key in res["retrieval"]:  # one correct item among n_te: a random ranking puts it in the top k with k/n
+            res["chance"][f"retrieval.{key}"] = min(int(key.rsplit("@", 1)[1]), n_te) / n_te
+    else:
+        res["skipped"]["retrieval"] = f"{dataset} has no captions"
     try:
         res["linear_probe"] = {k: v for k, v in linear_probe(f_tr, y_tr, f_te, y_te, seed=seed,
                                                                 max_iter=p["probe_max_iter"],
@@ -290,15 +343,20 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
         from .mmvp import mmvp_eval
 
         res["mmvp"] = mmvp_eval(model, mmvp, progress=progress)
-    # CLS attention inside vs outside the foreground masks, last layer and all layers
-    masks = torch.stack([te.load_mask(i) for i in range(min(16, n_te))])
     grid = (model.img_size // model.visual.patch_embed.patch_size,) * 2
-    with torch.no_grad(), capture_attention(model.visual) as cap:
-        model.encode_image(imgs_te[:len(masks)])
-    maps = [m.combined for m in cap.layers]
-    res["foreground_attention"] = {mode: foreground_attention(maps, masks, grid, mode=mode)
-                                   for mode in ("signed", "relu")}
-    diag, _ = _diagnostics(model.visual, model.encode_image, imgs_te[:8], out, "vision", grid=grid)
+    if hasattr(te, "load_mask"):  # CLS attention inside vs outside the foreground masks, last layer and all layers
+        masks = torch.stack([te.load_mask(i) for i in range(min(16, n_te))])
+        with torch.no_grad(), capture_attention(model.visual) as cap:
+            model.encode_image(imgs_te[:len(masks)].to(device))
+        maps = [m.combined for m in cap.layers]
+        try:  # a coarse patch grid can leave an image without a background (or foreground) patch
+            res["foreground_attention"] = {mode: foreground_attention(maps, masks, grid, mode=mode)
+                                           for mode in ("signed", "relu")}
+        except ValueError as e:
+            res["skipped"]["foreground_attention"] = f"{e} (patch grid {grid[0]}×{grid[1]})"
+    else:
+        res["skipped"]["foreground_attention"] = f"{dataset} has no foreground masks"
+    diag, _ = _diagnostics(model.visual, model.encode_image, imgs_te[:8], out, "vision", grid=grid, device=device)
     res["diagnostics"] = diag
     res["plots"] = diag.pop("plots")
     return res
@@ -315,7 +373,7 @@ def _lm_text(text: str | None, dataset: str | None) -> tuple[str, str]:
 
 
 def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: dict, out: Path, seed: int,
-              progress: bool) -> dict:
+              progress: bool, device: torch.device) -> dict:
     from ..diagnostics import answer_attention, capture_attention
     from ..diagnostics.plots import plot_needle_grid
     from .language import lambada_accuracy, needle_grid, needle_prompt, perplexity
@@ -350,7 +408,7 @@ def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: 
         a_mask[pos:pos + len(answer)] = True
         c_mask = torch.ones(len(prompt), dtype=torch.bool)
         with torch.no_grad(), capture_attention(model) as cap:
-            model(torch.tensor([prompt]))
+            model(torch.tensor([prompt], device=device))
         maps = [m.combined for m in cap.layers]
         for mode in noise:
             noise[mode].append(answer_attention(maps, a_mask, c_mask, mode=mode))
@@ -359,7 +417,7 @@ def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: 
     for v in res["attention_noise"].values():
         v["ratio"] = v["answer"] / v["noise"] if v["noise"] else math.inf
     sample = torch.tensor([tok.encode(corpus[:200])[:32]])
-    diag, _ = _diagnostics(model, model, sample, out, "lm", tokens=None)
+    diag, _ = _diagnostics(model, model, sample, out, "lm", tokens=None, device=device)
     res["diagnostics"] = diag
     res["plots"] = plots + diag.pop("plots")
     return res
@@ -378,9 +436,12 @@ def _find(seq: list[int], sub: list[int]) -> int:
 
 def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: str | None = None,
              text: str | None = None, mmvp: str | None = None, quick: bool = False, seed: int = 0,
-             progress: bool = True, protocol: dict | None = None) -> dict:
+             progress: bool = True, protocol: dict | None = None, device: str | None = None) -> dict:
     """Evaluate the model in ``target``: a saved model, a run directory, or a YAML file with ``model:`` and any
-    of ``dataset``, ``text``, ``mmvp``, ``quick``, ``seed``, ``out`` (paths relative to the YAML file).
+    of ``dataset``, ``text``, ``mmvp``, ``quick``, ``seed``, ``out``, ``device`` (paths relative to the YAML file).
+
+    ``dataset`` must fit the kind of model (:data:`EVAL_DATASETS`); ``device`` is ``cpu``, ``cuda`` or ``cuda:N``
+    (None: ``cuda`` when torch sees a GPU, else ``cpu``; :func:`diffattn.utils.resolve_device`).
 
     Writes ``results.json`` and ``report.md`` with the plots into ``out_dir`` (default ``<run>/eval``) and returns
     the results. ``protocol`` overrides entries of :data:`QUICK` / :data:`FULL` (sizes, corruption list,
@@ -400,6 +461,7 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
                 return str((target.parent / cfg[key]).resolve()) if cfg.get(key) else None
 
             dataset, text, mmvp = dataset or cfg.get("dataset"), text or rel("text"), mmvp or rel("mmvp")
+            device = device or cfg.get("device")
             quick, seed = quick or bool(cfg.get("quick", False)), int(cfg.get("seed", seed))
             out_dir = out_dir or rel("out")
         else:
@@ -409,6 +471,7 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
         if unknown:
             raise ValueError(f"protocol keys must be among {sorted(p)}, got {sorted(unknown)}")
         p.update(protocol or {})
+        dev = resolve_device(device, "device")
         if text is not None and not Path(text).is_file():
             raise UsageError(f"--text {str(text)!r} is not a file")
         out = Path(out_dir) if out_dir else (Path(model_path) / "eval")
@@ -424,20 +487,25 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
         else:
             model = from_pretrained(model_dir).eval()
             kind, name, arch = _kind(model), getattr(model, "model_name", None), type(model).__name__
+        from ..data import DATASETS
+
+        if dataset in DATASETS:  # a built-in set of another kind (a name it does not know: get_dataset's error)
+            check_eval_dataset(dataset, kind, what="dataset")
+        model = model.to(dev)
     t0 = time.perf_counter()
     results: dict[str, Any] = {
         "model": {"path": str(model_dir), "name": name, "architecture": arch, "kind": kind,
                   "params": _params(model), "seed": _run_seed(run_cfg)},
-        "protocol": "quick" if quick else "full", "eval_seed": seed, "skipped": {}}
+        "protocol": "quick" if quick else "full", "eval_seed": seed, "device": str(dev), "skipped": {}}
     try:
         with atomic_write_dir(out) as tmp:  # the whole folder at once: results, report and plots agree
             try:
                 if kind == "vit":
-                    results["vision"] = _vit_suite(model, dataset, p, tmp, seed, progress)
+                    results["vision"] = _vit_suite(model, dataset, p, tmp, seed, progress, dev)
                 elif kind == "clip":
-                    results["clip"] = _clip_suite(model, dataset, p, tmp, seed, mmvp, progress)
+                    results["clip"] = _clip_suite(model, dataset, p, tmp, seed, mmvp, progress, dev)
                 else:
-                    results["language"] = _lm_suite(model, model_dir, dataset, text, p, tmp, seed, progress)
+                    results["language"] = _lm_suite(model, model_dir, dataset, text, p, tmp, seed, progress, dev)
             except (FileNotFoundError, ImportError) as e:  # missing data (or extra): recorded, never silent
                 results["skipped"][kind] = f"{type(e).__name__}: {e}"
                 if previous is not None:

@@ -1,5 +1,5 @@
-"""``diffattn train CONFIG [--set key=value …] [--out DIR] [--resume auto|PATH | --overwrite]`` (also under
-torchrun: ``torchrun --nproc_per_node 2 -m diffattn train CONFIG``)."""
+"""``diffattn train CONFIG [--set key=value …] [--out DIR] [--device cpu|cuda|cuda:N]
+[--resume auto|PATH | --overwrite]`` (also under torchrun: ``torchrun --nproc_per_node 2 -m diffattn train CONFIG``)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import argparse
 import math
 import os
 import sys
+
+from ..utils import device_type, resolve_device
 
 __all__ = ["register"]
 
@@ -18,7 +20,10 @@ def _train_command(args: argparse.Namespace) -> int:
     from .config import budget_warnings, load_config
     from .loop import train
 
-    cfg = load_config(args.config, args.set)
+    if args.device is not None:  # a GPU torch cannot see is named as the flag, before the config is read
+        resolve_device(args.device, "--device", local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+                       world_size=int(os.environ.get("WORLD_SIZE", "1")))
+    cfg = load_config(args.config, [*args.set, *([f"run.device={args.device}"] if args.device else [])])
     if _is_main_rank():
         for line in budget_warnings(cfg):
             print(f"diffattn: warning: {line}", file=sys.stderr, flush=True)
@@ -56,6 +61,9 @@ def register(subparsers) -> None:
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a config value (repeatable), e.g. --set optim.lr=3e-4")
     p.add_argument("--out", default=None, help="run directory (default: the config's run.out)")
+    p.add_argument("--device", type=device_type, default=None, help="cpu, cuda or cuda:N (run.device; default: "
+                   "cuda when torch sees a GPU, else cpu; under torchrun cuda is each process's LOCAL_RANK GPU). "
+                   "CUDA_VISIBLE_DEVICES picks the GPUs torch sees")
     run = p.add_mutually_exclusive_group()
     run.add_argument("--resume", default=None, help="'auto' (newest intact checkpoint of the run directory, if any), "
                      "a checkpoint directory or a run directory")

@@ -6,7 +6,8 @@ A run is described by five sections, and an optional sixth for validation while 
     model: {name: a registered model (``diffattn models``), overrides: {...create_model keyword arguments}}
     data:  {name: a dataset, path: files a user supplies, ...}
     optim: {lr, weight_decay, betas, warmup_steps, min_lr_ratio, grad_clip}
-    run:   {steps | epochs, batch_size (GLOBAL), accum_steps, seed, precision, distributed, checkpoints, logging}
+    run:   {steps | epochs, batch_size (GLOBAL), accum_steps, seed, device, precision, distributed, checkpoints,
+            logging}
     eval:  {every, metric, split, path, max_samples, batch_size}
 
 An unknown key is a :class:`~diffattn.errors.UsageError` (a ``ValueError``) naming the key and the valid ones; a
@@ -24,6 +25,7 @@ from typing import Any
 
 from ..errors import UsageError, did_you_mean, yaml_error
 from ..lambdas import DEFAULT_LAMBDA_INIT
+from ..utils import check_device
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
            "load_config", "apply_overrides", "config_from_dict", "TASKS", "VAL_METRICS", "val_metric",
@@ -102,13 +104,16 @@ class OptimConfig:
 @dataclass
 class RunConfig:
     """``batch_size`` is the GLOBAL batch per optimizer step: split over ``world_size`` ranks and ``accum_steps``
-    micro-batches. Give ``steps`` (optimizer steps) or ``epochs``."""
+    micro-batches. Give ``steps`` (optimizer steps) or ``epochs``. ``device``: ``cpu``, ``cuda`` or ``cuda:N``
+    (null: ``cuda`` when torch sees a GPU, else ``cpu``; under torchrun ``cuda`` is each process's
+    ``cuda:LOCAL_RANK``); the GPUs torch sees are those of ``CUDA_VISIBLE_DEVICES``."""
 
     steps: int | None = None
     epochs: float | None = None
     batch_size: int = 32
     accum_steps: int = 1
     seed: int = 0
+    device: str | None = None
     precision: str = "auto"
     compile: bool = False
     ema_decay: float | None = None
@@ -221,6 +226,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
            "exactly one of them set")
     _check(r.steps is None or (_is_int(r.steps) and r.steps >= 1), "run.steps", r.steps, "an integer >= 1")
     _check(r.epochs is None or (isinstance(r.epochs, (int, float)) and r.epochs > 0), "run.epochs", r.epochs, "> 0")
+    check_device(r.device, "run.device")
     _check(r.precision in PRECISIONS, "run.precision", r.precision, f"one of {PRECISIONS}")
     _check(r.distributed in STRATEGIES, "run.distributed", r.distributed, f"one of {STRATEGIES}")
     _check(r.ema_decay is None or 0 < r.ema_decay < 1, "run.ema_decay", r.ema_decay, "None or in (0, 1)")
@@ -375,7 +381,7 @@ def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
 
 #: keys that may differ between a run and its resumption (they do not change the computation)
 RESUMABLE_KEYS = {("run", "out"), ("run", "progress"), ("run", "log_every"), ("run", "ckpt_every"),
-                  ("run", "keep_last"), ("data", "num_workers"), ("run", "threads")}
+                  ("run", "keep_last"), ("data", "num_workers"), ("run", "threads"), ("run", "device")}
 #: the step budget: it may change on resume, which extends (or shortens) the run; the lr schedule is then the one of
 #: a run planned for the new total from the resume step on (:func:`diffattn.train.loop.train`)
 BUDGET_KEYS = {("run", "steps"), ("run", "epochs")}

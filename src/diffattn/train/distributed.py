@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..utils import resolve_device
+
 __all__ = ["DistEnv", "init_distributed", "wrap_model", "all_reduce_mean", "reduce_ignored_grads", "barrier"]
 
 
@@ -28,19 +30,21 @@ class DistEnv:
         return self.world_size > 1
 
 
-def init_distributed() -> DistEnv:
-    """Read torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``; start the process group (nccl with CUDA, else gloo)
-    when there is more than one process. A single process needs no environment."""
+def init_distributed(device: str | None = None, what: str = "run.device") -> DistEnv:
+    """Read torchrun's ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, pick the device (``device``: ``cpu``, ``cuda``,
+    ``cuda:N`` or None for CUDA when available; :func:`diffattn.utils.resolve_device`, whose errors name ``what``)
+    and start the process group (nccl on CUDA, else gloo) when there is more than one process. A single process
+    needs no environment."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    cuda = torch.cuda.is_available()
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
+    dev = resolve_device(device, what, local_rank=local, world_size=world)
+    cuda = dev.type == "cuda"
     if cuda:
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(dev)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if cuda else "gloo")
-    return DistEnv(rank, world, local, device)
+    return DistEnv(rank, world, local, dev)
 
 
 def wrap_model(model: nn.Module, env: DistEnv, strategy: str) -> nn.Module:

@@ -19,9 +19,10 @@ bar, and the model with the best ``eval.metric`` so far is kept in ``best/``. Th
 numbers and the best value is part of the checkpoint, so a resumed run keeps the same ``best/``.
 
 A run directory is never replaced by accident: training into one that already holds files needs ``resume``
-(continue it) or ``overwrite`` (replace a previous run). Everything a user can get wrong (the config, the data,
-the resume point, data that do not fit the model) is checked before the directory is created or touched, and
-reported as a :class:`~diffattn.errors.UsageError`.
+(continue it) or ``overwrite`` (replace a previous run). Everything a user can get wrong (the config, the device,
+a model too large for the machine's memory, an attention backend the device cannot run, the data, the resume
+point, data that do not fit the model) is checked before the directory is created or touched, and reported as a
+:class:`~diffattn.errors.UsageError`.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from torch.utils.data import DataLoader
 
 from ..errors import RunExistsError, UsageError, user_input
 from ..io import atomic_write_file, remove_dir
+from ..utils import available_memory, format_bytes
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
 from .config import BUDGET_KEYS, TrainConfig, digest_hash, val_metric
 from .data import StepBatchSampler, steps_for
@@ -51,7 +53,7 @@ from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, re
 from .optim import EMA, build_optimizer, build_scheduler, warmup_cosine
 from .tasks import build_task, config_digest, mean_lambdas, run_config_dict
 
-__all__ = ["train", "fit", "optimizer_step", "seed_everything"]
+__all__ = ["train", "fit", "optimizer_step", "seed_everything", "training_bytes", "check_fits", "check_backends"]
 
 
 def seed_everything(seed: int) -> None:
@@ -129,6 +131,68 @@ def _precision(cfg: TrainConfig, env: DistEnv) -> torch.dtype | None:
     if p == "fp16" and env.device.type != "cuda":
         raise ValueError("run.precision 'fp16' needs CUDA; use 'fp32' or 'bf16' on CPU")
     return {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[p]
+
+
+def training_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
+    """``(parameters, weight bytes, bytes to train)`` of ``model``: the bytes to train are every weight, plus a
+    gradient and AdamW's two moment estimates (Loshchilov & Hutter 2019) per trainable weight, each in the weight's
+    dtype. Activations are not counted: this is the least a training run needs. Reads only shapes and dtypes, so
+    it works on a model built on the ``meta`` device."""
+    params = list({id(p): p for p in model.parameters()}.values())  # tied weights once
+    weights = sum(p.numel() * p.element_size() for p in params)
+    trained = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
+    return sum(p.numel() for p in params), weights, weights + 3 * trained
+
+
+def check_fits(task, env: DistEnv, what: str) -> None:
+    """Refuse, before any weight is allocated, a model whose weights, gradients and AdamW states
+    (:func:`training_bytes`) cannot fit in the memory available: the machine's (/proc/meminfo, the cgroup's limit;
+    shared by the processes torchrun starts on it) and, on CUDA, the GPU's. The model is built on the ``meta``
+    device (shapes only); a model that cannot be built there is not checked here. ``what`` names the config keys
+    that set the model's size."""
+    import warnings
+
+    try:
+        with torch.device("meta"), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            meta = task.build_model()
+    except ValueError:  # what the user gave is wrong: say so now, before the real build allocates the weights
+        raise
+    except Exception:  # noqa: BLE001 - a model that cannot be built on the meta device is not checked
+        return
+    n, weights, need = training_bytes(meta)
+    extra = getattr(task, "extra_host_bytes", lambda m: 0)(meta)  # e.g. the retrofit's copy of its base
+    del meta
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    on_gpu = env.device.type == "cuda"
+    host = local * ((weights if on_gpu else need) + extra)  # a CUDA model is built on the CPU, then moved
+    checks = [("the machine", host, available_memory("cpu"))]
+    if on_gpu:
+        checks.append((f"GPU {env.device}", need, available_memory(env.device)))
+    for where, bytes_, free in checks:
+        if free is not None and bytes_ > free:
+            procs = f" × {local} processes" if local > 1 and where == "the machine" else ""
+            count = f"{n / 1e9:.2f}B" if n >= 1e9 else f"{n / 1e6:.2f}M"
+            raise UsageError(f"the model has {count} parameters and needs at least {format_bytes(bytes_)}"
+                             f"{procs} to train (weights, gradients and AdamW's two states"
+                             f"{', and a copy of the base' if extra and where == 'the machine' else ''}), but "
+                             f"{where} has {format_bytes(free)} available; make it smaller ({what}) or use a larger "
+                             f"machine")
+
+
+def check_backends(model: torch.nn.Module, device: torch.device, what: str) -> None:
+    """Refuse attention layers whose ``backend`` cannot run on ``device``: ``triton`` needs CUDA and the triton
+    package. ``what`` names the config key that sets the backend."""
+    import importlib.util
+
+    if not any(getattr(m, "backend", None) == "triton" for m in model.modules()):
+        return
+    if device.type != "cuda":
+        raise UsageError(f"{what} 'triton' (the fused GPU kernel) needs a CUDA device, but the run is on {device}; "
+                         f"use 'auto', 'sdpa' or 'math', or --device cuda")
+    if importlib.util.find_spec("triton") is None:
+        raise UsageError(f"{what} 'triton' needs the triton package (pip install triton); use 'auto', 'sdpa' or "
+                         f"'math'")
 
 
 def _full_state(model, optimizer) -> tuple[dict, dict]:
@@ -245,6 +309,16 @@ def _last_logged_loss(path: Path) -> float:
     return float(losses[-1]) if losses else math.nan
 
 
+def _backend_key(cfg: TrainConfig) -> str:
+    """The config key that set the model's attention backend, for messages."""
+    o = cfg.model.overrides
+    if "backend" in o:
+        return "model.overrides.backend"
+    if isinstance(o.get("attention"), dict) and "backend" in o["attention"]:
+        return "model.overrides.attention.backend"
+    return f"the attention backend of model {cfg.model.name!r}"
+
+
 def check_run_dir(run_dir: Path, resume: str | None, overwrite: bool) -> None:
     """Refuse to train into ``run_dir`` when that would replace files by accident: it holds anything and neither
     ``resume`` nor ``overwrite`` is given; ``overwrite`` of a directory that is not a run (no ``config.yaml``);
@@ -289,7 +363,7 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
     from ..extras import require
 
     require("train", "diffattn.train.train")
-    env = init_distributed()
+    env = init_distributed(cfg.run.device)
     run_dir = Path(out if out is not None else cfg.run.out)
     cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, out=str(run_dir)))  # the config that runs
 
@@ -306,9 +380,11 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
     with user_input():
         amp_dtype = _precision(cfg, env)
         # model, data, optimizer: the same initial weights on every rank (seeded identically)
-        seed_everything(cfg.run.seed)
         task = build_task(cfg)
+        check_fits(task, env, "task.base.config" if cfg.task.base else "model.overrides")
+        seed_everything(cfg.run.seed)
         model = task.build_model().to(env.device)
+        check_backends(model, env.device, _backend_key(cfg))
         dataset = task.dataset()
         task.check_data(model, dataset)
         val_set = None

@@ -24,20 +24,73 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...errors import UsageError
 from ...eval.text_models import RETROFIT_RUN, load_retrofit_run
 from ...io import atomic_write_dir, atomic_write_file
 from .base import Task, check_tokens
 from .lm import lm_dataset, lm_loss, lm_val_metrics, token_windows
 
-__all__ = ["RetrofitTask", "build_base_model", "load_retrofit", "load_retrofit_run"]
+__all__ = ["RetrofitTask", "build_base_model", "check_base_config", "load_retrofit", "load_retrofit_run"]
 
 _BASES = {"gpt2": ("GPT2Config", "GPT2LMHeadModel"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
           "qwen2": ("Qwen2Config", "Qwen2ForCausalLM")}
 
 
-def build_base_model(base: dict) -> nn.Module:
-    """A transformers causal LM: ``{type, config: {...}}`` builds it from a config (random weights, offline);
-    ``{type, path}`` loads pretrained weights a user has on disk."""
+#: names one base spells one way and another base another way, besides what their config classes' own
+#: ``attribute_map`` says (GPT-2's ``n_embd`` is ``hidden_size`` elsewhere, …)
+_SYNONYMS = {"n_inner": "intermediate_size", "intermediate_size": "n_inner"}
+
+
+def _config_keys(cfg_cls) -> tuple[list[str], set[str]]:
+    """(the arguments ``cfg_cls`` declares itself, every key it takes: those, its ``attribute_map`` aliases and
+    the arguments every transformers config takes)."""
+    import inspect
+
+    import transformers
+
+    def args(cls):
+        return [n for n, p in inspect.signature(cls.__init__).parameters.items()
+                if n != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+
+    common = set(args(transformers.PretrainedConfig))
+    common |= {k for k in vars(transformers.PretrainedConfig()) if not k.startswith("_")}
+    own = [n for n in args(cfg_cls) if n not in common]
+    return own, {*own, *common, *getattr(cfg_cls, "attribute_map", {})}
+
+
+def check_base_config(kind: str, config: dict) -> None:
+    """Every key of ``task.base.config`` is an argument of the base's config class. transformers' configs keep
+    unknown keywords as attributes and build their defaults instead (GPT-2's ``n_layer`` given to ``LlamaConfig``
+    leaves its 32 layers of width 4096: a 7B model), so an unknown key is a :class:`~diffattn.errors.UsageError`
+    naming it and the class's spelling of it, or the class's arguments."""
+    import transformers
+
+    if not isinstance(config, dict):
+        raise UsageError(f"task.base.config must be a mapping of {_BASES[kind][0]} arguments, got "
+                         f"{type(config).__name__}")
+    cfg_cls = getattr(transformers, _BASES[kind][0])
+    own, accepted = _config_keys(cfg_cls)
+    unknown = [k for k in config if k not in accepted]
+    if not unknown:
+        return
+    aliases = dict(_SYNONYMS)
+    for other, _ in _BASES.values():  # {GPT-2's n_embd: hidden_size, …}: how the other bases spell a key
+        aliases.update({v: k for k, v in getattr(getattr(transformers, other), "attribute_map", {}).items()})
+        aliases.update(getattr(getattr(transformers, other), "attribute_map", {}))
+    renames = {k: aliases[k] for k in unknown if aliases.get(k) in accepted}
+    told = ", ".join(f"{k} → {v}" for k, v in renames.items())
+    rest = [k for k in unknown if k not in renames]
+    verb = "keys {} are not arguments" if len(unknown) > 1 else "key {} is not an argument"
+    msg = f"task.base.config {verb.format(', '.join(unknown))} of {cfg_cls.__name__} (task.base.type {kind!r})"
+    if told:
+        msg += f"; {kind} spells them: {told}"
+    if rest:
+        msg += f"; {cfg_cls.__name__} takes {', '.join(own)}"
+    raise UsageError(msg)
+
+
+def _base_classes(base: dict):
+    """(config class, model class) of ``base``, after checking its keys."""
     import transformers
 
     kind = base.get("type")
@@ -46,10 +99,22 @@ def build_base_model(base: dict) -> nn.Module:
     unknown = sorted(set(base) - {"type", "config", "path"})
     if unknown:
         raise ValueError(f"unknown config keys task.base.{unknown[0]}; valid: type, config, path")
-    cfg_cls, model_cls = (getattr(transformers, n) for n in _BASES[kind])
+    if not base.get("path"):
+        check_base_config(kind, base.get("config", {}))
+    return tuple(getattr(transformers, n) for n in _BASES[kind])
+
+
+def build_base_model(base: dict) -> nn.Module:
+    """A transformers causal LM: ``{type, config: {...}}`` builds it from a config (random weights, offline);
+    ``{type, path}`` loads pretrained weights a user has on disk. Under ``torch.device("meta")`` a base with a
+    ``path`` is built from its ``config.json`` alone (shapes, no weights read)."""
+    cfg_cls, model_cls = _base_classes(base)
+    kind = base["type"]
     if base.get("path"):
         if not Path(base["path"]).is_dir():
             raise ValueError(f"task.base.path {base['path']!r} is not a directory holding a {kind} checkpoint")
+        if torch.empty(0).device.type == "meta":  # the size check of diffattn.train.loop.check_fits
+            return model_cls(cfg_cls.from_pretrained(base["path"]))
         from ...adapters.hf import install_load_warning
 
         install_load_warning()  # a retrofitted checkpoint given as the base is reported, not silently stripped
@@ -62,6 +127,16 @@ def _lora_config(t):
     from peft import LoraConfig
 
     return LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha, target_modules=list(t.lora_targets), lora_dropout=0.0)
+
+
+def _check_lora_targets(model: nn.Module, t) -> None:
+    """``task.lora_targets`` name at least one linear layer of the base (peft's own error names neither the key nor
+    the layers there are)."""
+    linear = sorted({n.rsplit(".", 1)[-1] for n, m in model.named_modules()
+                     if isinstance(m, nn.Linear) or type(m).__name__ == "Conv1D"} - {"lm_head"})
+    if not set(t.lora_targets) & set(linear):
+        raise UsageError(f"task.lora_targets {list(t.lora_targets)} name no layer of the {t.base['type']} base; its "
+                         f"linear layers are {', '.join(linear)}")
 
 
 class RetrofitTask(Task):
@@ -82,6 +157,7 @@ class RetrofitTask(Task):
                    train="adapters" if t.lora else t.train)
         if not t.lora:
             return model
+        _check_lora_targets(model, t)
         from peft import get_peft_model
 
         trainable = [n for n, p in model.named_parameters() if p.requires_grad]
@@ -90,6 +166,12 @@ class RetrofitTask(Task):
             if n in trainable:
                 p.requires_grad_(True)
         return peft_model
+
+    def extra_host_bytes(self, model: nn.Module) -> int:
+        """Bytes the run holds besides ``model``: the copy of a base built from a config, kept for ``base/``
+        (read after :meth:`build_model`, also on the ``meta`` device)."""
+        base = getattr(self, "_initial_base", None)
+        return 0 if base is None else sum(p.numel() * p.element_size() for p in base.parameters())
 
     def dataset(self) -> Dataset:
         return lm_dataset(self.cfg)
