@@ -60,7 +60,9 @@ def test_models_saved_by_0_1_0_load_exactly(name):
         model = diffattn.from_pretrained(FIX / name).eval()
     io = _io(FIX / name)
     for key, y in _model_outputs(model, io).items():
-        torch.testing.assert_close(y, io[key], rtol=0, atol=1e-6, msg=f"{name}: {key}")
+        # float32: the sub-norm's scale folded into its weight and w1·O1 − λ·O2 in one addcmul round differently
+        # from 0.1.0's op order (1e-6 of outputs of order 1 after a few layers; float64 tests hold to 1e-15)
+        torch.testing.assert_close(y, io[key], rtol=0, atol=3e-6, msg=f"{name}: {key}")
 
 
 @pytest.mark.parametrize("name", sorted(LAYER_RECORDS))
