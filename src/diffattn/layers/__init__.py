@@ -1,7 +1,9 @@
-"""Layers: attention (standard, differential, gated), rotary embedding, KV cache, MLPs, norms, shared blocks."""
+"""Layers: attention (standard, differential, gated, grouped differential), rotary embedding, KV cache, MLPs,
+norms, shared blocks."""
 
 from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
 from .blocks import Block, DropPath, PatchEmbed
+from .grouped import GroupedDiffAttention
 from .kv_cache import KV_CACHES, KVCache, StaticKVCache
 from .loading import load_layer
 from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
@@ -17,6 +19,7 @@ __all__ = [
     "DiffAttention",
     "DiffAttentionV2",
     "GatedDiffAttention",
+    "GroupedDiffAttention",
     "attention_class",
     "load_layer",
     "KVCache",
