@@ -8,6 +8,7 @@ from .kv_cache import KV_CACHES, KVCache, StaticKVCache
 from .loading import load_layer
 from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
+from .polynorm import PolyNorm, PolyNormGLU
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 from .spec import AttentionSpec, attention_spec
 
@@ -28,6 +29,8 @@ __all__ = [
     "Mlp",
     "SwiGLU",
     "QuickGELU",
+    "PolyNorm",
+    "PolyNormGLU",
     "MLP_TYPES",
     "build_mlp",
     "Block",
