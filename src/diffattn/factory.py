@@ -28,7 +28,7 @@ import torch.nn as nn
 
 from .adapters.hf import from_pretrained_retrofit, install_load_warning
 from .adapters.saving import load_adapter
-from .convert import load_diffclip, load_diffclip_image_tower, load_openai_clip, load_timm_vit
+from .convert import from_motif, load_diffclip, load_diffclip_image_tower, load_openai_clip, load_timm_vit
 from .errors import UsageError
 from .formats import saved_kind, wrong_kind
 from .models import causal_lm, clip, text, vit, vlm  # noqa: F401  (each family registers itself on import)
@@ -117,6 +117,9 @@ def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
     kind (a retrofit run, an adapter, a transformers checkpoint, …) is a ValueError naming the loader it needs.
     """
     path = Path(str(path_or_repo_id)).expanduser()
+    kind = saved_kind(path) if path.is_dir() else None
+    if kind is not None and kind[1] == "diffattn.convert.from_motif(path)":  # a released Motif folder
+        return from_motif(path, **kwargs)
     if path.is_dir() and not (path / "config.json").is_file():
         if is_retrofit_run(path):
             raise ValueError(wrong_kind(path, "a diffattn model"))

@@ -41,6 +41,8 @@ __all__ = [
     "build_lambda",
     "lambda_init_constant",
     "lambda_init_ye",
+    "lambda_init_motif",
+    "LAMBDA_INIT_SCHEDULES",
     "resolve_lambda_init",
     "check_lambda_init",
     "reparam_lambda",
@@ -86,12 +88,32 @@ def lambda_init_ye(depth: int) -> float:
     return 0.8 - 0.6 * math.exp(-0.3 * depth)
 
 
+def lambda_init_motif(depth: int) -> float:
+    """λ_init = 0.8 − 0.6·exp(−0.3·(depth − 1)) with ``depth`` the 0-based layer index: the schedule of the released
+    Motif models (Motif Technologies 2025, arXiv 2508.09148 and 2511.07464; ``lambda_init_fn`` of their modeling code
+    and of vLLM's ``motif.py``), which counts layers from −1, so layer 0 gets 0.8 − 0.6·e^0.3 ≈ −0.0099 and layer 1
+    gets 0.2. Kept as released: their checkpoints were trained with it."""
+    if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+        raise ValueError(f"depth is the 0-based layer index and must be an integer >= 0, got {depth!r}")
+    return 0.8 - 0.6 * math.exp(-0.3 * (depth - 1))
+
+
+#: the named λ_init schedules: ``lambda_init="<name>"`` gives layer ``depth`` (0-based) the value ``f(depth)``
+LAMBDA_INIT_SCHEDULES = {"ye": lambda_init_ye, "motif": lambda_init_motif}
+
+
+def _unknown_schedule(lambda_init) -> str:
+    return (f"lambda_init must be a finite float or 'ye', got {lambda_init!r} (the named schedules: "
+            f"{sorted(LAMBDA_INIT_SCHEDULES)})")
+
+
 def resolve_lambda_init(lambda_init: float | str, depth: int = 0) -> float:
-    """A finite float stays as is; ``"ye"`` applies :func:`lambda_init_ye` to the 0-based ``depth``."""
+    """A finite float stays as is; a schedule's name (``"ye"``: :func:`lambda_init_ye`, ``"motif"``:
+    :func:`lambda_init_motif`) applies it to the 0-based ``depth``."""
     if isinstance(lambda_init, str):
-        if lambda_init != "ye":
-            raise ValueError(f"lambda_init must be a float or 'ye', got {lambda_init!r}")
-        return lambda_init_ye(depth)
+        if lambda_init not in LAMBDA_INIT_SCHEDULES:
+            raise ValueError(_unknown_schedule(lambda_init).replace("a finite float", "a float"))
+        return LAMBDA_INIT_SCHEDULES[lambda_init](depth)
     if not isinstance(lambda_init, numbers.Real) or isinstance(lambda_init, bool):
         raise ValueError(f"lambda_init must be a float or 'ye', got {type(lambda_init).__name__}")
     return _check_finite("lambda_init", lambda_init)
@@ -99,13 +121,14 @@ def resolve_lambda_init(lambda_init: float | str, depth: int = 0) -> float:
 
 def check_lambda_init(lambda_init) -> float | str:
     """The λ_init setting a user gives (before any layer depth is known): a finite float (returned as a float) or
-    ``"ye"``. What :class:`~diffattn.layers.AttentionSpec` and :class:`~diffattn.adapters.RetrofitConfig` check.
+    the name of a schedule of :data:`LAMBDA_INIT_SCHEDULES` (``"ye"``, ``"motif"``). What
+    :class:`~diffattn.layers.AttentionSpec` and :class:`~diffattn.adapters.RetrofitConfig` check.
 
     Raises TypeError for a value that is not a number or a string, ValueError for any other string or a non-finite
     number."""
     if isinstance(lambda_init, str):
-        if lambda_init != "ye":
-            raise ValueError(f"lambda_init must be a finite float or 'ye', got {lambda_init!r}")
+        if lambda_init not in LAMBDA_INIT_SCHEDULES:
+            raise ValueError(_unknown_schedule(lambda_init))
         return lambda_init
     if isinstance(lambda_init, bool) or not isinstance(lambda_init, numbers.Real):
         raise TypeError(f"lambda_init must be a finite float or 'ye', got {type(lambda_init).__name__} "

@@ -8,6 +8,8 @@
 - :mod:`diffattn.convert.unilm`: the official Diff Transformer V2 module (microsoft/unilm
   ``multihead_flashdiffv2.py``) ↔ ``DiffAttentionV2`` (``o_proj``/``out_proj``, ``lambda_proj``, interleaved or
   half RoPE), both ways.
+- :mod:`diffattn.convert.motif`: the released Motif-2.6B (differential attention) and Motif-2-12.7B (grouped
+  differential attention) checkpoints ↔ ``MotifLM`` (``from_motif``, ``to_motif``), both ways.
 - :mod:`diffattn.convert.checkpoint`: reading files without executing code (safetensors, ``weights_only`` pickles,
   TorchScript archives such as OpenAI's released CLIP ``.pt`` files).
 
@@ -36,6 +38,16 @@ from .diffllama import (
     to_diffllama,
     to_diffllama_attention,
     to_diffllama_state_dict,
+)
+from .motif import (
+    MOTIF_ARCHITECTURE,
+    diffattn_to_motif_state_dict,
+    from_motif,
+    motif_config,
+    motif_kwargs,
+    motif_to_diffattn_state_dict,
+    read_motif,
+    to_motif,
 )
 from .timm import (
     convert_timm_vit_state_dict,
@@ -77,6 +89,14 @@ __all__ = [
     "from_diffllama",
     "to_diffllama",
     "to_diffllama_state_dict",
+    "MOTIF_ARCHITECTURE",
+    "motif_kwargs",
+    "motif_to_diffattn_state_dict",
+    "diffattn_to_motif_state_dict",
+    "motif_config",
+    "read_motif",
+    "from_motif",
+    "to_motif",
     "timm_to_diffattn_state_dict",
     "diffattn_to_timm_state_dict",
     "from_timm_diff_attention",

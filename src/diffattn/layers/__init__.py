@@ -1,11 +1,14 @@
-"""Layers: attention (standard, differential, gated), rotary embedding, KV cache, MLPs, norms, shared blocks."""
+"""Layers: attention (standard, differential, gated, grouped differential), rotary embedding, KV cache, MLPs,
+norms, shared blocks."""
 
 from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
 from .blocks import Block, DropPath, PatchEmbed
+from .grouped import GroupedDiffAttention
 from .kv_cache import KV_CACHES, KVCache, StaticKVCache
 from .loading import load_layer
 from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
+from .polynorm import PolyNorm, PolyNormGLU
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 from .spec import AttentionSpec, attention_spec
 
@@ -17,6 +20,7 @@ __all__ = [
     "DiffAttention",
     "DiffAttentionV2",
     "GatedDiffAttention",
+    "GroupedDiffAttention",
     "attention_class",
     "load_layer",
     "KVCache",
@@ -25,6 +29,8 @@ __all__ = [
     "Mlp",
     "SwiGLU",
     "QuickGELU",
+    "PolyNorm",
+    "PolyNormGLU",
     "MLP_TYPES",
     "build_mlp",
     "Block",

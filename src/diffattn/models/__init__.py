@@ -12,7 +12,7 @@ and the loaders :mod:`diffattn.convert`'s: both sit above this package, so they 
 and no module of this package imports them.
 """
 
-from . import vlm  # noqa: F401  (registers the VLM family; it has no name exported here)
+from . import motif, vlm  # noqa: F401  (vlm registers the VLM family; motif defines MotifLM for from_pretrained)
 from .base import DiffattnModel
 from .causal_lm import LM_CONFIGS, CausalLM
 from .clip import CLIP, CLIP_CONFIGS, TextTransformer, clip_loss, image_transform

@@ -1,0 +1,142 @@
+"""Grouped differential attention, GDA (Motif Technologies 2025, "Grouped Differential Attention",
+arXiv 2510.06949; the attention of Motif-2-12.7B, Motif Technologies 2025, arXiv 2511.07464).
+
+Differential attention (Ye et al. 2024, eq. 1) with fewer noise heads than signal heads: H_s signal heads and
+H_n noise heads, r = H_s / H_n, every noise head shared by a group of r signal heads, as grouped-query attention
+shares a key/value head. With d the head width, H_kv key/value heads (even) and s = 1/√d:
+
+    Q_head layout: H_n groups of r + 1 heads, [signal × r, noise]          (q_proj: dim → (H_s + H_n)·d)
+    K heads 2m (signal keys) and 2m + 1 (noise keys), V_m = V heads (2m, 2m + 1) of width 2d   (m < H_kv/2)
+    signal head i reads m = i // (H_s / (H_kv/2)), noise head j reads m = j // (H_n / (H_kv/2))
+    A1_i = softmax(Q_sig_i K_{2m}ᵀ s),   A2_j = softmax(Q_noise_j K_{2m+1}ᵀ s)
+    O_i = (1 − λ_init) · RMSNorm((A1_i − λ A2_{i // r}) V_m)        (RMSNorm per head, width 2d)
+    out = out_proj(concat_i O_i)                                     (out_proj: 2·H_s·d → dim)
+
+Signal head i and its noise head i // r read the same key/value head m. λ is the re-parameterised λ of Ye et al.
+(eq. 2) shared by the layer (one value, as the released Motif-2-12.7B and vLLM's ``grouped_diff_attn.py`` backend
+compute it); a λ form with one value per head (``lambda_options={"per_head": True}``) or per token gives one per
+noise head, i.e. per group. With r = 1 (H_n = H_s) the layout is the adjacent pairing of
+:class:`~diffattn.layers.DiffAttention` and the layer computes exactly what DiffAttention computes with the same
+weights (the same operator call).
+
+For r > 1 the operator (:func:`~diffattn.functional.diff_attention`, every backend, the decode path, GQA) is given
+each noise query once per signal head of its group: the result is exact, but the noise maps cost what H_s maps
+cost, not H_n (the FLOP saving of the paper needs a kernel that reads each noise map once; not done here).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+
+from ..functional import _diff_attention_pairs, diff_attention
+from ..lambdas import DEFAULT_LAMBDA_INIT
+from .attention import ATTENTION_TYPES, _check_int, _DiffBase
+from .norm import scaled_rms_norm
+
+__all__ = ["GroupedDiffAttention", "gda_head_split"]
+
+
+def gda_head_split(q: torch.Tensor, num_noise_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H_s + H_n, N, d) in the grouped layout ([signal × r, noise] per group) → (signal (B, H_s, N, d),
+    noise (B, H_n, N, d))."""
+    B, H, N, d = q.shape
+    g = q.unflatten(1, (num_noise_heads, H // num_noise_heads))  # (B, H_n, r + 1, N, d)
+    return g[:, :, :-1].flatten(1, 2), g[:, :, -1]
+
+
+def _per_signal_head(w, ratio: int, noise_heads: int):
+    """A weight broadcastable to (B, H_n, N, 1) (one per noise head / group) → one per signal head."""
+    if isinstance(w, torch.Tensor) and w.dim() >= 3 and w.shape[-3] == noise_heads and noise_heads > 1:
+        return w.repeat_interleave(ratio, dim=-3)
+    return w
+
+
+class GroupedDiffAttention(_DiffBase):
+    """Grouped differential attention (module docstring): H_s signal heads, H_n noise heads shared by groups of
+    r = H_s / H_n signal heads (Motif Technologies 2025, arXiv 2510.06949).
+
+    Args:
+        dim: model width.
+        num_heads: query heads of width d in ``q_proj``, signal and noise together (H_s + H_n; Motif's
+            ``num_attention_heads``).
+        num_noise_heads: H_n (Motif's ``num_noise_heads``); default ``num_heads / 2``, which is
+            :class:`~diffattn.layers.DiffAttention`. H_s = num_heads − H_n must be a multiple of H_n.
+        head_dim: d; default dim / num_heads.
+        num_kv_heads: key/value heads of width d (even): H_kv/2 signal keys, H_kv/2 noise keys, H_kv/2 values of
+            width 2d; default 2·H_n. H_s and H_n must be multiples of H_kv/2.
+
+    The other arguments are those of :class:`~diffattn.layers.DiffAttention` (λ form, sub-norm, RoPE, backend,
+    soft-capping, sliding window, KV cache). Masks broadcast to (B, H_s, N, Nk); ``need_weights`` returns A2 per
+    signal head (each noise map repeated r times).
+    """
+
+    def __init__(self, dim: int, num_heads: int, *, num_noise_heads: int | None = None, head_dim: int | None = None,
+                 depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT, lambda_form: str = "reparam",
+                 lambda_options: dict | None = None, num_kv_heads: int | None = None, qkv_bias: bool = True,
+                 out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0,
+                 backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
+                 sub_norm: bool | None = None, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
+                 softcap: float | None = None, sliding_window: int | None = None):
+        super().__init__()
+        _check_int("dim", dim)
+        _check_int("num_heads", num_heads, 2)
+        if num_noise_heads is None:
+            if num_heads % 2:
+                raise ValueError(f"num_heads={num_heads} is odd: give num_noise_heads (the default, num_heads/2, "
+                                 f"is differential attention)")
+            num_noise_heads = num_heads // 2
+        _check_int("num_noise_heads", num_noise_heads)
+        signal = num_heads - num_noise_heads
+        if signal < num_noise_heads or signal % num_noise_heads:
+            raise ValueError(f"the signal heads (num_heads − num_noise_heads = {signal}) must be a multiple of "
+                             f"num_noise_heads={num_noise_heads} (each noise head serves a group of signal heads)")
+        if head_dim is None:
+            if dim % num_heads:
+                raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}, or give head_dim")
+            head_dim = dim // num_heads
+        _check_int("head_dim", head_dim)
+        num_kv_heads = 2 * num_noise_heads if num_kv_heads is None else num_kv_heads
+        _check_int("num_kv_heads", num_kv_heads)
+        if num_kv_heads % 2 or signal % (num_kv_heads // 2) or num_noise_heads % (num_kv_heads // 2):
+            raise ValueError(f"num_kv_heads={num_kv_heads} must be even, with the signal heads ({signal}) and the "
+                             f"noise heads ({num_noise_heads}) multiples of num_kv_heads/2")
+        # the projections of a differential layer with 2·H_s query heads (out_proj: 2·H_s·d → dim, V as H_kv/2
+        # heads of width 2d); q_proj is then rebuilt for the H_s + H_n query heads of GDA
+        self._setup(dim, 2 * signal, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
+                    rope, rope_theta, paired=True, v_head_mult=2, softcap=softcap, sliding_window=sliding_window,
+                    head_dim=head_dim)
+        self.num_heads = self.q_heads = num_heads
+        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=qkv_bias)
+        self.num_signal_heads, self.num_noise_heads = signal, num_noise_heads
+        self.group_ratio = signal // num_noise_heads
+        self.diff_heads = signal
+        self._setup_lambda(dim=dim, depth=depth, lambda_init=lambda_init, lambda_form=lambda_form,
+                           lambda_options=lambda_options, heads=num_noise_heads, norm_width=2 * head_dim,
+                           sub_norm=sub_norm, sub_norm_eps=sub_norm_eps, sub_norm_affine=sub_norm_affine,
+                           out_scale=True)
+
+    def extra_repr(self) -> str:
+        return (f"signal_heads={self.num_signal_heads}, noise_heads={self.num_noise_heads}, "
+                f"kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, lambda_init={self.lambda_init:.6g}")
+
+    def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
+        weight1, lam = self.lambda_weights(x)
+        kwargs = dict(attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
+                      backend=self.backend, return_weights=need_weights)
+        if self.group_ratio == 1:  # [signal, noise] pairs: DiffAttention's layout and call
+            res = _diff_attention_pairs(q, k, v, lam, weight1=weight1, **kwargs)
+        else:
+            r, hn = self.group_ratio, self.num_noise_heads
+            q1, q2 = gda_head_split(q, hn)  # (B, H_s, N, d), (B, H_n, N, d)
+            q2 = q2.repeat_interleave(r, dim=1)  # signal head i meets noise head i // r
+            k1, k2 = k[:, 0::2], k[:, 1::2]  # (B, H_kv/2, Nk, d) each
+            res = diff_attention(q1, k1, q2, k2, v, _per_signal_head(lam, r, hn),
+                                 weight1=_per_signal_head(weight1, r, hn), **kwargs)
+        out, weights = res if need_weights else (res, None)
+        return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, H_s, N, 2d)
+
+
+# the kind "grouped" of AttentionSpec / attention_class (a registration, like the λ forms': attention.py cannot
+# import this module, which builds on its base class)
+ATTENTION_TYPES["grouped"] = GroupedDiffAttention

@@ -1,0 +1,184 @@
+"""diffattn.convert.motif: released Motif-2.6B (differential attention) and Motif-2-12.7B (grouped differential
+attention) checkpoints ↔ MotifLM, against a float64 transcription of the public model code (tests/motif_reference.py),
+offline: the tiny "released" folders are built here."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import diffattn
+from diffattn import convert
+from diffattn.layers import DiffAttention, GroupedDiffAttention
+from diffattn.models.motif import MotifLM
+
+from .motif_reference import motif_logits
+
+# tiny configs in the released config.json keys: Motif-2.6B-like (no num_noise_heads: half the heads are noise)
+# and Motif-2-12.7B-like (GDA)
+V1 = dict(architectures=["MotifForCausalLM"], model_type="motif", vocab_size=61, hidden_size=32,
+          intermediate_size=48, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+          hidden_act="poly_norm", rms_norm_eps=1e-6, attn_rms_norm_eps=1e-5, rope_theta=500000.0,
+          max_position_embeddings=128, tie_word_embeddings=False, attention_bias=False, use_bias=False,
+          bos_token_id=0, eos_token_id=1, torch_dtype="bfloat16")
+V1_GQA_TIED = {**V1, "num_key_value_heads": 2, "tie_word_embeddings": True}
+GDA = {**V1, "hidden_size": 40, "num_attention_heads": 10, "num_noise_heads": 2, "num_key_value_heads": 4,
+       "head_dim": 8}  # 4:1
+GDA_5_1_BIAS = {**V1, "hidden_size": 24, "num_attention_heads": 6, "num_noise_heads": 1, "num_key_value_heads": 2,
+                "head_dim": 8, "attention_bias": True, "use_bias": True, "qkv_bias": True,
+                "tie_word_embeddings": True}
+CONFIGS = {"v1": V1, "v1_gqa_tied": V1_GQA_TIED, "gda_4_1": GDA, "gda_5_1_bias": GDA_5_1_BIAS}
+
+
+def released_state_dict(cfg: dict, dtype=torch.float64, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random tensors under the released names, shaped as the public model code builds them."""
+    g = torch.Generator().manual_seed(seed)
+    hid, h, hkv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    hn = cfg.get("num_noise_heads", h // 2)
+    d = cfg.get("head_dim") or hid // h
+    inter, vocab = cfg["intermediate_size"], cfg["vocab_size"]
+    qkv_bias = cfg.get("qkv_bias", cfg["attention_bias"] or cfg["use_bias"])
+    o_bias, mlp_bias = cfg["attention_bias"] or cfg["use_bias"], cfg["use_bias"]
+
+    def rnd(*shape, std=0.2, mean=0.0):
+        return (torch.randn(*shape, generator=g, dtype=torch.float64) * std + mean).to(dtype)
+
+    sd = {"model.embed_tokens.weight": rnd(vocab, hid, std=1.0), "model.norm.weight": rnd(hid, mean=1.0)}
+    if not cfg["tie_word_embeddings"]:
+        sd["lm_head.weight"] = rnd(vocab, hid)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        for name, rows, cols, bias in (("self_attn.q_proj", h * d, hid, qkv_bias),
+                                       ("self_attn.k_proj", hkv * d, hid, qkv_bias),
+                                       ("self_attn.v_proj", hkv * d, hid, qkv_bias),
+                                       ("self_attn.o_proj", hid, 2 * (h - hn) * d, o_bias),
+                                       ("mlp.gate_proj", inter, hid, mlp_bias), ("mlp.up_proj", inter, hid, mlp_bias),
+                                       ("mlp.down_proj", hid, inter, mlp_bias)):
+            sd[p + name + ".weight"] = rnd(rows, cols)
+            if bias:
+                sd[p + name + ".bias"] = rnd(rows, std=0.05)
+        for lam in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            sd[p + "self_attn." + lam] = rnd(d, std=0.3)
+        sd[p + "self_attn.subln.weight"] = rnd(2 * d, mean=1.0)
+        sd[p + "mlp.act_fn.weight"] = rnd(3, std=0.1, mean=0.33)
+        sd[p + "mlp.act_fn.bias"] = rnd(1, std=0.05)
+        sd[p + "input_layernorm.weight"] = rnd(hid, mean=1.0)
+        sd[p + "post_attention_layernorm.weight"] = rnd(hid, mean=1.0)
+    return sd
+
+
+def write_released(path, cfg, sd):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(cfg))
+    save_file(sd, str(path / "model.safetensors"))
+    return path
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_equal_the_float64_reference_and_the_round_trip_is_bit_identical(name, tmp_path):
+    cfg = CONFIGS[name]
+    sd = released_state_dict(cfg)
+    folder = write_released(tmp_path / "released", cfg, sd)
+    model = convert.from_motif(folder)
+    grouped = "num_noise_heads" in cfg and 2 * cfg["num_noise_heads"] != cfg["num_attention_heads"]
+    assert isinstance(model, MotifLM)
+    assert all(type(b.attn) is (GroupedDiffAttention if grouped else DiffAttention) for b in model.blocks)
+    assert model.tok_embed.weight.dtype == torch.float64
+    # the released λ_init schedule, layers counted from −1
+    assert model.blocks[0].attn.lambda_init == pytest.approx(0.8 - 0.6 * math.exp(0.3))
+    assert model.blocks[0].attn.lambda_init < 0 and model.blocks[1].attn.lambda_init == pytest.approx(0.2)
+    ids = torch.randint(0, cfg["vocab_size"], (2, 11), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        ours = model(ids)
+        for backend in ("math", "sdpa"):
+            for b in model.blocks:
+                b.attn.backend = backend
+            assert torch.allclose(model(ids), ours, atol=1e-12, rtol=0)
+    for b in range(2):
+        ref = motif_logits(cfg, sd, ids[b])
+        assert (ours[b] - ref).abs().max().item() <= 1e-10
+
+    back_cfg, back = convert.to_motif(model, tmp_path / "written", base_config=cfg)
+    assert back.keys() == sd.keys()
+    assert all(back[k].dtype == sd[k].dtype and torch.equal(back[k], sd[k]) for k in sd)
+    assert {k: back_cfg[k] for k in cfg} == cfg  # every released entry written back as it was
+    assert convert.motif_kwargs(back_cfg) == convert.motif_kwargs(cfg)
+    again = convert.from_motif(tmp_path / "written")
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), model.state_dict().values()))
+
+
+def test_bf16_checkpoint_round_trips_bit_identically_and_loads_through_from_pretrained(tmp_path):
+    sd = released_state_dict(GDA, dtype=torch.bfloat16)
+    folder = write_released(tmp_path / "motif", GDA, sd)
+    model = diffattn.from_pretrained(folder)  # a released Motif folder loads through the converter
+    assert isinstance(model, MotifLM) and model.attention == "grouped"
+    assert model.blocks[0].attn.q_proj.weight.dtype == torch.bfloat16
+    _, back = convert.to_motif(model)
+    assert all(back[k].dtype == torch.bfloat16 and torch.equal(back[k], sd[k]) for k in sd)
+
+
+def test_decoding_with_the_static_cache_gives_the_tokens_of_the_full_forward(tmp_path):
+    model = convert.from_motif(write_released(tmp_path / "m", GDA, released_state_dict(GDA)))
+    ids = torch.randint(0, GDA["vocab_size"], (2, 5), generator=torch.Generator().manual_seed(2))
+    cached = model.generate(ids, 6, cache="static")
+    assert torch.equal(cached, model.generate(ids, 6, use_cache=False))
+    with torch.no_grad():  # the cached logits equal the full forward's
+        caches = model.new_kv_caches(11)
+        steps = [model(cached[:, :5], kv_caches=caches)]
+        steps += [model(cached[:, t:t + 1], kv_caches=caches) for t in range(5, 11)]
+        assert (torch.cat(steps, 1) - model(cached)).abs().max().item() <= 1e-10
+
+
+def test_save_pretrained_round_trip_of_a_converted_model(tmp_path):
+    model = convert.from_motif(write_released(tmp_path / "m", GDA_5_1_BIAS, released_state_dict(GDA_5_1_BIAS)))
+    model = model.float()  # from_pretrained builds float32 models
+    model.save_pretrained(tmp_path / "saved")
+    loaded = diffattn.from_pretrained(tmp_path / "saved")
+    assert type(loaded) is MotifLM and loaded.attention == "grouped"
+    ids = torch.randint(0, GDA_5_1_BIAS["vocab_size"], (1, 7))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+
+
+def test_from_pretrained_of_a_diffllama_folder_names_the_converter(tmp_path):
+    (tmp_path / "dl").mkdir()
+    (tmp_path / "dl" / "config.json").write_text(json.dumps({"architectures": ["DiffLlamaForCausalLM"],
+                                                            "model_type": "diffllama"}))
+    with pytest.raises(ValueError) as e:
+        diffattn.from_pretrained(tmp_path / "dl")
+    msg = str(e.value)
+    assert "\n" not in msg and "DiffLlama checkpoint" in msg and "diffattn.convert.from_diffllama(path)" in msg
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"hidden_act": "silu"}, "hidden_act must be 'poly_norm'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "rope_scaling"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor"),
+    ({"attn_rms_norm_eps": None}, "attn_rms_norm_eps"),
+])
+def test_settings_that_do_not_convert_exactly_are_refused(change, match, tmp_path):
+    cfg = {**V1, **change}
+    with pytest.raises(ValueError, match=match):
+        convert.from_motif(released_state_dict(V1), config=cfg)
+
+
+def test_unknown_or_missing_tensors_are_named(tmp_path):
+    sd = released_state_dict(V1)
+    with pytest.raises(ValueError, match="model.layers.0.self_attn.extra"):
+        convert.from_motif({**sd, "model.layers.0.self_attn.extra": torch.zeros(1)}, config=V1)
+    sd.pop("model.layers.2.mlp.act_fn.bias")
+    with pytest.raises(ValueError, match="missing 1 key.*blocks.2.mlp.act_fn.bias"):
+        convert.from_motif(sd, config=V1)
+
+
+def test_to_motif_refuses_what_the_release_cannot_express():
+    model = MotifLM(61, 32, 2, 4, mlp_hidden=48, lambda_init="ye")
+    with pytest.raises(ValueError, match="lambda_init='motif'"):
+        convert.to_motif(model)
+    model = MotifLM(61, 32, 2, 4, mlp_hidden=48, mlp_bias=True)
+    with pytest.raises(ValueError, match="use_bias"):
+        convert.to_motif(model)
+    cfg, sd = convert.to_motif(MotifLM(61, 32, 2, 4, mlp_hidden=48))
+    assert cfg["model_type"] == "motif" and "num_noise_heads" not in cfg and "lm_head.weight" in sd
