@@ -255,6 +255,7 @@ class LooseAttention:
         """The spec a constructor was given: ``attention`` as it is (a spec is not validated again; its dict is
         made into one), or, for a kind's name or loose keywords ``loose``, :meth:`convert`'s. ``args`` holds the
         constructor's arguments that :attr:`fill` names. A spec with loose keywords as well is an error."""
+        self._check(loose)
         if loose or isinstance(attention, str) or attention is None:
             if isinstance(attention, (AttentionSpec, Mapping)):
                 raise ValueError(f"{self.owner}: attention is an AttentionSpec, which holds every attention setting; "
@@ -269,6 +270,11 @@ class LooseAttention:
                              f"{type(attention).__name__} {attention!r}")
         return self.forced(spec)
 
+    def _check(self, loose: Mapping[str, Any]) -> None:
+        unknown = sorted(set(loose) - set(self.keywords))
+        if unknown:
+            raise TypeError(f"{self.owner}() got unexpected keyword argument(s) {unknown}")
+
     def forced(self, spec: AttentionSpec) -> AttentionSpec:
         """``spec`` with what the class fixes (a new spec only where it differs)."""
         if any(getattr(spec, k) != v for k, v in self.force.items()):
@@ -282,9 +288,7 @@ class LooseAttention:
         set in it (a registered model's overrides). Warns (a :class:`FutureWarning` naming the replacement) unless
         ``warn`` is False (a saved ``config.json`` of before, which loads as it always did). Unknown keywords are a
         TypeError, as Python's for an unexpected keyword argument."""
-        unknown = sorted(set(loose) - set(self.keywords))
-        if unknown:
-            raise TypeError(f"{self.owner}() got unexpected keyword argument(s) {unknown}")
+        self._check(loose)
         settings = {LOOSE_KEYWORDS[k]: v for k, v in loose.items()}
         if isinstance(attention, (AttentionSpec, Mapping)):
             base = attention.to_dict() if isinstance(attention, AttentionSpec) else dict(attention)

@@ -122,6 +122,7 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         from .._version import __version__
 
         cfg = dict(self._hub_mixin_config or {}) if config is None else dict(config)
+        cfg = self.upgrade_config(cfg)  # a model built with the loose attention keywords saves its spec's dict
         cfg["architecture"] = type(self).__name__
         if self.model_name is not None:
             cfg["model_name"] = self.model_name

@@ -315,28 +315,52 @@ _TEXT_TINY = dict(vocab_size=49408, context_length=32, embed_dim=64, depth=2, nu
 
 _STD, _DIFF, _YE, _DG = (dict(kind="standard"), dict(kind="diff"), dict(kind="diff", lambda_init="ye"),
                          dict(kind="gated"))
-_SIZES = {"vit_b16": (512, _B16, _B16, _TEXT), "vit_s16": (512, _S16, _S16, _TEXT),
-          "vit_ti16": (512, _TI16, _TI16_PAIRED, _TEXT), "tiny": (64, _TINY, _TINY, _TEXT_TINY)}
-
-
-def _clip(size: str, vision: dict, text: dict) -> dict:
-    """The config of one CLIP size with the attention of each tower (ViT-Ti's paired heads for non-standard)."""
-    embed_dim, standard, paired, text_tower = _SIZES[size]
-    tower = standard if vision["kind"] == "standard" else paired
-    return dict(embed_dim=embed_dim, vision=dict(tower, attention=vision), text=dict(text_tower, attention=text))
-
-
 CLIP_CONFIGS: dict[str, dict] = {
     # CLIP: standard attention in both towers
-    **{f"clip_{size}": _clip(size, _STD, _STD) for size in _SIZES},
+    "clip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_STD),
+                         text=dict(_TEXT, attention=_STD)),
+    "clip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_STD),
+                         text=dict(_TEXT, attention=_STD)),
+    "clip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16, attention=_STD),
+                          text=dict(_TEXT, attention=_STD)),
+    "clip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_STD),
+                      text=dict(_TEXT_TINY, attention=_STD)),
     # DiffCLIP: differential attention in both towers, λ_init 0.8 (the default)
-    **{f"diffclip_{size}": _clip(size, _DIFF, _DIFF) for size in _SIZES},
+    "diffclip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_DIFF),
+                             text=dict(_TEXT, attention=_DIFF)),
+    "diffclip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_DIFF),
+                             text=dict(_TEXT, attention=_DIFF)),
+    "diffclip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention=_DIFF),
+                              text=dict(_TEXT, attention=_DIFF)),
+    "diffclip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_DIFF),
+                          text=dict(_TEXT_TINY, attention=_DIFF)),
     # DiffCLIP*: the depth schedule λ_init = 0.8 − 0.6·exp(−0.3·l)
-    **{f"diffclip_star_{size}": _clip(size, _YE, _YE) for size in _SIZES},
+    "diffclip_star_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_YE),
+                                  text=dict(_TEXT, attention=_YE)),
+    "diffclip_star_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_YE),
+                                  text=dict(_TEXT, attention=_YE)),
+    "diffclip_star_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention=_YE),
+                                   text=dict(_TEXT, attention=_YE)),
+    "diffclip_star_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_YE),
+                               text=dict(_TEXT_TINY, attention=_YE)),
     # DiffCLIP†: differential attention in the vision tower only
-    **{f"diffclip_dagger_{size}": _clip(size, _DIFF, _STD) for size in _SIZES},
+    "diffclip_dagger_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_DIFF),
+                                    text=dict(_TEXT, attention=_STD)),
+    "diffclip_dagger_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_DIFF),
+                                    text=dict(_TEXT, attention=_STD)),
+    "diffclip_dagger_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention=_DIFF),
+                                     text=dict(_TEXT, attention=_STD)),
+    "diffclip_dagger_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_DIFF),
+                                 text=dict(_TEXT_TINY, attention=_STD)),
     # DGCLIP: M-DGSA in both towers, λ_init 0.8, no [Q⁺; Q⁻] residual
-    **{f"dgclip_{size}": _clip(size, _DG, _DG) for size in _SIZES},
+    "dgclip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_DG),
+                           text=dict(_TEXT, attention=_DG)),
+    "dgclip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_DG),
+                           text=dict(_TEXT, attention=_DG)),
+    "dgclip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention=_DG),
+                            text=dict(_TEXT, attention=_DG)),
+    "dgclip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_DG),
+                        text=dict(_TEXT_TINY, attention=_DG)),
 }
 
 register_family(ModelFamily(CLIP, CLIP_CONFIGS, __name__, "CLIP (Hammoud & Ghanem 2025).", towers=_TOWERS))

@@ -291,7 +291,7 @@ class VisionLanguageModel(DiffattnModel):
             from .base import from_pretrained
 
             clip = from_pretrained(clip)
-        vision = dict(clip._hub_mixin_config.get("vision") or {})
+        vision = dict(type(clip).upgrade_config(dict(clip._hub_mixin_config)).get("vision") or {})
         return cls(vision=vision, lm=lm, vocab=vocab, **kwargs).load_vision_tower(clip)
 
 
