@@ -186,6 +186,10 @@ def _strip_to_format_0(directory: Path, drop=("sub_norm",)) -> None:
     cfg_file = directory / "config.json"
     cfg = json.loads(cfg_file.read_text())
     for c in [cfg] + [v for v in cfg.values() if isinstance(v, dict)]:
+        if isinstance(c.get("attention"), dict):  # that code wrote the attention settings as loose keys
+            att = c.pop("attention")
+            c.update(attention=att["kind"], lambda_init=att["lambda_init"], lambda_form=att["lambda_form"],
+                     sub_norm=att["sub_norm"], qkv_bias=att["qkv_bias"])
         for k in (FORMAT_KEY, VERSION_KEY, *drop):
             c.pop(k, None)
     cfg_file.write_text(json.dumps(cfg))
@@ -220,7 +224,7 @@ def test_token_sigmoid_model_of_format_0_is_migrated_and_resaved_without_warning
         torch.testing.assert_close(y, expect[key], rtol=0, atol=0)
     loaded.save_pretrained(tmp_path / "new")
     cfg = json.loads((tmp_path / "new" / "config.json").read_text())
-    assert cfg[FORMAT_KEY] == FORMAT and (cfg if make == "vit" else cfg["vision"])["sub_norm"] is True
+    assert cfg[FORMAT_KEY] == FORMAT and (cfg if make == "vit" else cfg["vision"])["attention"]["sub_norm"] is True
     with _no_migration():
         again = diffattn.from_pretrained(tmp_path / "new").eval()
     for key, y in _model_outputs(again, io).items():

@@ -1,8 +1,11 @@
-"""AttentionSpec: one value for a model's attention, validated once, built into every family's layers; the flat
-keyword arguments and config.json files of before build the same models; λ_init's default is defined once."""
+"""AttentionSpec: one value for a model's attention, validated once, built into every family's layers; the loose
+keyword arguments of before build the same models through one deprecation path, and config.json files of before
+load as they did; λ_init's default is defined once."""
 
+import dataclasses
 import inspect
 import json
+import warnings
 
 import pytest
 import torch
@@ -17,12 +20,15 @@ from diffattn.layers import (
     DiffAttention,
     DiffAttentionV2,
     GatedDiffAttention,
-    attention_spec,
+    LooseAttention,
 )
+from diffattn.layers.spec import LOOSE_KEYWORDS
 from diffattn.models.causal_lm import CausalLM, LMBlock
 from diffattn.models.clip import CLIP, TextTransformer
+from diffattn.models.registry import model_family
 from diffattn.models.text import TextClassifier
 from diffattn.models.vit import VisionTransformer
+from diffattn.models.vlm import VisionLanguageModel
 
 VIT = dict(img_size=16, patch_size=4, num_classes=3, embed_dim=32, depth=2, num_heads=4)
 
@@ -35,8 +41,7 @@ def _seeded(build, seed=0):
 def test_default_lambda_init_is_defined_once():
     assert DEFAULT_LAMBDA_INIT == 0.8
     assert AttentionSpec().lambda_init == DEFAULT_LAMBDA_INIT
-    owners = [Attention, DiffAttention, GatedDiffAttention, DiffAttentionV2, Block, VisionTransformer,
-              TextTransformer, TextClassifier, A.RetrofitAdapter, A.retrofit]
+    owners = [Attention, DiffAttention, GatedDiffAttention, DiffAttentionV2, A.RetrofitAdapter, A.retrofit]
     for owner in owners:
         assert inspect.signature(owner).parameters["lambda_init"].default is DEFAULT_LAMBDA_INIT, owner
     assert A.RetrofitConfig("daa").lambda_init == DEFAULT_LAMBDA_INIT
@@ -98,21 +103,24 @@ def test_build_is_the_layer_class(kind, cls, extra):
     torch.testing.assert_close(layer(x), ref(x), atol=0, rtol=0)
 
 
-def test_block_takes_a_spec_or_the_flat_arguments():
+def test_block_takes_a_spec_or_the_loose_arguments():
     spec = AttentionSpec("gated", lambda_init="ye", q_residual=True, attn_drop=0.1, proj_drop=0.2, causal=True)
     a = _seeded(lambda: Block(32, 4, depth=1, attention=spec, drop=0.2))
-    b = _seeded(lambda: Block(32, 4, depth=1, attention="gated", lambda_init="ye", q_residual=True, attn_drop=0.1,
-                              drop=0.2, causal=True))
+    with pytest.warns(FutureWarning, match="Block: attention='gated', attn_drop, causal, lambda_init, q_residual is "
+                                           "the loose spelling.*removed in diffattn 0.3.0; pass attention="):
+        b = _seeded(lambda: Block(32, 4, depth=1, attention="gated", lambda_init="ye", q_residual=True, attn_drop=0.1,
+                                  drop=0.2, causal=True))
     assert a.attn.causal and a.attn.q_residual and a.attn.attn_drop == 0.1 and a.attn.proj_drop.p == 0.2
     x = torch.randn(2, 5, 32)
     torch.testing.assert_close(a(x), b(x), atol=0, rtol=0)
-    with pytest.raises(ValueError, match="Block: attention is an AttentionSpec, .* got \\['backend'\\]"):
+    with pytest.raises(ValueError, match="Block: attention is an AttentionSpec, .* got \\['backend', 'causal'\\]"):
         Block(32, 4, attention=spec, causal=True, backend="math")
-    # a flat argument that agrees with the spec is no conflict (a registered model's table may set it)
-    c = _seeded(lambda: Block(32, 4, depth=1, attention=spec, drop=0.2, q_residual=True, causal=True))
-    torch.testing.assert_close(c(x), a(x), atol=0, rtol=0)
-    with pytest.raises(ValueError, match="Block: attention must be an AttentionSpec, its dict or one of"):
+    with pytest.raises(ValueError, match="Block: attention is an AttentionSpec, .* got \\['q_residual'\\]"):
+        Block(32, 4, attention=spec.to_dict(), q_residual=True)  # even one that agrees: one spelling at a time
+    with pytest.raises(ValueError, match="Block: attention must be an AttentionSpec or its dict"):
         Block(32, 4, attention=3)
+    with pytest.raises(TypeError, match="Block\\(\\) got unexpected keyword argument\\(s\\) \\['dropp'\\]"):
+        Block(32, 4, dropp=0.1)
 
 
 def _same(a, b, *inputs):
@@ -122,39 +130,44 @@ def _same(a, b, *inputs):
         torch.testing.assert_close(a(*inputs), b(*inputs), atol=0, rtol=0)
 
 
-def test_families_take_a_spec_or_the_flat_arguments():
+def test_families_take_a_spec_or_the_loose_arguments():
     images = torch.randn(2, 3, 16, 16)
+    with pytest.warns(FutureWarning, match="VisionTransformer: attention='diff', lambda_init, qkv_bias, sub_norm"):
+        loose = _seeded(lambda: VisionTransformer(**VIT, attention="diff", lambda_init="ye", sub_norm=False,
+                                                  qkv_bias=False))
     _same(_seeded(lambda: VisionTransformer(**VIT, attention=AttentionSpec("diff", lambda_init="ye", sub_norm=False,
-                                                                             qkv_bias=False))),
-          _seeded(lambda: VisionTransformer(**VIT, attention="diff", lambda_init="ye", sub_norm=False,
-                                            qkv_bias=False)), images)
+                                                                             qkv_bias=False))), loose, images)
     ids = torch.randint(1, 100, (2, 7))
     text = dict(vocab_size=100, max_len=8, embed_dim=32, depth=2, num_heads=4, drop_rate=0.0)
-    _same(_seeded(lambda: TextClassifier(**text, attention=AttentionSpec("gated", q_residual=True))),
-          _seeded(lambda: TextClassifier(**text, attention="gated", q_residual=True)), ids)
-    lm = dict(vocab_size=100, dim=32, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=16)
+    with pytest.warns(FutureWarning, match="TextClassifier: attention='gated', q_residual"):
+        loose = _seeded(lambda: TextClassifier(**text, attention="gated", q_residual=True))
+    _same(_seeded(lambda: TextClassifier(**text, attention=AttentionSpec("gated", q_residual=True))), loose, ids)
+    lm = dict(vocab_size=100, dim=32, depth=2, num_heads=4, max_seq_len=16)
     spec = AttentionSpec("diff", lambda_init="ye", num_kv_heads=2, qkv_bias=False, out_bias=False)
-    a = _seeded(lambda: CausalLM(**{**lm, "num_kv_heads": None}, attention=spec))
+    a = _seeded(lambda: CausalLM(**lm, attention=spec))
     assert a.attention_spec.causal and a.attention_spec.rope == "half" and a.attention == "diff"
-    _same(a, _seeded(lambda: CausalLM(**lm, attention="diff")), ids)
+    with pytest.warns(FutureWarning, match="CausalLM: attention='diff', num_kv_heads"):
+        _same(a, _seeded(lambda: CausalLM(**lm, attention="diff", num_kv_heads=2)), ids)
     assert isinstance(a.blocks[0], LMBlock)
     tower = dict(vocab_size=100, context_length=8, embed_dim=32, depth=2, num_heads=4)
     clip_a = _seeded(lambda: CLIP(embed_dim=16, vision=dict(VIT, attention=AttentionSpec("diff")),
-                                  text=dict(tower, attention=AttentionSpec("gated"))))
-    clip_b = _seeded(lambda: CLIP(embed_dim=16, vision=dict(VIT, attention="diff"),
-                                  text=dict(tower, attention="gated")))
+                                  text=dict(tower, attention={"kind": "gated"})))
+    with pytest.warns(FutureWarning):
+        clip_b = _seeded(lambda: CLIP(embed_dim=16, vision=dict(VIT, attention="diff"),
+                                      text=dict(tower, attention="gated")))
     assert clip_a.text.attention_spec.causal  # the text tower is causal whatever the spec says
     _same(clip_a, clip_b, images, ids)
     with pytest.raises(ValueError, match="CausalLM: attention is an AttentionSpec, .* got \\['lambda_form'\\]"):
-        CausalLM(**{**lm, "num_kv_heads": None}, attention=spec, lambda_form="constant")
+        CausalLM(**lm, attention=spec, lambda_form="constant")
 
 
-def test_registered_models_take_a_spec_that_agrees_with_their_table():
+def test_registered_models_take_a_spec_and_set_loose_overrides_in_theirs():
     spec = AttentionSpec("gated", q_residual=True, lambda_init="ye")
     model = diffattn.create_model("dg_vit_tiny_patch16_224", attention=spec, img_size=32, depth=2)
     assert model.attention_spec == spec and model.blocks[1].attn.q_residual
-    with pytest.raises(ValueError, match="VisionTransformer: attention is an AttentionSpec, .* got \\['q_residual'\\]"):
-        diffattn.create_model("dg_vit_tiny_patch16_224", attention=AttentionSpec("gated"), img_size=32, depth=2)
+    with pytest.warns(FutureWarning, match="VisionTransformer: lambda_init is the loose spelling"):
+        model = diffattn.create_model("dg_vit_tiny_patch16_224", lambda_init="ye", img_size=32, depth=2)
+    assert model.attention_spec == spec  # the registered spec, with the override in it
 
 
 def test_spec_models_save_and_load(tmp_path):
@@ -178,20 +191,81 @@ def test_spec_models_save_and_load(tmp_path):
     _same(clip, loaded, images, ids)
 
 
-def test_flat_models_save_the_flat_config_as_before(tmp_path):
-    model = _seeded(lambda: VisionTransformer(**VIT, attention="gated", lambda_init="ye", q_residual=True))
+def test_loose_models_save_their_spec_and_flat_configs_of_before_load(tmp_path):
+    with pytest.warns(FutureWarning):
+        model = _seeded(lambda: VisionTransformer(**VIT, attention="gated", lambda_init="ye", q_residual=True))
+    spec = AttentionSpec("gated", lambda_init="ye", q_residual=True)
     model.save_pretrained(tmp_path / "vit")
     cfg = json.loads((tmp_path / "vit" / "config.json").read_text())
-    assert (cfg["attention"], cfg["lambda_init"], cfg["q_residual"]) == ("gated", "ye", True)
-    loaded = diffattn.from_pretrained(tmp_path / "vit").eval()
-    assert loaded.attention_spec == AttentionSpec("gated", lambda_init="ye", q_residual=True)
+    assert cfg["attention"] == spec.to_dict() and "lambda_init" not in cfg and "q_residual" not in cfg
+    # a config.json of before (flat keys) loads silently to the same model
+    flat = {k: v for k, v in cfg.items() if k != "attention"}
+    flat.update(attention="gated", lambda_init="ye", q_residual=True, qkv_bias=True, attn_drop_rate=0.0,
+                backend="auto")
+    (tmp_path / "vit" / "config.json").write_text(json.dumps(flat))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = diffattn.from_pretrained(tmp_path / "vit").eval()
+    assert loaded.attention_spec == spec
     _same(model, loaded, torch.randn(2, 3, 16, 16))
 
 
-def test_attention_spec_keeps_a_spec_and_names_the_owner():
+FAMILIES = [Block, LMBlock, VisionTransformer, TextTransformer, TextClassifier, CausalLM]
+
+
+@pytest.mark.parametrize("cls", FAMILIES + sorted({f.cls for f in map(model_family, diffattn.list_models())}
+                                                  | {c for f in map(model_family, diffattn.list_models())
+                                                     for c in f.towers.values()}, key=lambda c: c.__name__),
+                         ids=lambda c: c.__name__)
+def test_attention_is_the_only_attention_parameter(cls):
+    """No constructor takes a loose attention keyword: the settings are ``attention`` (a spec or its dict), and the
+    keywords of before reach the one deprecation path (``cls.LOOSE.convert``) through ``**loose`` alone."""
+    params = inspect.signature(cls.__init__).parameters
+    spec_fields = {f.name for f in dataclasses.fields(AttentionSpec)} - {"kind"}
+    assert not (set(params) & (set(LOOSE_KEYWORDS) | spec_fields)), cls
+    var = [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    if "attention" in params:  # the model families and their blocks
+        assert [p.name for p in var] == ["loose"] and isinstance(cls.LOOSE, LooseAttention)
+        assert set(cls.LOOSE.keywords) <= set(LOOSE_KEYWORDS)
+        assert params["attention"].default is inspect.Parameter.empty or isinstance(params["attention"].default,
+                                                                                    AttentionSpec)
+    else:  # multi-tower models: the towers' dicts hold the attention
+        assert not var and cls in (CLIP, VisionLanguageModel)
+    # the only code that reads the loose keywords is LooseAttention (the constructors hand **loose to resolve)
+    source = inspect.getsource(cls.__init__)
+    assert not any(f"{k}=" in source.replace("LOOSE", "") for k in LOOSE_KEYWORDS if k != "causal"), cls
+
+
+@pytest.mark.parametrize("kind", ["standard", "diff", "gated", "diff_v2"])
+def test_loose_form_warns_once_and_builds_the_identical_model(kind):
+    lm = dict(vocab_size=100, dim=32, depth=2, num_heads=4, max_seq_len=16)
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        loose = _seeded(lambda: CausalLM(**lm, attention=kind, lambda_init=0.5, num_kv_heads=2, backend="math"))
+    assert [type(w.message) for w in record] == [FutureWarning]
+    assert "removed in diffattn 0.3.0" in str(record[0].message) and record[0].filename == __file__
+    spec = AttentionSpec(kind, lambda_init=0.5, num_kv_heads=2, backend="math", qkv_bias=False, out_bias=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model = _seeded(lambda: CausalLM(**lm, attention=spec))
+    assert loose.attention_spec == model.attention_spec
+    _same(model, loose, torch.randint(0, 100, (2, 9)))
+
+
+def test_loose_attention_converts_with_the_family_defaults():
+    loose = LooseAttention("X", ("lambda_init", "attn_drop_rate"), kind="diff", defaults={"qkv_bias": False},
+                           fill={"proj_drop": "drop_rate"}, force={"causal": True})
     spec = AttentionSpec("diff")
-    assert attention_spec(spec, owner="X") is spec
-    assert attention_spec(spec.to_dict(), owner="X") == spec
-    assert attention_spec("diff", owner="X", fill={"proj_drop": 0.1}, force={"causal": True},
-                          attn_drop_rate=("attn_drop", 0.2)) == AttentionSpec("diff", proj_drop=0.1, causal=True,
-                                                                              attn_drop=0.2)
+    assert loose.resolve(spec, {}, {}) == AttentionSpec("diff", causal=True)
+    kept = AttentionSpec("diff", causal=True)
+    assert loose.resolve(kept, {}, {}) is kept  # not made (nor validated) again
+    assert loose.resolve(kept.to_dict(), {}, {}) == kept
+    with pytest.warns(FutureWarning, match="X: attn_drop_rate is the loose spelling"):
+        got = loose.resolve(None, {"attn_drop_rate": 0.2}, {"drop_rate": 0.1})
+    assert got == AttentionSpec("diff", qkv_bias=False, proj_drop=0.1, attn_drop=0.2, causal=True)
+    with pytest.raises(TypeError, match="X\\(\\) got unexpected keyword argument\\(s\\) \\['sub_norm'\\]"):
+        loose.resolve(None, {"sub_norm": True}, {})
+    assert loose.upgrade({"depth": 2}, {}) == {"depth": 2}  # nothing loose: as it is
+    assert loose.upgrade({"attention": "gated", "lambda_init": "ye", "drop_rate": 0.1}, {}) == {
+        "drop_rate": 0.1, "attention": AttentionSpec("gated", lambda_init="ye", qkv_bias=False, proj_drop=0.1,
+                                                     causal=True).to_dict()}

@@ -63,7 +63,7 @@ def test_variants_set_towers_and_lambda():
 def test_b16_configuration_on_meta():
     cfg = clip_config("diffclip_vit_b16")
     assert cfg["text"] == dict(vocab_size=49408, context_length=77, embed_dim=512, depth=12, num_heads=8,
-                               mlp="quick_gelu", attention="diff", lambda_init=0.8)
+                               mlp="quick_gelu", attention=dict(kind="diff"))  # λ_init: the default 0.8
     assert (cfg["embed_dim"], cfg["vision"]["embed_dim"], cfg["vision"]["patch_size"]) == (512, 768, 16)
     assert clip_config("diffclip_vit_ti16")["vision"]["num_heads"] == 6
     assert clip_config("clip_vit_ti16")["vision"]["num_heads"] == 3

@@ -37,12 +37,13 @@ def test_every_name_forward_backward_tiny(name):
 
 def test_named_configs_follow_the_papers():
     assert vit_config("vit_cifar") == dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=8,
-                                           num_classes=10, drop_rate=0.05)
+                                           num_classes=10, drop_rate=0.05,
+                                           attention=dict(kind="standard", proj_drop=0.05))
     dg = vit_config("dg_vit_cifar_x16_3")
-    assert (dg["attention"], dg["mlp"], dg["num_heads"], dg["q_residual"], dg["mlp_ratio"]) == (
-        "gated", "swiglu", 16, True, 16 / 3)
+    assert (dg["attention"], dg["mlp"], dg["num_heads"], dg["mlp_ratio"]) == (
+        dict(kind="gated", q_residual=True, proj_drop=0.05), "swiglu", 16, 16 / 3)
     assert vit_config("diff_vit_base_patch16_224") == dict(embed_dim=768, depth=12, num_heads=12,
-                                                           attention="diff")
+                                                           attention=dict(kind="diff"))
     assert vit_config("diff_vit_tiny_patch16_224")["num_heads"] == 6  # 3 differential heads
     m = create_model("dg_vit_cifar_x16_3", depth=1)
     assert m.blocks[0].mlp.gate_proj.out_features == 682  # ⌊256 · 16/3 / 2⌋

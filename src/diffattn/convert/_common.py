@@ -107,5 +107,6 @@ def vision_args(sd: StateDict, prefix: str, where: str) -> dict:
     attention, heads = heads_of(sd, f"{prefix}blocks.", d, where)
     fc1 = take(sd, f"{prefix}blocks.0.mlp.fc1.weight", where, ndim=2)
     return dict(img_size=side * p, patch_size=p, in_chans=w.shape[1], embed_dim=d, depth=depth, num_heads=heads,
-                attention=attention, mlp_ratio=fc1.shape[0] / d, patch_bias=f"{prefix}patch_embed.proj.bias" in sd,
+                attention={"kind": attention}, mlp_ratio=fc1.shape[0] / d,
+                patch_bias=f"{prefix}patch_embed.proj.bias" in sd,
                 pre_norm=f"{prefix}norm_pre.weight" in sd)

@@ -16,8 +16,8 @@ loads strictly: the result computes the same function as the source model.
 
 Head counts are not stored in weights: differential towers reveal them through the width d of ``lambda_q1``
 (h = width / d); otherwise the default is width / 64 (the rule of OpenAI CLIP, open_clip and timm ViTs) and
-``vision_num_heads`` / ``text_num_heads`` override it. Neither is λ_init: pass ``lambda_init="ye"`` for a
-DiffCLIP* checkpoint.
+``vision_num_heads`` / ``text_num_heads`` override it. Neither is λ_init: it is the registered model's (``name``;
+``diffclip_star_*`` for a DiffCLIP* checkpoint), or ``attention=`` says it.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import torch.nn as nn
 
 from ..models.base import load_state_dict_exact
 from ..models.clip import CLIP
-from ..models.registry import build
+from ..models.registry import build, model_config
 from ..models.vit import VisionTransformer
 from ._common import StateDict, block_count, heads_of, take, vision_args
 from .checkpoint import source_state_dict
@@ -143,7 +143,7 @@ def _text_args(sd: StateDict, where: str) -> dict:
     depth = block_count(sd, "text.blocks.", where)
     attention, heads = heads_of(sd, "text.blocks.", d, where)
     return dict(vocab_size=vocab, context_length=take(sd, "text.pos_embed", where, ndim=2).shape[0], embed_dim=d,
-                depth=depth, num_heads=heads, attention=attention,
+                depth=depth, num_heads=heads, attention={"kind": attention},
                 mlp_ratio=take(sd, "text.blocks.0.mlp.fc1.weight", where, ndim=2).shape[0] / d)
 
 
@@ -152,6 +152,10 @@ def _clip_from(sd: dict, name: str, fixed: dict, overrides: dict, what: str) -> 
     args.update({f"vision_{k}": v for k, v in vision_args(sd, "visual.", what).items()})
     args.update({f"text_{k}": v for k, v in _text_args(sd, what).items()})
     args.update(fixed)
+    registered = model_config(name)
+    for tower in ("vision", "text"):  # the kind the weights show, with the rest of the registered spec (λ_init)
+        spec = dict(registered.get(tower, {}).get("attention") or {})
+        args[f"{tower}_attention"] = {**spec, **args[f"{tower}_attention"]}
     args.update(overrides)
     return load_state_dict_exact(build(name, **args), sd, what)
 
@@ -238,7 +242,7 @@ def _load_retrofitted_open_clip(src, adapter, name: str, act: str, overrides: di
     adapters = {_retrofit_key(k): v for k, v in sd.items() if _ADAPTER in k}
     base = convert_openai_clip_state_dict({k: v for k, v in sd.items() if _ADAPTER not in k})
     fixed = dict(vision_norm_eps=1e-5, text_norm_eps=1e-5, vision_mlp=act, text_mlp=act,
-                 vision_attention="standard", text_attention="standard")
+                 vision_attention={"kind": "standard"}, text_attention={"kind": "standard"})
     model = _clip_from(base, name, fixed, overrides, what)
     # open_clip and diffattn's CLIP list their attention layers in the same order (image tower, then text): the
     # layer indices of the config select the same layers, and "ye" gives them the same λ_init
@@ -258,7 +262,7 @@ def _load_openai_format(src, name: str, act: str, overrides: dict) -> CLIP:
                 overrides.setdefault(f"{tower}_num_heads", blocks[0].attn.num_heads)
     sd = convert_openai_clip_state_dict(source_state_dict(src, "the CLIP state dict"))
     fixed = dict(vision_norm_eps=1e-5, text_norm_eps=1e-5, vision_mlp=act, text_mlp=act,
-                 vision_attention="standard", text_attention="standard")
+                 vision_attention={"kind": "standard"}, text_attention={"kind": "standard"})
     return _clip_from(sd, name, fixed, overrides, "the CLIP state dict")
 
 

@@ -32,7 +32,7 @@ import torch
 import torch.nn as nn
 
 from ..formats import saved_kind, wrong_kind
-from ..layers import DiffAttention
+from ..layers import AttentionSpec, DiffAttention
 from ..models.causal_lm import CausalLM
 from ._common import LAMBDAS, StateDict, check_convertible, check_even_heads, check_no_extra, take
 
@@ -336,12 +336,13 @@ def from_diffllama(hf_model, *, diff_norm_affine: bool = False, backend: str = "
     if c.hidden_act != "silu":
         raise ValueError(f"config.hidden_act must be 'silu' (SwiGLU), got {c.hidden_act!r}")
     theta = _diffllama_rope_theta(c)
+    attention = AttentionSpec("diff", lambda_init="ye", num_kv_heads=c.num_key_value_heads, rope_theta=theta,
+                              sub_norm_eps=c.rms_norm_eps, sub_norm_affine=diff_norm_affine,
+                              qkv_bias=bool(c.attention_bias), out_bias=bool(c.attention_bias), backend=backend,
+                              causal=True, rope="half")
     model = CausalLM(c.vocab_size, c.hidden_size, c.num_hidden_layers, c.num_attention_heads,
-                     num_kv_heads=c.num_key_value_heads, mlp_hidden=c.intermediate_size, attention="diff",
-                     lambda_init="ye", rope_theta=theta, max_seq_len=c.max_position_embeddings,
-                     tie_embeddings=bool(c.tie_word_embeddings), norm_eps=c.rms_norm_eps,
-                     diff_norm_eps=c.rms_norm_eps, diff_norm_affine=diff_norm_affine,
-                     qkv_bias=bool(c.attention_bias), out_bias=bool(c.attention_bias), backend=backend)
+                     mlp_hidden=c.intermediate_size, attention=attention, max_seq_len=c.max_position_embeddings,
+                     tie_embeddings=bool(c.tie_word_embeddings), norm_eps=c.rms_norm_eps)
     src = {k: v.detach().clone() for k, v in hf_model.state_dict().items()}
     sd = {ours: take(src, theirs, "DiffLlamaForCausalLM") for ours, theirs in (
         ("tok_embed.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight"),

@@ -225,7 +225,7 @@ def load_timm_vit(src, name: str = "vit_base_patch16_224", **overrides) -> Visio
     sd = convert_timm_vit_state_dict(source_state_dict(src, what))
     args = vision_args(sd, "", what)
     args["num_classes"] = take(sd, "head.weight", what, ndim=2).shape[0] if "head.weight" in sd else 0
-    if args.pop("attention") != "standard":
+    if args.pop("attention")["kind"] != "standard":
         raise ValueError("load_timm_vit takes standard-attention timm ViTs")
     args.update(overrides)
     return load_state_dict_exact(build(name, **args), sd, what)

@@ -10,12 +10,12 @@ from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
 from .polynorm import PolyNorm, PolyNormGLU
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
-from .spec import AttentionSpec, attention_spec
+from .spec import AttentionSpec, LooseAttention
 
 __all__ = [
     "ATTENTION_TYPES",
     "AttentionSpec",
-    "attention_spec",
+    "LooseAttention",
     "Attention",
     "DiffAttention",
     "DiffAttentionV2",

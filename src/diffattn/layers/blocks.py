@@ -8,12 +8,13 @@ map onto them key by key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn as nn
 
-from ..lambdas import DEFAULT_LAMBDA_INIT
 from .mlp import build_mlp
-from .spec import AttentionSpec, attention_spec
+from .spec import STANDARD, AttentionSpec, LooseAttention
 
 __all__ = ["Block", "PatchEmbed", "DropPath"]
 
@@ -54,25 +55,22 @@ class Block(nn.Module):
 
         x = x + drop_path(attn(norm1(x)));   x = x + drop_path(mlp(norm2(x)))
 
-    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` (the layer is ``attention.build(dim, num_heads,
-    depth)``) or, as before it, the name of a kind with the flat arguments ``lambda_init``, ``lambda_form``,
-    ``sub_norm``, ``qkv_bias``, ``q_residual`` (the [Q⁺; Q⁻] residual of M-DGSA 2025, §4.3, gated only),
-    ``causal``, ``attn_drop`` and ``backend``, which must stay at their defaults with a spec. ``depth`` is the
-    0-based index of the block (for ``lambda_init="ye"``); ``drop`` is the MLP's dropout and, with a kind name, the
-    attention's ``proj_drop``.
+    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` or its dict; the layer is ``attention.build(dim,
+    num_heads, depth)``. ``depth`` is the 0-based index of the block (for ``lambda_init="ye"``); ``drop`` is the
+    MLP's dropout. The loose keywords of before (:data:`LOOSE`) are deprecated
+    (:class:`~diffattn.layers.LooseAttention`).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, attention: str | AttentionSpec = "standard",
-                 lambda_init: float | str = DEFAULT_LAMBDA_INIT, lambda_form: str | None = None,
-                 sub_norm: bool | None = None, mlp: str = "gelu",
-                 mlp_ratio: float = 4.0, mlp_dropouts: int = 2, qkv_bias: bool = True, q_residual: bool = False,
-                 causal: bool = False, norm_eps: float = 1e-6, drop: float = 0.0, attn_drop: float = 0.0,
-                 drop_path: float = 0.0, backend: str = "auto"):
+    #: the spelling of before: ``attention="gated", lambda_init=…, q_residual=…``; ``drop`` was ``proj_drop`` too
+    LOOSE = LooseAttention("Block", ("lambda_init", "lambda_form", "sub_norm", "qkv_bias", "q_residual", "causal",
+                                     "attn_drop", "backend"), fill={"proj_drop": "drop"})
+
+    def __init__(self, dim: int, num_heads: int, *, depth: int = 0,
+                 attention: AttentionSpec | Mapping = STANDARD, mlp: str = "gelu",
+                 mlp_ratio: float = 4.0, mlp_dropouts: int = 2, norm_eps: float = 1e-6, drop: float = 0.0,
+                 drop_path: float = 0.0, **loose):
         super().__init__()
-        spec = attention_spec(attention, owner="Block", signature=Block.__init__, fill={"proj_drop": drop},
-                              lambda_init=lambda_init, lambda_form=lambda_form, sub_norm=sub_norm,
-                              qkv_bias=qkv_bias, q_residual=q_residual, causal=causal, attn_drop=attn_drop,
-                              backend=backend)
+        spec = self.LOOSE.resolve(attention, loose, {"drop": drop})
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = spec.build(dim, num_heads, depth)
         self.drop_path1 = DropPath(drop_path)

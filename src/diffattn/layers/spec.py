@@ -1,9 +1,10 @@
 """One value that says which attention a model uses: :class:`AttentionSpec`.
 
-A model family takes ``attention=AttentionSpec(...)`` and hands it to every block, which builds its layer with
-:meth:`AttentionSpec.build`; the settings are validated once, here, when the spec is made. The older flat keyword
-arguments of the families (``attention="diff", lambda_init=…, lambda_form=…, sub_norm=…``) and the ``config.json``
-files that hold them are converted to a spec by :func:`attention_spec`, so both spell the same model.
+A model family takes ``attention=AttentionSpec(...)`` (or its dict, as a config file gives it) and hands it to every
+block, which builds its layer with :meth:`AttentionSpec.build`; the settings are validated once, here, when the spec
+is made. The spelling of before, a kind's name with loose keyword arguments (``attention="diff", lambda_init=…,
+lambda_form=…, sub_norm=…``), is converted by :meth:`LooseAttention.convert` alone, with a FutureWarning, until
+diffattn 0.3.0; ``config.json`` files that hold it load as they did (:meth:`LooseAttention.upgrade`).
 
     spec = AttentionSpec("diff", lambda_init="ye", backend="sdpa")
     layer = spec.build(dim=512, num_heads=8, depth=3)      # a DiffAttention with λ_init = 0.8 − 0.6·exp(−0.9)
@@ -12,10 +13,10 @@ files that hold them are converted to a spec by :func:`attention_spec`, so both 
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
-from collections.abc import Callable, Mapping
+import warnings
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, check_lambda_init
 from .attention import ATTENTION_TYPES
 from .rope import ROPE_STYLES
 
-__all__ = ["AttentionSpec", "attention_spec"]
+__all__ = ["AttentionSpec", "STANDARD", "LooseAttention", "LOOSE_KEYWORDS", "LOOSE_REMOVED_IN"]
 
 
 def _flag(name: str, value) -> None:
@@ -176,9 +177,14 @@ class AttentionSpec:
 
     # -------------------------------------------------------------------------------------------- JSON
 
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as JSON values (what a saved ``config.json`` holds for a model built from a spec)."""
-        return asdict(self)
+    def to_dict(self, changed: bool = False) -> dict[str, Any]:
+        """The settings as JSON values (what a saved ``config.json`` holds for a model built from a spec);
+        ``changed``: the kind and only the settings that differ from their defaults (what a config table writes)."""
+        data = asdict(self)
+        if changed:
+            data = {"kind": self.kind, **{f.name: data[f.name] for f in fields(self)
+                                          if f.name != "kind" and data[f.name] != f.default}}
+        return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AttentionSpec:
@@ -192,36 +198,120 @@ class AttentionSpec:
         return cls(**dict(data))
 
 
-def attention_spec(attention: str | AttentionSpec | Mapping, *, owner: str, signature: Callable | None = None,
-                   fill: Mapping[str, Any] | None = None, force: Mapping[str, Any] | None = None,
-                   **legacy: Any) -> AttentionSpec:
-    """The :class:`AttentionSpec` a model family or block was given.
+#: the default spec: standard attention with every default
+STANDARD = AttentionSpec()
 
-    ``attention`` is a spec, its :meth:`~AttentionSpec.to_dict` (as a saved ``config.json`` holds it) or the name of
-    a kind. With a name, the family's flat keyword arguments fill the spec, as diffattn 0.1.0's models and config
-    files spell it: ``legacy`` maps each parameter name to its value, or to ``(spec field, value)`` where the names
-    differ; ``fill`` gives spec fields from arguments that also serve something else (a block's ``drop`` is the
-    MLP's dropout too). With a spec, each ``legacy`` argument must be left at its default in ``signature`` (the
-    family's ``__init__``) or agree with the spec, and a ValueError names any that does not (a registered model's
-    config table may set them: ``create_model("dg_vit_tiny_patch16_224", attention=AttentionSpec("gated",
-    q_residual=True))`` agrees with its ``q_residual=True``). ``force`` sets what the family fixes whatever
-    it is given (a text tower's ``causal=True``).
+#: the loose attention keyword arguments that model families and blocks took before :class:`AttentionSpec` (diffattn
+#: 0.1.0), each mapped to the spec field it sets; they are removed in diffattn :data:`LOOSE_REMOVED_IN`
+LOOSE_KEYWORDS: dict[str, str] = {
+    "lambda_init": "lambda_init", "lambda_form": "lambda_form", "sub_norm": "sub_norm", "qkv_bias": "qkv_bias",
+    "out_bias": "out_bias", "q_residual": "q_residual", "causal": "causal", "attn_drop": "attn_drop",
+    "attn_drop_rate": "attn_drop", "backend": "backend", "num_kv_heads": "num_kv_heads",
+    "diff_norm_eps": "sub_norm_eps", "diff_norm_affine": "sub_norm_affine", "rope_theta": "rope_theta"}
+LOOSE_REMOVED_IN = "0.3.0"
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` of the first frame outside diffattn: the user's call."""
+    import sys
+
+    frame, level = sys._getframe(1), 1
+    while frame is not None:
+        name = frame.f_globals.get("__name__", "")
+        if not (name == "diffattn" or name.startswith(("diffattn.", "huggingface_hub"))):
+            return level
+        frame, level = frame.f_back, level + 1
+    return 1
+
+
+@dataclass(frozen=True)
+class LooseAttention:
+    """How a model family or block spelt its attention before :class:`AttentionSpec`, to convert that spelling.
+
+    ``attention`` is the one spelling: an :class:`AttentionSpec` or its dict (:meth:`AttentionSpec.to_dict`, what a
+    config file gives). The older one, the name of a kind plus loose keyword arguments (``attention="diff",
+    lambda_init="ye", sub_norm=False``) still builds the same model until diffattn 0.3.0, through
+    :meth:`convert` alone, which warns.
+
+    Args:
+        owner: the class name, for messages.
+        keywords: the loose keywords this class took (keys of :data:`LOOSE_KEYWORDS`).
+        kind: the kind its ``attention`` defaulted to.
+        defaults: spec fields whose default in this class was not the spec's (a Llama block: no biases).
+        fill: spec field → the constructor argument that also set it with a kind's name (a block's ``drop`` was
+            its attention's ``proj_drop`` too).
+        force: spec fields the class fixes whatever it is given (a text tower is causal).
     """
-    pairs = {k: v if isinstance(v, tuple) else (k, v) for k, v in legacy.items()}
-    if isinstance(attention, str):
-        spec = AttentionSpec(kind=attention, **{f: v for f, v in pairs.values()}, **dict(fill or {}))
-    else:
-        if isinstance(attention, Mapping):
-            attention = AttentionSpec.from_dict(attention)
-        if not isinstance(attention, AttentionSpec):
-            raise ValueError(f"{owner}: attention must be an AttentionSpec, its dict or one of "
-                             f"{tuple(ATTENTION_TYPES)}, got {type(attention).__name__} {attention!r}")
-        if signature is not None:
-            params = inspect.signature(signature).parameters
-            clash = sorted(k for k, (f, v) in pairs.items()
-                           if k in params and v != params[k].default and v != getattr(attention, f))
-            if clash:
-                raise ValueError(f"{owner}: attention is an AttentionSpec, which holds every attention setting; "
-                                 f"got {clash} as well: set them in the spec instead")
-        spec = attention
-    return replace(spec, **force) if force else spec
+
+    owner: str
+    keywords: tuple[str, ...]
+    kind: str = "standard"
+    defaults: Mapping[str, Any] = field(default_factory=dict)
+    fill: Mapping[str, str] = field(default_factory=dict)
+    force: Mapping[str, Any] = field(default_factory=dict)
+
+    def resolve(self, attention: AttentionSpec | Mapping | str | None, loose: Mapping[str, Any],
+                args: Mapping[str, Any]) -> AttentionSpec:
+        """The spec a constructor was given: ``attention`` as it is (a spec is not validated again; its dict is
+        made into one), or, for a kind's name or loose keywords ``loose``, :meth:`convert`'s. ``args`` holds the
+        constructor's arguments that :attr:`fill` names. A spec with loose keywords as well is an error."""
+        self._check(loose)
+        if loose or isinstance(attention, str) or attention is None:
+            if isinstance(attention, (AttentionSpec, Mapping)):
+                raise ValueError(f"{self.owner}: attention is an AttentionSpec, which holds every attention setting; "
+                                 f"got {sorted(loose)} as well: set them in the spec instead")
+            spec = self.convert(attention, loose, args)
+        elif isinstance(attention, AttentionSpec):
+            spec = attention
+        elif isinstance(attention, Mapping):
+            spec = AttentionSpec.from_dict(attention)
+        else:
+            raise ValueError(f"{self.owner}: attention must be an AttentionSpec or its dict, got "
+                             f"{type(attention).__name__} {attention!r}")
+        return self.forced(spec)
+
+    def _check(self, loose: Mapping[str, Any]) -> None:
+        unknown = sorted(set(loose) - set(self.keywords))
+        if unknown:
+            raise TypeError(f"{self.owner}() got unexpected keyword argument(s) {unknown}")
+
+    def forced(self, spec: AttentionSpec) -> AttentionSpec:
+        """``spec`` with what the class fixes (a new spec only where it differs)."""
+        if any(getattr(spec, k) != v for k, v in self.force.items()):
+            spec = replace(spec, **self.force)
+        return spec
+
+    def convert(self, attention: str | Mapping | AttentionSpec | None, loose: Mapping[str, Any],
+                args: Mapping[str, Any], *, warn: bool = True) -> AttentionSpec:
+        """The one conversion of the loose spelling: the kind's name ``attention`` (None: :attr:`kind`) with the
+        loose keywords ``loose`` and this class's 0.1.0 defaults, or a spec (or dict) ``attention`` with ``loose``
+        set in it (a registered model's overrides). Warns (a :class:`FutureWarning` naming the replacement) unless
+        ``warn`` is False (a saved ``config.json`` of before, which loads as it always did). Unknown keywords are a
+        TypeError, as Python's for an unexpected keyword argument."""
+        self._check(loose)
+        settings = {LOOSE_KEYWORDS[k]: v for k, v in loose.items()}
+        if isinstance(attention, (AttentionSpec, Mapping)):
+            base = attention.to_dict() if isinstance(attention, AttentionSpec) else dict(attention)
+        else:
+            base = {**self.defaults, **{f: args[a] for f, a in self.fill.items() if a in args},
+                    "kind": self.kind if attention is None else attention}
+        spec = AttentionSpec.from_dict({**base, **settings})
+        if warn:
+            given = ([f"attention={attention!r}"] if isinstance(attention, str) else []) + sorted(loose)
+            warnings.warn(FutureWarning(
+                f"{self.owner}: {', '.join(given)} is the loose spelling of the attention settings, deprecated and "
+                f"removed in diffattn {LOOSE_REMOVED_IN}; pass attention={spec.to_dict(changed=True)!r} (an "
+                f"AttentionSpec or its dict) instead"), stacklevel=_caller_level())
+        return spec
+
+    def upgrade(self, config: dict[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:
+        """A saved constructor configuration with its loose keys (a ``config.json`` written before
+        :class:`AttentionSpec`) converted to one ``attention`` dict, silently; ``args`` are the constructor's
+        defaults (for :attr:`fill`). A configuration without loose keys is returned as it is."""
+        loose = {k: config[k] for k in self.keywords if k in config}
+        attention = config.get("attention")
+        if not loose and not isinstance(attention, str):
+            return config
+        rest = {k: v for k, v in config.items() if k not in loose}
+        spec = self.convert(attention, loose, {**args, **rest}, warn=False)
+        return {**rest, "attention": self.forced(spec).to_dict()}

@@ -107,6 +107,13 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
     def _encode_arg(cls, arg):
         return super()._encode_arg(_encode_specs(arg))
 
+    @classmethod
+    def upgrade_config(cls, config: dict) -> dict:
+        """A saved configuration (``config.json``) with the loose attention keys of before (``attention: "diff",
+        lambda_init: …``) made into one ``attention`` dict, as the model computed (:func:`upgrade_config`); the
+        families with towers do it for each tower's dict."""
+        return upgrade_config(cls, config)
+
     def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,
                         push_to_hub: bool = False, model_card_kwargs: dict | None = None, **push_to_hub_kwargs):
         """Write ``model.safetensors``, ``config.json`` and a model card to ``save_directory``, atomically: the
@@ -115,6 +122,7 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         from .._version import __version__
 
         cfg = dict(self._hub_mixin_config or {}) if config is None else dict(config)
+        cfg = self.upgrade_config(cfg)  # a model built with the loose attention keywords saves its spec's dict
         cfg["architecture"] = type(self).__name__
         if self.model_name is not None:
             cfg["model_name"] = self.model_name
@@ -183,12 +191,26 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         source = _read_format(cfg_file)
         sd = _read_weights(weights, what)
         model_kwargs, sd = migrate("model", model_kwargs, sd, source=source, what=what)
+        model_kwargs = cls.upgrade_config(model_kwargs)  # the loose attention keys of before → one attention dict
         with torch.device("meta"):  # shapes only: the real tensors come from the file
             probe = cls(**model_kwargs)
         check_state_dict(probe, sd, what)  # raises before any real model exists
         model = cls(**model_kwargs)
         load_state_dict_exact(model, sd, what)
         return model.to(map_location) if map_location not in (None, "cpu") else model
+
+
+def upgrade_config(cls: type, config: dict) -> dict:
+    """``config`` (arguments of ``cls``) with the loose attention keys of before converted silently by
+    ``cls.LOOSE`` (:meth:`~diffattn.layers.LooseAttention.upgrade`): a saved file loads as it always did."""
+    import inspect
+
+    loose = getattr(cls, "LOOSE", None)
+    if loose is None:
+        return config
+    defaults = {k: p.default for k, p in inspect.signature(cls.__init__).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return loose.upgrade(config, defaults)
 
 
 def _encode_specs(value):
@@ -248,11 +270,12 @@ def _read_config(cfg_file: str, cls: type[DiffattnModel] | None = None) -> dict:
     if cls is not None and arch is not cls:
         raise ValueError(f"{cfg_file} holds a {cfg['architecture']} checkpoint, not a {cls.__name__}; load it with "
                          f"diffattn.models.from_pretrained")
-    allowed = set(arch._hub_mixin_init_parameters) | set(_META_KEYS)
+    loose = getattr(arch, "LOOSE", None)  # the loose attention keys of files written before AttentionSpec
+    allowed = set(arch._hub_mixin_init_parameters) - {"loose"} | set(_META_KEYS) | set(loose.keywords if loose else ())
     unknown = sorted(set(cfg) - allowed)
     if unknown:
         raise ValueError(f"{cfg_file} has entries that are not arguments of {arch.__name__}: {unknown}; it takes "
-                         f"{sorted(arch._hub_mixin_init_parameters)}")
+                         f"{sorted(set(arch._hub_mixin_init_parameters) - {'loose'})}")
     return cfg
 
 

@@ -17,8 +17,9 @@ appends to them. :meth:`CausalLM.generate` decodes greedily
 tokens either way).
 
 transformers' ``DiffLlama`` (halves layout, no sub-norm weight, ``rms_norm_eps`` everywhere, λ_init by layer
-index) is exactly ``attention="diff", lambda_init="ye", diff_norm_affine=False, diff_norm_eps=norm_eps`` with no
-MLP bias: :func:`diffattn.convert.to_diffllama` and :func:`diffattn.convert.from_diffllama` convert exactly.
+index) is exactly ``attention=dict(kind="diff", lambda_init="ye", sub_norm_affine=False, sub_norm_eps=norm_eps)``
+(no q/k/v or output bias) with no MLP bias: :func:`diffattn.convert.to_diffllama` and
+:func:`diffattn.convert.from_diffllama` convert exactly.
 
 ``attention="diff_v2"`` is the Diff Transformer V2 layer (Ye et al. 2026; :class:`~diffattn.layers.DiffAttentionV2`):
 ``num_heads`` = h differential heads of width d = dim / h, 2h query heads, one K and V per group shared by both
@@ -36,18 +37,27 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Mapping
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers import KV_CACHES, AttentionSpec, KVCache, RMSNorm, StaticKVCache, SwiGLU, attention_spec
+from ..layers import KV_CACHES, AttentionSpec, KVCache, LooseAttention, RMSNorm, StaticKVCache, SwiGLU
 from .base import DiffattnModel
 from .config import check_args, is_int
 from .registry import ModelFamily, register_family
 from .tokenizer import LMTokenizer, as_lm_tokenizer, load_lm_tokenizer
 
-__all__ = ["CausalLM", "LMBlock", "llama_mlp_hidden", "LM_CONFIGS"]
+__all__ = ["CausalLM", "LMBlock", "llama_mlp_hidden", "LM_CONFIGS", "LLAMA_ATTENTION"]
+
+#: the attention settings of a Llama block that differ from :class:`~diffattn.layers.AttentionSpec`'s defaults:
+#: λ_init by depth (Ye et al. 2024) for the differential kinds, no q/k/v or output bias
+LLAMA_ATTENTION = {"lambda_init": "ye", "qkv_bias": False, "out_bias": False}
+_LM_FORCE = {"causal": True, "rope": "half"}  # what a decoder block fixes
+_LM_DEFAULT = AttentionSpec("diff", **LLAMA_ATTENTION, **_LM_FORCE)
+_LM_LOOSE = ("lambda_init", "lambda_form", "sub_norm", "num_kv_heads", "qkv_bias", "out_bias", "diff_norm_eps",
+             "diff_norm_affine", "rope_theta", "backend")
 
 
 def llama_mlp_hidden(dim: int, multiple_of: int = 64) -> int:
@@ -60,25 +70,22 @@ def llama_mlp_hidden(dim: int, multiple_of: int = 64) -> int:
 class LMBlock(nn.Module):
     """Pre-norm decoder block: x = x + attn(RMSNorm(x)); x = x + SwiGLU(RMSNorm(x)).
 
-    ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). Differential and gated layers build their
-    per-head sub-norm with ``eps=diff_norm_eps`` and ``affine=diff_norm_affine``; ``attention="diff_v2"`` has none
-    (Diff Transformer V2 drops it). ``attention`` is an :class:`~diffattn.layers.AttentionSpec` or, with the flat
-    arguments that must stay at their defaults with a spec, the name of a kind; the block is always causal with
-    "half" rotary embedding.
+    ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). ``attention`` is an
+    :class:`~diffattn.layers.AttentionSpec` or its dict: every attention setting, the sub-norm of differential and
+    gated layers included (``sub_norm_eps``, ``sub_norm_affine``; ``"diff_v2"`` has none, Diff Transformer V2
+    drops it); the block is always causal with "half" rotary embedding. The loose keywords of before
+    (:data:`LOOSE`) are deprecated (:class:`~diffattn.layers.LooseAttention`).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int, attention: str | AttentionSpec, mlp_hidden: int,
-                 lambda_init: float | str = "ye", lambda_form: str | None = None, sub_norm: bool | None = None,
-                 num_kv_heads: int | None = None, qkv_bias: bool = False, out_bias: bool = False,
-                 mlp_bias: bool = False, norm_eps: float = 1e-5, diff_norm_eps: float = 1e-5,
-                 diff_norm_affine: bool = True, rope_theta: float = 10000.0, drop: float = 0.0, backend: str = "auto"):
+    #: the spelling of before: ``attention="diff", lambda_init=…`` with a Llama's defaults (λ_init by depth, no
+    #: biases), where ``drop`` was ``proj_drop`` too
+    LOOSE = LooseAttention("LMBlock", _LM_LOOSE, kind="diff", defaults=LLAMA_ATTENTION, fill={"proj_drop": "drop"},
+                           force=_LM_FORCE)
+
+    def __init__(self, dim: int, num_heads: int, *, depth: int, attention: AttentionSpec | Mapping,
+                 mlp_hidden: int, mlp_bias: bool = False, norm_eps: float = 1e-5, drop: float = 0.0, **loose):
         super().__init__()
-        spec = attention_spec(attention, owner="LMBlock", signature=LMBlock.__init__, fill={"proj_drop": drop},
-                              force={"causal": True, "rope": "half"}, lambda_init=lambda_init,
-                              lambda_form=lambda_form, sub_norm=sub_norm, num_kv_heads=num_kv_heads,
-                              qkv_bias=qkv_bias, out_bias=out_bias, diff_norm_eps=("sub_norm_eps", diff_norm_eps),
-                              diff_norm_affine=("sub_norm_affine", diff_norm_affine), rope_theta=rope_theta,
-                              backend=backend)
+        spec = self.LOOSE.resolve(attention, loose, {"drop": drop})
         self.norm1 = RMSNorm(dim, eps=norm_eps)
         self.attn = spec.build(dim, num_heads, depth)
         self.norm2 = RMSNorm(dim, eps=norm_eps)
@@ -97,39 +104,31 @@ class CausalLM(DiffattnModel):
     Args:
         vocab_size, dim, depth, num_heads: sizes; ``num_heads`` is the standard head count h (even for the
             differential layers), head width d = dim / h.
-        num_kv_heads: key/value heads for grouped-query attention (default h; even for differential layers).
         mlp_hidden: SwiGLU width (default :func:`llama_mlp_hidden`).
-        attention, lambda_init: the attention switch, an :class:`~diffattn.layers.AttentionSpec` (then the flat
-            attention arguments here stay at their defaults; the blocks are causal with "half" RoPE whatever it
-            says) or a kind's name; ``lambda_init`` a float or ``"ye"`` (0-based layer index).
-        lambda_form: a λ form of :mod:`diffattn.lambdas` for the differential layers (None: the layer's own).
-        sub_norm: the per-head sub-norm of the differential layers on or off (None: the layer's own default, the
-            λ form's for "diff" and "gated").
-        diff_norm_eps, diff_norm_affine: the per-head sub-norm of differential/gated layers (DiffLlama: eps =
-            ``rms_norm_eps``, no weight; Diff Transformer: 1e-5 with a weight).
+        attention: an :class:`~diffattn.layers.AttentionSpec` or its dict, every attention setting: the kind,
+            ``lambda_init`` (a float or ``"ye"``, 0-based layer index), ``num_kv_heads`` (grouped-query attention;
+            default h), ``rope_theta``, the biases, the per-head sub-norm (``sub_norm``, ``sub_norm_eps``,
+            ``sub_norm_affine``; DiffLlama: eps = ``rms_norm_eps``, no weight). The blocks are causal with "half"
+            RoPE whatever it says. Default: :data:`LLAMA_ATTENTION` (differential, λ_init by depth, no biases). The
+            loose keywords of before (:data:`LOOSE`) are deprecated (:class:`~diffattn.layers.LooseAttention`).
         tie_embeddings: share ``lm_head.weight`` with ``tok_embed.weight``.
         max_seq_len: recorded for exports (``max_position_embeddings``); RoPE itself has no limit.
     """
 
+    #: the spelling of before: ``attention="diff", lambda_init=…`` with a Llama's defaults, where ``drop_rate`` was
+    #: ``proj_drop`` too
+    LOOSE = LooseAttention("CausalLM", _LM_LOOSE, kind="diff", defaults=LLAMA_ATTENTION,
+                           fill={"proj_drop": "drop_rate"}, force=_LM_FORCE)
+
     def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, num_heads: int = 8, *,
-                 num_kv_heads: int | None = None, mlp_hidden: int | None = None,
-                 attention: str | AttentionSpec = "diff",
-                 lambda_init: float | str = "ye", lambda_form: str | None = None, sub_norm: bool | None = None,
-                 rope_theta: float = 10000.0,
-                 max_seq_len: int = 2048,
-                 tie_embeddings: bool = False, norm_eps: float = 1e-5, diff_norm_eps: float = 1e-5,
-                 diff_norm_affine: bool = True, qkv_bias: bool = False, out_bias: bool = False,
-                 mlp_bias: bool = False, drop_rate: float = 0.0, backend: str = "auto"):
+                 mlp_hidden: int | None = None,
+                 attention: AttentionSpec | Mapping = _LM_DEFAULT,
+                 max_seq_len: int = 2048, tie_embeddings: bool = False, norm_eps: float = 1e-5,
+                 mlp_bias: bool = False, drop_rate: float = 0.0, **loose):
         super().__init__()
         check_args("CausalLM", vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
-                   num_kv_heads=num_kv_heads, mlp_hidden=mlp_hidden, max_seq_len=max_seq_len, norm_eps=norm_eps,
-                   diff_norm_eps=diff_norm_eps, rope_theta=rope_theta, drop_rate=drop_rate)
-        spec = attention_spec(attention, owner="CausalLM", signature=CausalLM.__init__, fill={"proj_drop": drop_rate},
-                              force={"causal": True, "rope": "half"}, lambda_init=lambda_init,
-                              lambda_form=lambda_form, sub_norm=sub_norm, num_kv_heads=num_kv_heads,
-                              qkv_bias=qkv_bias, out_bias=out_bias, diff_norm_eps=("sub_norm_eps", diff_norm_eps),
-                              diff_norm_affine=("sub_norm_affine", diff_norm_affine), rope_theta=rope_theta,
-                              backend=backend)
+                   mlp_hidden=mlp_hidden, max_seq_len=max_seq_len, norm_eps=norm_eps, drop_rate=drop_rate)
+        spec = self.LOOSE.resolve(attention, loose, {"drop_rate": drop_rate})
         self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, spec.kind
         self.attention_spec = spec
         self.max_seq_len, self.tie_embeddings = max_seq_len, tie_embeddings
@@ -304,29 +303,26 @@ class CausalLM(DiffattnModel):
 # --------------------------------------------------------------------------------------------- registry
 
 # tiny is a CPU size (GQA with 2 key/value heads); small and base are GPT-2-small-like widths. M-DGSA's λ_init is
-# fixed at 0.8 (M-DGSA 2025, App. B.5: best for M-DGSA); the differential models use the depth schedule "ye".
+# fixed at 0.8 (M-DGSA 2025, App. B.5: best for M-DGSA, the spec's default); the differential models use the depth
+# schedule "ye" (LLAMA_ATTENTION).
+_TINY, _SMALL, _BASE = (dict(vocab_size=512, dim=64, depth=2, num_heads=4, max_seq_len=256),
+                        dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024),
+                        dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048))
+_GQA = dict(num_kv_heads=2)  # tiny's grouped-query attention
 LM_CONFIGS: dict[str, dict] = {
-    "lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
-                    attention="standard"),
-    "lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024, attention="standard"),
-    "lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048, attention="standard"),
-    "diff_lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
-                         attention="diff"),
-    "diff_lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024, attention="diff"),
-    "diff_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048, attention="diff"),
-    "dg_lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
-                       attention="gated", lambda_init=0.8),
-    "dg_lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024, attention="gated",
-                        lambda_init=0.8),
-    "dg_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048, attention="gated",
-                       lambda_init=0.8),
+    "lm_tiny": dict(_TINY, attention=dict(kind="standard", **LLAMA_ATTENTION, **_GQA)),
+    "lm_small": dict(_SMALL, attention=dict(kind="standard", **LLAMA_ATTENTION)),
+    "lm_base": dict(_BASE, attention=dict(kind="standard", **LLAMA_ATTENTION)),
+    "diff_lm_tiny": dict(_TINY, attention=dict(kind="diff", **LLAMA_ATTENTION, **_GQA)),
+    "diff_lm_small": dict(_SMALL, attention=dict(kind="diff", **LLAMA_ATTENTION)),
+    "diff_lm_base": dict(_BASE, attention=dict(kind="diff", **LLAMA_ATTENTION)),
+    "dg_lm_tiny": dict(_TINY, attention=dict(kind="gated", qkv_bias=False, out_bias=False, **_GQA)),
+    "dg_lm_small": dict(_SMALL, attention=dict(kind="gated", qkv_bias=False, out_bias=False)),
+    "dg_lm_base": dict(_BASE, attention=dict(kind="gated", qkv_bias=False, out_bias=False)),
     # Diff Transformer V2: 2h query heads, one K and V shared by both branches, per-token σ(λ), no sub-norm
-    "diff_v2_lm_tiny": dict(vocab_size=512, dim=64, depth=2, num_heads=4, num_kv_heads=2, max_seq_len=256,
-                            attention="diff_v2"),
-    "diff_v2_lm_small": dict(vocab_size=32000, dim=512, depth=8, num_heads=8, max_seq_len=1024,
-                             attention="diff_v2"),
-    "diff_v2_lm_base": dict(vocab_size=50304, dim=768, depth=12, num_heads=12, max_seq_len=2048,
-                            attention="diff_v2"),
+    "diff_v2_lm_tiny": dict(_TINY, attention=dict(kind="diff_v2", **LLAMA_ATTENTION, **_GQA)),
+    "diff_v2_lm_small": dict(_SMALL, attention=dict(kind="diff_v2", **LLAMA_ATTENTION)),
+    "diff_v2_lm_base": dict(_BASE, attention=dict(kind="diff_v2", **LLAMA_ATTENTION)),
 }
 
 register_family(ModelFamily(CausalLM, LM_CONFIGS, __name__, "Llama-style causal LM."))

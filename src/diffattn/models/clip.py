@@ -6,7 +6,8 @@
 Image tower: :class:`~diffattn.models.vit.VisionTransformer` with ``num_classes=0`` (CLS pooling, final norm).
 Text tower: :class:`TextTransformer`, causal pre-norm blocks (width 512, 12 layers, 8 heads, context 77,
 vocabulary 49408), pooled at the EOT token (the largest token id, as in CLIP), QuickGELU MLPs like the
-SLIP/DiffCLIP code. Both towers take ``attention="standard" | "diff" | "gated"`` and ``lambda_init``.
+SLIP/DiffCLIP code. Both towers take ``attention``, an :class:`~diffattn.layers.AttentionSpec` or its dict (``kind``
+``"standard" | "diff" | "gated"``, ``lambda_init``, …).
 
 Registered: the literal table :data:`CLIP_CONFIGS` (``{size}`` is ``vit_b16``, ``vit_s16``, ``vit_ti16`` or ``tiny``):
 
@@ -22,15 +23,16 @@ pair, so its differential and gated towers use 6 standard heads (3 differential 
 ``tiny`` (32×32 images, patch 4, width 64, 2 layers; text width 64, 2 layers, context 32) trains on a CPU
 in minutes.
 
-Overrides (:mod:`diffattn.models.registry`): ``attention=`` and ``lambda_init=`` set both towers;
+Overrides (:mod:`diffattn.models.registry`): ``attention=`` sets both towers;
 ``vision_<arg>=`` / ``text_<arg>=`` set one argument of one tower (``vision_depth=2``, ``text_embed_dim=64``,
-``vision_attention="diff"``); ``embed_dim`` is the shared space. Vision LayerNorms use eps 1e-5 as the DiffCLIP
-release, OpenAI CLIP and open_clip do.
+``vision_attention=dict(kind="diff")``); ``embed_dim`` is the shared space. Vision LayerNorms use eps 1e-5 as the
+DiffCLIP release, OpenAI CLIP and open_clip do.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import cached_property
 
 import torch
@@ -38,16 +40,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..lambdas import DEFAULT_LAMBDA_INIT
-from ..layers import AttentionSpec, Block, attention_spec
+from ..layers import AttentionSpec, Block, LooseAttention
 from ..losses import clip_loss
-from .base import DiffattnModel
+from .base import DiffattnModel, upgrade_config
 from .config import check_args, check_size
-from .registry import ModelFamily, inspect_args, register_family
+from .registry import ModelFamily, inspect_args, loose_args, register_family
 from .vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer
 
 __all__ = ["CLIP", "TextTransformer", "CLIP_CONFIGS", "clip_loss", "image_transform", "IMAGENET_MEAN",
            "IMAGENET_STD"]
+
+
+_CAUSAL = AttentionSpec(causal=True)  # the default of a text tower
 
 
 class TextTransformer(nn.Module):
@@ -57,23 +61,24 @@ class TextTransformer(nn.Module):
 
     tokens (B, L) int64, L ≤ ``context_length`` → (B, embed_dim). The EOT token has the largest id of the BPE
     vocabulary (49407), so argmax finds it; padding (id 0) after it is never attended by earlier positions.
+    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` or its dict (made causal whatever it says);
+    ``drop_rate`` the MLP's dropout. The loose keywords of before (:data:`LOOSE`) are deprecated
+    (:class:`~diffattn.layers.LooseAttention`).
     """
 
+    #: the spelling of before: ``attention="diff", lambda_init=…``, where ``drop_rate`` was ``proj_drop`` too
+    LOOSE = LooseAttention("TextTransformer", ("lambda_init", "lambda_form", "sub_norm", "qkv_bias", "q_residual",
+                                               "attn_drop_rate", "backend"), fill={"proj_drop": "drop_rate"},
+                           force={"causal": True})
+
     def __init__(self, vocab_size: int = 49408, context_length: int = 77, embed_dim: int = 512,
-                 depth: int = 12, num_heads: int = 8, attention: str | AttentionSpec = "standard",
-                 lambda_init: float | str = DEFAULT_LAMBDA_INIT, lambda_form: str | None = None,
-                 mlp: str = "quick_gelu", mlp_ratio: float = 4.0,
-                 qkv_bias: bool = True, q_residual: bool = False, norm_eps: float = 1e-5,
-                 drop_rate: float = 0.0, attn_drop_rate: float = 0.0, backend: str = "auto",
-                 sub_norm: bool | None = None):
+                 depth: int = 12, num_heads: int = 8, attention: AttentionSpec | Mapping = _CAUSAL,
+                 mlp: str = "quick_gelu", mlp_ratio: float = 4.0, norm_eps: float = 1e-5, drop_rate: float = 0.0,
+                 **loose):
         super().__init__()
         check_args("TextTransformer", vocab_size=vocab_size, context_length=context_length, embed_dim=embed_dim,
-                   depth=depth, num_heads=num_heads, norm_eps=norm_eps, drop_rate=drop_rate,
-                   attn_drop_rate=attn_drop_rate)
-        spec = attention_spec(attention, owner="TextTransformer", signature=TextTransformer.__init__,
-                              fill={"proj_drop": drop_rate}, force={"causal": True}, lambda_init=lambda_init,
-                              lambda_form=lambda_form, sub_norm=sub_norm, qkv_bias=qkv_bias, q_residual=q_residual,
-                              attn_drop_rate=("attn_drop", attn_drop_rate), backend=backend)
+                   depth=depth, num_heads=num_heads, norm_eps=norm_eps, drop_rate=drop_rate)
+        spec = self.LOOSE.resolve(attention, loose, {"drop_rate": drop_rate})
         self.attention_spec = spec
         self.vocab_size, self.context_length = vocab_size, context_length
         self.embed_dim, self.depth = embed_dim, depth
@@ -179,7 +184,7 @@ class CLIP(DiffattnModel):
             if cfg is not None and not isinstance(cfg, dict):
                 raise ValueError(f"{name} must be a dict of tower arguments or None, "
                                  f"got {type(cfg).__name__}")
-            allowed = inspect_args(_TOWERS[name])
+            allowed = inspect_args(_TOWERS[name]) + loose_args(_TOWERS[name])
             unknown = sorted(set(cfg or {}) - set(allowed))
             if unknown:
                 raise ValueError(f"{name} has unknown arguments {unknown}; allowed: {list(allowed)}")
@@ -192,6 +197,12 @@ class CLIP(DiffattnModel):
         if self.logit_scale.device.type != "meta":
             nn.init.normal_(self.image_projection, std=self.visual.embed_dim**-0.5)
             nn.init.normal_(self.text_projection, std=self.text.embed_dim**-0.5)
+
+    @classmethod
+    def upgrade_config(cls, config: dict) -> dict:
+        """A saved configuration with each tower's loose attention keys of before made into its ``attention``."""
+        return {**config, **{t: upgrade_config(c, config[t]) for t, c in _TOWERS.items()
+                             if isinstance(config.get(t), dict)}}
 
     @property
     def img_size(self) -> int:
@@ -302,52 +313,54 @@ _TINY = dict(img_size=32, patch_size=4, mlp="gelu", norm_eps=1e-5, embed_dim=64,
 _TEXT = dict(vocab_size=49408, context_length=77, embed_dim=512, depth=12, num_heads=8, mlp="quick_gelu")
 _TEXT_TINY = dict(vocab_size=49408, context_length=32, embed_dim=64, depth=2, num_heads=4, mlp="quick_gelu")
 
+_STD, _DIFF, _YE, _DG = (dict(kind="standard"), dict(kind="diff"), dict(kind="diff", lambda_init="ye"),
+                         dict(kind="gated"))
 CLIP_CONFIGS: dict[str, dict] = {
     # CLIP: standard attention in both towers
-    "clip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="standard", lambda_init=0.8),
-                         text=dict(_TEXT, attention="standard", lambda_init=0.8)),
-    "clip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="standard", lambda_init=0.8),
-                         text=dict(_TEXT, attention="standard", lambda_init=0.8)),
-    "clip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16, attention="standard", lambda_init=0.8),
-                          text=dict(_TEXT, attention="standard", lambda_init=0.8)),
-    "clip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="standard", lambda_init=0.8),
-                      text=dict(_TEXT_TINY, attention="standard", lambda_init=0.8)),
-    # DiffCLIP: differential attention in both towers, λ_init 0.8
-    "diffclip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="diff", lambda_init=0.8),
-                             text=dict(_TEXT, attention="diff", lambda_init=0.8)),
-    "diffclip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="diff", lambda_init=0.8),
-                             text=dict(_TEXT, attention="diff", lambda_init=0.8)),
-    "diffclip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention="diff", lambda_init=0.8),
-                              text=dict(_TEXT, attention="diff", lambda_init=0.8)),
-    "diffclip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="diff", lambda_init=0.8),
-                          text=dict(_TEXT_TINY, attention="diff", lambda_init=0.8)),
+    "clip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_STD),
+                         text=dict(_TEXT, attention=_STD)),
+    "clip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_STD),
+                         text=dict(_TEXT, attention=_STD)),
+    "clip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16, attention=_STD),
+                          text=dict(_TEXT, attention=_STD)),
+    "clip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_STD),
+                      text=dict(_TEXT_TINY, attention=_STD)),
+    # DiffCLIP: differential attention in both towers, λ_init 0.8 (the default)
+    "diffclip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_DIFF),
+                             text=dict(_TEXT, attention=_DIFF)),
+    "diffclip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_DIFF),
+                             text=dict(_TEXT, attention=_DIFF)),
+    "diffclip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention=_DIFF),
+                              text=dict(_TEXT, attention=_DIFF)),
+    "diffclip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_DIFF),
+                          text=dict(_TEXT_TINY, attention=_DIFF)),
     # DiffCLIP*: the depth schedule λ_init = 0.8 − 0.6·exp(−0.3·l)
-    "diffclip_star_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="diff", lambda_init="ye"),
-                                  text=dict(_TEXT, attention="diff", lambda_init="ye")),
-    "diffclip_star_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="diff", lambda_init="ye"),
-                                  text=dict(_TEXT, attention="diff", lambda_init="ye")),
-    "diffclip_star_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention="diff", lambda_init="ye"),
-                                   text=dict(_TEXT, attention="diff", lambda_init="ye")),
-    "diffclip_star_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="diff", lambda_init="ye"),
-                               text=dict(_TEXT_TINY, attention="diff", lambda_init="ye")),
+    "diffclip_star_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_YE),
+                                  text=dict(_TEXT, attention=_YE)),
+    "diffclip_star_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_YE),
+                                  text=dict(_TEXT, attention=_YE)),
+    "diffclip_star_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention=_YE),
+                                   text=dict(_TEXT, attention=_YE)),
+    "diffclip_star_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_YE),
+                               text=dict(_TEXT_TINY, attention=_YE)),
     # DiffCLIP†: differential attention in the vision tower only
-    "diffclip_dagger_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="diff", lambda_init=0.8),
-                                    text=dict(_TEXT, attention="standard", lambda_init=0.8)),
-    "diffclip_dagger_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="diff", lambda_init=0.8),
-                                    text=dict(_TEXT, attention="standard", lambda_init=0.8)),
-    "diffclip_dagger_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention="diff", lambda_init=0.8),
-                                     text=dict(_TEXT, attention="standard", lambda_init=0.8)),
-    "diffclip_dagger_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="diff", lambda_init=0.8),
-                                 text=dict(_TEXT_TINY, attention="standard", lambda_init=0.8)),
+    "diffclip_dagger_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_DIFF),
+                                    text=dict(_TEXT, attention=_STD)),
+    "diffclip_dagger_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_DIFF),
+                                    text=dict(_TEXT, attention=_STD)),
+    "diffclip_dagger_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention=_DIFF),
+                                     text=dict(_TEXT, attention=_STD)),
+    "diffclip_dagger_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_DIFF),
+                                 text=dict(_TEXT_TINY, attention=_STD)),
     # DGCLIP: M-DGSA in both towers, λ_init 0.8, no [Q⁺; Q⁻] residual
-    "dgclip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention="gated", lambda_init=0.8),
-                           text=dict(_TEXT, attention="gated", lambda_init=0.8)),
-    "dgclip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention="gated", lambda_init=0.8),
-                           text=dict(_TEXT, attention="gated", lambda_init=0.8)),
-    "dgclip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention="gated", lambda_init=0.8),
-                            text=dict(_TEXT, attention="gated", lambda_init=0.8)),
-    "dgclip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention="gated", lambda_init=0.8),
-                        text=dict(_TEXT_TINY, attention="gated", lambda_init=0.8)),
+    "dgclip_vit_b16": dict(embed_dim=512, vision=dict(_B16, attention=_DG),
+                           text=dict(_TEXT, attention=_DG)),
+    "dgclip_vit_s16": dict(embed_dim=512, vision=dict(_S16, attention=_DG),
+                           text=dict(_TEXT, attention=_DG)),
+    "dgclip_vit_ti16": dict(embed_dim=512, vision=dict(_TI16_PAIRED, attention=_DG),
+                            text=dict(_TEXT, attention=_DG)),
+    "dgclip_tiny": dict(embed_dim=64, vision=dict(_TINY, attention=_DG),
+                        text=dict(_TEXT_TINY, attention=_DG)),
 }
 
 register_family(ModelFamily(CLIP, CLIP_CONFIGS, __name__, "CLIP (Hammoud & Ghanem 2025).", towers=_TOWERS))

@@ -7,7 +7,10 @@ family is built by the same :func:`build_model`, which applies overrides one way
 - ``key=value`` where ``key`` is an argument of the family's class replaces that argument;
 - for families with towers (CLIP: ``vision`` and ``text`` are dicts of tower arguments), ``<tower>_<arg>=value``
   sets one argument of one tower (``vision_depth=2``) and ``<arg>=value`` that every tower takes but the class
-  does not (``attention``, ``lambda_init``) sets it in all towers;
+  does not (``attention``) sets it in all towers;
+- ``attention=`` replaces the registered spec (an :class:`~diffattn.layers.AttentionSpec` or its dict); the loose
+  keywords of before (``lambda_init="ye"``, ``text_lambda_form=...``) are set in the registered spec, with the
+  deprecation warning of :meth:`~diffattn.layers.LooseAttention.convert`;
 - anything else is a ValueError that lists what is accepted.
 
 The registry only builds: it imports no family (each family module registers itself, and importing
@@ -27,6 +30,7 @@ from dataclasses import dataclass, field
 import torch.nn as nn
 
 from ..errors import did_you_mean
+from ..layers.spec import AttentionSpec
 from .pretrained import list_pretrained
 
 __all__ = ["ModelFamily", "register_family", "register_model", "build_model", "build", "list_models", "is_model",
@@ -39,8 +43,17 @@ TIMM_KWARGS = ("pretrained_cfg", "pretrained_cfg_overlay", "cache_dir")
 
 
 def inspect_args(cls: type) -> tuple[str, ...]:
-    """The constructor's argument names of ``cls`` (without ``self``)."""
-    return tuple(p for p in inspect.signature(cls.__init__).parameters if p != "self")
+    """The constructor's argument names of ``cls`` (without ``self`` and the ``**loose`` attention keywords of
+    before, :func:`loose_args`)."""
+    return tuple(n for n, p in inspect.signature(cls.__init__).parameters.items()
+                 if n != "self" and p.kind is not inspect.Parameter.VAR_KEYWORD)
+
+
+def loose_args(cls: type) -> tuple[str, ...]:
+    """The deprecated loose attention keywords ``cls`` still converts (``cls.LOOSE``,
+    :class:`~diffattn.layers.LooseAttention`); none for a class without."""
+    loose = getattr(cls, "LOOSE", None)
+    return tuple(loose.keywords) if loose is not None else ()
 
 
 @dataclass(frozen=True)
@@ -63,25 +76,39 @@ class ModelFamily:
     def apply_overrides(self, name: str, overrides: dict) -> dict:
         """The configuration of ``name`` with ``overrides`` applied (module docstring)."""
         cfg = copy.deepcopy(dict(self.configs[name]))
-        top = inspect_args(self.cls)
-        tower_args = {t: inspect_args(c) for t, c in self.towers.items()}
-        shared = [k for k in overrides if k not in top and self.towers and all(k in a for a in tower_args.values())]
+        classes = {None: self.cls, **self.towers}
+        args = {t: inspect_args(c) for t, c in classes.items()}
+        loose = {t: loose_args(c) for t, c in classes.items()}
+
+        def takes(t, key):
+            return key in args[t] or key in loose[t]
+
+        shared = [k for k in overrides if not takes(None, k) and self.towers and all(takes(t, k) for t in self.towers)]
         ordered = shared + [k for k in overrides if k not in shared]  # "all towers" first, one tower's after
+        pending: dict[str | None, dict] = {}  # loose attention keywords of each target, converted at the end
         for key in ordered:
             value = overrides[key]
-            tower = next((t for t in self.towers if key.startswith(t + "_") and key[len(t) + 1:] in tower_args[t]),
-                         None)
-            if key in top:
-                cfg[key] = value
+            tower = next((t for t in self.towers if key.startswith(t + "_") and takes(t, key[len(t) + 1:])), None)
+            if takes(None, key):
+                targets = [(None, key)]
             elif tower is not None:
-                cfg.setdefault(tower, {})[key[len(tower) + 1:]] = value
-            elif self.towers and all(key in a for a in tower_args.values()):
-                for t in self.towers:
-                    cfg.setdefault(t, {})[key] = value
+                targets = [(tower, key[len(tower) + 1:])]
+            elif self.towers and all(takes(t, key) for t in self.towers):
+                targets = [(t, key) for t in self.towers]
             else:
-                towers = "".join(f", {t}_<arg> (arg in {list(a)})" for t, a in tower_args.items())
+                towers = "".join(f", {t}_<arg> (arg in {list(args[t])})" for t in self.towers)
                 raise ValueError(f"override {key!r} is not an argument of {self.cls.__name__} ({name!r}); it "
-                                 f"takes {list(top)}{towers}")
+                                 f"takes {list(args[None])}{towers}")
+            for t, k in targets:
+                where = cfg if t is None else cfg.setdefault(t, {})
+                if k in args[t]:
+                    where[k] = value
+                else:
+                    pending.setdefault(t, {})[k] = value
+        for t, keywords in pending.items():  # the deprecated spelling, converted (and warned about) once per target
+            where = cfg if t is None else cfg[t]
+            where["attention"] = classes[t].LOOSE.convert(where.get("attention"), keywords,
+                                                          _with_defaults(classes[t], where))
         return cfg
 
 
@@ -160,9 +187,9 @@ def model_info(name: str) -> dict:
     with torch.device("meta"):
         params = sum(p.numel() for p in build(name).parameters())
     if family.towers:
-        attention = {t: cfg.get(t, {}).get("attention", "standard") for t in family.towers}
+        attention = {t: _attention_kind(cfg.get(t, {})) for t in family.towers}
     else:
-        attention = cfg.get("attention", "standard")
+        attention = _attention_kind(cfg)
     return {"name": name, "family": family.cls.__name__, "description": describe_model(name),
             "family_description": family.description, "attention": attention, "params": params, "module": family.module,
             "pretrained": [t for _, t in list_pretrained(name)]}
@@ -182,16 +209,24 @@ def _with_defaults(cls: type, cfg: Mapping) -> dict:
     return {**{k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}, **cfg}
 
 
+def _spec(args: Mapping) -> AttentionSpec:
+    """The attention of constructor arguments ``args``: a spec, its dict, or a kind's name (registered configs
+    use the first two)."""
+    att = args.get("attention")
+    if isinstance(att, AttentionSpec):
+        return att
+    return AttentionSpec.from_dict(att) if isinstance(att, Mapping) else AttentionSpec(att or "standard")
+
+
 def _attention_kind(args: Mapping) -> str:
-    kind = args.get("attention", "standard")
-    return kind if isinstance(kind, str) else getattr(kind, "kind", str(kind))
+    return _spec(args).kind
 
 
 def _lambda_text(args: Mapping) -> str | None:
     """``λ_init 0.8`` or ``λ_init by depth …`` for the differential kinds that scale by (1 − λ_init), else None."""
     if _attention_kind(args) not in ("diff", "gated"):
         return None
-    lam = args.get("lambda_init")
+    lam = _spec(args).lambda_init
     if lam == "ye":
         return "λ_init by depth (0.8 − 0.6·exp(−0.3·l))"
     return f"λ_init {lam:g}" if isinstance(lam, (int, float)) else f"λ_init {lam}"
@@ -203,7 +238,7 @@ def _size_text(args: Mapping, classes: bool = True) -> str:
     width = args.get("embed_dim", args.get("dim"))
     parts = [f"width {width}", f"depth {args.get('depth')}"]
     heads = args.get("num_heads")
-    kv = args.get("num_kv_heads")
+    kv = _spec(args).num_kv_heads
     parts.append(f"{heads} heads" + (f" ({kv} K/V)" if kv not in (None, heads) else ""))
     if args.get("mlp_ratio", 4.0) != 4.0:
         parts.append(f"MLP ×{args['mlp_ratio']:.3g}")
@@ -237,7 +272,7 @@ def describe_model(name: str) -> str:
     variant = None
     if set(kinds) == {"vision", "text"}:
         variant = _CLIP_VARIANTS.get((kinds["vision"], kinds["text"]))
-        if variant == "DiffCLIP" and any(towers[t].get("lambda_init") == "ye" for t in towers):
+        if variant == "DiffCLIP" and any(_spec(a).lambda_init == "ye" for a in towers.values()):
             variant = "DiffCLIP*"
     first, args = next(iter(towers.items()))
     return (f"{variant + ': ' if variant else ''}{head}{''.join(', ' + x for x in lams)}; "

@@ -42,14 +42,13 @@ from __future__ import annotations
 import json
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-from ..lambdas import DEFAULT_LAMBDA_INIT
-from ..layers import MLP_TYPES, AttentionSpec, Block, attention_spec
+from ..layers import MLP_TYPES, AttentionSpec, Block, LooseAttention
 from .base import DiffattnModel
 from .config import check_args, check_choice
 from .registry import ModelFamily, register_family
@@ -57,6 +56,8 @@ from .registry import ModelFamily, register_family
 __all__ = ["Vocabulary", "TextClassifier", "POOLS", "TEXT_CONFIGS"]
 
 POOLS = ("cls", "mean")
+#: the default attention of :class:`TextClassifier`: standard, dropout 0.1 on its output (M-DGSA 2025, App. B.3)
+TEXT_ATTENTION = AttentionSpec(proj_drop=0.1)
 _TOKEN_RE = re.compile(r"\w+|[^\w\s]")
 
 
@@ -174,33 +175,31 @@ class TextClassifier(DiffattnModel):
     ``forward(input_ids (B, N), attention_mask (B, N) | None) → logits (B, num_classes)``; the mask defaults to
     ``input_ids != pad_id``. N ≤ ``max_len``.
 
-    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` (every attention setting in one value) or the name
-    of a kind with the flat arguments of before (``lambda_init``, ``lambda_form``, ``sub_norm``, ``qkv_bias``,
-    ``q_residual``, ``attn_drop_rate``, ``backend``), which must stay at their defaults with a spec; ``drop_rate``
-    is the attention's ``proj_drop`` only with a name.
+    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` or its dict: every attention setting in one value
+    (default: standard attention with dropout 0.1 on its output, App. B.3). ``drop_rate`` is the dropout after the
+    embeddings and in the MLP. The loose keywords of before (:data:`LOOSE`) are deprecated
+    (:class:`~diffattn.layers.LooseAttention`).
     """
 
+    #: the spelling of before: ``attention="diff", lambda_init=…``, where ``drop_rate`` was ``proj_drop`` too
+    LOOSE = LooseAttention("TextClassifier", ("lambda_init", "lambda_form", "sub_norm", "qkv_bias", "q_residual",
+                                              "attn_drop_rate", "backend"), fill={"proj_drop": "drop_rate"})
+
     def __init__(self, vocab_size: int = 60000, num_classes: int = 2, max_len: int = 256, embed_dim: int = 256,
-                 depth: int = 6, num_heads: int = 8, *, attention: str | AttentionSpec = "standard",
-                 lambda_init: float | str = DEFAULT_LAMBDA_INIT, lambda_form: str | None = None,
-                 sub_norm: bool | None = None,
-                 mlp: str = "gelu", mlp_ratio: float = 4.0, mlp_dropouts: int = 2,
-                 qkv_bias: bool = True, q_residual: bool = False, pool: str = "cls", drop_rate: float = 0.1,
-                 attn_drop_rate: float = 0.0, norm_eps: float = 1e-5, pad_id: int = 0, backend: str = "auto"):
+                 depth: int = 6, num_heads: int = 8, *, attention: AttentionSpec | Mapping = TEXT_ATTENTION,
+                 mlp: str = "gelu", mlp_ratio: float = 4.0, mlp_dropouts: int = 2, pool: str = "cls",
+                 drop_rate: float = 0.1, norm_eps: float = 1e-5, pad_id: int = 0, **loose):
         super().__init__()
         check_args("TextClassifier", vocab_size=vocab_size, num_classes=num_classes, max_len=max_len,
                    embed_dim=embed_dim, depth=depth, num_heads=num_heads, norm_eps=norm_eps, drop_rate=drop_rate,
-                   attn_drop_rate=attn_drop_rate, pad_id=pad_id)
+                   pad_id=pad_id)
         if num_classes < 1:
             raise ValueError(f"TextClassifier: num_classes must be an integer >= 1, got {num_classes!r}")
         if pad_id >= vocab_size:
             raise ValueError(f"TextClassifier: pad_id must be an id in [0, {vocab_size}), got {pad_id!r}")
         check_choice("pool", pool, POOLS)
         check_choice("mlp", mlp, MLP_TYPES)
-        spec = attention_spec(attention, owner="TextClassifier", signature=TextClassifier.__init__,
-                              fill={"proj_drop": drop_rate}, lambda_init=lambda_init, lambda_form=lambda_form,
-                              sub_norm=sub_norm, qkv_bias=qkv_bias, q_residual=q_residual,
-                              attn_drop_rate=("attn_drop", attn_drop_rate), backend=backend)
+        spec = self.LOOSE.resolve(attention, loose, {"drop_rate": drop_rate})
         self.vocab_size, self.num_classes, self.max_len = vocab_size, num_classes, max_len
         self.embed_dim, self.attention, self.pool, self.pad_id = embed_dim, spec.kind, pool, pad_id
         self.attention_spec = spec
@@ -294,55 +293,57 @@ class TextClassifier(DiffattnModel):
 _X16_3 = 16 / 3  # M-DGSA (2025)'s ×16/3 SwiGLU expansion
 # Sizes (M-DGSA 2025, App. B.3): rt = Rotten Tomatoes 4 × 256; base = AG News / IMDB / 20 Newsgroups 6 × 256;
 # mnli 6 × 512, 3 classes, 30,000 words; tiny for tests. DT/DGT: the paper's "8 heads" are differential (h = 16).
+# dropout 0.1 on the attention output as everywhere else (App. B.3); DGT omits the [Q⁺; Q⁻] residual (the default)
+_T, _DT, _DGT = (dict(kind=k, proj_drop=0.1) for k in ("standard", "diff", "gated"))
 TEXT_CONFIGS: dict[str, dict] = {
-    "t_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=4, max_len=128, attention="standard",
+    "t_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=4, max_len=128, attention=_T,
                    mlp="gelu", mlp_ratio=4.0),
-    "dt_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=8, max_len=128, attention="diff",
+    "dt_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=8, max_len=128, attention=_DT,
                     mlp="swiglu", mlp_ratio=4.0),
-    "dgt_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=8, max_len=128, attention="gated",
-                     mlp="swiglu", q_residual=False, mlp_ratio=4.0),
-    "t_rt": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=8, max_len=256, attention="standard",
-                 mlp="gelu", mlp_ratio=4.0),
-    "dt_rt_x2": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="diff",
-                     mlp="swiglu", mlp_ratio=2.0),
-    "dt_rt_x4": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="diff",
+    "dgt_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=8, max_len=128, attention=_DGT,
                      mlp="swiglu", mlp_ratio=4.0),
-    "dt_rt_x16_3": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="diff",
+    "t_rt": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=8, max_len=256, attention=_T,
+                 mlp="gelu", mlp_ratio=4.0),
+    "dt_rt_x2": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DT,
+                     mlp="swiglu", mlp_ratio=2.0),
+    "dt_rt_x4": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DT,
+                     mlp="swiglu", mlp_ratio=4.0),
+    "dt_rt_x16_3": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DT,
                         mlp="swiglu", mlp_ratio=_X16_3),
-    "dgt_rt_x2": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="gated",
-                      mlp="swiglu", q_residual=False, mlp_ratio=2.0),
-    "dgt_rt_x4": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="gated",
-                      mlp="swiglu", q_residual=False, mlp_ratio=4.0),
-    "dgt_rt_x16_3": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention="gated",
-                         mlp="swiglu", q_residual=False, mlp_ratio=_X16_3),
-    "t_base": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=8, max_len=256, attention="standard",
+    "dgt_rt_x2": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DGT,
+                      mlp="swiglu", mlp_ratio=2.0),
+    "dgt_rt_x4": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DGT,
+                      mlp="swiglu", mlp_ratio=4.0),
+    "dgt_rt_x16_3": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DGT,
+                         mlp="swiglu", mlp_ratio=_X16_3),
+    "t_base": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=8, max_len=256, attention=_T,
                    mlp="gelu", mlp_ratio=4.0),
-    "dt_base_x2": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="diff",
+    "dt_base_x2": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DT,
                        mlp="swiglu", mlp_ratio=2.0),
-    "dt_base_x4": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="diff",
+    "dt_base_x4": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DT,
                        mlp="swiglu", mlp_ratio=4.0),
-    "dt_base_x16_3": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="diff",
+    "dt_base_x16_3": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DT,
                           mlp="swiglu", mlp_ratio=_X16_3),
-    "dgt_base_x2": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="gated",
-                        mlp="swiglu", q_residual=False, mlp_ratio=2.0),
-    "dgt_base_x4": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="gated",
-                        mlp="swiglu", q_residual=False, mlp_ratio=4.0),
-    "dgt_base_x16_3": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention="gated",
-                           mlp="swiglu", q_residual=False, mlp_ratio=_X16_3),
+    "dgt_base_x2": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DGT,
+                        mlp="swiglu", mlp_ratio=2.0),
+    "dgt_base_x4": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DGT,
+                        mlp="swiglu", mlp_ratio=4.0),
+    "dgt_base_x16_3": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DGT,
+                           mlp="swiglu", mlp_ratio=_X16_3),
     "t_mnli": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=8, max_len=256, num_classes=3,
-                   attention="standard", mlp="gelu", mlp_ratio=4.0),
+                   attention=_T, mlp="gelu", mlp_ratio=4.0),
     "dt_mnli_x2": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                       attention="diff", mlp="swiglu", mlp_ratio=2.0),
+                       attention=_DT, mlp="swiglu", mlp_ratio=2.0),
     "dt_mnli_x4": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                       attention="diff", mlp="swiglu", mlp_ratio=4.0),
+                       attention=_DT, mlp="swiglu", mlp_ratio=4.0),
     "dt_mnli_x16_3": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                          attention="diff", mlp="swiglu", mlp_ratio=_X16_3),
+                          attention=_DT, mlp="swiglu", mlp_ratio=_X16_3),
     "dgt_mnli_x2": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                        attention="gated", mlp="swiglu", q_residual=False, mlp_ratio=2.0),
+                        attention=_DGT, mlp="swiglu", mlp_ratio=2.0),
     "dgt_mnli_x4": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                        attention="gated", mlp="swiglu", q_residual=False, mlp_ratio=4.0),
+                        attention=_DGT, mlp="swiglu", mlp_ratio=4.0),
     "dgt_mnli_x16_3": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                           attention="gated", mlp="swiglu", q_residual=False, mlp_ratio=_X16_3),
+                           attention=_DGT, mlp="swiglu", mlp_ratio=_X16_3),
 }
 
 register_family(ModelFamily(TextClassifier, TEXT_CONFIGS, __name__, "text classifier (M-DGSA 2025, App. B.3)."))

@@ -4,8 +4,8 @@
     block:  x = x + drop_path(attn(norm1(x)));   x = x + drop_path(mlp(norm2(x)))        (pre-norm)
 
 One class, :class:`VisionTransformer`, serves every variant. ``attention`` (an
-:class:`~diffattn.layers.AttentionSpec`, or the kind's name ``"standard" | "diff" | "gated"`` with the flat arguments
-below) picks the layer; everything else is shared
+:class:`~diffattn.layers.AttentionSpec` or its dict, ``kind`` ``"standard" | "diff" | "gated"``) picks the layer;
+everything else is shared
 (:class:`diffattn.layers.Block`), so the state-dict keys outside ``blocks.*.attn`` are the same for all three (a
 fair comparison). Parameter names follow timm (``patch_embed.proj``, ``cls_token``, ``pos_embed``,
 ``blocks.i.norm1``/``mlp.fc1``/``norm2``, ``norm``, ``head``) and the attention layers keep the names of DiffCLIP's
@@ -32,10 +32,12 @@ Conventions and choices (say them, never guess):
   ``mlp_ratio`` is r for ``mlp="swiglu"`` and the hidden width ratio for the GELU MLPs.
 - Dropout layouts (M-DGSA 2025, Table 1, "one or two dropout layers"): ``mlp_dropouts=1`` puts one dropout between
   the activation and the down projection; ``mlp_dropouts=2`` adds one after the down projection (as timm).
-  ``drop_rate`` is also used after the position embedding and the attention output projection.
-- ``lambda_init``: a float (0.8, DiffCLIP and M-DGSA 2025, App. B.5) or ``"ye"``: 0.8 − 0.6·exp(−0.3·l) with l
+  ``drop_rate`` is also used after the position embedding; the attention output projection's is the spec's
+  ``proj_drop`` (the M-DGSA tables set it to ``drop_rate``).
+- the spec's ``lambda_init``: a float (0.8, DiffCLIP and M-DGSA 2025, App. B.5) or ``"ye"``: 0.8 − 0.6·exp(−0.3·l)
+  with l
   the **0-based** block index (block 0 gets 0.2; Ye et al. 2024 §2.1).
-- ``lambda_form`` and ``sub_norm``: the differential layers' λ form (:mod:`diffattn.lambdas`) and their per-head
+- its ``lambda_form`` and ``sub_norm``: the differential layers' λ form (:mod:`diffattn.lambdas`) and their per-head
   sub-norm (None: each layer's default; the sub-norm is on for every λ form but ``token_sigmoid``).
 
 timm: :func:`diffattn.factory.register_timm` puts each vision model in timm's registry as ``diffattn_<name>``, and
@@ -47,14 +49,14 @@ order, without importing timm itself.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
-from ..lambdas import DEFAULT_LAMBDA_INIT
-from ..layers import AttentionSpec, Block, PatchEmbed, attention_spec
+from ..layers import AttentionSpec, Block, LooseAttention, PatchEmbed
+from ..layers.spec import STANDARD
 from .base import DiffattnModel
 from .config import check_args, check_choice, check_size, is_int
 from .registry import ModelFamily, register_family
@@ -96,37 +98,32 @@ class VisionTransformer(DiffattnModel):
     CLS token (M-DGSA 2025, §4.3: DGViT "retains the learnable class token"), ``"avg"`` from the mean patch token.
     ``num_classes=0`` gives a feature extractor (the CLIP image tower). ``pre_norm`` adds OpenAI CLIP's
     ``ln_pre`` (here ``norm_pre``); ``patch_bias=False`` is OpenAI CLIP's bias-free patch convolution.
-    See the module docstring for ``mlp``, ``mlp_ratio``, ``mlp_dropouts``, ``q_residual`` and ``lambda_init``.
-    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` (every attention setting in one value) or
-    the name of a kind with the flat arguments of before (``lambda_init``, ``lambda_form``, ``sub_norm``, ``qkv_bias``,
-    ``q_residual``, ``attn_drop_rate``, ``backend``), which must stay at their defaults with a spec; ``drop_rate``
-    is the attention's ``proj_drop`` only with a name.
+    See the module docstring for ``mlp``, ``mlp_ratio``, ``mlp_dropouts`` and the attention settings.
+    ``attention`` is an :class:`~diffattn.layers.AttentionSpec` or its dict: every attention setting in one value.
+    ``drop_rate`` is the dropout after the position embedding and in the MLP (the attention's are the spec's). The
+    loose keywords of before (:data:`LOOSE`) are deprecated (:class:`~diffattn.layers.LooseAttention`).
     """
+
+    #: the spelling of before: ``attention="diff", lambda_init=…``, where ``drop_rate`` was ``proj_drop`` too
+    LOOSE = LooseAttention("VisionTransformer", ("lambda_init", "lambda_form", "sub_norm", "qkv_bias", "q_residual",
+                                                 "attn_drop_rate", "backend"), fill={"proj_drop": "drop_rate"})
 
     def __init__(self, img_size: int = 224, patch_size: int = 16, in_chans: int = 3, num_classes: int = 1000,
                  embed_dim: int = 768, depth: int = 12, num_heads: int = 12,
-                 attention: str | AttentionSpec = "standard", lambda_init: float | str = DEFAULT_LAMBDA_INIT,
-                 lambda_form: str | None = None,
-                 mlp: str = "gelu", mlp_ratio: float = 4.0,
-                 mlp_dropouts: int = 2, qkv_bias: bool = True, q_residual: bool = False,
-                 class_token: bool = True, global_pool: str = "token", pre_norm: bool = False,
+                 attention: AttentionSpec | Mapping = STANDARD, mlp: str = "gelu", mlp_ratio: float = 4.0,
+                 mlp_dropouts: int = 2, class_token: bool = True, global_pool: str = "token", pre_norm: bool = False,
                  patch_bias: bool = True, norm_eps: float = 1e-6, drop_rate: float = 0.0,
-                 attn_drop_rate: float = 0.0, drop_path_rate: float = 0.0, backend: str = "auto",
-                 sub_norm: bool | None = None):
+                 drop_path_rate: float = 0.0, **loose):
         super().__init__()
         check_args("VisionTransformer", img_size=img_size, patch_size=patch_size, in_chans=in_chans,
                    num_classes=num_classes, embed_dim=embed_dim, depth=depth, num_heads=num_heads,
-                   norm_eps=norm_eps, drop_rate=drop_rate, attn_drop_rate=attn_drop_rate,
-                   drop_path_rate=drop_path_rate)
+                   norm_eps=norm_eps, drop_rate=drop_rate, drop_path_rate=drop_path_rate)
         if img_size % patch_size:
             raise ValueError(f"img_size must be divisible by patch_size={patch_size}, got {img_size!r}")
         check_choice("global_pool", global_pool, ("token", "avg"))
         if global_pool == "token" and not class_token:
             raise ValueError("global_pool='token' needs class_token=True; use global_pool='avg' without it")
-        spec = attention_spec(attention, owner="VisionTransformer", signature=VisionTransformer.__init__,
-                              fill={"proj_drop": drop_rate}, lambda_init=lambda_init, lambda_form=lambda_form,
-                              sub_norm=sub_norm, qkv_bias=qkv_bias, q_residual=q_residual,
-                              attn_drop_rate=("attn_drop", attn_drop_rate), backend=backend)
+        spec = self.LOOSE.resolve(attention, loose, {"drop_rate": drop_rate})
         self.num_classes, self.embed_dim, self.num_features = num_classes, embed_dim, embed_dim
         self.global_pool, self.attention, self.attention_spec = global_pool, spec.kind, spec
         self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, bias=patch_bias)
@@ -322,44 +319,40 @@ class VisionTransformer(DiffattnModel):
 # --------------------------------------------------------------------------------------------- registry
 
 _X16_3 = 16 / 3  # M-DGSA (2025)'s ×16/3 SwiGLU expansion
+_DIFF = dict(kind="diff")
+_DG = dict(kind="gated", q_residual=True)  # M-DGSA with the [Q⁺; Q⁻] residual (DGViT)
+_CIFAR = dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=16, num_classes=10, drop_rate=0.05,
+              mlp="swiglu", mlp_dropouts=2)  # the DViT / DGViT sizes of M-DGSA (2025) App. B Table 4
 VIT_CONFIGS: dict[str, dict] = {
     # a CPU size: trains on 32×32 images in minutes
     "vit_nano": dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4, num_classes=10),
     "diff_vit_nano": dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4, num_classes=10,
-                          attention="diff"),
+                          attention=_DIFF),
     "dg_vit_nano": dict(img_size=32, patch_size=4, embed_dim=64, depth=4, num_heads=4, num_classes=10,
-                        attention="gated", mlp="swiglu", mlp_dropouts=2, q_residual=True, mlp_ratio=4.0),
+                        attention=_DG, mlp="swiglu", mlp_dropouts=2, mlp_ratio=4.0),
     # ImageNet sizes (timm's ViT-Ti/S/B 16 × 224); ViT-Ti's 3 heads cannot pair, its differential towers use 6
     "vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=3),
-    "diff_vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=6, attention="diff"),
-    "dg_vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=6, attention="gated", mlp="swiglu",
-                                    mlp_dropouts=2, q_residual=True, mlp_ratio=4.0),
+    "diff_vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=6, attention=_DIFF),
+    "dg_vit_tiny_patch16_224": dict(embed_dim=192, depth=12, num_heads=6, attention=_DG, mlp="swiglu",
+                                    mlp_dropouts=2, mlp_ratio=4.0),
     "vit_small_patch16_224": dict(embed_dim=384, depth=12, num_heads=6),
-    "diff_vit_small_patch16_224": dict(embed_dim=384, depth=12, num_heads=6, attention="diff"),
-    "dg_vit_small_patch16_224": dict(embed_dim=384, depth=12, num_heads=6, attention="gated", mlp="swiglu",
-                                     mlp_dropouts=2, q_residual=True, mlp_ratio=4.0),
+    "diff_vit_small_patch16_224": dict(embed_dim=384, depth=12, num_heads=6, attention=_DIFF),
+    "dg_vit_small_patch16_224": dict(embed_dim=384, depth=12, num_heads=6, attention=_DG, mlp="swiglu",
+                                     mlp_dropouts=2, mlp_ratio=4.0),
     "vit_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12),
-    "diff_vit_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12, attention="diff"),
-    "dg_vit_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12, attention="gated", mlp="swiglu",
-                                    mlp_dropouts=2, q_residual=True, mlp_ratio=4.0),
-    # M-DGSA (2025) App. B Table 4: width 256, 8 layers, "8 heads" (differential: h = 16), patch 4, dropout 0.05
+    "diff_vit_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12, attention=_DIFF),
+    "dg_vit_base_patch16_224": dict(embed_dim=768, depth=12, num_heads=12, attention=_DG, mlp="swiglu",
+                                    mlp_dropouts=2, mlp_ratio=4.0),
+    # M-DGSA (2025) App. B Table 4: width 256, 8 layers, "8 heads" (differential: h = 16), patch 4, dropout 0.05 (also
+    # on the attention output)
     "vit_cifar": dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=8, num_classes=10,
-                      drop_rate=0.05),
-    "diff_vit_cifar_x2": dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=16, num_classes=10,
-                              drop_rate=0.05, attention="diff", mlp="swiglu", mlp_dropouts=2, mlp_ratio=2.0),
-    "dg_vit_cifar_x2": dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=16, num_classes=10,
-                            drop_rate=0.05, attention="gated", mlp="swiglu", mlp_dropouts=2, q_residual=True,
-                            mlp_ratio=2.0),
-    "diff_vit_cifar_x4": dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=16, num_classes=10,
-                              drop_rate=0.05, attention="diff", mlp="swiglu", mlp_dropouts=2, mlp_ratio=4.0),
-    "dg_vit_cifar_x4": dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=16, num_classes=10,
-                            drop_rate=0.05, attention="gated", mlp="swiglu", mlp_dropouts=2, q_residual=True,
-                            mlp_ratio=4.0),
-    "diff_vit_cifar_x16_3": dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=16, num_classes=10,
-                                 drop_rate=0.05, attention="diff", mlp="swiglu", mlp_dropouts=2, mlp_ratio=_X16_3),
-    "dg_vit_cifar_x16_3": dict(img_size=32, patch_size=4, embed_dim=256, depth=8, num_heads=16, num_classes=10,
-                               drop_rate=0.05, attention="gated", mlp="swiglu", mlp_dropouts=2, q_residual=True,
-                               mlp_ratio=_X16_3),
+                      drop_rate=0.05, attention=dict(kind="standard", proj_drop=0.05)),
+    "diff_vit_cifar_x2": dict(_CIFAR, attention=dict(_DIFF, proj_drop=0.05), mlp_ratio=2.0),
+    "dg_vit_cifar_x2": dict(_CIFAR, attention=dict(_DG, proj_drop=0.05), mlp_ratio=2.0),
+    "diff_vit_cifar_x4": dict(_CIFAR, attention=dict(_DIFF, proj_drop=0.05), mlp_ratio=4.0),
+    "dg_vit_cifar_x4": dict(_CIFAR, attention=dict(_DG, proj_drop=0.05), mlp_ratio=4.0),
+    "diff_vit_cifar_x16_3": dict(_CIFAR, attention=dict(_DIFF, proj_drop=0.05), mlp_ratio=_X16_3),
+    "dg_vit_cifar_x16_3": dict(_CIFAR, attention=dict(_DG, proj_drop=0.05), mlp_ratio=_X16_3),
 }
 
 FEATURE_KWARGS = ("out_indices", "output_fmt", "feature_cls", "feature_cfg")

@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data.tokenizers import split_words
-from .base import DiffattnModel
+from .base import DiffattnModel, upgrade_config
 from .causal_lm import LM_CONFIGS, CausalLM
 from .config import is_int
 from .registry import ModelFamily, register_family
@@ -85,6 +85,13 @@ class VisionLanguageModel(DiffattnModel):
             raise ValueError(f"projector_hidden must be None or an integer >= 1, got {projector_hidden!r}")
         dv = self.visual.embed_dim
         self.projector = nn.Sequential(nn.Linear(dv, hidden), nn.GELU(), nn.Linear(hidden, self.lm.dim))
+
+    @classmethod
+    def upgrade_config(cls, config: dict) -> dict:
+        """A saved configuration with each tower's loose attention keys of before made into its ``attention``."""
+        towers = {"vision": VisionTransformer, "lm": CausalLM}
+        return {**config, **{t: upgrade_config(c, config[t]) for t, c in towers.items()
+                             if isinstance(config.get(t), dict)}}
 
     # ------------------------------------------------------------------------------------------ text
     @property
@@ -284,7 +291,7 @@ class VisionLanguageModel(DiffattnModel):
             from .base import from_pretrained
 
             clip = from_pretrained(clip)
-        vision = dict(clip._hub_mixin_config.get("vision") or {})
+        vision = dict(type(clip).upgrade_config(dict(clip._hub_mixin_config)).get("vision") or {})
         return cls(vision=vision, lm=lm, vocab=vocab, **kwargs).load_vision_tower(clip)
 
 
@@ -292,12 +299,11 @@ class VisionLanguageModel(DiffattnModel):
 
 # The image towers of clip_tiny / diffclip_tiny (32×32, patch 4, width 64, 2 blocks; tests check they agree) and
 # lm_tiny's LM, so that the towers of `diffattn train diffattn/configs/demo/*.yaml` load into them.
-_TOWER_TINY = dict(img_size=32, patch_size=4, mlp="gelu", norm_eps=1e-5, embed_dim=64, depth=2, num_heads=4,
-                   lambda_init=0.8)
+_TOWER_TINY = dict(img_size=32, patch_size=4, mlp="gelu", norm_eps=1e-5, embed_dim=64, depth=2, num_heads=4)
 _LM_TINY = dict(LM_CONFIGS["lm_tiny"])  # vocab_size 512 without a word list; a vocab sets it
 VLM_CONFIGS: dict[str, dict] = {
-    "llava_clip_tiny": dict(vision=dict(_TOWER_TINY, attention="standard"), lm=dict(_LM_TINY)),
-    "llava_diffclip_tiny": dict(vision=dict(_TOWER_TINY, attention="diff"), lm=dict(_LM_TINY)),
+    "llava_clip_tiny": dict(vision=dict(_TOWER_TINY, attention=dict(kind="standard")), lm=dict(_LM_TINY)),
+    "llava_diffclip_tiny": dict(vision=dict(_TOWER_TINY, attention=dict(kind="diff")), lm=dict(_LM_TINY)),
 }
 
 register_family(ModelFamily(VisionLanguageModel, VLM_CONFIGS, __name__, "LLaVA-style VLM (Liu et al. 2023).",
