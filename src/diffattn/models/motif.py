@@ -59,7 +59,12 @@ class MotifLM(CausalLM):
         norm_eps: ``rms_norm_eps`` of the block and final norms; attn_norm_eps: ``attn_rms_norm_eps`` of the
             attention sub-norm; poly_norm_eps: the eps of PolyNorm (1e-6 in the released code).
         qkv_bias, out_bias, mlp_bias: biases of q/k/v, o_proj and the MLP.
+
+    Its arguments are the released config's, not an ``attention`` spec: the spec is derived from them (and saved
+    files keep them flat), so it has no loose-keyword conversion.
     """
+
+    LOOSE = None
 
     def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, num_heads: int = 8, *,
                  num_noise_heads: int | None = None, num_kv_heads: int | None = None, head_dim: int | None = None,
