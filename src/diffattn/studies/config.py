@@ -34,7 +34,8 @@ def study_for(name: Any, where: str = "the study config") -> Study:
     return study
 
 
-#: packaged study name → the module that registers it (``diffattn.studies.<name>``, imported on first use)
+#: packaged study name → the module that registers it (``diffattn.studies.<name>``, imported on first use); a
+#: compatibility alias of the registry for code written against 0.1.0, removed in 0.3.0 (use :func:`study_names`)
 STUDY_MODULES: dict[str, str] = {n: f"diffattn.studies.{n}" for n in config_names("studies")}
 #: study name → the wall time of its packaged config as measured for docs/studies.md (its summary table; the shared
 #: 2-core CPU, one thread per study): what ``diffattn study --help`` quotes, never an estimate (data, not dispatch:

@@ -338,5 +338,6 @@ class DetectionStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring; :class:`DetectionStudy`)."""
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`DetectionStudy`; removed in 0.3.0."""
     return DetectionStudy().execute(cfg, progress)

@@ -213,5 +213,6 @@ class DGViTStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring; :class:`DGViTStudy`)."""
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`DGViTStudy`; removed in 0.3.0."""
     return DGViTStudy().execute(cfg, progress)

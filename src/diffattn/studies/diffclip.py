@@ -631,7 +631,8 @@ class DiffCLIPStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every seed of the demo, aggregated (:class:`DiffCLIPStudy`)."""
+    """Every seed of the demo, aggregated. The 0.1.0 entry point, kept as an alias of ``execute`` of
+    :class:`DiffCLIPStudy`; removed in 0.3.0."""
     return DiffCLIPStudy().execute(cfg, progress)
 
 

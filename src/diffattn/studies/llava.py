@@ -206,7 +206,8 @@ class LLaVAStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring; :class:`LLaVAStudy`)."""
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`LLaVAStudy`; removed in 0.3.0."""
     return LLaVAStudy().execute(cfg, progress)
 
 

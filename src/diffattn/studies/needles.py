@@ -427,5 +427,6 @@ class NeedlesStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring; :class:`NeedlesStudy`)."""
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`NeedlesStudy`; removed in 0.3.0."""
     return NeedlesStudy().execute(cfg, progress)

@@ -318,5 +318,6 @@ class NoiseStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring; :class:`NoiseStudy`)."""
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`NoiseStudy`; removed in 0.3.0."""
     return NoiseStudy().execute(cfg, progress)

@@ -241,5 +241,6 @@ class PaliGemmaStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring; :class:`PaliGemmaStudy`)."""
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`PaliGemmaStudy`; removed in 0.3.0."""
     return PaliGemmaStudy().execute(cfg, progress)

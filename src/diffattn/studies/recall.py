@@ -204,5 +204,6 @@ class RecallStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every width and seed, aggregated (module docstring; :class:`RecallStudy`)."""
+    """Every variant at every width and seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias
+    of ``execute`` of :class:`RecallStudy`; removed in 0.3.0."""
     return RecallStudy().execute(cfg, progress)

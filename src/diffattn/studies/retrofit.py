@@ -463,5 +463,6 @@ class RetrofitStudy(Study):
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring; :class:`RetrofitStudy`)."""
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`RetrofitStudy`; removed in 0.3.0."""
     return RetrofitStudy().execute(cfg, progress)

@@ -319,7 +319,8 @@ def config_from_dict(d: dict[str, Any]) -> TrainConfig:
 
 def apply_overrides(d: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     """Apply ``section.key=value`` (or ``section.key.sub=value`` inside a mapping) to the nested dict ``d``;
-    values are parsed as YAML (``3e-4``, ``true``, ``[1, 2]``; :func:`diffattn.configs.apply_sets`)."""
+    values are parsed as YAML (``3e-4``, ``true``, ``[1, 2]``). An alias of :func:`diffattn.configs.apply_sets` kept
+    from 0.1.0; removed in 0.3.0."""
     return apply_sets(json.loads(json.dumps(d)), overrides, min_depth=2, example="section.key")
 
 
