@@ -41,15 +41,15 @@ STUDY_MODULES: dict[str, str] = {n: f"diffattn.studies.{n}" for n in config_name
 #: 2-core CPU, one thread per study): what ``diffattn study --help`` quotes, never an estimate (data, not dispatch:
 #: a study without an entry is "not measured")
 WALL_TIMES: dict[str, str] = {
-    "diffclip": "67 min (5 seeds in 3 processes)",
-    "retrofit": "27.1 min",
+    "detection": "56 + 37 min (6 seeds in two runs, docs/detection.md)",
     "dgvit": "21.7 min (two calls)",
+    "diffclip": "67 min (5 seeds in 3 processes)",
+    "llava": "25 min",
+    "needles": "8.5 min",
     "noise": "21.7 min (two processes)",
     "paligemma": "20.5 min",
-    "llava": "25 min",
-    "detection": "56 + 37 min (6 seeds in two runs, docs/detection.md)",
-    "needles": "8.5 min",
     "recall": "20.6 min",
+    "retrofit": "27.1 min",
 }
 
 

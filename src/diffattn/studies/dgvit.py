@@ -31,7 +31,7 @@ from ..data import get_dataset
 from ..data.transforms import pixel_stats
 from ..eval import noise_robustness
 from ..eval.robustness import COMMON_CORRUPTIONS, corrupt_images, mean_corruption_error
-from ..models import from_pretrained
+from ..factory import from_pretrained
 from ..train.config import config_from_dict
 from ..train.loop import train
 from .base import Study, StudyConfig, register_study, require_datasets

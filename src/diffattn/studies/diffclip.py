@@ -37,8 +37,8 @@ from ..diagnostics import plots as diag_plots
 from ..eval import classification_metrics, corruption_table, evaluate, recall_at_k, zero_shot_classifier
 from ..eval.classification import zero_shot_logits
 from ..eval.runner import classification_chance
+from ..factory import from_pretrained
 from ..io import atomic_write_file
-from ..models import from_pretrained
 from ..models.clip import IMAGENET_MEAN, IMAGENET_STD
 from ..train.checkpoint import load_checkpoint
 from ..train.config import load_config

@@ -31,8 +31,8 @@ import torch
 
 from ..data.vqa import POPE_SPLITS, QUESTION_KINDS, VQADataset
 from ..eval.vlm_bench import evaluate_vlm, image_attention, llava_answerer
+from ..factory import create_model
 from ..io import atomic_write_file
-from ..models import create_model
 from ..models.clip import image_transform
 from ..train.llava import train_llava
 from ..train.tasks.vlm import QuestionImages, vlm_vocabulary

@@ -41,7 +41,7 @@ from ..data import get_dataset
 from ..diagnostics import answer_attention, capture_attention
 from ..eval.language import greedy_continuation, needle_prompt, perplexity
 from ..eval.text_models import get_text_tokenizer, lm_logits
-from ..models import create_model, from_pretrained
+from ..factory import create_model, from_pretrained
 from ..train.loop import fit
 from ..train.optim import warmup_cosine
 from .base import Study, StudyConfig, register_study, require_datasets
