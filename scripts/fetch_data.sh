@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch and prepare the offline datasets into <repo>/data (git-ignored): a thin wrapper around
-# `diffattn data prepare` (src/diffattn/data/prepare.py does the work), kept for `make test`, `make demo` and scripts.
+# `diffattn data prepare` (src/diffattn/app/prepare.py does the work), kept for `make test`, `make demo` and scripts.
 #
 #   scripts/fetch_data.sh                         # everything, into <repo>/data (or $DIFFATTN_DATA when set)
 #   scripts/fetch_data.sh emoji moby_dick         # some of it (names: diffattn data prepare --help)

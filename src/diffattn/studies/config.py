@@ -4,55 +4,63 @@ keys (each study module's ``DEFAULTS``). Unknown keys and wrong types are a ``Va
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-__all__ = ["COMMON_KEYS", "STUDY_MODULES", "WALL_TIMES", "find_config", "load_study", "validate_study",
-           "budget_warnings"]
+from ..configs import apply_sets, config_names
+from ..configs import find_config as _find
+from ..errors import yaml_error
+from .base import COMMON_KEYS, Study, StudyConfig, get_study, registered_studies
 
-#: study name → module (each defines ``VARIANTS``, ``DEFAULTS`` and ``run(cfg, progress)``)
-STUDY_MODULES: dict[str, str] = {
-    "diffclip": "diffattn.studies.diffclip",
-    "retrofit": "diffattn.studies.retrofit",
-    "dgvit": "diffattn.studies.dgvit",
-    "noise": "diffattn.studies.noise",
-    "paligemma": "diffattn.studies.paligemma",
-    "llava": "diffattn.studies.llava",
-    "detection": "diffattn.studies.detection",
-    "needles": "diffattn.studies.needles",
-    "recall": "diffattn.studies.recall",
-}
+__all__ = ["COMMON_KEYS", "STUDY_MODULES", "WALL_TIMES", "study_names", "study_for", "find_config",
+           "load_study", "validate_study", "budget_warnings"]
+
+def study_names() -> list[str]:
+    """The packaged studies (one YAML under diffattn/configs/studies/ each), then the others registered so far."""
+    packaged = config_names("studies")
+    return packaged + [n for n in registered_studies() if n not in packaged]
+
+
+def study_for(name: Any, where: str = "the study config") -> Study:
+    """The registered :class:`~diffattn.studies.base.Study` called ``name`` (:func:`.base.get_study`: a packaged
+    study's module, ``diffattn.studies.<name>``, is imported on first use and registers it). An unknown name is a
+    ``ValueError`` listing the studies."""
+    study = get_study(name) if isinstance(name, str) else None
+    if study is None:
+        raise ValueError(f"study in {where} must be one of {', '.join(study_names())}, got {name!r}")
+    return study
+
+
+#: packaged study name → the module that registers it (``diffattn.studies.<name>``, imported on first use); a
+#: compatibility alias of the registry for code written against 0.1.0, removed in 0.3.0 (use :func:`study_names`)
+STUDY_MODULES: dict[str, str] = {n: f"diffattn.studies.{n}" for n in config_names("studies")}
 #: study name → the wall time of its packaged config as measured for docs/studies.md (its summary table; the shared
-#: 2-core CPU, one thread per study): what ``diffattn study --help`` quotes, never an estimate
+#: 2-core CPU, one thread per study): what ``diffattn study --help`` quotes, never an estimate (data, not dispatch:
+#: a study without an entry is "not measured")
 WALL_TIMES: dict[str, str] = {
-    "diffclip": "67 min (5 seeds in 3 processes)",
-    "retrofit": "27.1 min",
+    "detection": "56 + 37 min (6 seeds in two runs, docs/detection.md)",
     "dgvit": "21.7 min (two calls)",
+    "diffclip": "67 min (5 seeds in 3 processes)",
+    "llava": "25 min",
+    "needles": "8.5 min",
     "noise": "21.7 min (two processes)",
     "paligemma": "20.5 min",
-    "llava": "25 min",
-    "detection": "56 + 37 min (6 seeds in two runs, docs/detection.md)",
-    "needles": "8.5 min",
     "recall": "20.6 min",
+    "retrofit": "27.1 min",
 }
-#: keys every study config holds
-COMMON_KEYS = ("study", "variants", "seeds", "out")
 
 
 def find_config(config: str | os.PathLike) -> Path:
     """``config`` itself if it is a file, else the study recipe shipped with the package under that name
     (``diffclip`` → ``<package>/configs/studies/diffclip.yaml``; :func:`diffattn.configs.find_config`)."""
-    from ..configs import find_config as _find
-
     try:
         return _find(config, group="studies")
     except FileNotFoundError:
         raise FileNotFoundError(f"config must be a study YAML file or the name of a packaged study "
-                                f"({', '.join(STUDY_MODULES)}), got {str(config)!r}") from None
+                                f"({', '.join(study_names())}), got {str(config)!r}") from None
 
 
 def _check_type(where: str, key: str, value: Any, default: Any) -> None:
@@ -71,17 +79,17 @@ def _check_type(where: str, key: str, value: Any, default: Any) -> None:
                          f"{value!r} ({type(value).__name__})")
 
 
-def validate_study(cfg: Any, where: str = "the study config") -> dict[str, Any]:
-    """The full config (the study's ``DEFAULTS`` under ``cfg``), checked; ``where`` names the source in errors."""
+def validate_study(cfg: Any, where: str = "the study config") -> StudyConfig:
+    """The full config (the study's ``defaults`` under ``cfg``), checked; ``where`` names the source in errors."""
+    if isinstance(cfg, StudyConfig):
+        cfg = dict(cfg)
     if not isinstance(cfg, dict):
         raise ValueError(f"{where} must hold a YAML mapping, got {type(cfg).__name__}")
     name = cfg.get("study")
-    if name not in STUDY_MODULES:
-        raise ValueError(f"study in {where} must be one of {', '.join(STUDY_MODULES)}, got {name!r}")
-    module = importlib.import_module(STUDY_MODULES[name])
-    defaults = {"variants": list(getattr(module, "DEFAULT_VARIANTS", module.VARIANTS)), "out": f"runs/studies/{name}",
-                **module.DEFAULTS}
-    valid = (*COMMON_KEYS, *module.DEFAULTS)
+    study = study_for(name, where)
+    defaults = {"variants": list(study.default_variants or study.variants), "out": f"runs/studies/{name}",
+                **study.defaults}
+    valid = (*COMMON_KEYS, *study.defaults)
     unknown = sorted(set(cfg) - set(valid))
     if unknown:
         raise ValueError(f"unknown study keys {unknown} in {where}; valid keys for study {name!r}: "
@@ -94,30 +102,27 @@ def validate_study(cfg: Any, where: str = "the study config") -> dict[str, Any]:
         errors.append(f"seeds in {where} must be a list of at least 2 distinct integers >= 0, got {seeds!r}")
     variants = cfg.get("variants", defaults["variants"])
     if not isinstance(variants, list) or len(variants) < 2 or not all(_hashable(v) for v in variants) or \
-            len(set(variants)) != len(variants) or any(v not in module.VARIANTS for v in variants):
+            len(set(variants)) != len(variants) or any(v not in study.variants for v in variants):
         errors.append(f"variants in {where} must be a list of at least 2 distinct names from "
-                      f"{list(module.VARIANTS)} (the first is the baseline), got {variants!r}")
+                      f"{list(study.variants)} (the first is the baseline), got {variants!r}")
         variants = defaults["variants"]
     if not isinstance(cfg.get("out", defaults["out"]), str):
         errors.append(f"out in {where} must be a folder path (str), got {cfg.get('out')!r}")
     typed = True
     for key, value in cfg.items():
-        if key in module.DEFAULTS:
+        if key in study.defaults:
             try:
-                _check_type(where, key, value, module.DEFAULTS[key])
+                _check_type(where, key, value, study.defaults[key])
             except ValueError as e:
                 errors.append(str(e))
                 typed = False
     full = {**defaults, **cfg, "variants": variants}
-    check = getattr(module, "check_config", None)
-    if check is not None and typed:  # the budget's constraints need the types right
-        try:
-            check(full, where)
-        except ValueError as e:
-            errors.append(str(e))
+    checked = StudyConfig(**{k: full.pop(k) for k in COMMON_KEYS}, budget=full)
+    if typed:  # the budget's constraints need the types right
+        errors += study.check(checked, where)
     if errors:
         raise ValueError("; ".join(errors))
-    return full
+    return checked
 
 
 def budget_warnings(cfg: dict[str, Any]) -> list[str]:
@@ -136,25 +141,15 @@ def _hashable(v: Any) -> bool:
     return isinstance(v, (str, int, float, bool)) or v is None
 
 
-def load_study(config: str | os.PathLike, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def load_study(config: str | os.PathLike, overrides: dict[str, Any] | None = None) -> StudyConfig:
     """A study config (module docstring): a YAML file, or the name of one under diffattn/configs/studies/; ``overrides``
-    (``{"out": ..., "seeds": [...], "model.dim": 32}``: a dotted key sets an entry of a mapping) replace its
-    entries before it is checked."""
-    from ..errors import yaml_error
-
+    (``{"out": ..., "seeds": [...], "model.dim": 32}``: a dotted key sets an entry of a mapping;
+    :func:`diffattn.configs.apply_sets`) replace its entries before it is checked."""
     path = find_config(config)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except yaml.YAMLError as e:
         raise yaml_error(path, e) from None
-    for key, value in (overrides or {}).items():
-        if not isinstance(data, dict):
-            break
-        *parents, last = key.split(".")
-        node = data
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ValueError(f"--set {key}: {p!r} in {path} is not a mapping")
-        node[last] = value
+    if isinstance(data, dict) and overrides:
+        data = apply_sets(data, overrides, where=str(path))
     return validate_study(data, str(path) + (" with the command-line overrides" if overrides else ""))

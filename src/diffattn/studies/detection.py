@@ -29,11 +29,16 @@ from typing import Any
 
 import torch
 
+from ..data.detection import export_detection
 from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS
+from ..extras import MissingExtraError
 from ..io import atomic_write_file
+from .base import Study, StudyConfig, register_study
 from .report import Control, Metric, run_seeds, write_study
+from .stats import mean_std, min_detectable_difference
 
-__all__ = ["VARIANTS", "DEFAULTS", "CONTROL", "run", "check_config", "require_ultralytics", "train_one", "summarize",
+__all__ = ["DetectionStudy",
+           "VARIANTS", "DEFAULTS", "CONTROL", "run", "check_config", "require_ultralytics", "train_one", "summarize",
            "detectable_differences", "plot_maps", "run_compare"]
 
 #: variant → (what :func:`diffattn.detect.yolo` builds, label)
@@ -60,8 +65,6 @@ def require_ultralytics(what: str) -> None:
     """Raise :class:`~diffattn.extras.MissingExtraError` naming ``what`` when Ultralytics (the ``detect`` extra,
     AGPL-3.0, never installed with the others) is absent; checked without importing it."""
     import importlib.util
-
-    from ..extras import MissingExtraError
 
     if importlib.util.find_spec("ultralytics") is None:
         raise MissingExtraError(f"{what} needs ultralytics (AGPL-3.0): pip install 'diffattn[detect]'")
@@ -190,7 +193,6 @@ def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | 
                 optimizer: str = "auto", lr0: float | None = None) -> dict:
     """Train every model with every seed on the same data and budget; write ``detection.json``, ``detection.md``
     and the map figure into ``out``."""
-    from ..data.detection import export_detection
     from ..detect import offline_env
 
     offline_env()
@@ -232,8 +234,6 @@ def detectable_differences(per_seed: dict[int, dict], *, alpha: float = 0.05, po
     """The report section on the smallest Δ mAP50 the seeds can detect: per variant, the sample std of its per-seed
     mAP50 differences from the baseline (in points) and :func:`diffattn.studies.stats.min_detectable_difference`
     of it (two-sided ``alpha``, ``power``), next to the measured mean difference."""
-    from .stats import mean_std, min_detectable_difference
-
     labels = list(next(iter(per_seed.values())))
     n = len(per_seed)
     lines = ["## Smallest detectable Δ mAP50", "",
@@ -251,8 +251,6 @@ def detectable_differences(per_seed: dict[int, dict], *, alpha: float = 0.05, po
 
 
 def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
-    from ..data.detection import export_detection
-
     if cfg["data"] is not None:
         if not Path(cfg["data"]).is_file():
             raise FileNotFoundError(f"data in the detection study: {cfg['data']} is not a data.yaml file")
@@ -264,7 +262,7 @@ def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
     return data_dir / "data.yaml"
 
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Every seed (``<out>/seed<k>/``), aggregated (module docstring)."""
     require_ultralytics("diffattn study detection")
     from ..detect import offline_env
@@ -275,10 +273,7 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     disable_sync()
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.perf_counter()
     data = _data_yaml(cfg, out)
-    budget = {"epochs": cfg["epochs"], "imgsz": cfg["imgsz"], "batch": cfg["batch"], "data": str(data),
-              "optimizer": cfg["optimizer"], "lr0": cfg["lr0"]}
 
     def one_seed(seed: int, folder: Path) -> dict:
         results = {}
@@ -290,7 +285,15 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
             results[label] = r
         return results
 
-    per_seed = run_seeds(cfg, one_seed)
+    return run_seeds(cfg, one_seed)
+
+
+def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+    out = Path(cfg["out"])
+    data = _data_yaml(cfg, out)
+    budget = {"epochs": cfg["epochs"], "imgsz": cfg["imgsz"], "batch": cfg["batch"], "data": str(data),
+              "optimizer": cfg["optimizer"], "lr0": cfg["lr0"]}
     rows = [r for seed in cfg["seeds"] for r in per_seed[seed].values()]
     maps = plot_maps(rows, data, out / "attention_maps.png", cfg["imgsz"])
     _write(out, rows, budget, maps)
@@ -303,6 +306,38 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"(diffattn.detect.OFFLINE_TRAIN_ARGS). Per-run rows: detection.json; attention maps: "
              f"attention_maps.png.")
     return write_study(out, cfg, "Study: YOLO26 with and without differential attention", intro, per_seed,
-                       metrics, time.perf_counter() - t0,
+                       metrics, seconds,
                        extra_sections=[detectable_differences(per_seed), "## Per model\n\n" + summarize(rows)],
                        control=CONTROL)
+
+
+@register_study
+class DetectionStudy(Study):
+    """The detection study (module docstring)."""
+
+    name = "detection"
+    variants = VARIANTS
+    default_variants = DEFAULT_VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control | list[Control]:
+        return CONTROL
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        return _per_seed(cfg, progress)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        return _report(cfg, per_seed, seconds)
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`DetectionStudy`; removed in 0.3.0."""
+    return DetectionStudy().execute(cfg, progress)

@@ -27,9 +27,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..data import get_dataset
+from ..data.transforms import pixel_stats
+from ..eval import noise_robustness
+from ..eval.robustness import COMMON_CORRUPTIONS, corrupt_images, mean_corruption_error
+from ..factory import from_pretrained
+from ..train.config import config_from_dict
+from ..train.loop import train
+from .base import Study, StudyConfig, register_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "CONTROL", "run", "train_and_evaluate"]
+__all__ = ["DGViTStudy", "VARIANTS", "DEFAULTS", "CONTROL", "run", "train_and_evaluate"]
 
 #: variant → (registered model, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -59,7 +67,6 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
                       f"{cfg['noise_levels']!r}")
     if any(s not in (1, 2, 3, 4, 5) for s in cfg["severities"]) or not cfg["severities"]:
         errors.append(f"severities in {where} must be a non-empty list from 1..5, got {cfg['severities']!r}")
-    from ..eval.robustness import COMMON_CORRUPTIONS
 
     bad = [c for c in cfg["corruptions"] if c not in COMMON_CORRUPTIONS]
     if bad or not cfg["corruptions"]:
@@ -70,8 +77,6 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
 
 
 def _train_config(cfg: dict[str, Any], variant: str, seed: int, progress: bool):
-    from ..train.config import config_from_dict
-
     return config_from_dict({
         "task": {"name": "classify", "label_smoothing": cfg["label_smoothing"]},
         "model": {"name": VARIANTS[variant][0], "overrides": dict(cfg["model"])},
@@ -87,9 +92,6 @@ def test_set(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """The evaluation images, the same for every variant and seed: ``test_images`` Fashion-MNIST test images
     (a fixed random subset), their labels, and every (corruption, severity) version of them (corruption seed 0),
     computed once per study because corrupting is the slow part."""
-    from ..data import get_dataset
-    from ..eval.robustness import corrupt_images
-
     test = get_dataset("fashion_mnist", split="test")
     pick = np.random.default_rng(0).permutation(len(test.images))[:cfg["test_images"]]
     images = np.asarray(test.images)[pick]  # (N, 28, 28) uint8
@@ -116,13 +118,6 @@ def train_and_evaluate(cfg: dict[str, Any], variant: str, seed: int, run_dir: Pa
                        progress: bool = True) -> dict[str, Any]:
     """Train one variant at one seed into ``run_dir`` (``diffattn train``) and evaluate it on ``test``
     (:func:`test_set`; module docstring)."""
-    from ..data import get_dataset
-    from ..data.transforms import pixel_stats
-    from ..eval import noise_robustness
-    from ..eval.robustness import mean_corruption_error
-    from ..models import from_pretrained
-    from ..train.loop import train
-
     t0 = time.perf_counter()
     result = train(_train_config(cfg, variant, seed, progress), out=run_dir, overwrite=True)  # a seed rerun
     train_s = time.perf_counter() - t0
@@ -156,16 +151,9 @@ def _metrics(cfg: dict[str, Any]) -> list[Metric]:
             Metric("corruptions: mCE", "corruptions.mce", 1.0, 1, False)]
 
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Every variant at every seed (``<out>/seed<k>/<variant>/`` run folders), aggregated."""
-    from ..data import dataset_info
-    from ..data._common import SETUP_COMMAND, DatasetNotInstalledError
-
-    if not dataset_info("fashion_mnist").installed():
-        raise DatasetNotInstalledError(f"the dgvit study needs Fashion-MNIST; install it with "
-                                       f"`{SETUP_COMMAND} fashion_mnist` or set DIFFATTN_DATA to the folder holding it")
-    out = Path(cfg["out"])
-    t0 = time.perf_counter()
+    require_datasets(["fashion_mnist"], "the dgvit study")
     test = None
 
     def one_seed(seed: int, folder: Path) -> dict:
@@ -181,7 +169,12 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                   f"{r['corruptions']['mce']:.1f}, {r['train_seconds']:.0f} s training", flush=True)
         return res
 
-    per_seed = run_seeds(cfg, one_seed)
+    return run_seeds(cfg, one_seed)
+
+
+def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+    out = Path(cfg["out"])
     first = next(iter(per_seed.values()))
     first = next(iter(first.values()))
     intro = (f"ViT vs DiffViT vs DGViT (M-DGSA 2025, §5.1): nano models ({first['params']:,} parameters for "
@@ -191,4 +184,35 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"images: clean, with Gaussian noise of σ ∈ {cfg['noise_levels']} added to [0, 1] pixels, and under "
              f"{', '.join(cfg['corruptions'])} at severities {cfg['severities']} (mCE = 100 − 100 · mean accuracy).")
     return write_study(out, cfg, "Study: ViT vs DiffViT vs DGViT under noise", intro, per_seed, _metrics(cfg),
-                       time.perf_counter() - t0, control=CONTROL)
+                       seconds, control=CONTROL)
+
+
+@register_study
+class DGViTStudy(Study):
+    """The dgvit study (module docstring)."""
+
+    name = "dgvit"
+    variants = VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control | list[Control]:
+        return CONTROL
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        return _per_seed(cfg, progress)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        return _report(cfg, per_seed, seconds)
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`DGViTStudy`; removed in 0.3.0."""
+    return DGViTStudy().execute(cfg, progress)

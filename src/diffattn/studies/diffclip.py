@@ -30,9 +30,26 @@ from typing import Any
 import numpy as np
 import torch
 
-from .report import Control
+from ..configs import CONFIG_DIR
+from ..data import get_dataset
+from ..diagnostics import capture_attention
+from ..diagnostics import plots as diag_plots
+from ..eval import classification_metrics, corruption_table, evaluate, recall_at_k, zero_shot_classifier
+from ..eval.classification import zero_shot_logits
+from ..eval.runner import classification_chance
+from ..factory import from_pretrained
+from ..io import atomic_write_file
+from ..models.clip import IMAGENET_MEAN, IMAGENET_STD
+from ..train.checkpoint import load_checkpoint
+from ..train.config import load_config
+from ..train.loop import train
+from ..train.tasks import mean_lambdas
+from .base import Study, StudyConfig, higher_is_better, register_study, require_datasets
+from .report import Control, Metric, write_study
+from .stats import mean_std
 
-__all__ = ["DEMO_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "CONTROL", "curve_point", "learning_curve",
+__all__ = ["DiffCLIPStudy",
+           "DEMO_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "CONTROL", "curve_point", "learning_curve",
            "curve_table", "demo", "demo_pairs", "demo_table", "run"]
 
 #: variant → (registered tiny model, label in the tables); diffattn/configs/demo/<variant>.yaml trains it
@@ -62,16 +79,7 @@ QUICK_PROTOCOL: dict[str, Any] = {
 
 
 def _check_demo_data() -> None:
-    from ..data import dataset_info
-    from ..data._common import SETUP_COMMAND, DatasetNotInstalledError, default_root
-
-    missing = [n for n in DEMO_DATASETS if not dataset_info(n).installed()]
-    if missing:
-        raise DatasetNotInstalledError(
-            f"diffattn demo needs the offline datasets {', '.join(DEMO_DATASETS)}; not installed under "
-            f"{str(default_root())!r}: {', '.join(missing)}. Install and prepare them with "
-            f"`{SETUP_COMMAND} {' '.join(missing)}` (`make data` in a source checkout), or set DIFFATTN_DATA to the "
-            f"folder holding them.")
+    require_datasets(DEMO_DATASETS, "diffattn demo")
 
 
 def demo_pairs(out: str | os.PathLike, img_size: int = 32, max_pairs: int | None = None) -> Path:
@@ -80,9 +88,6 @@ def demo_pairs(out: str | os.PathLike, img_size: int = 32, max_pairs: int | None
     ``<out>/train.tsv`` (open_clip's CSV convention: ``filepath`` and ``title`` columns, tab-separated) — the file
     ``data.name: csv`` reads. Reuses the files when ``<out>/train.json`` records the same request."""
     from PIL import Image
-
-    from ..data import get_dataset
-    from ..io import atomic_write_file
 
     out = Path(out)
     tsv, stamp = out / "train.tsv", out / "train.json"
@@ -108,8 +113,6 @@ def demo_pairs(out: str | os.PathLike, img_size: int = 32, max_pairs: int | None
 
 def _config_dir(config_dir: str | os.PathLike | None) -> Path:
     """``config_dir`` if given, else the demo recipes shipped with the package (``<package>/configs/demo``)."""
-    from ..configs import CONFIG_DIR
-
     d = Path(config_dir) if config_dir else CONFIG_DIR / "demo"
     if (d / "clip.yaml").is_file():
         return d
@@ -122,8 +125,6 @@ def _config_dir(config_dir: str | os.PathLike | None) -> Path:
 
 def _to_input(images: np.ndarray, size: int) -> torch.Tensor:
     """uint8 (N, H, W[, 3]) → (N, 3, size, size) normalised like the CLIP eval transform (ImageNet mean/std)."""
-    from ..models.clip import IMAGENET_MEAN, IMAGENET_STD
-
     x = torch.as_tensor(np.asarray(images), dtype=torch.float32) / 255.0
     x = x[:, None].expand(-1, 3, -1, -1) if x.dim() == 3 else x.permute(0, 3, 1, 2)  # (N, 3, H, W)
     if x.shape[-1] != size:
@@ -148,10 +149,6 @@ def demo_extra_suites(model, protocol: dict, seed: int = 0, progress: bool = Tru
     - zero-shot accuracy on the Tux Paint test images under common corruptions × severities and mCE
       (Hendrycks & Dietterich 2019), corrupted at the model's input size as in CIFAR-10-C.
     """
-    from ..data import get_dataset
-    from ..eval import classification_metrics, corruption_table, recall_at_k, zero_shot_classifier
-    from ..eval.classification import zero_shot_logits
-
     model.eval()
     size = model.img_size
 
@@ -170,7 +167,6 @@ def demo_extra_suites(model, protocol: dict, seed: int = 0, progress: bool = Tru
     txt = torch.cat([model.encode_text(model.tokenizer(em.captions[i:i + 256])).float()
                      for i in range(0, len(em), 256)])
     out["retrieval_emoji"] = recall_at_k(encode(imgs), txt, torch.arange(len(em)))
-    from ..eval.runner import classification_chance
 
     out["chance"] = {**classification_chance("zero_shot_fashion_mnist", out["zero_shot_fashion_mnist"], 10),
                      **{f"retrieval_emoji.{k}": min(int(k.rsplit("@", 1)[1]), len(em)) / len(em)
@@ -191,10 +187,6 @@ def curve_point(model, max_images: int | None = None) -> dict[str, float]:
     """``{"zero_shot_top1", "image_to_text@1", "text_to_image@1"}`` (fractions) of ``model`` on the Tux Paint test
     split (its first ``max_images`` images, all when None), measured as ``diffattn eval``'s CLIP suite does: zero-shot
     with the prompt ensemble over the 16 categories, recall@1 between each image and its caption."""
-    from ..data import get_dataset
-    from ..eval import recall_at_k, zero_shot_classifier
-    from ..eval.classification import zero_shot_logits
-
     model.eval()
     te = get_dataset("tuxpaint_captions", split="test")
     n = len(te) if not max_images else min(len(te), max_images)
@@ -213,8 +205,6 @@ def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = N
     checkpoints but the last are deleted once measured."""
     import shutil
 
-    from ..train.checkpoint import load_checkpoint
-
     dirs = sorted((Path(run_dir) / "checkpoints").glob("step_*"))
     curve: dict[str, list] = {"steps": []}
     for i, d in enumerate(dirs):
@@ -232,9 +222,7 @@ def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = N
 
 
 def _plot_learning_curves(curves: dict[str, list[tuple[int, float]]], path: Path) -> Path:
-    from ..diagnostics.plots import _plt, _save
-
-    plt = _plt()
+    plt = diag_plots.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for label, rows in curves.items():
         ax.plot([s for s, _ in rows], [v for _, v in rows], label=label)
@@ -242,13 +230,11 @@ def _plot_learning_curves(curves: dict[str, list[tuple[int, float]]], path: Path
     ax.set_ylabel("contrastive loss (train batch)")
     ax.legend(fontsize=8)
     ax.set_title("learning curves (same data, seed and budget)")
-    return _save(fig, path)
+    return diag_plots.save_figure(fig, path)
 
 
 def _plot_lambdas(lams: dict[str, dict[str, list[float]]], path: Path) -> Path:
-    from ..diagnostics.plots import _plt, _save
-
-    plt = _plt()
+    plt = diag_plots.pyplot()
     fig, ax = plt.subplots(figsize=(6, 3.6))
     for label, towers in lams.items():
         names = [f"{t} {i}" for t, v in towers.items() for i in range(len(v))]
@@ -259,7 +245,7 @@ def _plot_lambdas(lams: dict[str, dict[str, list[float]]], path: Path) -> Path:
     ax.set_ylabel("λ (mean over heads)")
     ax.legend(fontsize=8)
     ax.set_title("learned λ per layer (Ye et al. 2024 eq. 2 re-parameterisation)")
-    return _save(fig, path)
+    return diag_plots.save_figure(fig, path)
 
 
 def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[str, torch.Tensor], grid, path: Path,
@@ -268,9 +254,7 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
     heads) over the patch grid, one colour scale per model, stated in the row's title because the rows' ranges
     differ by an order of magnitude (a softmax map reaches 0.3, a differential one ±0.01): diverging and centred on
     0 where the map has negative entries (differential maps are signed), else from 0. A uniform map says so."""
-    from ..diagnostics.plots import _plt, _save, is_uniform
-
-    plt = _plt()
+    plt = diag_plots.pyplot()
     n, rows = len(images), 1 + len(cls_maps)
     fig, axes = plt.subplots(rows, n, figsize=(1.9 * n, 1.9 * rows), squeeze=False)
     H, W = masks.shape[-2:]
@@ -288,7 +272,7 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
             ax = axes[i, j]
             im = ax.imshow(maps[j].reshape(grid).numpy(), extent=(0, W, H, 0), **style)
             ax.contour(masks[j].float().numpy(), levels=[0.5], colors="k", linewidths=0.6)
-            if not signed and is_uniform(maps[j]):
+            if not signed and diag_plots.is_uniform(maps[j]):
                 ax.text(0.5, 0.5, "uniform", transform=ax.transAxes, ha="center", va="center", fontsize=7,
                         color="white", bbox=dict(facecolor="black", alpha=0.6, lw=0))
             ax.set_xticks([])
@@ -303,7 +287,7 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
     fig.suptitle(f"CLS attention of the last vision layer over the {grid[0]}×{grid[1]} patch grid (mean over "
                  f"heads; black: foreground outline).\nEach row has its own colour scale, stated in its title: "
                  f"compare where a model looks, not colours across rows.", fontsize=9)
-    return _save(fig, path)
+    return diag_plots.save_figure(fig, path)
 
 
 @torch.no_grad()
@@ -311,9 +295,6 @@ def _attention_maps(models: dict[str, Any], n: int = 6, dataset: str = "tuxpaint
                     ) -> tuple[torch.Tensor, torch.Tensor, dict, tuple, np.ndarray]:
     """The same ``n`` test images of ``dataset`` (an image–caption set with foreground masks: ``tuxpaint_captions``
     or ``emoji``) through every model: last-layer CLS rows (n, P), mean over heads."""
-    from ..data import get_dataset
-    from ..diagnostics import capture_attention
-
     data = get_dataset(dataset, split="test")
     first = next(iter(models.values()))
     idx = list(range(0, len(data), max(1, len(data) // n)))[:n]
@@ -334,8 +315,6 @@ def attention_figure(run_dir: str | os.PathLike, path: str | os.PathLike, *, dat
     """Redraw the demo's attention figure from a finished demo or study seed folder (``runs/demo``,
     ``runs/studies/diffclip/seed0``): every variant's saved model (``<run_dir>/<variant>/model``) on the same ``n``
     test images of ``dataset``, last vision layer's CLS attention, foreground outlined. Returns the PNG's path."""
-    from ..models import from_pretrained
-
     run_dir = Path(run_dir)
     models = {}
     for variant, (_, label) in DEMO_VARIANTS.items():
@@ -446,13 +425,6 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = t
             ``diffattn data prepare``).
         ValueError: an unknown variant.
     """
-    from ..eval import evaluate
-    from ..io import atomic_write_file
-    from ..models import from_pretrained
-    from ..train.config import load_config
-    from ..train.loop import train
-    from ..train.tasks import mean_lambdas
-
     bad = [v for v in variants if v not in DEMO_VARIANTS]
     if bad or not variants:
         raise ValueError(f"variants must be a non-empty subset of {list(DEMO_VARIANTS)}, got {list(variants)}")
@@ -582,12 +554,9 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
 
 
 def _metrics():
-    from .report import Metric
-
-    lower = {"final_loss", "extra.corruptions.mce"}
     neither = {"clip.foreground_attention.signed.density_ratio", "clip.foreground_attention.relu.density_ratio"}
     return [Metric(name, key, 100.0 if kind == "pct" else 1.0, 1 if kind in ("pct", ".1f") else 3,
-                   None if key in neither else key not in lower)
+                   None if key in neither else higher_is_better(key) is not False)
             for name, key, kind in DEMO_ROWS if kind not in ("list", "int") and key != "train_seconds"]
 
 
@@ -615,32 +584,56 @@ def _finished_demo(folder: Path, cfg: dict[str, Any]) -> dict | None:
     return summary
 
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+@register_study
+class DiffCLIPStudy(Study):
     """The demo at every seed (``<out>/seed<k>/``, each with its own report; finished seeds are read back), then the
     table's metrics as mean ± std over seeds with paired tests against the first variant."""
-    from .report import write_study
 
-    out = Path(cfg["out"])
-    t0 = time.perf_counter()
-    per_seed = {}
-    for seed in cfg["seeds"]:
-        folder = out / f"seed{seed}"
-        summary = _finished_demo(folder, cfg)
-        if summary is None:
-            print(f"[study] seed {seed}: diffattn demo -> {folder}", flush=True)
-            summary = demo(folder, tuple(cfg["variants"]), steps=cfg["steps"], batch_size=cfg["batch_size"],
-                           seed=seed, quick=cfg["quick"], progress=progress, max_pairs=cfg["max_pairs"],
-                           curve_points=cfg["curve_points"])["summary"]
-        else:
-            print(f"[study] seed {seed}: reusing the finished demo in {folder}", flush=True)
-        per_seed[seed] = summary
-    intro = ("CLIP vs DiffCLIP variants (Hammoud & Ghanem 2025, §4) trained from scratch on the offline Tux Paint + "
-             "emoji pairs with the demo's recipes (demo/*), one budget, several seeds; accuracies and recalls in %.")
-    extra = ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)]
-    if cfg["curve_points"]:
-        extra.insert(0, curve_table(per_seed))
-    return write_study(out, cfg, "Study: CLIP vs DiffCLIP", intro, per_seed, _metrics(), time.perf_counter() - t0,
-                       extra, control=CONTROL)
+    name = "diffclip"
+    variants = {v: label for v, (_, label) in DEMO_VARIANTS.items()}
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control:
+        return CONTROL
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        out = Path(cfg["out"])
+        per_seed = {}
+        for seed in cfg["seeds"]:
+            folder = out / f"seed{seed}"
+            summary = _finished_demo(folder, cfg)
+            if summary is None:
+                print(f"[study] seed {seed}: diffattn demo -> {folder}", flush=True)
+                summary = demo(folder, tuple(cfg["variants"]), steps=cfg["steps"], batch_size=cfg["batch_size"],
+                               seed=seed, quick=cfg["quick"], progress=progress, max_pairs=cfg["max_pairs"],
+                               curve_points=cfg["curve_points"])["summary"]
+            else:
+                print(f"[study] seed {seed}: reusing the finished demo in {folder}", flush=True)
+            per_seed[seed] = summary
+        return per_seed
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        intro = ("CLIP vs DiffCLIP variants (Hammoud & Ghanem 2025, §4) trained from scratch on the offline Tux Paint "
+                 "+ emoji pairs with the demo's recipes (demo/*), one budget, several seeds; accuracies and recalls "
+                 "in %.")
+        extra = ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)]
+        if cfg["curve_points"]:
+            extra.insert(0, curve_table(per_seed))
+        return write_study(Path(cfg["out"]), cfg, "Study: CLIP vs DiffCLIP", intro, per_seed, _metrics(), seconds,
+                           extra, control=self.control(cfg))
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every seed of the demo, aggregated. The 0.1.0 entry point, kept as an alias of ``execute`` of
+    :class:`DiffCLIPStudy`; removed in 0.3.0."""
+    return DiffCLIPStudy().execute(cfg, progress)
 
 
 #: the metrics measured along training (:func:`curve_point`) and their names in the report
@@ -651,8 +644,6 @@ CURVE_METRICS = (("zero_shot_top1", "zero-shot Tux Paint top-1"), ("image_to_tex
 def curve_table(per_seed: dict[int, dict]) -> str:
     """The report section of the learning curves: per metric, one row per measured step with every variant's mean ±
     sample std over seeds (in %). Seeds share the steps (same budget)."""
-    from .stats import mean_std
-
     labels = list(next(iter(per_seed.values())))
     steps = next(iter(per_seed.values()))[labels[0]]["curve"]["steps"]
     lines = ["## Along training", "",

@@ -29,9 +29,18 @@ from typing import Any
 
 import torch
 
+from ..data.vqa import POPE_SPLITS, QUESTION_KINDS, VQADataset
+from ..eval.vlm_bench import evaluate_vlm, image_attention, llava_answerer
+from ..factory import create_model
+from ..io import atomic_write_file
+from ..models.clip import image_transform
+from ..train.llava import train_llava
+from ..train.tasks.vlm import QuestionImages, vlm_vocabulary
+from .base import Study, StudyConfig, register_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "control", "run", "check_config", "train_and_evaluate", "llava_compare",
+__all__ = ["LLaVAStudy",
+           "VARIANTS", "DEFAULTS", "control", "run", "check_config", "train_and_evaluate", "llava_compare",
            "llava_table"]
 
 #: variant → (registered VLM, label)
@@ -50,8 +59,6 @@ DEFAULTS: dict[str, Any] = {
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
-    from ..data.vqa import POPE_SPLITS
-
     errors: list[str] = []  # every constraint the config breaks, reported together
     for key in ("batch_size", "needle_count", "attention_questions", "max_new_tokens", "threads"):
         if cfg[key] < 1:
@@ -78,13 +85,6 @@ def train_and_evaluate(model_name: str, tower: str | None, seed: int, *, stage1_
                        max_new_tokens: int = 6, log=print) -> dict[str, Any]:
     """One VLM (module docstring): built with ``seed``, its image tower loaded from ``tower`` (None: random init),
     both stages trained, evaluated on the test questions. Returns the metrics, ``final_loss`` and timings."""
-    from ..data.vqa import QUESTION_KINDS, VQADataset
-    from ..eval.vlm_bench import evaluate_vlm, image_attention, llava_answerer
-    from ..models import create_model
-    from ..models.clip import image_transform
-    from ..train.llava import train_llava
-    from ..train.tasks.vlm import QuestionImages
-
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     model = create_model(model_name, vocab=vocab)
@@ -113,8 +113,6 @@ def _tower(path: str | None, seed: int) -> str | None:
 
 
 def _metrics(layers: int) -> list[Metric]:
-    from ..data.vqa import POPE_SPLITS
-
     ms = [Metric("VQA score, what is this? (%)", "vqa.what", 100.0, 1),
           Metric("VQA score, category (%)", "vqa.category", 100.0, 1)]
     for s in POPE_SPLITS:
@@ -137,17 +135,10 @@ def control(cfg: dict[str, Any]) -> Control:
                    scale=100.0)
 
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Every seed (``<out>/seed<k>/results.json``), aggregated into ``<out>/results.json`` and ``report.md``; a
     tower folder that is not there raises, naming the study that trains it."""
-    from ..data import dataset_info
-    from ..data._common import SETUP_COMMAND, DatasetNotInstalledError
-    from ..train.tasks.vlm import vlm_vocabulary
-
-    if not dataset_info("tuxpaint_captions").installed():
-        raise DatasetNotInstalledError(f"the llava study needs tuxpaint_captions; install with "
-                                       f"`{SETUP_COMMAND} tuxpaint_captions` or set DIFFATTN_DATA to the folder "
-                                       f"holding it")
+    require_datasets(["tuxpaint_captions"], "the llava study")
     for v in cfg["variants"]:
         for seed in cfg["seeds"]:
             tower = _tower(cfg["towers"][v], seed)
@@ -155,7 +146,6 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                 raise FileNotFoundError(f"towers.{v} in the llava study: {tower} holds no trained CLIP (config.json); "
                                         f"train the towers with `diffattn study diffclip` or set towers.{v}: random")
     torch.set_num_threads(cfg["threads"])
-    t0 = time.perf_counter()
     vocab = vlm_vocabulary()
     budget = {k: cfg[k] for k in ("stage1_steps", "stage2_steps", "batch_size", "stage1_lr", "stage2_lr",
                                   "needle_count", "train_pope_splits", "attention_questions", "max_new_tokens")}
@@ -171,7 +161,11 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                   f"({r['total_s']:.0f} s)", flush=True)
         return results
 
-    per_seed = run_seeds(cfg, one_seed)
+    return run_seeds(cfg, one_seed)
+
+
+def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
     layers = max(len(r["image_attention"]) for res in per_seed.values() for r in res.values())
     towers = ", ".join(f"{v}: {cfg['towers'][v]}" for v in cfg["variants"])
     intro = (f"A LLaVA-style VLM (tiny: tower frozen, a projector and an LM trained from scratch) with each image "
@@ -181,7 +175,40 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"POPE {', '.join(cfg['train_pope_splits'])} negatives, {4 * cfg['needle_count']} needle grids). Test "
              f"split: {cfg['needle_count']} needle grids, greedy answers of at most {cfg['max_new_tokens']} tokens.")
     return write_study(cfg["out"], cfg, "Study: LLaVA-style VLM, CLIP vs DiffCLIP image tower", intro, per_seed,
-                       _metrics(layers), time.perf_counter() - t0, control=control(cfg))
+                       _metrics(layers), seconds, control=control(cfg))
+
+
+
+
+@register_study
+class LLaVAStudy(Study):
+    """The llava study (module docstring)."""
+
+    name = "llava"
+    variants = VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control | list[Control]:
+        return control(cfg)
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        return _per_seed(cfg, progress)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        return _report(cfg, per_seed, seconds)
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`LLaVAStudy`; removed in 0.3.0."""
+    return LLaVAStudy().execute(cfg, progress)
 
 
 def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2), *, stage1_steps: int = 100,
@@ -192,8 +219,6 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
     None for a tower left at random init; ``{seed}`` in the folder is replaced by the seed; a name containing
     ``diff`` gets the differential VLM) and each seed. Returns one row per (tower, seed); with ``out`` also writes
     ``results.json`` and ``results.md`` (:func:`llava_table`) there, atomically, after every run."""
-    from ..train.tasks.vlm import vlm_vocabulary
-
     vocab = vlm_vocabulary(root)
     rows = []
     for name, clip in towers.items():
@@ -210,8 +235,6 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
             if log:
                 log(json.dumps({k: row[k] for k in ("tower", "seed", "final_loss", "vqa", "total_s")}))
             if out is not None:
-                from ..io import atomic_write_file
-
                 Path(out).mkdir(parents=True, exist_ok=True)
                 with atomic_write_file(Path(out) / "results.json", "w") as f:
                     json.dump(rows, f, indent=1)
@@ -236,8 +259,6 @@ def llava_table(rows: Sequence[dict]) -> str:
     """The Markdown table of :func:`llava_compare`'s rows: per metric (test split, %) and tower, mean ± sample std
     over the seeds; the wall time per run in seconds."""
     import statistics
-
-    from ..data.vqa import POPE_SPLITS
 
     towers = list(dict.fromkeys(r["tower"] for r in rows))
     by_tower = {t: [r for r in rows if r["tower"] == t] for t in towers}

@@ -38,13 +38,22 @@ Control: the Transformer's mean needle accuracy at the trained length (over the 
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..data.synthetic import SyntheticBatch, SyntheticVocab, mqar_batch, needle_batch
+from ..data.synthetic import SyntheticBatch, SyntheticVocab, needle_batch
+from ..diagnostics import (
+    answer_attention,
+    capture_attention,
+    capture_hidden_states,
+    capture_logits,
+    hidden_stats,
+    logit_stats,
+    quantized_logits,
+)
+from .base import Study, StudyConfig, mqar_stream, register_study
 from .report import Control, Metric, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
@@ -57,7 +66,8 @@ from .synthetic import (
     train_model,
 )
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "control", "needle_grid", "grid_accuracy", "needle_allocation",
+__all__ = ["NeedlesStudy",
+           "VARIANTS", "DEFAULTS", "run", "control", "needle_grid", "grid_accuracy", "needle_allocation",
            "needle_outliers", "quantized_accuracy"]
 
 #: variant → label (the first is the baseline)
@@ -184,8 +194,6 @@ def needle_allocation(model: torch.nn.Module, batches: list[SyntheticBatch]) -> 
     """Attention mass (Ye et al. 2024, Table 3) from the position that predicts the first answer onto the answer's
     value token in the context vs onto the rest of the context, mean over ``batches`` (each weighted by its size),
     heads and layers; ``signed`` (the map applied to V) and ``abs`` (|map|)."""
-    from ..diagnostics import answer_attention, capture_attention
-
     model.eval()
     sums = {"answer_signed": 0.0, "noise_signed": 0.0, "answer_abs": 0.0, "noise_abs": 0.0}
     total = 0
@@ -210,8 +218,6 @@ def needle_outliers(model: torch.nn.Module, batches: list[SyntheticBatch]) -> di
     """Activation outliers (Ye et al. 2024, §3.8, Table 5) over ``batches``: ``{"logits": {"top1", "top10",
     "median"}, "logits_A1": …, "logits_A2": … (the differential maps apart; "logits_A" for standard attention),
     "hidden": {…}}``, the |attention logits| the softmax sees and the |hidden states| of every block."""
-    from ..diagnostics import capture_hidden_states, capture_logits, hidden_stats, logit_stats
-
     model.eval()
     with capture_logits(model) as cap, capture_hidden_states(model) as hs:
         for b in batches:
@@ -229,8 +235,6 @@ def quantized_accuracy(model: torch.nn.Module, cells: dict[str, dict[str, Synthe
                        bits_list: list[int]) -> dict[str, float]:
     """``{"b8": accuracy, …}``: the mean accuracy over ``cells`` (cell → depth → samples) with the attention logits
     quantised to each number of bits (Ye et al. 2024, §3.8, Fig. 8; :func:`diffattn.diagnostics.quantized_logits`)."""
-    from ..diagnostics import quantized_logits
-
     out = {}
     for bits in bits_list:
         with quantized_logits(model, bits):
@@ -243,11 +247,13 @@ def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
     """The training stream of a seed (module docstring): ``"mqar"``: P drawn uniformly from ``train_pairs`` per
     batch; ``"needles"``: (N, R) drawn uniformly from the training pairs, then the length from the
     ``train_lengths`` that hold N needles and R queries, the needles anywhere."""
-    g = torch.Generator().manual_seed(seed)
     if cfg["train_task"] == "mqar":
-        while True:
-            p = cfg["train_pairs"][int(torch.randint(len(cfg["train_pairs"]), (1,), generator=g))]
-            yield mqar_batch(cfg["batch_size"], pairs=p, generator=g, vocab=vocab)
+        return mqar_stream(cfg["train_pairs"], cfg["batch_size"], vocab, seed)
+    return _needle_stream(cfg, vocab, seed)
+
+
+def _needle_stream(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
+    g = torch.Generator().manual_seed(seed)
     pairs = list(zip(cfg["train_needles"], cfg["train_queried"]))
     while True:
         n, r = pairs[int(torch.randint(len(pairs), (1,), generator=g))]
@@ -312,14 +318,12 @@ def _training(cfg: dict[str, Any]) -> str:
             f"drawn from {[_cell(n, r) for n, r in zip(cfg['train_needles'], cfg['train_queried'])]}")
 
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Every variant at every seed, aggregated (module docstring)."""
     torch.set_num_threads(cfg["threads"])
     vocab = SyntheticVocab(**cfg["vocab"])
-    out = Path(cfg["out"])
     pairs = list(zip(cfg["needles"], cfg["queried"]))
     max_len = cfg["train_length"] * max(cfg["length_factors"])
-    t0 = time.perf_counter()
 
     def one_seed(seed: int, folder: Path) -> dict:
         grid = needle_grid(cfg, vocab, seed)
@@ -353,7 +357,14 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                       f"{trained['train_seconds']:.0f} s training", flush=True)
         return res
 
-    per_seed = run_seeds(cfg, one_seed)
+    return run_seeds(cfg, one_seed)
+
+
+def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+    vocab = SyntheticVocab(**cfg["vocab"])
+    out = Path(cfg["out"])
+    pairs = list(zip(cfg["needles"], cfg["queried"]))
     labels = [VARIANTS[v] for v in cfg["variants"]]
     m = cfg["model"]
     intro = (f"Multi-needle retrieval (Ye et al. 2024, §3.4, Tables 2–3, Fig. 3) at CPU size: four causal LMs of "
@@ -387,4 +398,35 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                        f"quantized.b{b}", 100.0, 1) for b in cfg["quant_bits"]]
     metrics += [Metric("final train loss (answer tokens)", "final_loss", 1.0, 3, False)]
     return write_study(out, cfg, "Study: multi-needle retrieval, standard vs differential attention", intro, per_seed,
-                       metrics, time.perf_counter() - t0, _sections(cfg, per_seed, labels), control=control(cfg))
+                       metrics, seconds, _sections(cfg, per_seed, labels), control=control(cfg))
+
+
+@register_study
+class NeedlesStudy(Study):
+    """The needles study (module docstring)."""
+
+    name = "needles"
+    variants = VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control | list[Control]:
+        return control(cfg)
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        return _per_seed(cfg, progress)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        return _report(cfg, per_seed, seconds)
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`NeedlesStudy`; removed in 0.3.0."""
+    return NeedlesStudy().execute(cfg, progress)

@@ -37,9 +37,18 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..data import get_dataset
+from ..diagnostics import answer_attention, capture_attention
+from ..eval.language import greedy_continuation, needle_prompt, perplexity
+from ..eval.text_models import get_text_tokenizer, lm_logits
+from ..factory import create_model, from_pretrained
+from ..train.loop import fit
+from ..train.optim import warmup_cosine
+from .base import Study, StudyConfig, register_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "CONTROL", "run", "needle_attention", "needle_scores", "needle_batches",
+__all__ = ["NoiseStudy",
+           "VARIANTS", "DEFAULTS", "CONTROL", "run", "needle_attention", "needle_scores", "needle_batches",
            "needle_lm_loss", "train_lm"]
 
 #: variant → (registered model, label)
@@ -103,9 +112,6 @@ def needle_batches(text: str, *, steps: int, batch_size: int, block_size: int, n
     answer, after the bytes of ``text`` that precede the filler; their targets are -100 (ignored) except the
     answer's :data:`ANSWER_BYTES`. The other rows are random windows of ``text``, every byte a target. Drawn from
     ``random.Random(seed)`` alone: every model trained with a seed sees the same batches."""
-    from ..eval.language import needle_prompt
-    from ..eval.text_models import get_text_tokenizer
-
     tok = get_text_tokenizer("bytes")
     ids = list(text.encode("utf-8"))
     n = block_size + 1
@@ -147,10 +153,6 @@ def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, tex
     """``model_name`` (registered, with ``cfg["model"]``) trained from scratch on :func:`needle_batches` of
     ``text`` with :func:`needle_lm_loss` (AdamW, linear warm-up then cosine decay to 0.1 · lr, gradients clipped at
     1); saved to ``<run_dir>/model``. Returns ``{"final_loss" (mean of the last 10 steps), "seconds"}``."""
-    from ..models import create_model
-    from ..train.loop import fit
-    from ..train.optim import warmup_cosine
-
     t0 = time.perf_counter()
     torch.manual_seed(seed)
     model = create_model(model_name, **cfg["model"], max_seq_len=cfg["block_size"])
@@ -180,10 +182,6 @@ def needle_attention(model, filler_text: str, *, length: int, depths, trials: in
     """Needle prompts (module docstring) through ``model`` (a byte-level causal LM): answer vs context attention
     mass (signed and |·|; only with ``attention``), accuracy and answer NLL, means over ``len(depths) · trials``
     prompts."""
-    from ..diagnostics import answer_attention, capture_attention
-    from ..eval.language import greedy_continuation, needle_prompt
-    from ..eval.text_models import get_text_tokenizer, lm_logits
-
     tok = get_text_tokenizer("bytes")
     filler = tok.encode(filler_text)
     rng = random.Random(seed)
@@ -233,27 +231,16 @@ def _question_index(prompt: list[int], tok) -> int:
 
 
 def _byte_perplexity(model, text: str, tokens: int, context: int) -> float:
-    from ..eval.language import perplexity
-
     ids = torch.tensor(list(text.encode("utf-8"))[:tokens])
     return perplexity(model, ids, context_length=context, stride=context // 2)["ppl"]
 
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Every variant at every seed (``<out>/seed<k>/<variant>/`` run folders), aggregated."""
-    from ..data import dataset_info, get_dataset
-    from ..data._common import SETUP_COMMAND, DatasetNotInstalledError
-    from ..models import from_pretrained
-
-    if not dataset_info("state_of_the_union").installed():
-        raise DatasetNotInstalledError(f"the noise study needs the State of the Union addresses; install them with "
-                                       f"`{SETUP_COMMAND} state_of_the_union` or set DIFFATTN_DATA to the folder "
-                                       f"holding them")
+    require_datasets(["state_of_the_union"], "the noise study")
     torch.set_num_threads(cfg["threads"])
     train_text = "\n\n".join(get_dataset("state_of_the_union", split="train").texts)
     held_out = "\n\n".join(get_dataset("state_of_the_union", split="test").texts)
-    out = Path(cfg["out"])
-    t0 = time.perf_counter()
 
     def one_seed(seed: int, folder: Path) -> dict:
         res = {}
@@ -273,7 +260,12 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                   f"{trained['seconds']:.0f} s training", flush=True)
         return res
 
-    per_seed = run_seeds(cfg, one_seed)
+    return run_seeds(cfg, one_seed)
+
+
+def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+    out = Path(cfg["out"])
     first = next(iter(next(iter(per_seed.values())).values()))
     m = cfg["model"]
     intro = (f"Standard vs differential causal LMs (Ye et al. 2024, §3.4, Table 3): {m['depth']} layers, width "
@@ -296,4 +288,36 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                Metric("held-out perplexity (bytes)", "ppl", 1.0, 3, False),
                Metric("final train loss", "final_loss", 1.0, 3, False)]
     return write_study(out, cfg, "Study: attention noise, standard vs differential LM", intro, per_seed, metrics,
-                       time.perf_counter() - t0, control=CONTROL)
+                       seconds, control=CONTROL)
+
+
+@register_study
+class NoiseStudy(Study):
+    """The noise study (module docstring)."""
+
+    name = "noise"
+    variants = VARIANTS
+    default_variants = DEFAULT_VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control | list[Control]:
+        return CONTROL
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        return _per_seed(cfg, progress)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        return _report(cfg, per_seed, seconds)
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`NoiseStudy`; removed in 0.3.0."""
+    return NoiseStudy().execute(cfg, progress)

@@ -34,10 +34,18 @@ from typing import Any
 
 import torch
 
-from ..data.vqa import POPE_SPLITS
+from ..adapters import adapters, lambda_summary
+from ..data.vqa import POPE_SPLITS, QUESTION_KINDS, VQADataset
+from ..eval.paligemma import answer_paligemma, load_paligemma, paligemma_image_attention
+from ..eval.vlm_bench import evaluate_vlm
+from ..io import atomic_write_file
+from ..models.paligemma import paligemma_transform
+from ..train.config import config_from_dict
+from ..train.loop import train
+from .base import Study, StudyConfig, register_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "control", "run", "pretrain", "transfer"]
+__all__ = ["PaliGemmaStudy", "VARIANTS", "DEFAULTS", "control", "run", "pretrain", "transfer"]
 
 #: variant → (the paligemma task's ``method``, label); the first is the baseline
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -64,7 +72,6 @@ DEFAULTS: dict[str, Any] = {
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
     errors: list[str] = []  # every constraint the config breaks, reported together
-    from ..data.vqa import QUESTION_KINDS
 
     for key in ("pretrain_steps", "finetune_steps", "lora_r", "lora_alpha", "anneal_steps", "batch_size",
                 "needle_count", "test_needle_count", "max_new_tokens", "attention_questions", "threads"):
@@ -83,8 +90,6 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
 
 def _train_config(cfg: dict[str, Any], seed: int, base: dict, kinds: list[str], *, method: str, lora_r: int,
                   steps: int, lr: float, progress: bool):
-    from ..train.config import config_from_dict
-
     return config_from_dict({
         "task": {"name": "paligemma", "method": method, "lambda_init": cfg["lambda_init"],
                  "anneal_steps": cfg["anneal_steps"], "lora_r": lora_r, "lora_alpha": cfg["lora_alpha"],
@@ -100,9 +105,6 @@ def _train_config(cfg: dict[str, Any], seed: int, base: dict, kinds: list[str], 
 def pretrain(cfg: dict[str, Any], seed: int, run_dir: Path, progress: bool = True) -> dict[str, Any]:
     """Step 1 (module docstring): the full model trained on ``pretrain_kinds``; ``run_dir/model`` is the
     checkpoint every variant of the seed starts from. A finished pretraining is read back, not redone."""
-    from ..io import atomic_write_file
-    from ..train.loop import train
-
     done = run_dir / "model" / "config.json"
     if done.is_file() and (run_dir / "pretrain_loss.txt").is_file():
         return {"final_loss": float((run_dir / "pretrain_loss.txt").read_text())}
@@ -121,12 +123,6 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
              progress: bool = True) -> dict[str, Any]:
     """Steps 2 and 3 (module docstring) for one variant: LoRA fine-tuning from ``pretrained`` into ``run_dir``,
     then the test-split evaluation of the reloaded run."""
-    from ..adapters import adapters, lambda_summary
-    from ..eval.paligemma import answer_paligemma, load_paligemma, paligemma_image_attention
-    from ..eval.vlm_bench import evaluate_vlm
-    from ..models.paligemma import paligemma_transform
-    from ..train.loop import train
-
     method = VARIANTS[variant][0]
     t0 = time.perf_counter()
     res = train(_train_config(cfg, seed, {"type": "paligemma", "path": str(pretrained)}, cfg["finetune_kinds"],
@@ -175,18 +171,10 @@ def control(cfg: dict[str, Any]) -> Control:
                    scale=100.0)
 
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Every seed (``<out>/seed<k>/``: ``pretrained/`` then one run folder per variant), aggregated."""
-    from ..data import dataset_info
-    from ..data._common import SETUP_COMMAND, DatasetNotInstalledError
-    from ..data.vqa import QUESTION_KINDS, VQADataset
-
-    if not dataset_info("tuxpaint_captions").installed():
-        raise DatasetNotInstalledError(f"the paligemma study needs tuxpaint_captions; install with "
-                                       f"`{SETUP_COMMAND} tuxpaint_captions` or set DIFFATTN_DATA to the folder "
-                                       f"holding it")
+    require_datasets(["tuxpaint_captions"], "the paligemma study")
     torch.set_num_threads(cfg["threads"])
-    t0 = time.perf_counter()
     test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])
 
     def one_seed(seed: int, folder: Path) -> dict:
@@ -201,7 +189,12 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
                   f"({r['seconds']:.0f} s)", flush=True)
         return results
 
-    per_seed = run_seeds(cfg, one_seed)
+    return run_seeds(cfg, one_seed)
+
+
+def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+    test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])
     m, v = cfg["model"], cfg["model"]["vision_config"]
     t = m["text_config"]
     intro = (
@@ -219,4 +212,35 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         f"questions ({cfg['test_needle_count']} needle grids), greedy answers of at most "
         f"{cfg['max_new_tokens']} tokens.")
     return write_study(cfg["out"], cfg, "Study: Differential PaliGemma vs LoRA fine-tuning", intro, per_seed,
-                       _metrics(cfg, t["num_hidden_layers"]), time.perf_counter() - t0, control=control(cfg))
+                       _metrics(cfg, t["num_hidden_layers"]), seconds, control=control(cfg))
+
+
+@register_study
+class PaliGemmaStudy(Study):
+    """The paligemma study (module docstring)."""
+
+    name = "paligemma"
+    variants = VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control | list[Control]:
+        return control(cfg)
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        return _per_seed(cfg, progress)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        return _report(cfg, per_seed, seconds)
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`PaliGemmaStudy`; removed in 0.3.0."""
+    return PaliGemmaStudy().execute(cfg, progress)

@@ -15,13 +15,13 @@ smallest P) before any model of that width is compared with it; a width whose Tr
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from ..data.synthetic import SyntheticVocab, mqar_batch
+from .base import Study, StudyConfig, mqar_stream, register_study
 from .report import Control, Metric, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
@@ -34,7 +34,7 @@ from .synthetic import (
     train_model,
 )
 
-__all__ = ["VARIANTS", "DEFAULTS", "run", "control"]
+__all__ = ["VARIANTS", "DEFAULTS", "RecallStudy", "run", "control", "check_config"]
 
 #: variant → label (the first is the baseline)
 VARIANTS: dict[str, str] = dict(MODELS)
@@ -48,7 +48,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def check_config(cfg: dict[str, Any], where: str) -> None:
+def config_errors(cfg: dict[str, Any], where: str) -> list[str]:
+    """Every constraint of the budget that ``cfg`` breaks (:meth:`diffattn.studies.base.Study.check`)."""
     errors: list[str] = []  # every constraint the config breaks, reported together
     for key in ("steps", "batch_size", "depth", "num_heads", "samples", "eval_every", "curve_samples", "threads"):
         if cfg[key] < 1:
@@ -80,6 +81,12 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
                       f"{pairs!r}")
     if not 0 < cfg["control_accuracy"] <= 1:
         errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
+    return errors
+
+
+def check_config(cfg: dict[str, Any], where: str) -> None:
+    """Raise a ``ValueError`` listing :func:`config_errors`, if any."""
+    errors = config_errors(cfg, where)
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -95,11 +102,8 @@ def control(cfg: dict[str, Any]) -> list[Control]:
 
 
 def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
-    """The training stream of a seed: P drawn uniformly from ``pairs`` per batch."""
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        p = cfg["pairs"][int(torch.randint(len(cfg["pairs"]), (1,), generator=g))]
-        yield mqar_batch(cfg["batch_size"], pairs=p, generator=g, vocab=vocab)
+    """The training stream of a seed: P drawn uniformly from ``pairs`` per batch (:func:`~.base.mqar_stream`)."""
+    return mqar_stream(cfg["pairs"], cfg["batch_size"], vocab, seed)
 
 
 def _fmt(values: list[float], digits: int = 1) -> str:
@@ -131,52 +135,75 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
     return out
 
 
+@register_study
+class RecallStudy(Study):
+    """The recall study (module docstring)."""
+
+    name = "recall"
+    title = "Study: multi-query associative recall, standard vs differential attention"
+    variants = VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        return config_errors(cfg, where)
+
+    def control(self, cfg: StudyConfig) -> list[Control]:
+        return control(cfg)
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        """Every variant at every width and seed (module docstring)."""
+        torch.set_num_threads(cfg["threads"])
+        vocab = SyntheticVocab(**cfg["vocab"])
+        easiest = cfg["pairs"][0]
+
+        def one_seed(seed: int, folder: Path) -> dict:
+            g = torch.Generator().manual_seed(1_000_003 * (seed + 1))
+            test = {p: mqar_batch(cfg["samples"], pairs=p, generator=g, vocab=vocab) for p in cfg["pairs"]}
+            curve_set = mqar_batch(cfg["curve_samples"], pairs=easiest, generator=g, vocab=vocab)
+            res: dict[str, dict] = {}
+            for v in cfg["variants"]:
+                label = VARIANTS[v]
+                res[label] = {}
+                for w in cfg["widths"]:
+                    model = build_model(v, vocab_size=vocab.size, dim=w, depth=cfg["depth"],
+                                        num_heads=cfg["num_heads"], max_seq_len=4 * max(cfg["pairs"]), seed=seed)
+                    trained = train_model(model, _train_batches(cfg, vocab, seed), steps=cfg["steps"], lr=cfg["lr"],
+                                          weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
+                                          eval_every=cfg["eval_every"],
+                                          evaluate=lambda m: answer_accuracy(m, curve_set).mean().item())
+                    acc = {f"P{p}": answer_accuracy(model, b).mean().item() for p, b in test.items()}
+                    res[label][f"w{w}"] = {"accuracy": acc, "mean_accuracy": sum(acc.values()) / len(acc),
+                                           **trained,
+                                           "steps_to_control": steps_to_reach(trained["curve"],
+                                                                              cfg["control_accuracy"]),
+                                           "params": param_count(model), "mlp_hidden": model.mlp_hidden}
+                    if progress:
+                        print(f"[study recall] seed {seed}: {label} width {w}: accuracy "
+                              + ", ".join(f"{k} {100 * a:.1f} %" for k, a in acc.items())
+                              + f"; {trained['train_seconds']:.0f} s training", flush=True)
+            return res
+
+        return run_seeds(cfg, one_seed)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        vocab = SyntheticVocab(**cfg["vocab"])
+        labels = [VARIANTS[v] for v in cfg["variants"]]
+        intro = (f"Multi-query associative recall (Arora et al. 2023, MQAR) at widths {cfg['widths']}: four causal "
+                 f"LMs of {cfg['depth']} layers and {cfg['num_heads']} (standard) heads per width, near-equal "
+                 f"parameter counts (below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, "
+                 f"{warmup_text(cfg['steps'], cfg['warmup_steps'])}) of {cfg['batch_size']} generated samples, loss "
+                 f"on the queried "
+                 f"values only; P key–value pairs drawn per batch from {cfg['pairs']} (4P tokens), {vocab.num_keys} "
+                 f"keys, {vocab.num_values} values. Accuracy on {cfg['samples']} fresh samples per (width, P).")
+        metrics = [Metric(f"accuracy, width {w}, {p} pairs (%)", f"w{w}.accuracy.P{p}", 100.0, 1)
+                   for w in cfg["widths"] for p in cfg["pairs"]]
+        metrics += [Metric(f"accuracy, width {w}, mean over P (%)", f"w{w}.mean_accuracy", 100.0, 1)
+                    for w in cfg["widths"]]
+        return write_study(Path(cfg["out"]), cfg, self.title, intro, per_seed, metrics, seconds,
+                           _sections(cfg, per_seed, labels), control=self.control(cfg))
+
+
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every width and seed, aggregated (module docstring)."""
-    torch.set_num_threads(cfg["threads"])
-    vocab = SyntheticVocab(**cfg["vocab"])
-    out = Path(cfg["out"])
-    easiest = cfg["pairs"][0]
-    t0 = time.perf_counter()
-
-    def one_seed(seed: int, folder: Path) -> dict:
-        g = torch.Generator().manual_seed(1_000_003 * (seed + 1))
-        test = {p: mqar_batch(cfg["samples"], pairs=p, generator=g, vocab=vocab) for p in cfg["pairs"]}
-        curve_set = mqar_batch(cfg["curve_samples"], pairs=easiest, generator=g, vocab=vocab)
-        res: dict[str, dict] = {}
-        for v in cfg["variants"]:
-            label = VARIANTS[v]
-            res[label] = {}
-            for w in cfg["widths"]:
-                model = build_model(v, vocab_size=vocab.size, dim=w, depth=cfg["depth"], num_heads=cfg["num_heads"],
-                                    max_seq_len=4 * max(cfg["pairs"]), seed=seed)
-                trained = train_model(model, _train_batches(cfg, vocab, seed), steps=cfg["steps"], lr=cfg["lr"],
-                                      weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
-                                      eval_every=cfg["eval_every"],
-                                      evaluate=lambda m: answer_accuracy(m, curve_set).mean().item())
-                acc = {f"P{p}": answer_accuracy(model, b).mean().item() for p, b in test.items()}
-                res[label][f"w{w}"] = {"accuracy": acc, "mean_accuracy": sum(acc.values()) / len(acc), **trained,
-                                       "steps_to_control": steps_to_reach(trained["curve"], cfg["control_accuracy"]),
-                                       "params": param_count(model), "mlp_hidden": model.mlp_hidden}
-                if progress:
-                    print(f"[study recall] seed {seed}: {label} width {w}: accuracy "
-                          + ", ".join(f"{k} {100 * a:.1f} %" for k, a in acc.items())
-                          + f"; {trained['train_seconds']:.0f} s training", flush=True)
-        return res
-
-    per_seed = run_seeds(cfg, one_seed)
-    labels = [VARIANTS[v] for v in cfg["variants"]]
-    intro = (f"Multi-query associative recall (Arora et al. 2023, MQAR) at widths {cfg['widths']}: four causal LMs "
-             f"of {cfg['depth']} layers and {cfg['num_heads']} (standard) heads per width, near-equal parameter "
-             f"counts (below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, "
-             f"{warmup_text(cfg['steps'], cfg['warmup_steps'])}) of {cfg['batch_size']} generated samples, loss on "
-             f"the queried "
-             f"values only; P key–value pairs drawn per batch from {cfg['pairs']} (4P tokens), {vocab.num_keys} keys, "
-             f"{vocab.num_values} values. Accuracy on {cfg['samples']} fresh samples per (width, P).")
-    metrics = [Metric(f"accuracy, width {w}, {p} pairs (%)", f"w{w}.accuracy.P{p}", 100.0, 1)
-               for w in cfg["widths"] for p in cfg["pairs"]]
-    metrics += [Metric(f"accuracy, width {w}, mean over P (%)", f"w{w}.mean_accuracy", 100.0, 1)
-                for w in cfg["widths"]]
-    return write_study(out, cfg, "Study: multi-query associative recall, standard vs differential attention", intro,
-                       per_seed, metrics, time.perf_counter() - t0, _sections(cfg, per_seed, labels),
-                       control=control(cfg))
+    """Every variant at every width and seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias
+    of ``execute`` of :class:`RecallStudy`; removed in 0.3.0."""
+    return RecallStudy().execute(cfg, progress)

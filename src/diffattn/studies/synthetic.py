@@ -38,6 +38,7 @@ from ..layers import AttentionSpec
 from ..models import CausalLM
 from ..train.loop import fit
 from ..train.optim import param_groups, warmup_cosine
+from .stats import mean_std
 
 __all__ = ["MODELS", "attention_for", "build_model", "param_count", "answer_loss", "answer_accuracy",
            "steps_to_control_lines",
@@ -140,8 +141,6 @@ def train_model(model: torch.nn.Module, batches: Iterator[SyntheticBatch], *, st
 def steps_to_control_lines(reached: dict[str, list[int | None]], steps: int) -> list[str]:
     """One markdown line per model: on how many seeds it reached the control level and at which step (mean ± std
     over those seeds), from ``reached`` (model label → per-seed step or None); ``steps`` is the training budget."""
-    from .stats import mean_std
-
     out = []
     for lab, per_seed in reached.items():
         hit = [x for x in per_seed if x is not None]

