@@ -46,12 +46,12 @@ from ..errors import RunExistsError, UsageError, user_input
 from ..io import atomic_write_file, remove_dir
 from ..utils import available_memory, format_bytes
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
-from .config import BUDGET_KEYS, TrainConfig, digest_hash, val_metric
+from .config import BUDGET_KEYS, TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
 from .data import StepBatchSampler, steps_for
 from .data import to_device as _to
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler, warmup_cosine
-from .tasks import build_task, config_digest, mean_lambdas, run_config_dict
+from .tasks import build_task, mean_lambdas
 
 __all__ = ["train", "fit", "optimizer_step", "seed_everything", "training_bytes", "check_fits", "check_backends"]
 
@@ -381,16 +381,16 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
         amp_dtype = _precision(cfg, env)
         # model, data, optimizer: the same initial weights on every rank (seeded identically)
         task = build_task(cfg)
-        check_fits(task, env, "task.base.config" if cfg.task.base else "model.overrides")
+        check_fits(task, env, task.size_keys)
         seed_everything(cfg.run.seed)
         model = task.build_model().to(env.device)
         check_backends(model, env.device, _backend_key(cfg))
-        dataset = task.dataset()
+        dataset = task.dataset(model)
         task.check_data(model, dataset)
         val_set = None
         if cfg.eval.every is not None:
             with user_input("eval: "):
-                val_set = task.val_dataset()
+                val_set = task.val_dataset(model)
         total = steps_for(cfg.run, len(dataset))
         sampler = StepBatchSampler(len(dataset), cfg.run.batch_size, world_size=env.world_size, rank=env.rank,
                                    accum_steps=cfg.run.accum_steps, seed=cfg.run.seed, start_step=0,
