@@ -1,11 +1,14 @@
-"""The training loop: one function, every task, one process or torchrun.
+"""The training loop: one loop body, every task, one process or torchrun.
 
     cfg = load_config("tiny/clip", ["optim.lr=3e-4"])
     train(cfg, out="runs/clip", resume="auto")
 
-Every optimizer step of the package is taken here: by :func:`train` (a recipe, a run directory, checkpoints) and
-by :func:`fit` (a model, an optimizer, a scheduler and batches a caller already holds: the retrofit study's
-loops, LLaVA's two stages), both through :func:`optimizer_step`.
+Every optimizer step of the package is taken by :func:`run_steps`: for :func:`train` (a recipe, a run directory,
+checkpoints), whose :class:`Trainer` is in parts with one job each (setup and checks, restore, the run directory,
+the loop, :class:`RunLog`, validation, checkpoints, the final save), and for :func:`fit` (a model, an optimizer, a
+scheduler and batches a caller already holds: the retrofit study's loops, LLaVA's two stages). The task (the loss,
+the post-step hook, the validation, the data) is the registered :class:`~diffattn.train.tasks.Task` of
+``task.name``; nothing here depends on which.
 
 Per optimizer step: ``accum_steps`` micro-batches (forward under bf16 autocast on CUDA, fp32 on CPU; DDP syncs
 gradients on the last one only), gradient clipping, AdamW, the warm-up + cosine lr, the task's post-step hook
