@@ -52,7 +52,7 @@ def test_paligemma_lora_trains_saves_and_reloads_exactly(tmp_path, method, one_t
     from diffattn.models.paligemma import paligemma_batch
     from diffattn.train import train
     from diffattn.train.checkpoint import latest_checkpoint, load_checkpoint
-    from diffattn.train.tasks.vlm import PaliGemmaTask
+    from diffattn.train.tasks.paligemma import PaliGemmaTask
 
     cfg = _cfg("paligemma", "run.steps=12", "run.batch_size=8", "run.ckpt_every=12", "optim.lr=3e-3",
                f"task.method={method}", "task.anneal_steps=40")
@@ -118,7 +118,8 @@ def test_paligemma_full_fine_tuning_is_the_base_of_a_lora_run(tmp_path, one_thre
     from diffattn.eval.paligemma import load_paligemma
     from diffattn.models.paligemma import build_paligemma, paligemma_batch
     from diffattn.train import train
-    from diffattn.train.tasks.vlm import DATA_KEYS, PaliGemmaTask
+    from diffattn.train.tasks.paligemma import PaliGemmaTask
+    from diffattn.train.tasks.vlm import DATA_KEYS
 
     pre = train(_cfg("paligemma", "run.steps=4", "run.batch_size=4", "run.ckpt_every=4", "task.method=none",
                      "task.lora_r=0", "optim.lr=3e-3"), out=tmp_path / "pre")

@@ -2,7 +2,7 @@
 
 A run is described by five sections, and an optional sixth for validation while it trains::
 
-    task:  {name: clip | classify | lm | retrofit | vlm | paligemma, ...task options}
+    task:  {name: a registered task (diffattn.train.tasks.TASKS), ...that task's options (its Config)}
     model: {name: a registered model (``diffattn models``), overrides: {...create_model keyword arguments}}
     data:  {name: a dataset, path: files a user supplies, ...}
     optim: {lr, weight_decay, betas, warmup_steps, min_lr_ratio, grad_clip}
@@ -10,8 +10,8 @@ A run is described by five sections, and an optional sixth for validation while 
             logging}
     eval:  {every, metric, split, path, max_samples, batch_size}
 
-An unknown key is a :class:`~diffattn.errors.UsageError` (a ``ValueError``) naming the key and the valid ones; a
-YAML syntax error names the file, line and column.
+An unknown key is a :class:`~diffattn.errors.UsageError` (a ``ValueError``) naming the key and the valid ones (for
+``task``: the keys of the named task's ``Config``); a YAML syntax error names the file, line and column.
 """
 
 from __future__ import annotations
@@ -26,42 +26,15 @@ from typing import Any
 from ..configs import apply_sets, config_names, find_config
 from ..directions import higher_is_better
 from ..errors import UsageError, did_you_mean, yaml_error
-from ..lambdas import DEFAULT_LAMBDA_INIT
 from ..utils import check_device
+from .tasks.base import TaskConfig, check, is_int
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
-           "load_config", "apply_overrides", "config_from_dict", "TASKS", "VAL_METRICS", "val_metric",
-           "RESUMABLE_KEYS", "BUDGET_KEYS", "digest_hash"]
+           "load_config", "apply_overrides", "config_from_dict", "val_metric",
+           "RESUMABLE_KEYS", "BUDGET_KEYS", "digest_hash", "run_config_dict", "config_digest"]
 
 PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp2")
-
-
-@dataclass
-class TaskConfig:
-    """What is trained and how the loss is formed.
-
-    classify: ``label_smoothing``, ``mixup``/``cutmix`` (timm's α; 0 turns them off).
-    retrofit: ``base`` (a transformers model: ``{type: gpt2, config: {...}}`` built from its config, or
-    ``{type: gpt2, path: DIR}`` for pretrained weights a user has), ``method``, ``lambda_init``, ``anneal_steps``,
-    ``train`` (``attention`` | ``adapters`` | ``all``), ``lora`` with ``lora_r``/``lora_alpha``/``lora_targets``.
-    vlm / paligemma: see :mod:`diffattn.train.tasks.vlm` (``base``, ``train``, ``method``, ``lora_*``; paligemma's
-    ``lora_r: 0`` is full fine-tuning).
-    """
-
-    name: str = "classify"
-    label_smoothing: float = 0.0
-    mixup: float = 0.0
-    cutmix: float = 0.0
-    base: dict = field(default_factory=dict)
-    method: str = "daa"
-    lambda_init: float | str = DEFAULT_LAMBDA_INIT
-    anneal_steps: int = 1000
-    train: str = "attention"
-    lora: bool = False
-    lora_r: int = 32
-    lora_alpha: int = 64
-    lora_targets: list = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
 
 
 @dataclass
@@ -128,22 +101,6 @@ class RunConfig:
     threads: int | None = None
 
 
-#: the one list of train tasks: ``task.name`` → (the module of its recipe, recipe class), imported on
-#: first use by :func:`diffattn.train.tasks.task_class`. A literal table here, below the recipes, so that validating a
-#: config never imports them (each recipe imports this module).
-TASKS: dict[str, tuple[str, str]] = {
-    "clip": ("diffattn.train.tasks.clip", "ClipTask"),
-    "classify": ("diffattn.train.tasks.classify", "ClassifyTask"),
-    "lm": ("diffattn.train.tasks.lm", "LMTask"),
-    "retrofit": ("diffattn.train.tasks.retrofit", "RetrofitTask"),
-    "vlm": ("diffattn.train.tasks.vlm", "VLMTask"),
-    "paligemma": ("diffattn.train.tasks.vlm", "PaliGemmaTask"),
-}
-
-#: the metrics each task's validation reports (:meth:`diffattn.train.tasks.Task.validate`); the first is the
-#: default ``eval.metric``
-VAL_METRICS: dict[str, tuple[str, ...]] = {"classify": ("top1", "loss"), "clip": ("r@1", "i2t@1", "t2i@1", "loss"),
-                                           "lm": ("loss", "ppl"), "retrofit": ("loss", "ppl")}
 
 
 @dataclass
@@ -162,7 +119,7 @@ class EvalConfig:
 
 @dataclass
 class TrainConfig:
-    task: TaskConfig = field(default_factory=TaskConfig)
+    task: TaskConfig = field(default_factory=lambda: _task_class("classify").Config())
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -178,17 +135,30 @@ _SECTION_CLASSES = {"task": TaskConfig, "model": ModelConfig, "data": DataConfig
                     "run": RunConfig, "eval": EvalConfig}
 
 
+def _task_class(name: str):
+    """The registered task ``name`` (:data:`diffattn.train.tasks.TASKS`), or a UsageError naming the tasks."""
+    from .tasks import TASKS
+
+    check(isinstance(name, str) and name in TASKS, "task.name", name, f"one of {tuple(sorted(TASKS))}",
+          did_you_mean(name, list(TASKS)) if isinstance(name, str) else "")
+    return TASKS[name]
+
+
 def _section(name: str, values: Any) -> Any:
-    cls = _SECTION_CLASSES[name]
     if values is None:
         values = {}
     if not isinstance(values, dict):
         raise UsageError(f"config section {name!r} must be a mapping, got {type(values).__name__}")
+    cls, where = _SECTION_CLASSES[name], repr(name)
+    if name == "task":  # the task's own options: the Config its registration declares
+        task = _task_class(values.get("name", TaskConfig.name))
+        cls, where = task.Config, f"'task' for task {task.name!r}"
     valid = [f.name for f in fields(cls)]
-    for key in values:
-        if key not in valid:
-            raise UsageError(f"unknown config key {name}.{key}{did_you_mean(key, valid)} (valid keys in {name!r}: "
-                             f"{', '.join(valid)})")
+    unknown = [key for key in values if key not in valid]
+    if unknown:
+        keys = ", ".join(f"{name}.{k}{did_you_mean(k, valid)}" for k in unknown)
+        raise UsageError(f"unknown config key{'s' if len(unknown) > 1 else ''} {keys} (valid keys in {where}: "
+                         f"{', '.join(valid)})")
     types = {f.name: str(f.type) for f in fields(cls)}
     values = {k: _number(v) if "float" in types[k] else v for k, v in values.items()}
     return cls(**values)
@@ -202,22 +172,14 @@ def _number(v: Any) -> Any:
     return float(v) if isinstance(v, str) and _FLOAT.match(v.strip()) else v
 
 
-def _check(ok: bool, key: str, got: Any, need: str, hint: str = "") -> None:
-    """Raise a :class:`UsageError` naming ``key``, what it must be and what it got (then ``hint``: "did you
-    mean …?") unless ``ok``."""
-    if not ok:
-        raise UsageError(f"config {key} must be {need}, got {got!r}{hint}")
-
-
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+_check, _is_int = check, is_int
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
     """Check values (types, ranges, choices); every error names the key, the value and what is allowed."""
     t, r, o = cfg.task, cfg.run, cfg.optim
-    _check(t.name in TASKS, "task.name", t.name, f"one of {tuple(TASKS)}")
-    _check(t.name in ("retrofit", "paligemma") or bool(cfg.model.name), "model.name", cfg.model.name,
+    task = _task_class(t.name)
+    _check(not task.model_name or bool(cfg.model.name), "model.name", cfg.model.name,
            "a registered model name (list them with `diffattn models`)")
     _check(isinstance(cfg.model.overrides, dict), "model.overrides", cfg.model.overrides, "a mapping")
     _check(_is_int(r.batch_size) and r.batch_size >= 1, "run.batch_size", r.batch_size, "an integer >= 1")
@@ -240,28 +202,10 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "in [0, 1]")
     _check(o.grad_clip is None or o.grad_clip > 0, "optim.grad_clip", o.grad_clip, "None or > 0")
     _check(isinstance(o.betas, (list, tuple)) and len(o.betas) == 2, "optim.betas", o.betas, "two numbers")
-    _check(0 <= t.label_smoothing < 1, "task.label_smoothing", t.label_smoothing, "in [0, 1)")
-    _check(t.mixup >= 0 and t.cutmix >= 0, "task.mixup/task.cutmix", (t.mixup, t.cutmix), ">= 0")
-    if t.name == "retrofit":
-        _check(t.train in ("attention", "adapters", "all"), "task.train", t.train,
-               "one of ('attention', 'adapters', 'all')")
-        _check(isinstance(t.base, dict) and "type" in t.base, "task.base", t.base,
-               "a mapping with 'type' (e.g. gpt2) and 'config' or 'path'")
-        _check(_is_int(t.anneal_steps) and t.anneal_steps >= 1, "task.anneal_steps", t.anneal_steps,
-               "an integer >= 1")
-    if t.name == "vlm":
-        _check(t.train in ("projector", "all"), "task.train", t.train,
-               "'projector' (LLaVA stage 1) or 'all' (stage 2: projector + LM)")
-    if t.name == "paligemma":
-        _check(t.method in ("shared_qk", "split_heads", "none"), "task.method", t.method,
-               "one of ('shared_qk', 'split_heads', 'none')")
-        _check(isinstance(t.base, dict) and t.base.get("type") == "paligemma", "task.base", t.base,
-               "a mapping with type: paligemma and 'config' or 'path'")
-        _check(_is_int(t.lora_r) and t.lora_r >= 0, "task.lora_r", t.lora_r,
-               "an integer >= 0 (0: full fine-tuning, no LoRA)")
+    task.check_config(cfg)
     _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
            "an integer >= 2")
-    if cfg.model.name and t.name not in ("retrofit", "paligemma"):
+    if cfg.model.name and task.model_name:
         from ..models import is_model, list_models
 
         _check(is_model(cfg.model.name), "model.name", cfg.model.name,
@@ -272,12 +216,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check(_is_int(e.max_samples) and e.max_samples >= 1, "eval.max_samples", e.max_samples, "an integer >= 1")
     _check(_is_int(e.batch_size) and e.batch_size >= 1, "eval.batch_size", e.batch_size, "an integer >= 1")
     if e.every is not None:
-        _check(t.name in VAL_METRICS, "eval.every", e.every, f"null for task {t.name!r} (validation while training "
-               f"is there for {', '.join(VAL_METRICS)})")
-        _check(e.metric is None or e.metric in VAL_METRICS[t.name], "eval.metric", e.metric,
-               f"one of {VAL_METRICS[t.name]} for task {t.name!r}")
-    if t.name in ("clip", "classify", "lm", "retrofit"):
-        names = train_data_names(t.name)
+        _check(bool(task.metrics), "eval.every", e.every, f"null for task {t.name!r} (validation while training "
+               f"is there for {', '.join(n for n, c in _tasks().items() if c.metrics)})")
+        _check(e.metric is None or e.metric in task.metrics, "eval.metric", e.metric,
+               f"one of {task.metrics} for task {t.name!r}")
+    names = task.data_names()
+    if names is not None:
         _check(cfg.data.name in names, "data.name", cfg.data.name, f"one of {names} (for task {t.name!r})",
                did_you_mean(cfg.data.name, names))
     return cfg
@@ -298,13 +242,13 @@ def budget_warnings(cfg: TrainConfig) -> list[str]:
 
 def train_data_names(task: str) -> list[str]:
     """The ``data.name`` values task ``task`` trains on: its kinds of built-in sets and the formats it reads."""
-    from ..data.catalog import DATASETS
+    return _task_class(task).data_names() or []
 
-    kinds, formats = {"clip": (("captions",), ("digits", "csv", "webdataset")),
-                      "classify": (("classification", "text"), ("digits", "imagefolder")),
-                      "lm": (("text",), ("tokens", "text", "sklearn_text")),
-                      "retrofit": (("text",), ("tokens", "text", "sklearn_text"))}[task]
-    return sorted({*formats, *(n for n, d in DATASETS.items() if d.kind in kinds)})
+
+def _tasks() -> dict:
+    from .tasks import TASKS
+
+    return TASKS
 
 
 def config_from_dict(d: dict[str, Any]) -> TrainConfig:
@@ -351,7 +295,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
 
 def val_metric(cfg: TrainConfig) -> tuple[str, bool]:
     """(the metric that picks ``best/``, whether lower is better)."""
-    metric = cfg.eval.metric or VAL_METRICS[cfg.task.name][0]
+    metric = cfg.eval.metric or _task_class(cfg.task.name).metrics[0]
     return metric, higher_is_better(metric) is False
 
 
@@ -365,3 +309,36 @@ BUDGET_KEYS = {("run", "steps"), ("run", "epochs")}
 
 def digest_hash(d: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(d, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def run_config_dict(cfg: TrainConfig) -> dict[str, Any]:
+    """The config a run records in ``config.yaml``: every section (the ``task`` section is the task's own
+    ``Config``, so it holds only the keys the task reads). Loading it back gives ``cfg`` again."""
+    return cfg.to_dict()
+
+
+def config_digest(cfg: TrainConfig | dict) -> dict[str, Any]:
+    """The part of the config a checkpoint must match to be resumed: everything but the logging/output keys
+    (:data:`RESUMABLE_KEYS`), and of ``task`` only the keys its task reads. ``cfg`` may be a digest already (a
+    checkpoint's), which is then reduced the same way."""
+    import dataclasses
+
+    from .tasks import task_keys
+
+    d = json.loads(json.dumps(cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg), default=str))
+    d.setdefault("eval", dataclasses.asdict(EvalConfig()))  # checkpoints of runs made before the section existed
+    for section, key in RESUMABLE_KEYS:
+        d.get(section, {}).pop(key, None)
+    task = d.get("task", {})
+    keep = task_keys(task.get("name"))
+    if keep is not None:
+        d["task"] = {k: v for k, v in task.items() if k in keep}
+    return d
+
+
+def __getattr__(name: str):
+    if name == "TASKS":  # the registry of diffattn.train.tasks: the one table of tasks
+        return _tasks()
+    if name == "VAL_METRICS":  # each task's validation metrics, as its class declares them
+        return {n: c.metrics for n, c in _tasks().items() if c.metrics}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,7 +19,8 @@ import torch
 from torch.utils.data import Dataset, Sampler, TensorDataset
 
 __all__ = ["StepBatchSampler", "local_batch_size", "digits_dataset", "digit_caption_dataset", "TokenWindows",
-           "byte_tokens", "sklearn_text_tokens", "text_classification_dataset", "to_device"]
+           "byte_tokens", "sklearn_text_tokens", "text_classification_dataset", "to_device", "external_dataset",
+           "ImageLabels", "ImageCaptions", "text_windows", "image_transform", "train_split_stats"]
 
 
 def to_device(batch: Any, device: torch.device) -> Any:
@@ -227,16 +228,16 @@ def steps_for(cfg_run, n: int) -> int:
     return max(1, math.ceil(cfg_run.epochs * (n // cfg_run.batch_size)))
 
 
-def external_dataset(cfg, task: str) -> Dataset:
-    """``diffattn.data.get_dataset(data.name, split=data.split, root=data.path)`` shaped for ``task``: image sets as
-    (image tensor, label), caption sets as (image tensor, tokens), text sets as LM windows of their GPT-2 tokens."""
+def external_dataset(cfg) -> Dataset:
+    """``diffattn.data.get_dataset(data.name, split=data.split, root=data.path)``, each error naming the data keys;
+    a task shapes its samples (:class:`ImageLabels`, :class:`ImageCaptions`, :func:`text_windows`)."""
     from ..data import DatasetNotInstalledError, get_dataset
     from ..errors import UsageError
 
     d = cfg.data
     where = f"data.name {d.name!r}" + (f", data.path {d.path!r}" if d.path else "")
     try:
-        base = get_dataset(d.name, split=d.split, root=d.path)
+        return get_dataset(d.name, split=d.split, root=d.path)
     except DatasetNotInstalledError as e:
         if d.path is None:
             raise
@@ -245,10 +246,9 @@ def external_dataset(cfg, task: str) -> Dataset:
         raise FileNotFoundError(f"{where}: {e}") from None
     except ValueError as e:
         raise UsageError(f"{where}: {e}") from None
-    return _ExternalAdapter(base, cfg, task)
 
 
-def _image_transform(size: int, chans: int, mean: float = 0.5, std: float = 0.5):
+def image_transform(size: int, chans: int, mean: float = 0.5, std: float = 0.5):
     """PIL image → (chans, size, size) tensor, standardised with one ``mean``/``std`` for all channels."""
     from torchvision import transforms
 
@@ -258,7 +258,7 @@ def _image_transform(size: int, chans: int, mean: float = 0.5, std: float = 0.5)
         transforms.ToTensor(), transforms.Normalize([mean] * chans, [std] * chans)])
 
 
-def _train_split_stats(base, cfg) -> tuple[float, float]:
+def train_split_stats(base, cfg) -> tuple[float, float]:
     """Pixel mean/std of the train split for sets that expose their images as an array (Fashion-MNIST, digits):
     the statistics ``diffattn eval`` standardises with, so training and evaluation see the same inputs. Other
     sets keep the [-1, 1] scaling."""
@@ -271,53 +271,52 @@ def _train_split_stats(base, cfg) -> tuple[float, float]:
     return pixel_stats(train.images)
 
 
-class _ExternalAdapter(Dataset):
-    """Maps ``diffattn.data`` samples to the tensors a recipe consumes."""
+def _image_and_target(item) -> tuple[Any, Any]:
+    """(image, caption or label) of a ``diffattn.data`` sample: a dict or a pair."""
+    if isinstance(item, dict):
+        return item["image"], item.get("caption", item.get("category"))
+    return item
 
-    def __init__(self, base, cfg, task: str) -> None:
-        self.base, self.task, self.cfg = base, task, cfg
-        self.transform = None
-        self.tokenizer = None
-        if task in ("classify", "clip"):
-            from ..models import create_model
 
-            with torch.device("meta"):  # the image size, channels and tokenizer from the model config, no weights
-                probe = create_model(cfg.model.name, **cfg.model.overrides)
-            vit = probe.visual if task == "clip" else probe
-            size = cfg.data.img_size or vit.patch_embed.img_size
-            if task == "clip":  # the model's own preprocessing (ImageNet mean/std), the one `diffattn eval` applies
-                from ..models.clip import image_transform
+class ImageLabels(Dataset):
+    """(image tensor, label) of a ``diffattn.data`` image set; ``transform`` turns a PIL image into a tensor."""
 
-                self.transform = image_transform(size)
-            else:
-                self.transform = _image_transform(size, vit.patch_embed.proj.in_channels,
-                                                  *_train_split_stats(base, cfg))
-            self.tokenizer = probe.tokenizer if task == "clip" else None
-        if task == "lm":
-            texts = getattr(base, "texts", None)
-            if texts is None:
-                raise ValueError(f"data.name {cfg.data.name!r} is not a text set (no .texts); task 'lm' needs one")
-            if cfg.data.tokenizer == "bytes":
-                tokens = byte_tokens("\n\n".join(texts))
-            else:
-                from ..data import tokenize_documents
-
-                tokens = np.asarray(tokenize_documents(texts, cfg.data.tokenizer))
-            self.windows = TokenWindows(tokens, cfg.data.block_size)
+    def __init__(self, base, transform) -> None:
+        self.base, self.transform = base, transform
 
     def __len__(self) -> int:
-        return len(self.windows) if self.task == "lm" else len(self.base)
+        return len(self.base)
 
     def __getitem__(self, i: int):
-        if self.task == "lm":
-            return self.windows[i]
-        item = self.base[i]
-        if isinstance(item, dict):
-            image, target = item["image"], item.get("caption", item.get("category"))
-        else:
-            image, target = item
-        if not isinstance(image, torch.Tensor):
-            image = self.transform(image)
-        if self.task == "clip":
-            return image, torch.as_tensor(self.tokenizer([target]))[0]
-        return image, int(target)
+        image, target = _image_and_target(self.base[i])
+        return (image if isinstance(image, torch.Tensor) else self.transform(image)), int(target)
+
+
+class ImageCaptions(Dataset):
+    """(image tensor, caption tokens) of a ``diffattn.data`` caption set, tokenised with ``tokenizer``."""
+
+    def __init__(self, base, transform, tokenizer) -> None:
+        self.base, self.transform, self.tokenizer = base, transform, tokenizer
+
+    def __len__(self) -> int:
+        return len(self.base)
+
+    def __getitem__(self, i: int):
+        image, target = _image_and_target(self.base[i])
+        image = image if isinstance(image, torch.Tensor) else self.transform(image)
+        return image, torch.as_tensor(self.tokenizer([target]))[0]
+
+
+def text_windows(base, data) -> TokenWindows:
+    """LM windows of a ``diffattn.data`` text set (``.texts``): ``data.tokenizer`` ids (``bytes``: UTF-8 bytes),
+    ``data.block_size`` tokens."""
+    texts = getattr(base, "texts", None)
+    if texts is None:
+        raise ValueError(f"data.name {data.name!r} is not a text set (no .texts); a language model needs one")
+    if data.tokenizer == "bytes":
+        tokens = byte_tokens("\n\n".join(texts))
+    else:
+        from ..data import tokenize_documents
+
+        tokens = np.asarray(tokenize_documents(texts, data.tokenizer))
+    return TokenWindows(tokens, data.block_size)

@@ -1,11 +1,14 @@
-"""The training loop: one function, every task, one process or torchrun.
+"""The training loop: one loop body, every task, one process or torchrun.
 
     cfg = load_config("tiny/clip", ["optim.lr=3e-4"])
     train(cfg, out="runs/clip", resume="auto")
 
-Every optimizer step of the package is taken here: by :func:`train` (a recipe, a run directory, checkpoints) and
-by :func:`fit` (a model, an optimizer, a scheduler and batches a caller already holds: the retrofit study's
-loops, LLaVA's two stages), both through :func:`optimizer_step`.
+Every optimizer step of the package is taken by :func:`run_steps`: for :func:`train` (a recipe, a run directory,
+checkpoints), whose :class:`Trainer` is in parts with one job each (setup and checks, restore, the run directory,
+the loop, :class:`RunLog`, validation, checkpoints, the final save), and for :func:`fit` (a model, an optimizer, a
+scheduler and batches a caller already holds: the retrofit study's loops, LLaVA's two stages). The task (the loss,
+the post-step hook, the validation, the data) is the registered :class:`~diffattn.train.tasks.Task` of
+``task.name``; nothing here depends on which.
 
 Per optimizer step: ``accum_steps`` micro-batches (forward under bf16 autocast on CUDA, fp32 on CPU; DDP syncs
 gradients on the last one only), gradient clipping, AdamW, the warm-up + cosine lr, the task's post-step hook
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
@@ -46,14 +50,15 @@ from ..errors import RunExistsError, UsageError, user_input
 from ..io import atomic_write_file, remove_dir
 from ..utils import available_memory, format_bytes
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
-from .config import BUDGET_KEYS, TrainConfig, digest_hash, val_metric
+from .config import BUDGET_KEYS, TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
 from .data import StepBatchSampler, steps_for
 from .data import to_device as _to
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler, warmup_cosine
-from .tasks import build_task, config_digest, mean_lambdas, run_config_dict
+from .tasks import build_task, mean_lambdas
 
-__all__ = ["train", "fit", "optimizer_step", "seed_everything", "training_bytes", "check_fits", "check_backends"]
+__all__ = ["train", "fit", "run_steps", "Trainer", "RunLog", "optimizer_step", "seed_everything", "training_bytes",
+           "check_fits", "check_backends"]
 
 
 def seed_everything(seed: int) -> None:
@@ -88,6 +93,51 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sch
     return grad_norm
 
 
+def run_steps(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batches: Iterable[Any],
+              loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], steps: Iterable[int], *, params,
+              grad_clip: float | None, accum_steps: int = 1, scaler: torch.amp.GradScaler | None = None,
+              autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+              no_sync: Callable[[], contextlib.AbstractContextManager] | None = None, check_finite: bool = False,
+              before_step: Sequence[Callable[[torch.nn.Module], object]] = (),
+              after_step: Sequence[Callable[[torch.nn.Module], object]] = (),
+              on_step: Callable[[int, torch.Tensor, torch.Tensor, float], object] | None = None) -> None:
+    """The one loop body of :func:`train` and :func:`fit`. Per step of ``steps`` (it stops early when
+    ``batches`` runs out): zero the gradients; ``accum_steps`` micro-batches, each ``loss_fn(model, batch)`` under
+    ``autocast()`` and backpropagated as ``loss / accum_steps`` (scaled by ``scaler``; every micro-batch but the
+    last under ``no_sync()``: DDP's gradient sync); ``before_step`` hooks; :func:`optimizer_step` (clip the norm of
+    ``params`` to ``grad_clip``, step, ``scheduler.step()``, ``after_step``); then ``on_step(step, mean loss of the
+    micro-batches (a detached tensor), gradient norm, lr the step used)``. ``check_finite``: a loss that is not
+    finite is a ``FloatingPointError`` naming the step."""
+    batches = iter(batches)
+    for step in steps:
+        lr = optimizer.param_groups[0]["lr"]
+        optimizer.zero_grad(set_to_none=True)
+        loss_sum = None
+        for a in range(accum_steps):
+            try:
+                batch = next(batches)
+            except StopIteration:
+                if a == 0:
+                    return
+                raise
+            sync = no_sync is None or a == accum_steps - 1
+            with contextlib.nullcontext() if sync else no_sync():
+                with autocast():
+                    loss = loss_fn(model, batch)
+                if check_finite and not torch.isfinite(loss):
+                    raise FloatingPointError(f"loss is {loss.item()} at step {step + 1}; lower optim.lr or "
+                                             f"raise optim.warmup_steps")
+                scaled = loss / accum_steps
+                (scaler.scale(scaled) if scaler is not None else scaled).backward()
+            loss_sum = loss.detach() if loss_sum is None else loss_sum + loss.detach()
+        for hook in before_step:
+            hook(model)
+        grad_norm = optimizer_step(model, optimizer, scheduler, params, grad_clip, scaler=scaler,
+                                   after_step=after_step)
+        if on_step is not None:
+            on_step(step, loss_sum / accum_steps, grad_norm, lr)
+
+
 def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, batches: Iterable[Any],
         loss_fn: Callable[[torch.nn.Module, Any], torch.Tensor], *, grad_clip: float | None = 1.0,
         params: Sequence[torch.nn.Parameter] | None = None,
@@ -100,9 +150,9 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, bat
     ``after_step``). The model is put in train mode first. Returns the loss of every step; ``log`` gets
     ``"{desc} {k}/{total} loss {x}"`` every ``log_every`` steps (``total``: default ``len(batches)`` if it has one).
 
-    This is the loop of :func:`train` without what a run needs (accumulation, autocast, DDP, checkpoints), for
-    callers that draw their own batches: the retrofit study, LLaVA's stages (:func:`diffattn.train.llava.
-    train_llava`)."""
+    The loop body is :func:`train`'s (:func:`run_steps`), without what a run adds (accumulation, autocast, DDP,
+    checkpoints), for callers that draw their own batches: the retrofit study, LLaVA's stages
+    (:func:`diffattn.train.llava.train_llava`)."""
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be a callable (model, batch) -> loss, got {type(loss_fn).__name__}")
     if grad_clip is not None and not grad_clip > 0:
@@ -111,15 +161,15 @@ def fit(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler, bat
     if total is None and hasattr(batches, "__len__"):
         total = len(batches)
     losses: list[float] = []
-    model.train()
-    for batch in batches:
-        loss = loss_fn(model, batch)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer_step(model, optimizer, scheduler, params, grad_clip, after_step=after_step)
+
+    def on_step(step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
         losses.append(loss.item())
         if log is not None and len(losses) % log_every == 0:
             log(f"{desc} {len(losses)}{f'/{total}' if total is not None else ''} loss {losses[-1]:.4f}")
+
+    model.train()
+    run_steps(model, optimizer, scheduler, batches, loss_fn, itertools.count(), params=params, grad_clip=grad_clip,
+              after_step=after_step, on_step=on_step)
     return losses
 
 
@@ -342,6 +392,296 @@ def check_run_dir(run_dir: Path, resume: str | None, overwrite: bool) -> None:
                          f"run directory) and is not empty; choose another --out")
 
 
+class RunLog:
+    """Where a run reports (rank 0 writes, every rank may call): ``metrics.jsonl``, TensorBoard, the progress bar
+    and the end-of-epoch line."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, run_dir: Path, steps_per_epoch: int) -> None:
+        self.cfg, self.env, self.path, self.spe = cfg, env, run_dir / "metrics.jsonl", steps_per_epoch
+        self.writer = self.bar = None
+        self.postfix: dict[str, str] = {}
+        self.epoch_losses: list[float] = []
+
+    def open(self, start: int, total: int) -> None:
+        """Drop rows logged after ``start`` (a fresh run: all of them), open TensorBoard and the progress bar."""
+        from ..progress import progress
+
+        if self.env.is_main:
+            from torch.utils.tensorboard import SummaryWriter
+
+            if start:
+                _truncate_metrics(self.path, start)
+            elif self.path.exists():
+                self.path.unlink()
+            self.writer = SummaryWriter(str(self.path.parent / "tensorboard"), purge_step=start + 1)
+        self.start = start
+        self.bar = progress(total=total, initial=start, disable=not (self.env.is_main and self.cfg.run.progress),
+                            unit="step", desc="train")
+        self.t_epoch = self.t_log = time.perf_counter()
+
+    def _write(self, row: dict, scalars: dict[str, float]) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        for k, v in scalars.items():
+            self.writer.add_scalar(k, v, row["step"])
+
+    def step(self, done: int, total: int, loss: float, lr: float, grad_norm: torch.Tensor, model) -> None:
+        """After optimizer step ``done``: the progress bar; every ``run.log_every`` steps (and at the last) a row
+        of ``metrics.jsonl``; at the end of an epoch its mean loss, throughput and λ."""
+        run = self.cfg.run
+        self.epoch_losses.append(loss)
+        self.bar.update(1)
+        if done % run.log_every == 0 or done == total:
+            now = time.perf_counter()
+            n_steps = min(run.log_every, done - self.start) if done % run.log_every == 0 else \
+                (done - self.start) % run.log_every or run.log_every
+            row = {"step": done, "epoch": round(done / self.spe, 4), "loss": loss, "lr": lr,
+                   "grad_norm": float(grad_norm), "samples_per_s": round(n_steps * run.batch_size /
+                                                                         max(now - self.t_log, 1e-9), 2)}
+            self.t_log = now
+            lams = mean_lambdas(model) if self.env.is_main and run.distributed != "fsdp2" else []
+            if lams:
+                row["lambda"] = lams
+            if self.env.is_main:
+                self._write(row, {**{f"train/{k}": row[k] for k in ("loss", "lr", "grad_norm", "samples_per_s")},
+                                  **{f"lambda/layer_{i}": v for i, v in enumerate(lams)}})
+                self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", sps=row["samples_per_s"], **self.postfix)
+        if done % self.spe == 0 and self.env.is_main:
+            dt = time.perf_counter() - self.t_epoch
+            lams = mean_lambdas(model) if run.distributed != "fsdp2" else []
+            self.bar.write(f"epoch {done // self.spe}: loss {sum(self.epoch_losses) / len(self.epoch_losses):.4f}  "
+                           f"lr {lr:.2e}  {len(self.epoch_losses) * run.batch_size / dt:.1f} samples/s  {dt:.1f} s"
+                           + (f"  λ {lams}" if lams else ""))
+            self.epoch_losses, self.t_epoch = [], time.perf_counter()
+
+    def eval(self, done: int, scores: dict[str, float], metric: str, loss: float, lr: float) -> None:
+        if self.env.is_main:
+            self._write({"step": done, "eval": scores}, {f"val/{k}": v for k, v in scores.items()})
+            self.postfix = {f"val_{metric}": f"{scores[metric]:.4f}"}
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", **self.postfix)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:
+            self.writer.close()
+
+
+class Trainer:
+    """One run of :func:`train`, in parts: :meth:`setup` (every check, the model built once, the data, the resume
+    point), :meth:`restore` (optimizer, scheduler, EMA; a checkpoint's state or per-rank seeds),
+    :meth:`open_run_dir`, :meth:`loop` (the loop body of :func:`run_steps`, then per step :meth:`after_step`:
+    :class:`RunLog`, :meth:`validate`, :meth:`checkpoint`), :meth:`save_final` and :meth:`result`."""
+
+    def __init__(self, cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | None = None, *,
+                 overwrite: bool = False) -> None:
+        self.env = init_distributed(cfg.run.device)
+        self.run_dir = Path(out if out is not None else cfg.run.out)
+        self.cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, out=str(self.run_dir)))  # what runs
+        self.resume, self.overwrite = resume, overwrite
+        self.losses: list[float] = []
+        self.ema = self.best = None
+
+    def say(self, msg: str) -> None:
+        if self.env.is_main:
+            print(msg, file=sys.stderr, flush=True)
+
+    # ------------------------------------------------------------------------------------------- setup
+
+    def setup(self) -> None:
+        """Everything a user can get wrong, checked before the run directory is created or touched; the model is
+        built once (the same initial weights on every rank, seeded identically), its data read after it."""
+        cfg, env = self.cfg, self.env
+        check_run_dir(self.run_dir, self.resume, self.overwrite)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        if cfg.run.ema_decay is not None and cfg.run.distributed == "fsdp2" and env.distributed:
+            raise UsageError("run.ema_decay is not supported with run.distributed 'fsdp2' (the weights are sharded)")
+        with user_input():
+            self.amp_dtype = _precision(cfg, env)
+            self.task = task = build_task(cfg)
+            check_fits(task, env, task.size_keys)
+            seed_everything(cfg.run.seed)
+            self.model = task.build_model().to(env.device)
+            check_backends(self.model, env.device, _backend_key(cfg))
+            self.dataset = task.dataset(self.model)
+            task.check_data(self.model, self.dataset)
+            self.val_set = None
+            if cfg.eval.every is not None:
+                with user_input("eval: "):
+                    self.val_set = task.val_dataset(self.model)
+            self.total = steps_for(cfg.run, len(self.dataset))
+            self.sampler = StepBatchSampler(len(self.dataset), cfg.run.batch_size, world_size=env.world_size,
+                                            rank=env.rank, accum_steps=cfg.run.accum_steps, seed=cfg.run.seed,
+                                            start_step=0, total_steps=self.total)
+            self.ckpt_path, self.ckpt, skipped = find_resume(self.resume, self.run_dir)
+            self.planned = self.total
+            if self.ckpt is not None:
+                self.planned = _check_resume(self.ckpt, cfg, env, self.ckpt_path, len(self.dataset))
+                if int(self.ckpt["step"]) > self.total:
+                    raise UsageError(f"the step budget is {self.total} steps, but checkpoint {self.ckpt_path} is at "
+                                     f"step {self.ckpt['step']}; a resumed run can only be extended: give run.steps >= "
+                                     f"{self.ckpt['step']}")
+        for path, why in skipped:
+            self.say(f"skipped checkpoint {path}: {why}")
+        self.start = int(self.ckpt["step"]) if self.ckpt is not None else 0
+        self.best = self.ckpt.get("best") if self.ckpt is not None else None  # {"step", "metric", "value"} of best/
+
+    @property
+    def finished(self) -> bool:
+        return self.start >= self.total
+
+    def finish(self) -> dict[str, Any]:
+        """A finished run: nothing to train; the final model is saved if a kill prevented it."""
+        self.model.load_state_dict(self.ckpt["model"])
+        final_loss = _last_logged_loss(self.run_dir / "metrics.jsonl")
+        if self.env.is_main and not self.task.final_saved(self.run_dir):
+            self.task.save_final(self.model, self.run_dir)
+        self.say(f"{self.run_dir} already finished at step {self.start} of {self.total}; nothing to train")
+        barrier()
+        return {"run_dir": str(self.run_dir), "steps": self.total, "final_loss": final_loss, "losses": [],
+                "resumed_from": self.start, "finished": True}
+
+    # ------------------------------------------------------------------------------------------ resume
+
+    def restore(self) -> None:
+        """The optimizer, lr schedule, loss scaler and EMA; then a checkpoint's state (extending its schedule when
+        the step budget changed), or, for a new run, each rank seeded differently (dropout, mixup, augmentation)."""
+        cfg, env, model, ckpt = self.cfg, self.env, self.model, self.ckpt
+        self.ddp_model = wrap_model(model, env, cfg.run.distributed)  # FSDP2 shards ``model`` in place
+        self.fwd_model = torch.compile(self.ddp_model) if cfg.run.compile else self.ddp_model
+        self.optimizer = build_optimizer(model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total)
+        self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype is torch.float16)
+        self.ema = EMA(model, cfg.run.ema_decay) if cfg.run.ema_decay is not None else None
+        if ckpt is None:
+            seed_everything(cfg.run.seed + 1_000_003 * env.rank + 1)
+            return
+        _load_full_state(model, self.optimizer, ckpt["model"], ckpt["optimizer"])
+        self.scheduler.load_state_dict(ckpt["scheduler"])
+        self.scaler.load_state_dict(ckpt["scaler"])
+        if self.ema is not None:
+            self.ema.load_state_dict(ckpt["ema"])
+        set_rng_state(ckpt["rng"][env.rank])
+        self.ckpt = None
+        self.say(f"resumed from step {self.start} of {self.total} ({self.ckpt_path})")
+        if self.planned != self.total:
+            self._extend()
+
+    def _extend(self) -> None:
+        start, total = self.start, self.total
+        _extend_schedule(self.optimizer, self.scheduler, start, total, self.cfg)
+        self.say(f"extended the run from {self.planned} to {total} steps: from step {start + 1} on the lr follows the "
+                 f"warm-up + cosine schedule of a {total}-step run (lr {self.optimizer.param_groups[0]['lr']:.3g} at "
+                 f"step {start + 1}); the first {start} steps are unchanged")
+        if self.env.is_main and (self.run_dir / "eval").is_dir():
+            self.say(f"{self.run_dir / 'eval'} holds the evaluation of the step-{start} model; run diffattn eval "
+                     f"again after this run")
+
+    def open_run_dir(self) -> None:
+        """Rank 0 creates (or, with ``overwrite``, replaces) the run directory and writes what the run needs to be
+        rebuilt (``config.yaml``, the task's initial files); a fresh start drops the previous logs and ``best/``."""
+        barrier()  # every rank has checked the run directory before rank 0 changes it
+        run_dir = self.run_dir
+        if self.env.is_main:
+            import yaml
+
+            if self.overwrite and run_dir.is_dir():
+                remove_dir(run_dir)
+                self.say(f"replaced the previous run in {run_dir} (--overwrite)")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.task.save_initial(self.model, run_dir)
+            with atomic_write_file(run_dir / "config.yaml", "w") as f:
+                yaml.safe_dump(run_config_dict(self.cfg), f, sort_keys=False)
+            for stale in ("tensorboard", "best"):  # a fresh start (resume auto without a checkpoint)
+                if not self.start and (run_dir / stale).is_dir():
+                    remove_dir(run_dir / stale)
+        self.log = RunLog(self.cfg, self.env, run_dir, self.sampler.steps_per_epoch)
+        self.log.open(self.start, self.total)
+
+    # -------------------------------------------------------------------------------------------- loop
+
+    def loop(self) -> None:
+        """Steps ``start`` … ``total − 1`` through :func:`run_steps`: micro-batches under autocast, DDP's sync on
+        the last, gradients of parameters no rank used reduced, the task's post-step hook, the EMA."""
+        cfg, env = self.cfg, self.env
+        self.sampler.start_step = self.start
+        loader = DataLoader(self.dataset, batch_sampler=self.sampler, num_workers=cfg.data.num_workers,
+                            pin_memory=env.device.type == "cuda")
+        batches = (_to(b, env.device) for b in loader)
+        amp = self.amp_dtype
+        self.model.train()
+        run_steps(self.fwd_model, self.optimizer, self.scheduler, batches, self.task.loss,
+                  range(self.start, self.total), params=list(self.model.parameters()), grad_clip=cfg.optim.grad_clip,
+                  accum_steps=cfg.run.accum_steps, scaler=self.scaler, check_finite=True,
+                  autocast=lambda: torch.autocast(env.device.type, dtype=amp, enabled=amp is not None),
+                  no_sync=getattr(self.ddp_model, "no_sync", None),
+                  before_step=[lambda _: reduce_ignored_grads(self.model)],
+                  after_step=[lambda _: self.task.after_step(self.model),
+                              *([lambda _: self.ema.update(self.model)] if self.ema is not None else [])],
+                  on_step=self.after_step)
+        self.log.close()
+
+    def after_step(self, step: int, loss: torch.Tensor, grad_norm: torch.Tensor, lr: float) -> None:
+        """Optimizer step ``step`` (0-based) is done: log its loss (averaged over ranks), validate, checkpoint."""
+        done, total = step + 1, self.total
+        step_loss = float(all_reduce_mean(loss))
+        self.losses.append(step_loss)
+        self.log.step(done, total, step_loss, lr, grad_norm, self.model)
+        if self.val_set is not None and (done % self.cfg.eval.every == 0 or done == total):
+            self.validate(done, step_loss, lr)
+        if done % self.cfg.run.ckpt_every == 0 or done == total:
+            self.checkpoint(done)
+
+    def validate(self, done: int, loss: float, lr: float) -> None:
+        """The task's validation (:func:`_validate`), logged; a new best (``eval.metric``) is saved to ``best/``."""
+        metric, lower_better = val_metric(self.cfg)
+        scores = _validate(self.task, self.model, self.val_set, self.env, self.amp_dtype)
+        value = scores[metric]
+        self.log.eval(done, scores, metric, loss, lr)
+        best = self.best
+        if best is None or (value < best["value"] if lower_better else value > best["value"]):
+            self.best = {"step": done, "metric": metric, "value": value}
+            _save_best(self.task, self.model, self.optimizer, self.cfg, self.env, self.run_dir, self.best)
+
+    def checkpoint(self, done: int) -> None:
+        """Everything an exact resume needs (weights, optimizer, schedule, scaler, EMA, every rank's RNG, best/),
+        written atomically by rank 0 (:func:`~diffattn.train.checkpoint.save_checkpoint`)."""
+        model_sd, optim_sd = _full_state(self.model, self.optimizer)
+        rngs = _gather_rng(self.env)
+        if self.env.is_main:
+            save_checkpoint(self.run_dir, done, {
+                "step": done, "world_size": self.env.world_size, "config": config_digest(self.cfg),
+                "model": model_sd, "optimizer": optim_sd, "scheduler": self.scheduler.state_dict(),
+                "scaler": self.scaler.state_dict(), "ema": self.ema.state_dict() if self.ema is not None else None,
+                "rng": rngs, "best": self.best}, self.cfg.run.keep_last)
+        barrier()
+
+    # ------------------------------------------------------------------------------------------- final
+
+    def save_final(self) -> None:
+        """The final model (``save_pretrained``: ``diffattn eval RUN_DIR`` loads it; adapters only for retrofits) and
+        the EMA's weights in ``ema/``; FSDP2 gathers the full weights into a fresh model first."""
+        model, env = self.model, self.env
+        final = model
+        if self.cfg.run.distributed == "fsdp2" and env.distributed:
+            model_sd, _ = _full_state(model, self.optimizer)
+            final = self.task.build_model() if env.is_main else None
+            if final is not None:
+                final.load_state_dict(model_sd)
+        if env.is_main:
+            self.task.save_final(final, self.run_dir)
+            if self.ema is not None:
+                self.ema.copy_to(model)
+                self.task.save_final(model, self.run_dir / "ema")
+        barrier()
+
+    def result(self) -> dict[str, Any]:
+        return {"run_dir": str(self.run_dir), "steps": self.total,
+                "final_loss": self.losses[-1] if self.losses else math.nan, "losses": self.losses,
+                "resumed_from": self.start, "extended_from": self.planned if self.planned != self.total else None}
+
+
 def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | None = None, *,
           overwrite: bool = False) -> dict[str, Any]:
     """Train ``cfg`` into the run directory ``out`` (default ``cfg.run.out``).
@@ -357,229 +697,20 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
     cosine schedule of a run planned for the new total (:func:`_extend_schedule`). Any other config key that differs
     from the checkpoint's is refused, each one named with its old and new value.
 
+    The parts are :class:`Trainer`'s methods, in this order; :func:`fit` shares its loop body (:func:`run_steps`).
+
     Raises:
         diffattn.extras.MissingExtraError: a package of the ``train`` extra is missing (nothing is written then).
     """
     from ..extras import require
 
     require("train", "diffattn.train.train")
-    env = init_distributed(cfg.run.device)
-    run_dir = Path(out if out is not None else cfg.run.out)
-    cfg = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, out=str(run_dir)))  # the config that runs
-
-    def say(msg: str) -> None:
-        if env.is_main:
-            print(msg, file=sys.stderr, flush=True)
-
-    # --- everything a user can get wrong is checked before the run directory is created or touched
-    check_run_dir(run_dir, resume, overwrite)
-    if cfg.run.threads:
-        torch.set_num_threads(cfg.run.threads)
-    if cfg.run.ema_decay is not None and cfg.run.distributed == "fsdp2" and env.distributed:
-        raise UsageError("run.ema_decay is not supported with run.distributed 'fsdp2' (the weights are sharded)")
-    with user_input():
-        amp_dtype = _precision(cfg, env)
-        # model, data, optimizer: the same initial weights on every rank (seeded identically)
-        task = build_task(cfg)
-        check_fits(task, env, "task.base.config" if cfg.task.base else "model.overrides")
-        seed_everything(cfg.run.seed)
-        model = task.build_model().to(env.device)
-        check_backends(model, env.device, _backend_key(cfg))
-        dataset = task.dataset()
-        task.check_data(model, dataset)
-        val_set = None
-        if cfg.eval.every is not None:
-            with user_input("eval: "):
-                val_set = task.val_dataset()
-        total = steps_for(cfg.run, len(dataset))
-        sampler = StepBatchSampler(len(dataset), cfg.run.batch_size, world_size=env.world_size, rank=env.rank,
-                                   accum_steps=cfg.run.accum_steps, seed=cfg.run.seed, start_step=0,
-                                   total_steps=total)
-        ckpt_path, ckpt, skipped = find_resume(resume, run_dir)
-        planned = total
-        if ckpt is not None:
-            planned = _check_resume(ckpt, cfg, env, ckpt_path, len(dataset))
-            if int(ckpt["step"]) > total:
-                raise UsageError(f"the step budget is {total} steps, but checkpoint {ckpt_path} is at step "
-                                 f"{ckpt['step']}; a resumed run can only be extended: give run.steps >= "
-                                 f"{ckpt['step']}")
-    for path, why in skipped:
-        say(f"skipped checkpoint {path}: {why}")
-
-    start = int(ckpt["step"]) if ckpt is not None else 0
-    best = ckpt.get("best") if ckpt is not None else None  # {"step", "metric", "value"} of best/
-    metrics_path = run_dir / "metrics.jsonl"
-    if start >= total:  # a finished run: nothing to train; the final model is saved if a kill prevented it
-        model.load_state_dict(ckpt["model"])
-        final_loss = _last_logged_loss(metrics_path)
-        if env.is_main and not task.final_saved(run_dir):
-            task.save_final(model, run_dir)
-        say(f"{run_dir} already finished at step {start} of {total}; nothing to train")
-        barrier()
-        return {"run_dir": str(run_dir), "steps": total, "final_loss": final_loss, "losses": [],
-                "resumed_from": start, "finished": True}
-
-    ddp_model = wrap_model(model, env, cfg.run.distributed)  # FSDP2 shards ``model`` in place and returns it
-    fwd_model = torch.compile(ddp_model) if cfg.run.compile else ddp_model
-    optimizer = build_optimizer(model, cfg.optim)
-    scheduler = build_scheduler(optimizer, cfg.optim, total)
-    scaler = torch.amp.GradScaler(env.device.type, enabled=amp_dtype is torch.float16)
-    ema = EMA(model, cfg.run.ema_decay) if cfg.run.ema_decay is not None else None
-
-    # --- resume, or seed each rank differently for dropout / mixup / augmentation
-    if ckpt is not None:
-        _load_full_state(model, optimizer, ckpt["model"], ckpt["optimizer"])
-        scheduler.load_state_dict(ckpt["scheduler"])
-        scaler.load_state_dict(ckpt["scaler"])
-        if ema is not None:
-            ema.load_state_dict(ckpt["ema"])
-        set_rng_state(ckpt["rng"][env.rank])
-        say(f"resumed from step {start} of {total} ({ckpt_path})")
-        if planned != total:
-            _extend_schedule(optimizer, scheduler, start, total, cfg)
-            say(f"extended the run from {planned} to {total} steps: from step {start + 1} on the lr follows the "
-                f"warm-up + cosine schedule of a {total}-step run (lr {optimizer.param_groups[0]['lr']:.3g} at step "
-                f"{start + 1}); the first {start} steps are unchanged")
-            if env.is_main and (run_dir / "eval").is_dir():
-                say(f"{run_dir / 'eval'} holds the evaluation of the step-{start} model; run diffattn eval again "
-                    f"after this run")
-    else:
-        seed_everything(cfg.run.seed + 1_000_003 * env.rank + 1)
-    del ckpt
-
-    barrier()  # every rank has checked the run directory before rank 0 changes it
-    writer = None
-    if env.is_main:
-        import yaml
-
-        if overwrite and run_dir.is_dir():
-            remove_dir(run_dir)
-            say(f"replaced the previous run in {run_dir} (--overwrite)")
-        run_dir.mkdir(parents=True, exist_ok=True)
-        task.save_initial(model, run_dir)
-        with atomic_write_file(run_dir / "config.yaml", "w") as f:
-            yaml.safe_dump(run_config_dict(cfg), f, sort_keys=False)
-        if start:
-            _truncate_metrics(metrics_path, start)
-        elif metrics_path.exists():
-            metrics_path.unlink()
-        for stale in ("tensorboard", "best"):  # a fresh start (resume auto without a checkpoint)
-            if not start and (run_dir / stale).is_dir():
-                remove_dir(run_dir / stale)
-        from torch.utils.tensorboard import SummaryWriter
-
-        writer = SummaryWriter(str(run_dir / "tensorboard"), purge_step=start + 1)
-
-    sampler.start_step = start
-    loader = DataLoader(dataset, batch_sampler=sampler, num_workers=cfg.data.num_workers,
-                        pin_memory=env.device.type == "cuda")
-    batches = iter(loader)
-    spe = sampler.steps_per_epoch
-
-    from ..progress import progress
-
-    bar = progress(total=total, initial=start, disable=not (env.is_main and cfg.run.progress), unit="step",
-                   desc="train")
-    metric, lower_better = val_metric(cfg) if val_set is not None else (None, False)
-    val_postfix: dict[str, str] = {}
-    losses: list[float] = []
-    epoch_losses: list[float] = []
-    t_epoch = t_log = time.perf_counter()
-    A = cfg.run.accum_steps
-    model.train()
-    for step in range(start, total):
-        lr = optimizer.param_groups[0]["lr"]
-        loss_sum = torch.zeros((), device=env.device)
-        for a in range(A):
-            batch = _to(next(batches), env.device)
-            sync = a == A - 1 or not hasattr(ddp_model, "no_sync")
-            with contextlib.nullcontext() if sync else ddp_model.no_sync():
-                with torch.autocast(env.device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-                    loss = task.loss(fwd_model, batch)
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(f"loss is {loss.item()} at step {step + 1}; lower optim.lr or "
-                                             f"raise optim.warmup_steps")
-                scaler.scale(loss / A).backward()
-            loss_sum += loss.detach()
-        reduce_ignored_grads(model)
-        grad_norm = optimizer_step(model, optimizer, None, model.parameters(), cfg.optim.grad_clip, scaler=scaler)
-        optimizer.zero_grad(set_to_none=True)
-        scheduler.step()
-        task.after_step(model)
-        if ema is not None:
-            ema.update(model)
-
-        done = step + 1
-        step_loss = float(all_reduce_mean(loss_sum / A))
-        losses.append(step_loss)
-        epoch_losses.append(step_loss)
-        bar.update(1)
-        if done % cfg.run.log_every == 0 or done == total:
-            now = time.perf_counter()
-            n_steps = min(cfg.run.log_every, done - start) if done % cfg.run.log_every == 0 else \
-                (done - start) % cfg.run.log_every or cfg.run.log_every
-            row = {"step": done, "epoch": round(done / spe, 4), "loss": step_loss, "lr": lr,
-                   "grad_norm": float(grad_norm), "samples_per_s": round(n_steps * cfg.run.batch_size /
-                                                                         max(now - t_log, 1e-9), 2)}
-            t_log = now
-            lams = mean_lambdas(model) if env.is_main and cfg.run.distributed != "fsdp2" else []
-            if lams:
-                row["lambda"] = lams
-            if env.is_main:
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps(row) + "\n")
-                for k in ("loss", "lr", "grad_norm", "samples_per_s"):
-                    writer.add_scalar(f"train/{k}", row[k], done)
-                for i, v in enumerate(lams):
-                    writer.add_scalar(f"lambda/layer_{i}", v, done)
-                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", sps=row["samples_per_s"], **val_postfix)
-        if done % spe == 0 and env.is_main:
-            dt = time.perf_counter() - t_epoch
-            lams = mean_lambdas(model) if cfg.run.distributed != "fsdp2" else []
-            bar.write(f"epoch {done // spe}: loss {sum(epoch_losses) / len(epoch_losses):.4f}  lr {lr:.2e}  "
-                      f"{len(epoch_losses) * cfg.run.batch_size / dt:.1f} samples/s  {dt:.1f} s"
-                      + (f"  λ {lams}" if lams else ""))
-            epoch_losses, t_epoch = [], time.perf_counter()
-        if val_set is not None and (done % cfg.eval.every == 0 or done == total):
-            scores = _validate(task, model, val_set, env, amp_dtype)
-            value = scores[metric]
-            if env.is_main:
-                with open(metrics_path, "a") as f:
-                    f.write(json.dumps({"step": done, "eval": scores}) + "\n")
-                for k, v in scores.items():
-                    writer.add_scalar(f"val/{k}", v, done)
-                val_postfix = {f"val_{metric}": f"{value:.4f}"}
-                bar.set_postfix(loss=f"{step_loss:.4f}", lr=f"{lr:.2e}", **val_postfix)
-            if best is None or (value < best["value"] if lower_better else value > best["value"]):
-                best = {"step": done, "metric": metric, "value": value}
-                _save_best(task, model, optimizer, cfg, env, run_dir, best)
-        if done % cfg.run.ckpt_every == 0 or done == total:
-            model_sd, optim_sd = _full_state(model, optimizer)
-            rngs = _gather_rng(env)
-            if env.is_main:
-                save_checkpoint(run_dir, done, {
-                    "step": done, "world_size": env.world_size, "config": config_digest(cfg),
-                    "model": model_sd, "optimizer": optim_sd, "scheduler": scheduler.state_dict(),
-                    "scaler": scaler.state_dict(), "ema": ema.state_dict() if ema is not None else None,
-                    "rng": rngs, "best": best}, cfg.run.keep_last)
-            barrier()
-    bar.close()
-
-    # --- the final model: save_pretrained (``diffattn eval RUN_DIR`` loads it), adapters only for retrofits
-    if cfg.run.distributed == "fsdp2" and env.distributed:
-        model_sd, _ = _full_state(model, optimizer)
-        final = task.build_model() if env.is_main else None
-        if final is not None:
-            final.load_state_dict(model_sd)
-    else:
-        final = model
-    if env.is_main:
-        task.save_final(final, run_dir)
-        if ema is not None:
-            ema.copy_to(model)
-            task.save_final(model, run_dir / "ema")
-        writer.close()
-    barrier()
-    final_loss = losses[-1] if losses else math.nan
-    return {"run_dir": str(run_dir), "steps": total, "final_loss": final_loss, "losses": losses,
-            "resumed_from": start, "extended_from": planned if planned != total else None}
+    trainer = Trainer(cfg, out, resume, overwrite=overwrite)
+    trainer.setup()  # every check, the model (built once), the data, the resume point
+    if trainer.finished:
+        return trainer.finish()
+    trainer.restore()  # optimizer, schedule, EMA; the checkpoint's state or per-rank seeds
+    trainer.open_run_dir()
+    trainer.loop()  # per step: run_steps' body, then log, validate, checkpoint
+    trainer.save_final()
+    return trainer.result()

@@ -1,10 +1,19 @@
-"""What every recipe provides to the loop: a model, a training set, a loss, a per-step hook and a final save."""
+"""What every task provides to the trainer, and the registry of tasks.
+
+A task is one registered unit (:func:`register_task` on a :class:`Task` subclass, one module per task under
+``diffattn/train/tasks/``): its options (``Config``, a :class:`TaskConfig` dataclass: the ``task:`` section of a
+recipe is parsed into it), its config checks (:meth:`Task.check_config`), its data (:meth:`Task.dataset`), its loss
+and per-step hook (:meth:`Task.loss`, :meth:`Task.after_step`), its validation (:meth:`Task.validate`, the metrics
+of :attr:`Task.metrics`) and its saves. :data:`TASKS` is the one table of tasks; the trainer and the config look
+a task up there and never switch on its name."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -12,10 +21,46 @@ from torch.utils.data import Dataset
 
 from ...errors import UsageError
 from ...io import atomic_write_dir
-from ..config import TrainConfig
 from ..data import to_device
 
-__all__ = ["Task", "mean_lambdas", "check_tokens", "check_images", "check_labels", "model_vocab_size", "eval_batches"]
+__all__ = ["Task", "TaskConfig", "TASKS", "register_task", "check", "mean_lambdas", "check_tokens", "check_images",
+           "check_labels", "model_vocab_size", "eval_batches"]
+
+
+@dataclass
+class TaskConfig:
+    """The ``task:`` section of a recipe: ``name`` picks the task, whose own ``Config`` (a subclass of this one, a
+    dataclass) holds the keys it reads: what a run records in ``config.yaml`` and what a resumed run must match."""
+
+    name: str = "classify"
+
+
+#: the one table of tasks: ``task.name`` → its :class:`Task` subclass, filled by :func:`register_task` (the package
+#: :mod:`diffattn.train.tasks` imports every module of its folder, so a new task is one new file)
+TASKS: dict[str, type[Task]] = {}
+
+
+def register_task(cls: type[Task]) -> type[Task]:
+    """Class decorator: add the task ``cls.name`` (its ``Config`` a :class:`TaskConfig` dataclass) to :data:`TASKS`.
+    Registering a name again replaces the earlier task (a test's or a user's variant of a shipped one)."""
+    if not (isinstance(cls.name, str) and cls.name):
+        raise TypeError(f"task class {cls.__name__} must set name (the config's task.name)")
+    if not (dataclasses.is_dataclass(cls.Config) and issubclass(cls.Config, TaskConfig)):
+        raise TypeError(f"{cls.__name__}.Config must be a dataclass subclassing TaskConfig, got {cls.Config!r}")
+    cls.options = tuple(f.name for f in dataclasses.fields(cls.Config))
+    TASKS[cls.name] = cls
+    return cls
+
+
+def check(ok: bool, key: str, got: Any, need: str, hint: str = "") -> None:
+    """Raise a :class:`UsageError` naming ``key``, what it must be and what it got (then ``hint``: "did you
+    mean …?") unless ``ok``."""
+    if not ok:
+        raise UsageError(f"config {key} must be {need}, got {got!r}{hint}")
+
+
+def is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 #: token ids read to find the largest id of a stream without a sidecar (the whole stream when it is shorter)
 _MAX_SCAN = 1 << 26
@@ -135,22 +180,56 @@ def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
 
 
 class Task:
-    """A training recipe. Subclasses set ``name`` and ``options`` (the keys of the config's ``task`` section they
-    read: what a run records in ``config.yaml`` and what a resumed run must match) and implement
-    :meth:`build_model`, :meth:`dataset`, :meth:`loss`."""
+    """A training task. A subclass sets ``name`` (the config's ``task.name``), ``Config`` (its options: a
+    :class:`TaskConfig` dataclass), optionally ``metrics`` (what :meth:`validate` reports; the first is the default
+    ``eval.metric``; empty: no validation while training), ``data_kinds`` / ``data_formats`` (the ``data.name``
+    values it trains on) and ``model_name`` (whether ``model.name`` names a registered diffattn model), implements
+    :meth:`dataset` and :meth:`loss`, and is registered with :func:`register_task`."""
 
-    name = ""
-    options: tuple[str, ...] = ("name",)
+    name: ClassVar[str] = ""
+    Config: ClassVar[type[TaskConfig]] = TaskConfig
+    #: the keys of ``Config`` (set by :func:`register_task`)
+    options: ClassVar[tuple[str, ...]] = ("name",)
+    #: the metrics of :meth:`validate`, the first the default ``eval.metric``; () when the task has no validation
+    metrics: ClassVar[tuple[str, ...]] = ()
+    #: the kinds of :data:`diffattn.data.catalog.DATASETS` and the data formats ``data.name`` may name; both empty:
+    #: ``data.name`` is not checked (the task reads its own data)
+    data_kinds: ClassVar[tuple[str, ...]] = ()
+    data_formats: ClassVar[tuple[str, ...]] = ()
+    #: whether ``model.name`` must be a registered diffattn model (False: the task builds its model from ``task``)
+    model_name: ClassVar[bool] = True
+    #: the config keys that set the model's size (named when it cannot fit in memory)
+    size_keys: ClassVar[str] = "model.overrides"
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
+
+    # ------------------------------------------------------------------------------------------- config
+
+    @classmethod
+    def check_config(cls, cfg: Any) -> None:
+        """Check the values of ``cfg.task`` (types, ranges, choices) with :func:`check`; called by
+        :func:`diffattn.train.config.validate`."""
+
+    @classmethod
+    def data_names(cls) -> list[str] | None:
+        """The ``data.name`` values this task trains on (None: not checked)."""
+        if not (cls.data_kinds or cls.data_formats):
+            return None
+        from ...data.catalog import DATASETS
+
+        return sorted({*cls.data_formats, *(n for n, d in DATASETS.items() if d.kind in cls.data_kinds)})
+
+    # -------------------------------------------------------------------------------------- model, data
 
     def build_model(self) -> nn.Module:
         from ...models import create_model
 
         return create_model(self.cfg.model.name, **self.cfg.model.overrides)
 
-    def dataset(self) -> Dataset:
+    def dataset(self, model: nn.Module) -> Dataset:
+        """The training set (``cfg.data``); sizes the data depend on (image size, tokenizer, vocabulary) are read
+        from ``model``, the run's model (built once, before its data)."""
         raise NotImplementedError
 
     def check_data(self, model: nn.Module, dataset: Dataset) -> None:
@@ -166,12 +245,12 @@ class Task:
 
     # --------------------------------------------------------------------------------------- validation
 
-    def val_dataset(self) -> Dataset:
+    def val_dataset(self, model: nn.Module) -> Dataset:
         """The held-out set of ``eval``: this task's data with ``data.split = eval.split`` (and ``data.path =
         eval.path`` when given), at most ``eval.max_samples`` samples spread evenly over it."""
         e = self.cfg.eval
         data = dataclasses.replace(self.cfg.data, split=e.split, path=e.path or self.cfg.data.path)
-        val = type(self)(dataclasses.replace(self.cfg, data=data)).dataset()
+        val = type(self)(dataclasses.replace(self.cfg, data=data)).dataset(model)
         if len(val) > e.max_samples:
             from torch.utils.data import Subset
 
@@ -185,7 +264,7 @@ class Task:
     def validate(self, model: nn.Module, dataset: Dataset, device: torch.device,
                  amp_dtype: torch.dtype | None = None) -> dict[str, float]:
         """The task's quick evaluation of ``model`` (in eval mode) on ``dataset``: ``{metric: value}`` with the
-        metrics of :data:`~diffattn.train.config.VAL_METRICS`. Draws no random numbers."""
+        metrics of :attr:`metrics`. Draws no random numbers."""
         totals: dict[str, float] = {}
         count = 0
         for batch, n in eval_batches(dataset, self.cfg.eval.batch_size, device):

@@ -5,6 +5,7 @@ mask (App. B.3, Table 5)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -12,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from .base import Task, check_images, check_labels, save_model
+from .base import Task, TaskConfig, check, check_images, check_labels, register_task, save_model
 
 #: The vocabulary file saved next to a text classifier's weights (``Vocabulary.load`` reads it).
 VOCAB_NAME = "vocab.json"
@@ -26,22 +27,34 @@ def _num_classes(model: nn.Module) -> int:
     return n
 
 
+@dataclass
+class ClassifyConfig(TaskConfig):
+    """``label_smoothing``; ``mixup`` / ``cutmix``: timm's α (0 turns them off; images only)."""
+
+    name: str = "classify"
+    label_smoothing: float = 0.0
+    mixup: float = 0.0
+    cutmix: float = 0.0
+
+
+@register_task
 class ClassifyTask(Task):
     name = "classify"
-    options = ("name", "label_smoothing", "mixup", "cutmix")
+    Config = ClassifyConfig
+    metrics = ("top1", "loss")
+    data_kinds = ("classification", "text")
+    data_formats = ("digits", "imagefolder")
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)
         self.mixup_fn = None
         self.vocab = None  # the text classifier's Vocabulary, once dataset() has built it
 
-    def _text_model(self):
-        """A weightless (meta) copy of the configured model if it is a text classifier, else None."""
-        from ...models import TextClassifier, create_model
-
-        with torch.device("meta"):
-            probe = create_model(self.cfg.model.name, **self.cfg.model.overrides)
-        return probe if isinstance(probe, TextClassifier) else None
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        t = cfg.task
+        check(0 <= t.label_smoothing < 1, "task.label_smoothing", t.label_smoothing, "in [0, 1)")
+        check(t.mixup >= 0 and t.cutmix >= 0, "task.mixup/task.cutmix", (t.mixup, t.cutmix), ">= 0")
 
     def build_model(self) -> nn.Module:
         model = super().build_model()
@@ -58,18 +71,22 @@ class ClassifyTask(Task):
                                   num_classes=_num_classes(model))
         return model
 
-    def dataset(self) -> Dataset:
+    def dataset(self, model: nn.Module) -> Dataset:
+        from ...models import TextClassifier
+
         d = self.cfg.data
-        text = self._text_model()
-        if text is not None:
-            return self._text_dataset(text)
+        if isinstance(model, TextClassifier):
+            return self._text_dataset(model)
         if d.name == "digits":
             from ..data import digits_dataset
 
             return digits_dataset(d.split, d.img_size)
-        from ..data import external_dataset
+        from ..data import ImageLabels, external_dataset, image_transform, train_split_stats
 
-        return external_dataset(self.cfg, "classify")
+        base = external_dataset(self.cfg)
+        pe = model.patch_embed
+        size = d.img_size or pe.img_size
+        return ImageLabels(base, image_transform(size, pe.proj.in_channels, *train_split_stats(base, self.cfg)))
 
     def check_data(self, model: nn.Module, dataset: Dataset) -> None:
         if self.vocab is not None or not len(dataset):  # text: checked while the dataset is built

@@ -10,31 +10,45 @@ without its feature cache.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
 from ...losses import clip_loss_from_features
-from .base import Task, check_images
+from .base import Task, TaskConfig, check_images, register_task
 
 
+@dataclass
+class ClipConfig(TaskConfig):
+    """CLIP reads no options besides its name."""
+
+    name: str = "clip"
+
+
+@register_task
 class ClipTask(Task):
     name = "clip"
+    Config = ClipConfig
+    metrics = ("r@1", "i2t@1", "t2i@1", "loss")
+    data_kinds = ("captions",)
+    data_formats = ("digits", "csv", "webdataset")
 
-    def dataset(self) -> Dataset:
+    def dataset(self, model: nn.Module) -> Dataset:
+        """Image–caption pairs: the tokenizer, image size and channels are the model's."""
         d = self.cfg.data
         if d.name == "digits":
-            from ...models import create_model
             from ..data import digit_caption_dataset
 
-            # the tokenizer and the tower sizes come from the model config, built on the meta device (no weights)
-            with torch.device("meta"):
-                probe = create_model(self.cfg.model.name, **self.cfg.model.overrides)
-            in_chans = probe.visual.patch_embed.proj.in_channels
-            return digit_caption_dataset(probe.tokenizer, d.split, probe.img_size, in_chans)
-        from ..data import external_dataset
+            in_chans = model.visual.patch_embed.proj.in_channels
+            return digit_caption_dataset(model.tokenizer, d.split, model.img_size, in_chans)
+        from ...models.clip import image_transform
+        from ..data import ImageCaptions, external_dataset
 
-        return external_dataset(self.cfg, "clip")
+        # the model's own preprocessing (ImageNet mean/std), the one `diffattn eval` applies
+        size = d.img_size or model.visual.patch_embed.img_size
+        return ImageCaptions(external_dataset(self.cfg), image_transform(size), model.tokenizer)
 
     def check_data(self, model: nn.Module, dataset: Dataset) -> None:
         if len(dataset):

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
-from .base import Task, check_tokens
+from .base import Task, TaskConfig, check_tokens, register_task
 
 
 def lm_dataset(cfg) -> Dataset:
@@ -29,9 +31,9 @@ def lm_dataset(cfg) -> Dataset:
         return TokenWindows(byte_tokens(Path(d.path).read_text(encoding="utf-8")), d.block_size)
     if d.name == "sklearn_text":
         return TokenWindows(sklearn_text_tokens(), d.block_size)
-    from ..data import external_dataset
+    from ..data import external_dataset, text_windows
 
-    return external_dataset(cfg, "lm")
+    return text_windows(external_dataset(cfg), cfg.data)
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -52,10 +54,22 @@ def lm_val_metrics(totals: dict[str, float], count: int) -> dict[str, float]:
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0))}
 
 
+@dataclass
+class LMConfig(TaskConfig):
+    """Language modelling reads no options besides its name."""
+
+    name: str = "lm"
+
+
+@register_task
 class LMTask(Task):
     name = "lm"
+    Config = LMConfig
+    metrics = ("loss", "ppl")
+    data_kinds = ("text",)
+    data_formats = ("tokens", "text", "sklearn_text")
 
-    def dataset(self) -> Dataset:
+    def dataset(self, model: nn.Module) -> Dataset:
         return lm_dataset(self.cfg)
 
     def check_data(self, model: nn.Module, dataset: Dataset) -> None:

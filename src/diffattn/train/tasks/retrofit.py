@@ -18,6 +18,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -27,7 +28,8 @@ from torch.utils.data import Dataset
 from ...errors import UsageError
 from ...eval.text_models import RETROFIT_RUN, load_retrofit_run
 from ...io import atomic_write_dir, atomic_write_file
-from .base import Task, check_tokens
+from ...lambdas import DEFAULT_LAMBDA_INIT
+from .base import Task, TaskConfig, check, check_tokens, is_int, register_task
 from .lm import lm_dataset, lm_loss, lm_val_metrics, token_windows
 
 __all__ = ["RetrofitTask", "build_base_model", "check_base_config", "load_retrofit", "load_retrofit_run"]
@@ -139,10 +141,43 @@ def _check_lora_targets(model: nn.Module, t) -> None:
                          f"linear layers are {', '.join(linear)}")
 
 
+@dataclass
+class RetrofitConfig(TaskConfig):
+    """``base`` (a transformers model: ``{type: gpt2, config: {...}}`` built from its config, or ``{type: gpt2,
+    path: DIR}`` for pretrained weights a user has), ``method``, ``lambda_init``, ``anneal_steps``, ``train``
+    (``attention`` | ``adapters`` | ``all``), ``lora`` with ``lora_r`` / ``lora_alpha`` / ``lora_targets``."""
+
+    name: str = "retrofit"
+    base: dict = field(default_factory=dict)
+    method: str = "daa"
+    lambda_init: float | str = DEFAULT_LAMBDA_INIT
+    anneal_steps: int = 1000
+    train: str = "attention"
+    lora: bool = False
+    lora_r: int = 32
+    lora_alpha: int = 64
+    lora_targets: list = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
+
+
+@register_task
 class RetrofitTask(Task):
     name = "retrofit"
-    options = ("name", "base", "method", "lambda_init", "anneal_steps", "train", "lora", "lora_r", "lora_alpha",
-               "lora_targets")
+    Config = RetrofitConfig
+    metrics = ("loss", "ppl")
+    data_kinds = ("text",)
+    data_formats = ("tokens", "text", "sklearn_text")
+    model_name = False
+    size_keys = "task.base.config"
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        t = cfg.task
+        check(t.train in ("attention", "adapters", "all"), "task.train", t.train,
+              "one of ('attention', 'adapters', 'all')")
+        check(isinstance(t.base, dict) and "type" in t.base, "task.base", t.base,
+              "a mapping with 'type' (e.g. gpt2) and 'config' or 'path'")
+        check(is_int(t.anneal_steps) and t.anneal_steps >= 1, "task.anneal_steps", t.anneal_steps,
+              "an integer >= 1")
 
     def build_model(self) -> nn.Module:
         from ... import adapters as A
@@ -173,7 +208,7 @@ class RetrofitTask(Task):
         base = getattr(self, "_initial_base", None)
         return 0 if base is None else sum(p.numel() * p.element_size() for p in base.parameters())
 
-    def dataset(self) -> Dataset:
+    def dataset(self, model: nn.Module) -> Dataset:
         return lm_dataset(self.cfg)
 
     def check_data(self, model: nn.Module, dataset: Dataset) -> None:

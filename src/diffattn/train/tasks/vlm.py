@@ -1,5 +1,5 @@
-"""Vision-language recipes: a LLaVA-style VLM in LLaVA's two stages (``vlm``) and Differential PaliGemma with LoRA
-(``paligemma``), both on the offline questions of :mod:`diffattn.data.vqa` (real Tux Paint stamps).
+"""The ``vlm`` task: a LLaVA-style VLM in LLaVA's two stages, on the offline questions of :mod:`diffattn.data.vqa`
+(real Tux Paint stamps).
 
 ``vlm`` (Liu et al. 2023 (LLaVA), §4.2): ``task.train: projector`` is stage 1 (the projector alone, on the stamps'
 captions: "describe the image." → the caption), ``task.train: all`` is stage 2 (projector + LM on the questions);
@@ -9,33 +9,23 @@ of a trained diffattn CLIP (``<run>/model``; Hammoud & Ghanem 2025 §5.1 puts Di
 :func:`diffattn.train.llava.train_llava` runs both stages in one call (the CLIP-vs-DiffCLIP tower comparison built
 on it is ``diffattn study llava``, :mod:`diffattn.studies.llava`).
 
-``paligemma`` (Li et al. 2025, §4): a transformers ``PaliGemmaForConditionalGeneration``
-(:func:`diffattn.models.paligemma.build_paligemma`; ``task.base``: ``{type: paligemma, config: {...}}`` builds a
-tiny one offline, ``{type: paligemma, path: DIR}`` loads the weights a user has, e.g. google/paligemma-3b-pt-224)
-whose Gemma decoder is retrofitted with ``task.method`` (``shared_qk`` or ``split_heads``; ``none`` keeps standard
-attention, the LoRA-only baseline) and fine-tuned with peft LoRA (``lora_r`` 32, ``lora_alpha`` 64 on the decoder's
-``lora_targets``, q/k/v/o by default) plus λ and the sub-norms, on PaliGemma's prefix-LM inputs
-(:func:`diffattn.models.paligemma.paligemma_batch`). Built from a config, its tokenizer is a word-level tokenizer
-over the questions' words (:func:`diffattn.models.paligemma.word_tokenizer`), saved beside the adapter;
-:func:`diffattn.eval.paligemma.load_paligemma` rebuilds the trained model from the run.
+Differential PaliGemma, on the same questions, is :mod:`diffattn.train.tasks.paligemma`.
 """
 
 from __future__ import annotations
 
 import importlib
-import json
 import warnings
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...io import atomic_write_dir
 from ...models import paligemma as _pg
-from .base import Task
+from .base import Task, TaskConfig, check, register_task
 
-__all__ = ["VLMTask", "PaliGemmaTask", "QuestionImages", "vlm_vocabulary", "CAPTION_QUESTION",
+__all__ = ["VLMTask", "VLMConfig", "QuestionImages", "vlm_vocabulary", "CAPTION_QUESTION",
            "SPLITS_ALL", "DATA_KEYS"]
 
 
@@ -95,11 +85,27 @@ def _vqa(cfg, split: str | None = None):
                       pope_splits=tuple(base.get("pope_splits", POPE_SPLITS)))
 
 
+@dataclass
+class VLMConfig(TaskConfig):
+    """``base``: ``{clip: DIR}`` (a CLIP run's image tower), ``{init: DIR}`` (a saved VLM), and the question keys
+    (:data:`DATA_KEYS`); ``train``: ``projector`` (stage 1) or ``all`` (stage 2)."""
+
+    name: str = "vlm"
+    base: dict = field(default_factory=dict)
+    train: str = "attention"
+
+
+@register_task
 class VLMTask(Task):
     """LLaVA stage 1 (``task.train: projector``) or stage 2 (``task.train: all``); module docstring."""
 
     name = "vlm"
-    options = ("name", "base", "train")
+    Config = VLMConfig
+
+    @classmethod
+    def check_config(cls, cfg) -> None:
+        check(cfg.task.train in ("projector", "all"), "task.train", cfg.task.train,
+              "'projector' (LLaVA stage 1) or 'all' (stage 2: projector + LM)")
 
     def build_model(self) -> nn.Module:
         from ...models import create_model, from_pretrained
@@ -120,148 +126,18 @@ class VLMTask(Task):
         model.set_stage(1 if t.train == "projector" else 2)
         return model
 
-    def dataset(self) -> Dataset:
-        from ...models import create_model
+    def dataset(self, model: nn.Module) -> Dataset:
+        """The questions (stage 2) or captions (stage 1), images at the size of the model's tower."""
         from ...models.clip import image_transform
 
-        if self.cfg.task.base.get("init"):
-            img_size = _saved_img_size(self.cfg)
-        else:
-            with torch.device("meta"):  # the tower's input size from the model config (no weights)
-                img_size = create_model(self.cfg.model.name, **{**self.cfg.model.overrides, "vocab": None}).img_size
-        return QuestionImages(_vqa(self.cfg), image_transform(img_size), captions=self.cfg.task.train == "projector")
+        return QuestionImages(_vqa(self.cfg), image_transform(model.img_size),
+                              captions=self.cfg.task.train == "projector")
 
     def loss(self, model: nn.Module, batch) -> torch.Tensor:
         images, questions, answers = batch
         core = getattr(model, "module", model)
         text = {k: v.to(images.device) for k, v in core.collate(list(questions), list(answers)).items()}
         return model(images, **text)["loss"]
-
-
-def _saved_img_size(cfg) -> int:
-    with open(Path(cfg.task.base["init"]) / "config.json") as f:
-        return int(json.load(f)["vision"].get("img_size", 224))
-
-
-# --------------------------------------------------------------------------------------------- PaliGemma
-
-def _decoder_only(index: int, name: str) -> bool:
-    return "language_model" in name
-
-
-class PaliGemmaTask(Task):
-    """Differential PaliGemma: retrofit the decoder, add LoRA, fine-tune on the questions (module docstring)."""
-
-    name = "paligemma"
-    options = ("name", "base", "method", "lambda_init", "anneal_steps", "lora_r", "lora_alpha", "lora_targets")
-
-    def __init__(self, cfg) -> None:
-        super().__init__(cfg)
-        self._tokenizer = None
-
-    @property
-    def tokenizer(self):
-        if self._tokenizer is None:
-            base = self.cfg.task.base
-            if base.get("path"):
-                from transformers import AutoTokenizer
-
-                self._tokenizer = AutoTokenizer.from_pretrained(base["path"])
-            else:
-                self._tokenizer = _pg.word_tokenizer(vlm_vocabulary(self.cfg.data.path))
-        return self._tokenizer
-
-    def build_model(self) -> nn.Module:
-        """The base model, its decoder retrofitted (``method``), with LoRA on it; ``lora_r: 0`` trains every weight
-        instead (full fine-tuning, as in PaliGemma's own pretraining and transfer stages) and adds no LoRA."""
-        from ... import adapters as A
-
-        t = self.cfg.task
-        model = _pg.build_paligemma(t.base, None if t.base.get("path") else len(self.tokenizer),
-                                    extra_keys=DATA_KEYS)
-        model.config.use_cache = False
-        full = t.lora_r == 0
-        if t.method != "none":
-            A.retrofit(model, t.method, lambda_init=t.lambda_init, anneal_steps=t.anneal_steps,
-                       layers=_decoder_only, train="all" if full else "adapters")
-        elif not full:
-            model.requires_grad_(False)
-        if full:
-            return model
-        from peft import LoraConfig, get_peft_model
-
-        trainable = [n for n, p in model.named_parameters() if p.requires_grad]
-        targets = "|".join(t.lora_targets)
-        lora = LoraConfig(r=t.lora_r, lora_alpha=t.lora_alpha, lora_dropout=0.0,
-                          target_modules=rf".*language_model.*\.({targets})")
-        peft_model = get_peft_model(model, lora)
-        for n, p in peft_model.base_model.model.named_parameters():  # peft froze the adapters: unfreeze them
-            if n in trainable:
-                p.requires_grad_(True)
-        return peft_model
-
-    def _image_size(self) -> int:
-        base = self.cfg.task.base
-        if base.get("path"):
-            with open(Path(base["path"]) / "config.json") as f:
-                return int(json.load(f)["vision_config"].get("image_size", 224))
-        return int(base.get("config", {}).get("vision_config", {}).get("image_size", 224))
-
-    def dataset(self) -> Dataset:
-        return QuestionImages(_vqa(self.cfg), _pg.paligemma_transform(self._image_size()))
-
-    def loss(self, model: nn.Module, batch) -> torch.Tensor:
-        images, questions, answers = batch
-        cfg = _pg_core(model).config
-        text = _pg.paligemma_batch(self.tokenizer, cfg.image_token_index, _pg.num_image_tokens(cfg),
-                                   list(questions), list(answers))
-        return model(pixel_values=images, **{k: v.to(images.device) for k, v in text.items()}).loss
-
-    def after_step(self, model: nn.Module) -> None:
-        from ... import adapters as A
-
-        if self.cfg.task.method != "none":
-            A.step(model)
-
-    def final_saved(self, directory: Path) -> bool:
-        return (Path(directory) / ("model" if self.cfg.task.lora_r == 0 else "lora")).is_dir()
-
-    def save_final(self, model: nn.Module, directory: Path) -> Path:
-        """``adapter/`` (diffattn adapters, λ and their step; absent for ``method: none``), ``lora/`` (peft) and
-        ``tokenizer/`` (the word tokenizer of a config-built model). With ``lora_r: 0`` the whole model goes to
-        ``model/`` (``save_pretrained``, a retrofit recorded in its config) with the tokenizer beside it, so that
-        ``task.base: {type: paligemma, path: <run>/model}`` starts a next stage from it."""
-        from ... import adapters as A
-
-        directory = Path(directory)
-        with atomic_write_dir(directory / "tokenizer") as tmp:
-            self.tokenizer.save_pretrained(tmp)
-        if self.cfg.task.lora_r == 0:
-            with atomic_write_dir(directory / "model") as tmp:
-                model.save_pretrained(tmp)
-                self.tokenizer.save_pretrained(tmp)
-            return directory / "model"
-        base = model.base_model.model
-        if self.cfg.task.method != "none":
-            lora = [p for n, p in base.named_parameters() if "lora_" in n and p.requires_grad]
-            for p in lora:
-                p.requires_grad_(False)
-            try:
-                with atomic_write_dir(directory / "adapter") as tmp:
-                    A.save_adapter(base, tmp)
-            finally:
-                for p in lora:
-                    p.requires_grad_(True)
-        with atomic_write_dir(directory / "lora") as tmp:
-            model.save_pretrained(tmp)
-        return directory / "lora"
-
-
-def _pg_core(model):
-    """The PaliGemma inside a peft model, or the model itself."""
-    from peft import PeftModel
-
-    return model.base_model.model if isinstance(model, PeftModel) else model
 
 
 #: names that moved out of this module (old name → the module that defines it now); each still resolves, with a
