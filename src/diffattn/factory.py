@@ -24,21 +24,27 @@ import json
 import os
 from pathlib import Path
 
+import torch
 import torch.nn as nn
 
 from .adapters.hf import from_pretrained_retrofit, install_load_warning
 from .adapters.saving import load_adapter
 from .convert import from_motif, load_diffclip, load_diffclip_image_tower, load_openai_clip, load_timm_vit
+from .convert.diffllama import from_diffllama, to_diffllama
+from .convert.motif import motif_kwargs, to_motif
 from .errors import UsageError
 from .formats import saved_kind, wrong_kind
+from .io import atomic_write_dir
 from .models import causal_lm, clip, text, vit, vlm  # noqa: F401  (each family registers itself on import)
 from .models.base import DiffattnModel
 from .models.base import from_pretrained as _load_saved
+from .models.motif import MotifLM
 from .models.pretrained import list_pretrained, pretrained_file, split_model_tag, timm_default_cfgs
 from .models.registry import TIMM_KWARGS, is_model, model_builder, model_family
 
 __all__ = ["create_model", "from_pretrained", "load_run", "load_pretrained", "register_timm", "TIMM_NAMES",
-           "find_saved_model", "is_retrofit_run", "load_retrofit_run", "RETROFIT_RUN"]
+           "find_saved_model", "is_retrofit_run", "load_retrofit_run", "RETROFIT_RUN", "RELEASED_LAYOUTS",
+           "resolve_source", "released_layout", "load_released", "save_released"]
 
 #: the file a retrofit training run writes to say how it is rebuilt (:func:`load_retrofit_run`)
 RETROFIT_RUN = "retrofit.json"
@@ -227,6 +233,101 @@ def load_retrofit_run(run_dir: str | Path) -> nn.Module:
 
         model = PeftModel.from_pretrained(model, str(run_dir / meta["lora"]))
     return model.eval()
+
+
+# ------------------------------------------------------------------------------------------ released checkpoints
+
+#: the layouts a released differential model comes in (``diffattn train``'s ``model.pretrained``): layout → (what
+#: :func:`diffattn.formats.saved_kind`'s call names, the folder the trained model is also written to in that layout;
+#: None: diffattn's own ``save_pretrained`` is the layout)
+RELEASED_LAYOUTS = {"diffllama": ("from_diffllama", "diffllama"), "motif": ("from_motif", "motif"),
+                    "diffattn": ("diffattn.from_pretrained(", None), "run": ("diffattn.load_run", None)}
+_HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.py"]
+
+
+def resolve_source(source: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
+    """The local folder of ``source``: a folder as it is, else a Hugging Face Hub id (``org/name``) fetched with
+    ``huggingface_hub.snapshot_download`` (config, safetensors and tokenizer files; ``cache_dir`` as the hub's).
+    A path that is neither is a :class:`~diffattn.errors.UsageError`."""
+    path = Path(str(source)).expanduser()
+    if path.is_dir():
+        return path
+    name = str(source)
+    if path.exists() or name.count("/") != 1 or name.startswith((".", "/", "~")):
+        raise UsageError(f"model.pretrained {name!r} is not a folder nor a Hugging Face Hub id (org/name)")
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(name, allow_patterns=_HUB_FILES, cache_dir=cache_dir))
+    except Exception as e:  # noqa: BLE001 - offline, unknown repo, no access: one line naming the id
+        raise UsageError(f"model.pretrained {name!r}: could not fetch it from the Hugging Face Hub "
+                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no message'})") from None
+
+
+def released_layout(path: str | os.PathLike) -> str:
+    """The layout of the released differential model in folder ``path`` (a key of :data:`RELEASED_LAYOUTS`), read
+    from its marker files (:func:`diffattn.formats.saved_kind`); anything else is a one-line
+    :class:`~diffattn.errors.UsageError` naming what was found and what to use instead."""
+    kind = None if is_retrofit_run(path) else saved_kind(path)
+    if kind is not None:
+        for layout, (call, _) in RELEASED_LAYOUTS.items():
+            if call in kind[1] and "retrofit" not in kind[1]:
+                return layout
+    wants = ("a DiffLlama checkpoint (transformers), a Motif checkpoint, a diffattn save_pretrained folder or a "
+             "diffattn run folder")
+    if kind is None:
+        found = "holds no config.json that names a model (no diffattn run or save either)"
+        raise UsageError(f"model.pretrained {str(path)!r} {found}; it takes {wants}")
+    hint = ("; to make a plain transformers model differential, use task.name retrofit with task.base.path"
+            if "transformers checkpoint (" in kind[0] else f"; load it with {kind[1]}")
+    raise UsageError(f"model.pretrained {str(path)!r} is {kind[0]}, not a released differential model ({wants})"
+                     f"{hint}")
+
+
+def load_released(path: str | os.PathLike, *, backend: str = "auto") -> tuple[DiffattnModel, str]:
+    """(the diffattn model of the released checkpoint in folder ``path``, its layout): a DiffLlama checkpoint through
+    :func:`~diffattn.convert.from_diffllama`, a Motif one through :func:`~diffattn.convert.from_motif`, a diffattn
+    save or run through :func:`from_pretrained` (``backend`` then is the saved one). In the checkpoint's dtype.
+    Under ``torch.device("meta")`` the model is built from ``config.json`` alone (shapes, no weights read)."""
+    layout = released_layout(path)
+    meta = torch.empty(0).device.type == "meta"
+    if layout == "diffllama":
+        from transformers import DiffLlamaConfig, DiffLlamaForCausalLM
+
+        if meta:
+            return from_diffllama(DiffLlamaForCausalLM(DiffLlamaConfig.from_pretrained(str(path))),
+                                  backend=backend), layout
+        install_load_warning()
+        return from_diffllama(str(path), backend=backend), layout
+    if layout == "motif":
+        if meta:
+            config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+            return MotifLM(**motif_kwargs(config), backend=backend), layout
+        return from_motif(path, backend=backend), layout
+    if meta:  # the weights of a diffattn save are read, shapes only are not worth a second code path
+        raise RuntimeError("a diffattn save is not built on the meta device")
+    return (_load_saved(find_saved_model(path)) if layout == "run" else from_pretrained(path)), layout
+
+
+def save_released(model: nn.Module, layout: str, folder: str | os.PathLike, *, source: str | os.PathLike | None
+                  = None) -> Path | None:
+    """Write ``model`` (a diffattn model loaded by :func:`load_released`) into ``folder/<layout>`` in its original
+    layout: a DiffLlama as ``DiffLlamaForCausalLM.save_pretrained`` (what ``transformers`` loads), a Motif model as
+    :func:`~diffattn.convert.to_motif` (the released config of ``source`` kept for its other entries, e.g. token
+    ids and ``auto_map``). A diffattn save needs nothing besides ``save_pretrained``: None."""
+    sub = RELEASED_LAYOUTS[layout][1]
+    if sub is None:
+        return None
+    target = Path(folder) / sub
+    if layout == "diffllama":
+        hf = to_diffllama(model)
+        with atomic_write_dir(target) as tmp:
+            hf.save_pretrained(tmp)
+        return target
+    base = json.loads((Path(source) / "config.json").read_text(encoding="utf-8")) if source is not None else {}
+    base["torch_dtype"] = str(model.lm_head.weight.dtype).removeprefix("torch.")  # the dtype the weights are saved in
+    to_motif(model, target, base_config=base)
+    return target
 
 
 # ------------------------------------------------------------------------------------------------ timm's registry
