@@ -10,8 +10,8 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src" / "diffattn"
 FACTORY_NAMES = {"create_model", "from_pretrained", "load_run"}
 #: files still taking the factory's names from diffattn.models (on branches being refactored); may only shrink
-PENDING = {"train/tasks/classify.py", "train/tasks/base.py", "train/tasks/vlm.py", "train/tasks/clip.py",
-           "train/data.py", "eval/text_models.py", "eval/runner.py"}
+PENDING = {"train/tasks/vlm.py",
+           "eval/text_models.py", "eval/runner.py"}
 
 
 def _takes_factory_names_from_models(path: Path) -> bool:

@@ -174,6 +174,7 @@ def test_the_model_is_built_once(monkeypatch, tmp_path):
     """One real build per run; the only other is the size check's on the ``meta`` device (no weights): the data
     read image sizes, tokenizers and vocabularies from the run's model."""
     import diffattn.models as M
+    from diffattn.train.tasks import base as task_base
 
     devices = []
     create = M.create_model
@@ -182,7 +183,8 @@ def test_the_model_is_built_once(monkeypatch, tmp_path):
         devices.append(torch.empty(0).device.type)
         return create(*args, **kwargs)
 
-    monkeypatch.setattr(M, "create_model", counting)
+    monkeypatch.setattr(M, "create_model", counting)  # the tasks that take it from diffattn.models
+    monkeypatch.setattr(task_base, "create_model", counting)  # Task.build_model's, from diffattn.factory
     for name, extra in (("classify", []),
                         ("clip", ["data.name=digits", "model.overrides.vision_img_size=8",
                                   "model.overrides.vision_patch_size=2", "model.overrides.vision_in_chans=1"])):

@@ -4,6 +4,8 @@ A run is described by five sections, and an optional sixth for validation while 
 
     task:  {name: a registered task (diffattn.train.tasks.TASKS), ...that task's options (its Config)}
     model: {name: a registered model (``diffattn models``), overrides: {...create_model keyword arguments}}
+           or {pretrained: a released differential model (folder or hub id), dtype, lora, lora_r, lora_alpha,
+           lora_targets, freeze_lambda}
     data:  {name: a dataset, path: files a user supplies, ...}
     optim: {lr, weight_decay, betas, warmup_steps, min_lr_ratio, grad_clip}
     run:   {steps | epochs, batch_size (GLOBAL), accum_steps, seed, device, precision, distributed, checkpoints,
@@ -37,12 +39,31 @@ PRECISIONS = ("auto", "fp32", "bf16", "fp16")
 STRATEGIES = ("ddp", "fsdp2")
 
 
+#: the linear layers of diffattn's causal LMs (DiffLlama and Motif checkpoints convert to these names)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "out_proj", "gate_proj", "up_proj", "down_proj"]
+DTYPES = ("float32", "bfloat16")
+
+
 @dataclass
 class ModelConfig:
-    """``name``: a registered diffattn model; ``overrides``: keyword arguments for ``create_model``."""
+    """``name``: a registered diffattn model; ``overrides``: keyword arguments for ``create_model``.
+
+    Or ``pretrained``: a released differential model to start from (a folder or a Hugging Face Hub id holding a
+    DiffLlama checkpoint, a Motif checkpoint, a diffattn ``save_pretrained`` folder or a diffattn run; for the
+    tasks that take one, :attr:`~diffattn.train.tasks.Task.pretrained`), trained in ``dtype`` (its weights are cast
+    to it; ``overrides`` may then set only ``backend``). ``lora`` trains peft LoRA (``lora_r``, ``lora_alpha``,
+    ``lora_targets``: the spelling of the retrofit task's) instead of every weight; ``freeze_lambda`` keeps the
+    re-parameterised λ vectors (Ye et al. 2024, eq. 2) as loaded (else they train, with LoRA too)."""
 
     name: str = ""
     overrides: dict = field(default_factory=dict)
+    pretrained: str | None = None
+    dtype: str = "float32"
+    lora: bool = False
+    lora_r: int = 32
+    lora_alpha: int = 64
+    lora_targets: list = field(default_factory=lambda: list(LORA_TARGETS))
+    freeze_lambda: bool = False
 
 
 @dataclass
@@ -179,9 +200,12 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     """Check values (types, ranges, choices); every error names the key, the value and what is allowed."""
     t, r, o = cfg.task, cfg.run, cfg.optim
     task = _task_class(t.name)
-    _check(not task.model_name or bool(cfg.model.name), "model.name", cfg.model.name,
-           "a registered model name (list them with `diffattn models`)")
-    _check(isinstance(cfg.model.overrides, dict), "model.overrides", cfg.model.overrides, "a mapping")
+    m = cfg.model
+    _check(not task.model_name or bool(m.name) or bool(m.pretrained), "model.name", m.name,
+           "a registered model name (list them with `diffattn models`)" +
+           (", or give model.pretrained" if task.pretrained else ""))
+    _check(isinstance(m.overrides, dict), "model.overrides", m.overrides, "a mapping")
+    _check_model_start(cfg, task)
     _check(_is_int(r.batch_size) and r.batch_size >= 1, "run.batch_size", r.batch_size, "an integer >= 1")
     _check(_is_int(r.accum_steps) and r.accum_steps >= 1, "run.accum_steps", r.accum_steps, "an integer >= 1")
     _check((r.steps is None) != (r.epochs is None), "run.steps/run.epochs", (r.steps, r.epochs),
@@ -205,7 +229,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     task.check_config(cfg)
     _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
            "an integer >= 2")
-    if cfg.model.name and task.model_name:
+    if cfg.model.name and task.model_name and not cfg.model.pretrained:
         from ..models import is_model, list_models
 
         _check(is_model(cfg.model.name), "model.name", cfg.model.name,
@@ -225,6 +249,35 @@ def validate(cfg: TrainConfig) -> TrainConfig:
         _check(cfg.data.name in names, "data.name", cfg.data.name, f"one of {names} (for task {t.name!r})",
                did_you_mean(cfg.data.name, names))
     return cfg
+
+
+def _check_model_start(cfg: TrainConfig, task) -> None:
+    """``model.pretrained``, ``dtype``, ``lora*`` and ``freeze_lambda``: where the task takes them, and their values.
+    λ_init is not among them: a released checkpoint's λ_init is fixed by the layer index (DiffLlama's and Motif's
+    schedules), another one changes the function it computes and cannot be written back in its layout."""
+    m, default = cfg.model, ModelConfig()
+    start = {k: getattr(m, k) for k in ("pretrained", "lora", "freeze_lambda") if getattr(m, k) != getattr(default, k)}
+    if m.pretrained is not None:
+        _check(isinstance(m.pretrained, str) and bool(m.pretrained), "model.pretrained", m.pretrained,
+               "a folder or a Hugging Face Hub id (org/name)")
+        _check(task.pretrained, "model.pretrained", m.pretrained,
+               f"null for task {task.name!r} (a released differential model starts the tasks "
+               f"{', '.join(n for n, c in _tasks().items() if c.pretrained)})")
+        _check(not m.name, "model.name", m.name, "empty with model.pretrained (the checkpoint names the model)")
+        extra = sorted(set(m.overrides) - {"backend"})
+        _check(not extra, "model.overrides", m.overrides,
+               "only {backend: ...} with model.pretrained (the checkpoint fixes its sizes and λ_init)")
+    elif start:
+        _check(task.model_name, f"model.{next(iter(start))}", next(iter(start.values())),
+               f"unset for task {task.name!r}, which builds its own model")
+    _check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
+    for key in ("lora", "freeze_lambda"):
+        _check(isinstance(getattr(m, key), bool), f"model.{key}", getattr(m, key), "true or false")
+    _check(_is_int(m.lora_r) and m.lora_r >= 1, "model.lora_r", m.lora_r, "an integer >= 1")
+    _check(isinstance(m.lora_alpha, (int, float)) and m.lora_alpha > 0, "model.lora_alpha", m.lora_alpha, "> 0")
+    _check(isinstance(m.lora_targets, list) and bool(m.lora_targets) and all(isinstance(t, str)
+                                                                             for t in m.lora_targets),
+           "model.lora_targets", m.lora_targets, "a non-empty list of layer names")
 
 
 def budget_warnings(cfg: TrainConfig) -> list[str]:

@@ -20,11 +20,12 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...errors import UsageError
+from ...factory import create_model, load_released, resolve_source, save_released
 from ...io import atomic_write_dir
 from ..data import to_device
 
 __all__ = ["Task", "TaskConfig", "TASKS", "register_task", "check", "mean_lambdas", "check_tokens", "check_images",
-           "check_labels", "model_vocab_size", "eval_batches"]
+           "check_labels", "model_vocab_size", "eval_batches", "adapt_model", "merged_model"]
 
 
 @dataclass
@@ -169,6 +170,39 @@ def save_model(model: nn.Module, folder: Path, training: str) -> None:
         model.save_pretrained(folder)
 
 
+#: the re-parameterised λ vectors of a differential attention layer (Ye et al. 2024, eq. 2)
+LAMBDA_VECTORS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+
+
+def adapt_model(model: nn.Module, m) -> nn.Module:
+    """``model`` cast to ``m.dtype`` (a :class:`~diffattn.train.config.ModelConfig`), its λ vectors frozen with
+    ``m.freeze_lambda``, and with ``m.lora`` wrapped in peft LoRA (``lora_r``, ``lora_alpha``, ``lora_targets``, no
+    dropout), which freezes every other weight: the λ vectors then train beside LoRA unless frozen."""
+    model = model.to(getattr(torch, m.dtype))
+    if m.lora:
+        from peft import LoraConfig, get_peft_model
+
+        names = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if isinstance(mod, nn.Linear)})
+        if not set(m.lora_targets) & set(names):
+            raise UsageError(f"model.lora_targets {list(m.lora_targets)} name no linear layer of the model; its "
+                             f"linear layers are {', '.join(names)}")
+        model = get_peft_model(model, LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha,
+                                                 target_modules=list(m.lora_targets), lora_dropout=0.0))
+    for name, p in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in LAMBDA_VECTORS:
+            p.requires_grad_(not m.freeze_lambda)
+    return model
+
+
+def merged_model(model: nn.Module) -> nn.Module:
+    """``model`` itself, or for a peft model a copy with the LoRA weights merged in (the base model's class)."""
+    if not hasattr(model, "merge_and_unload") or not hasattr(model, "peft_config"):
+        return model
+    import copy
+
+    return copy.deepcopy(model).merge_and_unload()
+
+
 def eval_batches(dataset: Dataset, batch_size: int, device: torch.device):
     """``(batch on device, its size)`` over ``dataset`` in order. No DataLoader: its iterator draws from the global
     RNG (and under torchrun broadcasts a seed), which a validation in the middle of a run must not do."""
@@ -200,6 +234,9 @@ class Task:
     model_name: ClassVar[bool] = True
     #: the config keys that set the model's size (named when it cannot fit in memory)
     size_keys: ClassVar[str] = "model.overrides"
+    #: whether ``model.pretrained`` (a released differential model: DiffLlama, Motif, a diffattn save or run) may
+    #: start the run; the trained model is then also written in the checkpoint's own layout
+    pretrained: ClassVar[bool] = False
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -223,9 +260,21 @@ class Task:
     # -------------------------------------------------------------------------------------- model, data
 
     def build_model(self) -> nn.Module:
-        from ...models import create_model
+        """The run's model: ``model.name`` built with its overrides, or the released checkpoint of
+        ``model.pretrained``; then cast to ``model.dtype``, λ frozen (``model.freeze_lambda``) and peft LoRA
+        (``model.lora``) on top."""
+        m = self.cfg.model
+        if m.pretrained:
+            model, self.layout = load_released(self.pretrained_dir(), **m.overrides)
+        else:
+            model = create_model(m.name, **m.overrides)
+        return adapt_model(model, m)
 
-        return create_model(self.cfg.model.name, **self.cfg.model.overrides)
+    def pretrained_dir(self) -> Path:
+        """The local folder of ``model.pretrained`` (a hub id is downloaded once per run)."""
+        if getattr(self, "_pretrained_dir", None) is None:
+            self._pretrained_dir = resolve_source(self.cfg.model.pretrained)
+        return self._pretrained_dir
 
     def dataset(self, model: nn.Module) -> Dataset:
         """The training set (``cfg.data``); sizes the data depend on (image size, tokenizer, vocabulary) are read
@@ -297,12 +346,19 @@ class Task:
         c = self.cfg
         budget = f"{c.run.steps} optimizer steps" if c.run.steps is not None else f"{c.run.epochs} epochs"
         return (f"Trained with `diffattn train` (task `{c.task.name}`, data `{c.data.name}`, {budget} of "
-                f"{c.run.batch_size} samples, seed {c.run.seed}); the full config is `config.yaml` in the run "
+                f"{c.run.batch_size} samples, seed {c.run.seed}"
+                f"{f', from `{c.model.pretrained}`' if c.model.pretrained else ''}"
+                f"{', LoRA merged' if c.model.lora else ''}); the full config is `config.yaml` in the run "
                 f"directory `{c.run.out}`.")
 
     def write_model(self, model: nn.Module, folder: Path) -> None:
-        """Write the trained model's files into ``folder`` (a temporary folder swapped into place by the caller)."""
+        """Write the trained model's files into ``folder`` (a temporary folder swapped into place by the caller):
+        ``save_pretrained``, LoRA merged into the weights; a run from ``model.pretrained`` also writes it in the
+        checkpoint's own layout (``folder/diffllama``, ``folder/motif``: :func:`diffattn.factory.save_released`)."""
+        model = merged_model(model)
         save_model(model, folder, self.model_card())
+        if self.cfg.model.pretrained:
+            save_released(model, self.layout, folder, source=self.pretrained_dir())
 
     def save_final(self, model: nn.Module, directory: Path) -> Path:
         """Save the trained model (:meth:`write_model`, atomically) under ``directory/model``."""

@@ -68,6 +68,7 @@ class LMTask(Task):
     metrics = ("loss", "ppl")
     data_kinds = ("text",)
     data_formats = ("tokens", "text", "sklearn_text")
+    pretrained = True
 
     def dataset(self, model: nn.Module) -> Dataset:
         return lm_dataset(self.cfg)
