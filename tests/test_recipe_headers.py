@@ -128,8 +128,8 @@ RULES: list[Rule] = [
     (rf"\bpadded to {NUM} tokens", _one("data.block_size")),
     (rf"\bgradient clipping {NUM}", _one("optim.grad_clip")),
     (rf"\bLoRA r {NUM}, α {NUM}|\br {NUM}, α {NUM}",
-     lambda cfg, got: [(got[0], resolve(cfg, "task.lora_r", "lora_r")),
-                       (got[1], resolve(cfg, "task.lora_alpha", "lora_alpha"))]),
+     lambda cfg, got: [(got[0], resolve(cfg, "task.lora_r", "model.lora_r", "lora_r")),
+                       (got[1], resolve(cfg, "task.lora_alpha", "model.lora_alpha", "lora_alpha"))]),
     (r"λ_init (?:= )?(\d+(?:\.\d+)?)(?!\d|\.\d| −)", _one("task.lambda_init", "lambda_init", "model:lambda_init")),
     (rf"λ annealed over {NUM} optimizer steps", _one("task.anneal_steps")),
     (rf"\bwidth[- ]{NUM}\b",
@@ -192,5 +192,6 @@ def test_the_rules_read_the_headers():
     assert "600 steps of 64" in found["studies/diffclip"]
     assert {"lr 1e-3", "warm-up 10"} <= found["tiny/clip"]
     assert "LoRA r 32, α 64" in found["tiny/paligemma"]
+    assert {"LoRA r 16, α 32", "500 steps of 8", "sequence length 256"} <= found["finetune/motif"]
     assert "8 differential heads" in found["dgt_text"]
     assert sum(len(v) for v in found.values()) >= 80

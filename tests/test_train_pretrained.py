@@ -137,3 +137,36 @@ def test_config_checks(diffllama_dir, tmp_path, capsys):
         assert cli.main(["train", "tiny/finetune", "--out", str(tmp_path / "run"), "--set",
                          f"model.pretrained={diffllama_dir}", *FAST, *args]) == 2
         assert msg in capsys.readouterr().err, sets
+
+
+def test_the_recipes_load_and_name_what_they_need(diffllama_dir):
+    from diffattn.errors import UsageError
+    from diffattn.train import load_config
+
+    motif = load_config("finetune/motif")
+    assert motif.model.pretrained == "Motif-Technologies/Motif-2.6B" and motif.model.lora
+    full = load_config("finetune/diffllama", [f"model.pretrained={diffllama_dir}"])
+    assert not full.model.lora and full.model.dtype == "float32"
+    with pytest.raises(UsageError, match="or give model.pretrained"):
+        load_config("finetune/diffllama")
+
+
+def test_a_hub_id_goes_through_snapshot_download(diffllama_dir, monkeypatch, tmp_path):
+    """Offline: the hub call is replaced by one that returns the local folder (real users have internet)."""
+    import huggingface_hub
+
+    from diffattn.errors import UsageError
+    from diffattn.factory import released_layout, resolve_source
+
+    calls = []
+
+    def fake(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(diffllama_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    path = resolve_source("org/tiny-diffllama")
+    assert path == diffllama_dir and released_layout(path) == "diffllama"
+    assert calls[0][0] == "org/tiny-diffllama" and "*.safetensors" in calls[0][1]["allow_patterns"]
+    with pytest.raises(UsageError, match="not a folder nor a Hugging Face Hub id"):
+        resolve_source(str(tmp_path / "missing" / "folder"))
