@@ -104,6 +104,30 @@ def resolve(cfg: dict, *keys: str) -> Any:
     return None
 
 
+def _found(tree, key: str) -> list:
+    """Every value of ``key`` at any depth of nested dicts and lists."""
+    if isinstance(tree, dict):
+        return ([tree[key]] if key in tree else []) + [v for x in tree.values() for v in _found(x, key)]
+    if isinstance(tree, (list, tuple)):
+        return [v for x in tree for v in _found(x, key)]
+    return []
+
+
+def _lambda_init(cfg: dict):
+    """The recipe's λ_init: its own setting, else the registered model's attention spec's, else the spec's default
+    (registered configs list only the settings that differ from it)."""
+    from diffattn.lambdas import DEFAULT_LAMBDA_INIT
+    from diffattn.layers import AttentionSpec
+
+    v = resolve(cfg, "task.lambda_init", "lambda_init", "model:lambda_init")
+    if v is not None:
+        return v
+    specs = _found(model_args(cfg) or {}, "attention")
+    values = {s.lambda_init if isinstance(s, AttentionSpec) else s.get("lambda_init", DEFAULT_LAMBDA_INIT)
+              for s in specs if isinstance(s, (dict, AttentionSpec))}
+    return values.pop() if len(values) == 1 else None
+
+
 #: (pattern, what the captured number must equal: a function of the recipe's YAML)
 Rule = tuple[str, Callable[[dict, list[float]], list[tuple[float, Any]]]]
 
@@ -130,7 +154,7 @@ RULES: list[Rule] = [
     (rf"\bLoRA r {NUM}, α {NUM}|\br {NUM}, α {NUM}",
      lambda cfg, got: [(got[0], resolve(cfg, "task.lora_r", "model.lora_r", "lora_r")),
                        (got[1], resolve(cfg, "task.lora_alpha", "model.lora_alpha", "lora_alpha"))]),
-    (r"λ_init (?:= )?(\d+(?:\.\d+)?)(?!\d|\.\d| −)", _one("task.lambda_init", "lambda_init", "model:lambda_init")),
+    (r"λ_init (?:= )?(\d+(?:\.\d+)?)(?!\d|\.\d| −)", lambda cfg, got: [(got[0], _lambda_init(cfg))]),
     (rf"λ annealed over {NUM} optimizer steps", _one("task.anneal_steps")),
     (rf"\bwidth[- ]{NUM}\b",
      _one("model:embed_dim", "model:dim", "model.dim", "task.base.config.n_embd", "lm.hidden_size")),

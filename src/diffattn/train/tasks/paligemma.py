@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ... import adapters as A
 from ...io import atomic_write_dir
 from ...lambdas import DEFAULT_LAMBDA_INIT
 from ...models import paligemma as _pg
@@ -86,7 +87,6 @@ class PaliGemmaTask(Task):
     def build_model(self) -> nn.Module:
         """The base model, its decoder retrofitted (``method``), with LoRA on it; ``lora_r: 0`` trains every weight
         instead (full fine-tuning, as in PaliGemma's own pretraining and transfer stages) and adds no LoRA."""
-        from ... import adapters as A
 
         t = self.cfg.task
         model = _pg.build_paligemma(t.base, None if t.base.get("path") else len(self.tokenizer),
@@ -130,7 +130,6 @@ class PaliGemmaTask(Task):
         return model(pixel_values=images, **{k: v.to(images.device) for k, v in text.items()}).loss
 
     def after_step(self, model: nn.Module) -> None:
-        from ... import adapters as A
 
         if self.cfg.task.method != "none":
             A.step(model)
@@ -143,7 +142,6 @@ class PaliGemmaTask(Task):
         ``tokenizer/`` (the word tokenizer of a config-built model). With ``lora_r: 0`` the whole model goes to
         ``model/`` (``save_pretrained``, a retrofit recorded in its config) with the tokenizer beside it, so that
         ``task.base: {type: paligemma, path: <run>/model}`` starts a next stage from it."""
-        from ... import adapters as A
 
         directory = Path(directory)
         with atomic_write_dir(directory / "tokenizer") as tmp:
