@@ -137,6 +137,8 @@ def test_save_pretrained_round_trip_of_a_converted_model(tmp_path):
     model.save_pretrained(tmp_path / "saved")
     loaded = diffattn.from_pretrained(tmp_path / "saved")
     assert type(loaded) is MotifLM and loaded.attention == "grouped"
+    assert loaded.attention_spec.num_noise_heads == 1 and loaded.attention_spec.head_dim == 8  # built by the spec
+    assert "attention layers: `GroupedDiffAttention`" in model.generate_model_card().content  # the card names it
     ids = torch.randint(0, GDA_5_1_BIAS["vocab_size"], (1, 7))
     with torch.no_grad():
         assert torch.equal(loaded(ids), model(ids))
