@@ -28,7 +28,14 @@ import torch.nn as nn
 
 from .adapters.hf import from_pretrained_retrofit, install_load_warning
 from .adapters.saving import load_adapter
-from .convert import from_motif, load_diffclip, load_diffclip_image_tower, load_openai_clip, load_timm_vit
+from .convert import (
+    from_diffllama,
+    from_motif,
+    load_diffclip,
+    load_diffclip_image_tower,
+    load_openai_clip,
+    load_timm_vit,
+)
 from .errors import UsageError
 from .formats import saved_kind, wrong_kind
 from .models import causal_lm, clip, text, vit, vlm  # noqa: F401  (each family registers itself on import)
@@ -37,8 +44,8 @@ from .models.base import from_pretrained as _load_saved
 from .models.pretrained import list_pretrained, pretrained_file, split_model_tag, timm_default_cfgs
 from .models.registry import TIMM_KWARGS, is_model, model_builder, model_family
 
-__all__ = ["create_model", "from_pretrained", "load_run", "load_pretrained", "register_timm", "TIMM_NAMES",
-           "find_saved_model", "is_retrofit_run", "load_retrofit_run", "RETROFIT_RUN"]
+__all__ = ["create_model", "from_pretrained", "load_run", "load_released", "load_pretrained", "register_timm",
+           "TIMM_NAMES", "find_saved_model", "is_retrofit_run", "load_retrofit_run", "RETROFIT_RUN"]
 
 #: the file a retrofit training run writes to say how it is rebuilt (:func:`load_retrofit_run`)
 RETROFIT_RUN = "retrofit.json"
@@ -160,6 +167,28 @@ def load_run(path: str | os.PathLike) -> nn.Module:
         raise ValueError(f"path {str(p)!r} is a file; load_run takes a run folder (diffattn train --out) or a "
                          f"folder written by save_pretrained")
     return _load_saved(find_saved_model(p)).eval()
+
+
+def load_released(path: str | os.PathLike, *, backend: str = "auto") -> nn.Module:
+    """A released differential-attention decoder or any diffattn model folder, in eval mode and its stored dtype:
+    what ``diffattn inspect`` loads.
+
+    - a released Motif folder (``model_type`` "motif": Motif-2.6B, Motif-2-12.7B):
+      :func:`diffattn.convert.from_motif`, a :class:`~diffattn.models.motif.MotifLM`;
+    - a transformers DiffLlama folder (``model_type`` "diffllama"): :func:`diffattn.convert.from_diffllama`, a
+      :class:`~diffattn.models.CausalLM` (needs transformers);
+    - anything :func:`load_run` loads (a ``save_pretrained`` folder, a training run, a retrofit run).
+
+    ``backend`` is the attention backend of the converted layers (the released families only)."""
+    p = Path(path).expanduser()
+    kind = saved_kind(p) if p.is_dir() else None
+    call = kind[1] if kind is not None else ""
+    if call == "diffattn.convert.from_motif(path)":
+        return from_motif(p, backend=backend)
+    if call == "diffattn.convert.from_diffllama(path)":
+        install_load_warning()
+        return from_diffllama(str(p), backend=backend).eval()
+    return load_run(p)
 
 
 def _is_saved_model(p: Path) -> bool:

@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from ..formats import saved_kind, wrong_kind
+from ..io import atomic_write_dir
 from ..lambdas import lambda_init_motif
 from ..layers import GroupedDiffAttention
 from ..models.base import check_state_dict
@@ -253,8 +254,6 @@ def to_motif(model: MotifLM, path: str | os.PathLike | None = None, *,
     sd = diffattn_to_motif_state_dict(model)
     if path is not None:
         from safetensors.torch import save_file
-
-        from ..io import atomic_write_dir
 
         with atomic_write_dir(path) as tmp:
             save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(tmp, "model.safetensors"),
