@@ -137,6 +137,8 @@ def test_save_pretrained_round_trip_of_a_converted_model(tmp_path):
     model.save_pretrained(tmp_path / "saved")
     loaded = diffattn.from_pretrained(tmp_path / "saved")
     assert type(loaded) is MotifLM and loaded.attention == "grouped"
+    assert loaded.attention_spec.num_noise_heads == 1 and loaded.attention_spec.head_dim == 8  # built by the spec
+    assert "attention layers: `GroupedDiffAttention`" in model.generate_model_card().content  # the card names it
     ids = torch.randint(0, GDA_5_1_BIAS["vocab_size"], (1, 7))
     with torch.no_grad():
         assert torch.equal(loaded(ids), model(ids))
@@ -182,3 +184,40 @@ def test_to_motif_refuses_what_the_release_cannot_express():
         convert.to_motif(model)
     cfg, sd = convert.to_motif(MotifLM(61, 32, 2, 4, mlp_hidden=48))
     assert cfg["model_type"] == "motif" and "num_noise_heads" not in cfg and "lm_head.weight" in sd
+
+
+#: what vLLM's Motif model code reads from config.json (``MotifDecoderLayer`` / ``MotifAttention`` / ``MotifMLP`` in
+#: vllm/model_executor/models/motif.py, vLLM ≤ 0.10.2) and the checkpoint names its loader maps (q/k/v_proj stacked
+#: into qkv_proj, gate/up_proj into gate_up_proj, as LlamaForCausalLM.load_weights does)
+VLLM_CONFIG_KEYS = ("hidden_size", "num_attention_heads", "num_key_value_heads", "intermediate_size", "hidden_act",
+                    "rms_norm_eps", "attn_rms_norm_eps", "rope_theta", "max_position_embeddings", "attention_bias",
+                    "use_bias", "qkv_bias", "vocab_size", "num_hidden_layers", "tie_word_embeddings")
+VLLM_LAYER_TENSORS = ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                      "self_attn.o_proj.weight", "self_attn.lambda_q1", "self_attn.lambda_k1", "self_attn.lambda_q2",
+                      "self_attn.lambda_k2", "self_attn.subln.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+                      "mlp.down_proj.weight", "mlp.act_fn.weight", "mlp.act_fn.bias", "input_layernorm.weight",
+                      "post_attention_layernorm.weight")
+
+
+@pytest.mark.parametrize("name", ["v1", "gda_4_1"])
+def test_a_model_written_by_to_motif_has_what_the_serving_code_reads(name, tmp_path):
+    """The serving hand-off of docs/released-models.md: a MotifLM built in diffattn (not converted) written by
+    to_motif is a folder with every config entry and tensor name vLLM's Motif code reads, shaped as it builds them
+    (head_dim and num_noise_heads for GDA), and that from_motif loads back bit-identically."""
+    cfg = CONFIGS[name]
+    model = convert.from_motif(released_state_dict(cfg), config=cfg)
+    kwargs = convert.motif_kwargs(cfg)
+    fresh = MotifLM(**kwargs).double()  # a model of its own, e.g. after fine-tuning in diffattn
+    written, sd = convert.to_motif(fresh, tmp_path / "out")
+    on_disk = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert on_disk == written and all(k in on_disk for k in VLLM_CONFIG_KEYS)
+    assert on_disk["architectures"] == ["MotifForCausalLM"] and on_disk["model_type"] == "motif"
+    ref = released_state_dict(cfg)
+    assert sd.keys() == ref.keys() and all(sd[k].shape == ref[k].shape for k in ref)
+    for i in range(cfg["num_hidden_layers"]):
+        assert all(f"model.layers.{i}.{t}" in sd for t in VLLM_LAYER_TENSORS)
+    if name == "gda_4_1":
+        assert on_disk["num_noise_heads"] == 2 and on_disk["head_dim"] == 8
+    back = convert.from_motif(tmp_path / "out")
+    assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), fresh.state_dict().values()))
+    assert type(model) is type(back)

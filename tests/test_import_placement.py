@@ -28,7 +28,7 @@ OWN_MODULE_EXCEPTIONS: dict[str, tuple[int, str]] = {
     # import torch, the training or the evaluation code; each handler imports what its own command needs
     "cli.py": (18, "startup cost of every command"),
     "app/data_commands.py": (14, "startup cost of every command"),
-    "eval/commands.py": (10, "startup cost of every command"),
+    "eval/commands.py": (11, "startup cost of every command"),
     "train/commands.py": (3, "startup cost of every command"),
     # diffattn.detect's submodules import Ultralytics on import, which must come after detect.offline_env()
     "studies/detection.py": (7, "Ultralytics must be imported after offline_env()"),

@@ -190,6 +190,56 @@ def test_registered_kind_and_spec():
     assert layer.out_proj.in_features == 32 and layer.q_proj.out_features == 32
 
 
+@pytest.mark.parametrize("heads,noise,kv,d", [(4, None, None, None), (10, 2, 4, 8), (6, 1, 2, 8), (12, 2, 4, 6)])
+def test_spec_builds_any_ratio_and_round_trips_through_its_dict(heads, noise, kv, d):
+    import json
+
+    spec = AttentionSpec("grouped", lambda_init="motif", num_kv_heads=kv, causal=True, rope="half",
+                         num_noise_heads=noise, head_dim=d, backend="math")
+    torch.manual_seed(0)
+    layer = spec.build(40 if d else 32, heads, depth=1)
+    torch.manual_seed(0)
+    ref = GroupedDiffAttention(40 if d else 32, heads, num_noise_heads=noise, num_kv_heads=kv, head_dim=d, depth=1,
+                               lambda_init="motif", causal=True, rope="half", backend="math")
+    assert type(layer) is GroupedDiffAttention and layer.num_noise_heads == (noise or heads // 2)
+    assert layer.group_ratio == (heads - (noise or heads // 2)) // (noise or heads // 2)
+    sd, ref_sd = layer.state_dict(), ref.state_dict()
+    assert sd.keys() == ref_sd.keys() and all(torch.equal(sd[k], ref_sd[k]) for k in sd)
+    x = torch.randn(2, 5, layer.q_proj.in_features)
+    with torch.no_grad():
+        assert torch.equal(layer(x), ref(x))
+    saved = json.loads(json.dumps(spec.to_dict()))  # what a config.json holds
+    assert saved["num_noise_heads"] == noise and saved["head_dim"] == d
+    assert AttentionSpec.from_dict(saved) == spec
+    assert AttentionSpec.from_dict(spec.to_dict(changed=True)) == spec
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(kind="diff", num_noise_heads=2), "num_noise_heads is the number of noise heads of attention 'grouped'"),
+    (dict(kind="gated", head_dim=8), "head_dim is the head width of attention 'diff_v2' .* and 'grouped'"),
+    (dict(kind="grouped", num_noise_heads=0), "num_noise_heads must be None or an integer >= 1, got 0"),
+    (dict(kind="grouped", num_noise_heads=2, num_kv_heads=3), "num_kv_heads=3 must be even"),
+    (dict(kind="grouped", num_noise_heads=3, num_kv_heads=4), "num_noise_heads=3 a multiple of num_kv_heads/2"),
+])
+def test_spec_validates_the_grouped_settings_when_made(kw, match):
+    with pytest.raises(ValueError, match=match):
+        AttentionSpec(**kw)
+
+
+@pytest.mark.parametrize("kw,dim,heads,match", [
+    (dict(num_noise_heads=3), 32, 8, "signal heads \\(num_heads − num_noise_heads = 8 − 3 = 5\\) must be a "
+                                     "positive multiple of num_noise_heads=3"),
+    (dict(num_noise_heads=3), 48, 4, "4 − 3 = 1"),
+    (dict(), 30, 5, "num_heads=5 \\(odd\\) needs num_noise_heads"),
+    (dict(), 36, 8, "dim=36 must be divisible by num_heads=8, or give head_dim"),
+    (dict(num_kv_heads=4), 48, 6, "num_kv_heads=4 must be even, with the signal heads \\(3\\) and the noise heads "
+                                  "\\(3\\) multiples of num_kv_heads/2"),
+])
+def test_spec_names_head_counts_it_cannot_build(kw, dim, heads, match):
+    with pytest.raises(ValueError, match=match):
+        AttentionSpec("grouped", **kw).build(dim, heads)
+
+
 @pytest.mark.parametrize("kw,match", [
     (dict(num_heads=5), "give num_noise_heads"),
     (dict(num_heads=7, num_noise_heads=2), "multiple of num_noise_heads=2"),

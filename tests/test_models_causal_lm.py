@@ -129,6 +129,24 @@ def test_diffllama_import_export_parity(kw):
     assert sd.keys() == sd2.keys() and all(torch.equal(sd[k], sd2[k]) for k in sd)
 
 
+def test_a_diffllama_export_written_to_a_folder_is_what_transformers_and_diffattn_load(tmp_path):
+    """The serving hand-off of docs/released-models.md: ``to_diffllama(model).save_pretrained(folder)`` is a folder
+    transformers' DiffLlamaForCausalLM loads with the model's logits, and that diffattn reads back bit-identically
+    (from_diffllama, and factory.load_released, what ``diffattn inspect`` uses)."""
+    from diffattn.factory import load_released
+
+    m = _tiny("diff", num_kv_heads=2, lambda_init="ye", norm_eps=1e-6, diff_norm_eps=1e-6).eval()
+    ids = torch.randint(0, 64, (2, 9))
+    to_diffllama(m, fold_norm=True).save_pretrained(tmp_path / "dl")
+    hf = DiffLlamaForCausalLM.from_pretrained(tmp_path / "dl").eval()
+    with torch.no_grad():
+        ref = m(ids)
+        assert (hf(ids).logits - ref).abs().max().item() <= 1e-5
+        for back in (from_diffllama(str(tmp_path / "dl")), load_released(tmp_path / "dl")[0]):
+            assert type(back) is CausalLM and not back.training
+            assert torch.equal(back(ids), from_diffllama(hf)(ids))
+
+
 def test_diffllama_export_from_scratch_and_refusals():
     ids = torch.randint(0, 64, (2, 7))
     m = _tiny("diff", num_kv_heads=2, lambda_init="ye", norm_eps=1e-6, diff_norm_eps=1e-6).eval()

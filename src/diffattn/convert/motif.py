@@ -255,7 +255,6 @@ def to_motif(model: MotifLM, path: str | os.PathLike | None = None, *,
     if path is not None:
         from safetensors.torch import save_file
 
-
         with atomic_write_dir(path) as tmp:
             save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(tmp, "model.safetensors"),
                       metadata={"format": "pt"})

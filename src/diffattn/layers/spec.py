@@ -30,6 +30,10 @@ from .rope import ROPE_STYLES
 __all__ = ["AttentionSpec", "STANDARD", "LooseAttention", "LOOSE_KEYWORDS", "LOOSE_REMOVED_IN"]
 
 
+#: the kinds whose head width may differ from dim / num_heads (``head_dim``)
+_HEAD_DIM_KINDS = ("diff_v2", "grouped")
+
+
 def _flag(name: str, value) -> None:
     if not isinstance(value, bool):
         raise ValueError(f"attention {name} must be a bool, got {value!r}")
@@ -57,7 +61,9 @@ class AttentionSpec:
     Args:
         kind: ``"standard"`` (:class:`~diffattn.layers.Attention`), ``"diff"`` (:class:`~diffattn.layers.DiffAttention`,
             Ye et al. 2024), ``"diff_v2"`` (:class:`~diffattn.layers.DiffAttentionV2`, Ye et al. 2026) or
-            ``"gated"`` (:class:`~diffattn.layers.GatedDiffAttention`, M-DGSA 2025).
+            ``"gated"`` (:class:`~diffattn.layers.GatedDiffAttention`, M-DGSA 2025) or ``"grouped"``
+            (:class:`~diffattn.layers.GroupedDiffAttention`, grouped differential attention, Motif Technologies
+            2025, arXiv 2510.06949).
         lambda_init: λ_init, a finite float (default :data:`~diffattn.lambdas.DEFAULT_LAMBDA_INIT`) or ``"ye"``:
             0.8 − 0.6·exp(−0.3·l) with l the 0-based block index (Ye et al. 2024, §2.1).
         lambda_form: a registered λ form (:func:`~diffattn.lambdas.available_lambdas`); None: the layer's own
@@ -79,7 +85,10 @@ class AttentionSpec:
         sliding_window: each query sees only the last ``sliding_window`` keys; None: all.
         q_residual: the [Q⁺; Q⁻] residual of M-DGSA (2025, §4.3); gated only.
         gate_bias: the bias b_g of the gate σ(X W_g + b_g); gated only.
-        head_dim: the head width d when it is not dim / num_heads; diff_v2 only.
+        head_dim: the head width d when it is not dim / num_heads; diff_v2 and grouped only.
+        num_noise_heads: H_n, the noise heads of grouped differential attention, each shared by a group of
+            r = (num_heads − H_n) / H_n signal heads (any ratio r ≥ 1); None: num_heads / 2 (r = 1, differential
+            attention); grouped only.
 
     Raises ValueError naming the setting, the value and what it needs.
     """
@@ -105,6 +114,7 @@ class AttentionSpec:
     q_residual: bool = False
     gate_bias: bool = True
     head_dim: int | None = field(default=None)
+    num_noise_heads: int | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in ATTENTION_TYPES:
@@ -143,9 +153,45 @@ class AttentionSpec:
             raise ValueError(f"gate_bias is the bias of M-DGSA's gate and needs attention='gated', "
                              f"got attention={self.kind!r}")
         _positive_int("head_dim", self.head_dim)
-        if self.head_dim is not None and self.kind != "diff_v2":
-            raise ValueError(f"head_dim is the head width of attention 'diff_v2' (Ye et al. 2026); attention "
-                             f"{self.kind!r} uses dim / num_heads, got head_dim={self.head_dim!r}")
+        if self.head_dim is not None and self.kind not in _HEAD_DIM_KINDS:
+            raise ValueError(f"head_dim is the head width of attention 'diff_v2' (Ye et al. 2026) and 'grouped' "
+                             f"(arXiv 2510.06949); attention {self.kind!r} uses dim / num_heads, got "
+                             f"head_dim={self.head_dim!r}")
+        _positive_int("num_noise_heads", self.num_noise_heads)
+        if self.num_noise_heads is not None and self.kind != "grouped":
+            raise ValueError(f"num_noise_heads is the number of noise heads of attention 'grouped' (grouped "
+                             f"differential attention, arXiv 2510.06949); attention {self.kind!r} has none, got "
+                             f"num_noise_heads={self.num_noise_heads!r}")
+        if self.num_noise_heads is not None and self.num_kv_heads is not None and (
+                self.num_kv_heads % 2 or self.num_noise_heads % (self.num_kv_heads // 2)):
+            raise ValueError(f"attention 'grouped' reads H_kv/2 signal keys, H_kv/2 noise keys and H_kv/2 values: "
+                             f"num_kv_heads={self.num_kv_heads} must be even and num_noise_heads="
+                             f"{self.num_noise_heads} a multiple of num_kv_heads/2")
+
+    def check_heads(self, dim: int, num_heads: int) -> None:
+        """ValueError unless this spec builds a layer of width ``dim`` with ``num_heads`` query heads; for
+        ``"grouped"``: the head width (``head_dim`` or dim / num_heads) and the split of the query heads into
+        num_heads − H_n signal heads in groups of r = (num_heads − H_n) / H_n per noise head. The other kinds' layers
+        check their own sizes."""
+        if self.kind != "grouped" or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                             for v in (dim, num_heads)):
+            return  # the layer's own check names a size that is not a positive integer
+        if self.head_dim is None and dim % num_heads:
+            raise ValueError(f"attention 'grouped': dim={dim} must be divisible by num_heads={num_heads}, or give "
+                             f"head_dim")
+        noise = num_heads // 2 if self.num_noise_heads is None else self.num_noise_heads
+        if self.num_noise_heads is None and num_heads % 2:
+            raise ValueError(f"attention 'grouped' with num_heads={num_heads} (odd) needs num_noise_heads (the "
+                             f"default, num_heads / 2, is differential attention)")
+        signal = num_heads - noise
+        if signal < noise or signal % noise:
+            raise ValueError(f"attention 'grouped': the signal heads (num_heads − num_noise_heads = {num_heads} − "
+                             f"{noise} = {signal}) must be a positive multiple of num_noise_heads={noise}, each noise "
+                             f"head serving a group of signal heads")
+        kv = 2 * noise if self.num_kv_heads is None else self.num_kv_heads
+        if kv % 2 or signal % (kv // 2) or noise % (kv // 2):
+            raise ValueError(f"attention 'grouped': num_kv_heads={kv} must be even, with the signal heads ({signal}) "
+                             f"and the noise heads ({noise}) multiples of num_kv_heads/2")
 
     # ------------------------------------------------------------------------------------------- build
 
@@ -166,13 +212,17 @@ class AttentionSpec:
             kw["sub_norm"] = self.sub_norm
         if self.kind == "gated":
             kw.update(q_residual=self.q_residual, gate_bias=self.gate_bias)
-        if self.kind == "diff_v2":
+        if self.kind in _HEAD_DIM_KINDS:
             kw["head_dim"] = self.head_dim
+        if self.kind == "grouped":
+            kw["num_noise_heads"] = self.num_noise_heads
         return kw
 
     def build(self, dim: int, num_heads: int, depth: int = 0) -> nn.Module:
         """The attention layer of block ``depth`` (0-based, for ``lambda_init="ye"``): x (B, N, dim) → (B, N, dim)
-        with ``num_heads`` standard heads (even for the differential kinds)."""
+        with ``num_heads`` standard heads (even for the differential kinds; for ``"grouped"`` the signal and
+        noise query heads together). The head counts are checked here first (:meth:`check_heads`)."""
+        self.check_heads(dim, num_heads)
         return ATTENTION_TYPES[self.kind](dim, num_heads, **self.layer_kwargs(depth))
 
     # -------------------------------------------------------------------------------------------- JSON

@@ -43,7 +43,7 @@ CONFIG_NAME = "config.json"
 _META_KEYS = ("architecture", "model_name", FORMAT_KEY, VERSION_KEY)
 _CLASSES: dict[str, type[DiffattnModel]] = {}
 #: the attention layer classes a model card names
-_ATTENTION_CLASSES = ("Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2")
+_ATTENTION_CLASSES = ("Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "GroupedDiffAttention")
 
 
 def _names(keys, limit: int = 10) -> str:

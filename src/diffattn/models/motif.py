@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..layers import AttentionSpec, DiffAttention, GroupedDiffAttention, KVCache, PolyNormGLU, RMSNorm
+from ..layers import AttentionSpec, KVCache, PolyNormGLU, RMSNorm
 from .base import DiffattnModel
 from .causal_lm import CausalLM
 from .config import check_args
@@ -60,8 +60,10 @@ class MotifLM(CausalLM):
             attention sub-norm; poly_norm_eps: the eps of PolyNorm (1e-6 in the released code).
         qkv_bias, out_bias, mlp_bias: biases of q/k/v, o_proj and the MLP.
 
-    Its arguments are the released config's, not an ``attention`` spec: the spec is derived from them (and saved
-    files keep them flat), so it has no loose-keyword conversion.
+    Its arguments are the released config's, not an ``attention`` spec: the spec is derived from them
+    (``attention_spec``: kind ``"diff"``, or ``"grouped"`` with ``num_noise_heads`` and ``head_dim``) and builds
+    every layer (:meth:`AttentionSpec.build`); saved files keep the arguments flat, so it has no loose-keyword
+    conversion.
     """
 
     LOOSE = None
@@ -81,27 +83,18 @@ class MotifLM(CausalLM):
             (head_dim is None or head_dim * num_heads == dim)
         kind = "diff" if plain else "grouped"
         self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, kind
+        grouped = dict(num_noise_heads=num_noise_heads, head_dim=head_dim) if kind == "grouped" else {}
         self.attention_spec = AttentionSpec(kind, lambda_init=lambda_init, num_kv_heads=num_kv_heads,
                                             qkv_bias=qkv_bias, out_bias=out_bias, sub_norm_eps=attn_norm_eps,
                                             causal=True, rope="half", rope_theta=rope_theta, backend=backend,
-                                            proj_drop=drop_rate)
+                                            proj_drop=drop_rate, **grouped)
         self.num_noise_heads = num_heads // 2 if num_noise_heads is None else num_noise_heads
         self.max_seq_len, self.tie_embeddings, self.mlp_hidden = max_seq_len, tie_embeddings, mlp_hidden
         self.tok_embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(drop_rate)
-        common = dict(lambda_init=lambda_init, num_kv_heads=num_kv_heads, qkv_bias=qkv_bias, out_bias=out_bias,
-                      causal=True, rope="half", rope_theta=rope_theta, sub_norm_eps=attn_norm_eps, backend=backend,
-                      proj_drop=drop_rate)
-
-        def attn(i: int) -> nn.Module:
-            if plain:
-                return DiffAttention(dim, num_heads, depth=i, **common)
-            return GroupedDiffAttention(dim, num_heads, num_noise_heads=num_noise_heads, head_dim=head_dim, depth=i,
-                                        **common)
-
-        self.blocks = nn.ModuleList([
-            MotifBlock(dim, attn(i), mlp_hidden, norm_eps=norm_eps, mlp_bias=mlp_bias, poly_norm_eps=poly_norm_eps,
-                       drop=drop_rate) for i in range(depth)])
+        self.blocks = nn.ModuleList([  # every layer through the one spelling of attention, the spec
+            MotifBlock(dim, self.attention_spec.build(dim, num_heads, depth=i), mlp_hidden, norm_eps=norm_eps,
+                       mlp_bias=mlp_bias, poly_norm_eps=poly_norm_eps, drop=drop_rate) for i in range(depth)])
         self.norm = RMSNorm(dim, eps=norm_eps)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         self.init_weights()
