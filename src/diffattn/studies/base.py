@@ -119,6 +119,35 @@ class Study:
         return self.report(cfg, per_seed, time.perf_counter() - t0)
 
 
+def module_study(name: str, *, variants: Mapping[str, Any], defaults: Mapping[str, Any],
+                 check_config: Callable[[StudyConfig, str], None], control: Control | list[Control] | Callable,
+                 per_seed: Callable[[StudyConfig, bool], dict[int, dict]],
+                 report: Callable[[StudyConfig, dict[int, dict], float], dict[str, Any]],
+                 default_variants: Sequence[str] | None = None, title: str = "") -> Study:
+    """Register and return the :class:`Study` made of its module's functions, the form most studies take:
+    ``check_config(cfg, where)`` raises ValueError for a broken constraint, ``control`` is the control (or
+    ``control(cfg)``), ``per_seed(cfg, progress)`` runs every seed and ``report(cfg, per_seed, seconds)`` writes
+    the report."""
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        try:
+            check_config(cfg, where)
+        except ValueError as e:
+            return [str(e)]
+        return []
+
+    cls = type(f"{name.title().replace('_', '')}Study", (Study,), {
+        "__doc__": f"The {name} study (:mod:`diffattn.studies.{name}`).", "__module__": f"diffattn.studies.{name}",
+        "name": name, "title": title, "variants": variants, "default_variants": default_variants,
+        "defaults": defaults, "check": check,
+        "control": lambda self, cfg: control(cfg) if callable(control) else control,
+        "run": lambda self, cfg, progress=True: per_seed(cfg, progress),
+        "report": lambda self, cfg, per_seed_results, seconds: report(cfg, per_seed_results, seconds)})
+    study = cls()
+    register_study(study)
+    return study
+
+
 _REGISTRY: dict[str, Study] = {}
 #: functions that may register the study of a given name on demand (the package imports its study modules)
 _LOADERS: list[Callable[[str], None]] = []

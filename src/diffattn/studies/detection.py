@@ -33,11 +33,11 @@ from ..data.detection import export_detection
 from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS
 from ..extras import MissingExtraError
 from ..io import atomic_write_file
-from .base import Study, StudyConfig, register_study
+from .base import module_study
 from .report import Control, Metric, run_seeds, write_study
 from .stats import mean_std, min_detectable_difference
 
-__all__ = ["DetectionStudy",
+__all__ = ["STUDY",
            "VARIANTS", "DEFAULTS", "CONTROL", "run", "check_config", "require_ultralytics", "train_one", "summarize",
            "detectable_differences", "plot_maps", "run_compare"]
 
@@ -311,33 +311,12 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
                        control=CONTROL)
 
 
-@register_study
-class DetectionStudy(Study):
-    """The detection study (module docstring)."""
-
-    name = "detection"
-    variants = VARIANTS
-    default_variants = DEFAULT_VARIANTS
-    defaults = DEFAULTS
-
-    def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
-
-    def control(self, cfg: StudyConfig) -> Control | list[Control]:
-        return CONTROL
-
-    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
-        return _per_seed(cfg, progress)
-
-    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        return _report(cfg, per_seed, seconds)
+STUDY = module_study("detection", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
+                     control=CONTROL, per_seed=_per_seed, report=_report,
+                     default_variants=DEFAULT_VARIANTS)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``execute`` of :class:`DetectionStudy`; removed in 0.3.0."""
-    return DetectionStudy().execute(cfg, progress)
+    ``STUDY.execute``; removed in 0.3.0."""
+    return STUDY.execute(cfg, progress)

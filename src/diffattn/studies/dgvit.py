@@ -34,10 +34,10 @@ from ..eval.robustness import COMMON_CORRUPTIONS, corrupt_images, mean_corruptio
 from ..factory import from_pretrained
 from ..train.config import config_from_dict
 from ..train.loop import train
-from .base import Study, StudyConfig, register_study, require_datasets
+from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["DGViTStudy", "VARIANTS", "DEFAULTS", "CONTROL", "run", "train_and_evaluate"]
+__all__ = ["STUDY", "VARIANTS", "DEFAULTS", "CONTROL", "run", "train_and_evaluate"]
 
 #: variant → (registered model, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -187,32 +187,11 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
                        seconds, control=CONTROL)
 
 
-@register_study
-class DGViTStudy(Study):
-    """The dgvit study (module docstring)."""
-
-    name = "dgvit"
-    variants = VARIANTS
-    defaults = DEFAULTS
-
-    def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
-
-    def control(self, cfg: StudyConfig) -> Control | list[Control]:
-        return CONTROL
-
-    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
-        return _per_seed(cfg, progress)
-
-    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        return _report(cfg, per_seed, seconds)
+STUDY = module_study("dgvit", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
+                     control=CONTROL, per_seed=_per_seed, report=_report)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``execute`` of :class:`DGViTStudy`; removed in 0.3.0."""
-    return DGViTStudy().execute(cfg, progress)
+    ``STUDY.execute``; removed in 0.3.0."""
+    return STUDY.execute(cfg, progress)

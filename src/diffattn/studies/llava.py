@@ -36,10 +36,10 @@ from ..io import atomic_write_file
 from ..models.clip import image_transform
 from ..train.llava import train_llava
 from ..train.tasks.vlm import QuestionImages, vlm_vocabulary
-from .base import Study, StudyConfig, register_study, require_datasets
+from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["LLaVAStudy",
+__all__ = ["STUDY",
            "VARIANTS", "DEFAULTS", "control", "run", "check_config", "train_and_evaluate", "llava_compare",
            "llava_table"]
 
@@ -180,35 +180,14 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
 
 
 
-@register_study
-class LLaVAStudy(Study):
-    """The llava study (module docstring)."""
-
-    name = "llava"
-    variants = VARIANTS
-    defaults = DEFAULTS
-
-    def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
-
-    def control(self, cfg: StudyConfig) -> Control | list[Control]:
-        return control(cfg)
-
-    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
-        return _per_seed(cfg, progress)
-
-    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        return _report(cfg, per_seed, seconds)
+STUDY = module_study("llava", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
+                     control=control, per_seed=_per_seed, report=_report)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``execute`` of :class:`LLaVAStudy`; removed in 0.3.0."""
-    return LLaVAStudy().execute(cfg, progress)
+    ``STUDY.execute``; removed in 0.3.0."""
+    return STUDY.execute(cfg, progress)
 
 
 def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2), *, stage1_steps: int = 100,

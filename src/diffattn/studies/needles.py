@@ -53,7 +53,7 @@ from ..diagnostics import (
     logit_stats,
     quantized_logits,
 )
-from .base import Study, StudyConfig, mqar_stream, register_study
+from .base import module_study, mqar_stream
 from .report import Control, Metric, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
@@ -66,7 +66,7 @@ from .synthetic import (
     train_model,
 )
 
-__all__ = ["NeedlesStudy",
+__all__ = ["STUDY",
            "VARIANTS", "DEFAULTS", "run", "control", "needle_grid", "grid_accuracy", "needle_allocation",
            "needle_outliers", "quantized_accuracy"]
 
@@ -401,32 +401,11 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
                        metrics, seconds, _sections(cfg, per_seed, labels), control=control(cfg))
 
 
-@register_study
-class NeedlesStudy(Study):
-    """The needles study (module docstring)."""
-
-    name = "needles"
-    variants = VARIANTS
-    defaults = DEFAULTS
-
-    def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
-
-    def control(self, cfg: StudyConfig) -> Control | list[Control]:
-        return control(cfg)
-
-    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
-        return _per_seed(cfg, progress)
-
-    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        return _report(cfg, per_seed, seconds)
+STUDY = module_study("needles", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
+                     control=control, per_seed=_per_seed, report=_report)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``execute`` of :class:`NeedlesStudy`; removed in 0.3.0."""
-    return NeedlesStudy().execute(cfg, progress)
+    ``STUDY.execute``; removed in 0.3.0."""
+    return STUDY.execute(cfg, progress)

@@ -44,10 +44,10 @@ from ..eval.text_models import get_text_tokenizer, lm_logits
 from ..factory import create_model, from_pretrained
 from ..train.loop import fit
 from ..train.optim import warmup_cosine
-from .base import Study, StudyConfig, register_study, require_datasets
+from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["NoiseStudy",
+__all__ = ["STUDY",
            "VARIANTS", "DEFAULTS", "CONTROL", "run", "needle_attention", "needle_scores", "needle_batches",
            "needle_lm_loss", "train_lm"]
 
@@ -291,33 +291,12 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
                        seconds, control=CONTROL)
 
 
-@register_study
-class NoiseStudy(Study):
-    """The noise study (module docstring)."""
-
-    name = "noise"
-    variants = VARIANTS
-    default_variants = DEFAULT_VARIANTS
-    defaults = DEFAULTS
-
-    def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
-
-    def control(self, cfg: StudyConfig) -> Control | list[Control]:
-        return CONTROL
-
-    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
-        return _per_seed(cfg, progress)
-
-    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        return _report(cfg, per_seed, seconds)
+STUDY = module_study("noise", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
+                     control=CONTROL, per_seed=_per_seed, report=_report,
+                     default_variants=DEFAULT_VARIANTS)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``execute`` of :class:`NoiseStudy`; removed in 0.3.0."""
-    return NoiseStudy().execute(cfg, progress)
+    ``STUDY.execute``; removed in 0.3.0."""
+    return STUDY.execute(cfg, progress)

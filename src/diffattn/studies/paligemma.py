@@ -42,10 +42,10 @@ from ..io import atomic_write_file
 from ..models.paligemma import paligemma_transform
 from ..train.config import config_from_dict
 from ..train.loop import train
-from .base import Study, StudyConfig, register_study, require_datasets
+from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["PaliGemmaStudy", "VARIANTS", "DEFAULTS", "control", "run", "pretrain", "transfer"]
+__all__ = ["STUDY", "VARIANTS", "DEFAULTS", "control", "run", "pretrain", "transfer"]
 
 #: variant → (the paligemma task's ``method``, label); the first is the baseline
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -215,32 +215,11 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
                        _metrics(cfg, t["num_hidden_layers"]), seconds, control=control(cfg))
 
 
-@register_study
-class PaliGemmaStudy(Study):
-    """The paligemma study (module docstring)."""
-
-    name = "paligemma"
-    variants = VARIANTS
-    defaults = DEFAULTS
-
-    def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
-
-    def control(self, cfg: StudyConfig) -> Control | list[Control]:
-        return control(cfg)
-
-    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
-        return _per_seed(cfg, progress)
-
-    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        return _report(cfg, per_seed, seconds)
+STUDY = module_study("paligemma", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
+                     control=control, per_seed=_per_seed, report=_report)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``execute`` of :class:`PaliGemmaStudy`; removed in 0.3.0."""
-    return PaliGemmaStudy().execute(cfg, progress)
+    ``STUDY.execute``; removed in 0.3.0."""
+    return STUDY.execute(cfg, progress)

@@ -52,11 +52,11 @@ from ..eval.language import perplexity
 from ..io import atomic_write_dir
 from ..train.loop import fit
 from ..train.optim import warmup_cosine as factor
-from .base import Study, StudyConfig, register_study, require_datasets
+from .base import module_study, require_datasets
 from .noise import needle_batches, needle_budget_errors, needle_lm_loss, needle_scores
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["RetrofitStudy", "VARIANTS", "DEFAULTS", "control", "run", "minilm_dir", "classification_part", "lm_part"]
+__all__ = ["STUDY", "VARIANTS", "DEFAULTS", "control", "run", "minilm_dir", "classification_part", "lm_part"]
 
 #: method → label; ``plain`` is the baseline (no conversion)
 VARIANTS: dict[str, str] = {"plain": "plain", "daa": "DAA", "dex": "DEX", "diffq": "DiffQ", "diffk": "DiffK",
@@ -437,32 +437,11 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
                        metrics, seconds, control=control(cfg))
 
 
-@register_study
-class RetrofitStudy(Study):
-    """The retrofit study (module docstring)."""
-
-    name = "retrofit"
-    variants = VARIANTS
-    defaults = DEFAULTS
-
-    def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
-
-    def control(self, cfg: StudyConfig) -> Control | list[Control]:
-        return control(cfg)
-
-    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
-        return _per_seed(cfg, progress)
-
-    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        return _report(cfg, per_seed, seconds)
+STUDY = module_study("retrofit", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
+                     control=control, per_seed=_per_seed, report=_report)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``execute`` of :class:`RetrofitStudy`; removed in 0.3.0."""
-    return RetrofitStudy().execute(cfg, progress)
+    ``STUDY.execute``; removed in 0.3.0."""
+    return STUDY.execute(cfg, progress)
