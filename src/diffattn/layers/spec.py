@@ -22,6 +22,7 @@ from typing import Any
 
 import torch.nn as nn
 
+from ..formats import _caller_level
 from ..functional import BACKENDS
 from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, check_lambda_init
 from .attention import ATTENTION_TYPES
@@ -259,19 +260,6 @@ LOOSE_KEYWORDS: dict[str, str] = {
     "attn_drop_rate": "attn_drop", "backend": "backend", "num_kv_heads": "num_kv_heads",
     "diff_norm_eps": "sub_norm_eps", "diff_norm_affine": "sub_norm_affine", "rope_theta": "rope_theta"}
 LOOSE_REMOVED_IN = "0.3.0"
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside diffattn: the user's call."""
-    import sys
-
-    frame, level = sys._getframe(1), 1
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not (name == "diffattn" or name.startswith(("diffattn.", "huggingface_hub"))):
-            return level
-        frame, level = frame.f_back, level + 1
-    return 1
 
 
 @dataclass(frozen=True)
