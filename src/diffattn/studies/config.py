@@ -25,6 +25,7 @@ STUDY_MODULES: dict[str, str] = {
     "detection": "diffattn.studies.detection",
     "needles": "diffattn.studies.needles",
     "recall": "diffattn.studies.recall",
+    "recall_ablation": "diffattn.studies.recall_ablation",
 }
 #: study name → the wall time of its packaged config as measured for docs/studies.md (its summary table; the shared
 #: 2-core CPU, one thread per study): what ``diffattn study --help`` quotes, never an estimate
@@ -38,6 +39,7 @@ WALL_TIMES: dict[str, str] = {
     "detection": "56 + 37 min (6 seeds in two runs, docs/detection.md)",
     "needles": "8.5 min",
     "recall": "20.6 min",
+    "recall_ablation": "TBD",
 }
 #: keys every study config holds
 COMMON_KEYS = ("study", "variants", "seeds", "out")
