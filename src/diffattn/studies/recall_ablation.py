@@ -222,12 +222,11 @@ def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
     for w in cfg["widths"]:  # the first width complete before the next: a cut run still reports it whole
         key = f"w{w}"
         chosen[key], tuning[key], reported[key] = {}, {}, {}
-        for v in _variants_at(cfg, w):
+        for v in _variants_at(cfg, w):  # each variant tuned and reported before the next: a cut keeps it whole
             sweep = {lr: [_one_run(cfg, vocab, v, w, lr, s, folder, progress, "tuning") for s in cfg["tuning_seeds"]]
                      for lr in cfg["lrs"]}
             tuning[key][v] = {f"{lr:g}": runs for lr, runs in sweep.items()}
             chosen[key][v] = select_lr(sweep)
-        for v in _variants_at(cfg, w):
             reported[key][v] = [_one_run(cfg, vocab, v, w, chosen[key][v], s, folder, progress, "reported")
                                 for s in cfg["seeds"]]
     seconds = time.perf_counter() - t0
