@@ -39,7 +39,7 @@ WALL_TIMES: dict[str, str] = {
     "detection": "56 + 37 min (6 seeds in two runs, docs/detection.md)",
     "needles": "8.5 min",
     "recall": "20.6 min",
-    "recall_ablation": "TBD",
+    "recall_ablation": "51.1 min",
 }
 #: keys every study config holds
 COMMON_KEYS = ("study", "variants", "seeds", "out")
