@@ -188,7 +188,7 @@ def _study_yaml(tmp_path, **kw):
     ({"seeds": [0]}, "seeds in .* must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
     ({"seeds": [1, 1]}, "must be a list of at least 2 distinct integers"),
     ({"study": "vit"}, "study in .* must be one of detection, dgvit, diffclip, llava, needles, noise, "
-                       "paligemma, recall, retrofit, got 'vit'"),
+                       "paligemma, recall, recall_ablation, retrofit, got 'vit'"),
     ({"epochs": 3}, "unknown study keys \\['epochs'\\] in .*; valid keys for study 'diffclip'"),
     ({"variants": ["clip", "vit"]}, "variants in .* must be a list of at least 2 distinct names from"),
     ({"steps": 0}, "steps in .* must be null \\(the demo recipe's value\\) or an int >= 1, got 0"),

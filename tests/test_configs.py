@@ -22,7 +22,7 @@ def test_every_recipe_is_packaged_and_named():
                  "diffclip_star_b16_cc3m"):
         assert name in names, name
     assert config_names("studies") == ["detection", "dgvit", "diffclip", "llava", "needles", "noise",
-                                       "paligemma", "recall", "retrofit"]
+                                       "paligemma", "recall", "recall_ablation", "retrofit"]
     assert CONFIG_DIR == Path(__import__("diffattn").__file__).resolve().parent / "configs"
 
 

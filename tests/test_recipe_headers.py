@@ -22,6 +22,9 @@ RECIPES = sorted(p.relative_to(CONFIG_DIR).with_suffix("").as_posix() for p in C
 OTHER_SETTING = ("--set", "dry run", "earlier", "first run", "first full run", "old budget", "raised", "paper uses",
                  "scales the study up", "left ViT", "instead")
 NUM = r"(\d[\d,]*(?:\.\d+)?(?:e-?\d+)?)"
+#: recipes whose header is a pre-registered design: it names the levels of each factor ("V1 with 8 heads", "width
+#: 64 for all variants"), which are not settings of the YAML; a number the YAML does have is still checked
+PREREGISTERED = {"studies/recall_ablation"}
 
 
 def header(path: Path) -> str:
@@ -200,7 +203,8 @@ def checks(name: str) -> list[tuple[str, float, Any]]:
 @pytest.mark.parametrize("name", RECIPES)
 def test_header_numbers_match_the_recipe(name):
     wrong = [f"{phrase!r} states {stated:g}, the recipe has {value!r}" for phrase, stated, value in checks(name)
-             if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+             if not (value is None and name in PREREGISTERED)
+             and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                      and abs(float(value) - stated) <= 1e-9 * max(1.0, abs(stated)))]
     assert not wrong, f"{name}.yaml: " + "; ".join(wrong)
 

@@ -199,7 +199,7 @@ def test_write_study_requires_a_control(tmp_path):
 def test_every_study_states_a_control(name):
     """A study without a positive control cannot be written: ``control`` is a required keyword of write_study, and
     each study module states its control (``CONTROL``, or ``control(cfg)`` when the level depends on the config) for
-    its default budget and passes it to write_study."""
+    its default budget and passes it to write_study (or, writing its own report, checks it with check_control)."""
     import importlib
     import inspect
 
@@ -210,6 +210,9 @@ def test_every_study_states_a_control(name):
     controls = [got] if isinstance(got, Control) else got
     assert controls and all(isinstance(c, Control) and math.isfinite(c.threshold) for c in controls)
     source = inspect.getsource(module)
+    if "write_study(" not in source:  # a study with its own report (recall_ablation: effects against references)
+        assert "check_control(" in source and "control(cfg)" in source
+        return
     assert "write_study(" in source and "control=" in source[source.index("write_study("):]
 
 
@@ -288,7 +291,7 @@ def test_run_seeds_computes_only_the_missing_seeds(tmp_path):
 
 @pytest.mark.parametrize("change, message", [
     ({"study": "vit"}, "study in test must be one of detection, dgvit, diffclip, llava, needles, noise, "
-                       "paligemma, recall, retrofit, got 'vit'"),
+                       "paligemma, recall, recall_ablation, retrofit, got 'vit'"),
     ({"stepz": 3}, r"unknown study keys \['stepz'\] in test; valid keys for study 'dgvit'"),
     ({"seeds": [0]}, "seeds in test must be a list of at least 2 distinct integers >= 0, got \\[0\\]"),
     ({"seeds": [0, True]}, "seeds in test must be a list of at least 2 distinct integers"),
@@ -677,6 +680,88 @@ def test_recall_study_tiny(tmp_path, one_thread):
     report = (out / "report.md").read_text()
     assert "Control: Transformer accuracy at width 8 with 2 pairs (%)" in report
     assert "Control: Transformer accuracy at width 16 with 2 pairs (%)" in report
+
+
+def test_recall_ablation_selection_rule_and_variants():
+    """The pre-registered lr rule (highest mean AUC over the tuning seeds, then accuracy, then the smaller lr) and
+    the variants: heads, sub-norm, λ_init and the gate bias each set as the config says."""
+    from diffattn.studies.recall_ablation import select_lr, variant_model
+
+    def runs(*pairs):
+        return [{"auc": a, "accuracy": b} for a, b in pairs]
+
+    assert select_lr({1e-3: runs((0.5, 1.0), (0.7, 1.0)), 3e-3: runs((0.61, 0.5), (0.6, 0.5))}) == 3e-3  # 0.605 > 0.6
+    assert select_lr({1e-3: runs((0.6, 0.9)), 3e-3: runs((0.6, 0.8))}) == 1e-3  # AUC tie: the higher accuracy
+    assert select_lr({3e-4: runs((0.6, 0.9)), 1e-3: runs((0.6, 0.9))}) == 3e-4  # full tie: the smaller lr
+    torch.manual_seed(0)
+
+    def attn(v):
+        return variant_model(v, vocab_size=40, dim=64, depth=2, max_seq_len=32, seed=0).blocks[1].attn
+
+    assert (attn("diff").num_heads, attn("diff_h8").num_heads, attn("diff_h16").num_heads) == (4, 8, 16)
+    assert (attn("standard_h16").num_heads, attn("diff_h16").head_dim) == (16, 4)  # 8 differential heads of 2 · 4
+    assert attn("diff").lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3))  # "ye" at the 0-based layer 1
+    assert attn("diff_lambda0.5").lambda_init == 0.5 and attn("diff_lambda0").out_scale == 1.0
+    assert isinstance(attn("diff_no_subnorm").diff_norm, torch.nn.Identity)
+    assert isinstance(attn("diff_v2").diff_norm, torch.nn.Identity)
+    assert not isinstance(attn("diff_v2_subnorm").diff_norm, torch.nn.Identity)
+    x = torch.zeros(1, 3, 64)  # x W_g = 0: the gate is σ(b_g)
+    assert torch.equal(attn("gated").lambda_fn.gate_proj.bias, torch.zeros(2))  # 2 differential heads
+    g = attn("gated_bias2").gate(x)  # σ(2) = 0.881 at every token and head
+    assert g.shape == (1, 2, 3, 1) and torch.allclose(g, torch.full_like(g, 1 / (1 + math.exp(-2))))
+    with pytest.raises(ValueError, match="tuning_seeds in test must be distinct integers >= 0 none of which"):
+        validate_study({"study": "recall_ablation", "seeds": [0, 1], "tuning_seeds": [1]}, "test")
+    with pytest.raises(ValueError, match="variants in test must start with 'standard'"):
+        validate_study({"study": "recall_ablation", "seeds": [0, 1], "variants": ["diff", "standard"]}, "test")
+    with pytest.raises(ValueError, match=r"widths in test must be multiples of 2 · the most heads of a variant \(32\)"):
+        validate_study({"study": "recall_ablation", "seeds": [0, 1], "widths": [16]}, "test")
+    with pytest.raises(ValueError, match="comparisons in test must be"):
+        validate_study({"study": "recall_ablation", "seeds": [0, 1], "variants": ["standard", "diff"],
+                        "comparisons": [["heads", "diff_h8", "diff"]]}, "test")
+
+
+def test_recall_ablation_study_tiny(tmp_path, one_thread, monkeypatch):
+    from diffattn.studies import recall_ablation, run_study
+    from diffattn.studies.stats import holm, paired_test
+
+    out = tmp_path / "out"
+    cfg = {"study": "recall_ablation", "seeds": [0, 1], "tuning_seeds": [7], "lrs": [1.0e-3, 3.0e-3],
+           "out": str(out), "steps": 4, "batch_size": 4, "warmup_steps": 1, "widths": [32, 64], "depth": 1,
+           "pairs": [2, 4], "samples": 5, "eval_every": 2, "curve_samples": 5, "control_accuracy": 0.01,
+           "variants": ["standard", "diff", "diff_h8", "gated", "gated_bias2"], "wide_variants": ["standard", "diff"],
+           "comparisons": [["heads", "diff_h8", "diff"], ["heads", "diff", "standard"],
+                           ["gate bias", "gated_bias2", "gated"]]}
+    res = run_study(cfg, progress=False)["results"]
+    assert set(res["reported"]) == {"w32", "w64"}
+    assert list(res["reported"]["w32"]) == cfg["variants"] and list(res["reported"]["w64"]) == ["standard", "diff"]
+    for w, per_variant in res["reported"].items():
+        for v, reported in per_variant.items():
+            sweep = res["tuning"][w][v]
+            assert list(sweep) == ["0.001", "0.003"] and all(len(r) == 1 for r in sweep.values())  # one tuning seed
+            chosen = res["chosen_lr"][w][v]
+            assert chosen == recall_ablation.select_lr({float(k): r for k, r in sweep.items()})
+            assert len(reported) == 2 and all(r["lr"] == chosen for r in reported)
+            for r in reported:
+                assert r["auc"] == pytest.approx(sum(a for _, a in r["curve"]) / 2)  # curve at steps 2 and 4
+                assert [s for s, _ in r["curve"]] == [2, 4] and r["accuracy"] == r["accuracy_all"]["P2"]
+    # 3 comparisons at width 32, 1 at width 64 (diff_h8 and gated not trained there), 2 metrics each
+    assert [(t["width"], t["level"], t["metric"]) for t in res["tests"]] == [
+        (32, "diff_h8", "accuracy"), (32, "diff_h8", "auc"), (32, "diff", "accuracy"), (32, "diff", "auc"),
+        (32, "gated_bias2", "accuracy"), (32, "gated_bias2", "auc"), (64, "diff", "accuracy"), (64, "diff", "auc")]
+    t = res["tests"][4]
+    x = [100 * r["accuracy"] for r in res["reported"]["w32"]["gated_bias2"]]
+    y = [100 * r["accuracy"] for r in res["reported"]["w32"]["gated"]]
+    assert t["mean_diff"] == pytest.approx(sum(x) / 2 - sum(y) / 2) and t["p"] == paired_test(x, y)["p"]
+    tested = [t for t in res["tests"] if t["tested"]]
+    assert all(t["tested"] == res["control"][f"w{t['width']}"]["passed"] for t in res["tests"])
+    assert [t["p_holm"] for t in tested] == pytest.approx(holm([t["p"] for t in tested])) if tested else True
+    report = (out / "report.md").read_text()
+    assert "Control: Transformer (4 heads) accuracy at width 32 with 2 pairs (%) must be ≥ 1;" in report
+    assert "| 32 | gate bias | `gated_bias2` − `gated` | accuracy |" in report
+    # every run is saved: the same config reads them back without training
+    monkeypatch.setattr(recall_ablation, "train_model", lambda *a, **k: pytest.fail("trained again"))
+    again = run_study(cfg, progress=False)["results"]
+    assert again["tests"] == json.loads(json.dumps(res["tests"]))
 
 
 def test_recall_crosscheck_script_runs(capsys, one_thread):

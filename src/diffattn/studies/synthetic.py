@@ -70,23 +70,26 @@ def param_count(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def _lm(kind: str, vocab_size: int, dim: int, depth: int, num_heads: int, max_seq_len: int,
+def _lm(spec: AttentionSpec, vocab_size: int, dim: int, depth: int, num_heads: int, max_seq_len: int,
         mlp_hidden: int | None) -> CausalLM:
-    return CausalLM(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, attention=attention_for(kind),
+    return CausalLM(vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads, attention=spec,
                     max_seq_len=max_seq_len, mlp_hidden=mlp_hidden)
 
 
 def build_model(kind: str, *, vocab_size: int, dim: int, depth: int, num_heads: int, max_seq_len: int,
-                seed: int) -> CausalLM:
+                seed: int, attention: AttentionSpec | None = None) -> CausalLM:
     """The ``kind`` model (module docstring) initialised from ``seed``, its SwiGLU width chosen so that its
-    parameter count is the closest to the standard model's of the same sizes."""
+    parameter count is the closest to the standard model's of the same sizes. ``attention``: another spec than
+    the variant's (:func:`attention_for`), e.g. a λ_init or sub-norm setting of an ablation; ``kind`` then only
+    names it."""
+    spec = attention_for(kind) if attention is None else attention
     with torch.device("meta"):  # counts only: no memory, no initialisation
-        target = param_count(_lm("standard", vocab_size, dim, depth, num_heads, max_seq_len, None))
-        probe = _lm(kind, vocab_size, dim, depth, num_heads, max_seq_len, None)
+        target = param_count(_lm(attention_for("standard"), vocab_size, dim, depth, num_heads, max_seq_len, None))
+        probe = _lm(spec, vocab_size, dim, depth, num_heads, max_seq_len, None)
     per_unit = 3 * dim * depth  # a SwiGLU of width w has 3 · dim · w weights per block (no bias)
     hidden = max(1, probe.mlp_hidden - round((param_count(probe) - target) / per_unit))
     torch.manual_seed(seed)
-    return _lm(kind, vocab_size, dim, depth, num_heads, max_seq_len, hidden)
+    return _lm(spec, vocab_size, dim, depth, num_heads, max_seq_len, hidden)
 
 
 def _answer_logits(model: torch.nn.Module, batch: SyntheticBatch) -> torch.Tensor:
