@@ -102,7 +102,7 @@ def load_language_model(pretrained: str | Path | None = None, *, base: str | Non
     if pretrained is not None:
         if adapter is not None:
             raise ValueError("adapter goes with base (a Hugging Face model), not with pretrained")
-        from ..models import from_pretrained
+        from ..factory import from_pretrained
 
         folder = find_saved_model(pretrained)
         model = from_pretrained(folder)

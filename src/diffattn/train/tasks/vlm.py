@@ -108,7 +108,7 @@ class VLMTask(Task):
               "'projector' (LLaVA stage 1) or 'all' (stage 2: projector + LM)")
 
     def build_model(self) -> nn.Module:
-        from ...models import create_model, from_pretrained
+        from ...factory import create_model, from_pretrained
 
         base, t = self.cfg.task.base, self.cfg.task
         unknown = sorted(set(base) - {"clip", "init", *DATA_KEYS})
