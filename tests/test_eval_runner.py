@@ -111,10 +111,10 @@ class _Captions:
 
 @pytest.mark.slow
 def test_eval_clip_suite_with_caption_data(tmp_path, monkeypatch):
-    import diffattn.data
+    import diffattn.eval.runner
     from diffattn.models import create_model
 
-    monkeypatch.setattr(diffattn.data, "get_dataset", lambda name, split="train", **kw: _Captions(split))
+    monkeypatch.setattr(diffattn.eval.runner, "get_dataset", lambda name, split="train", **kw: _Captions(split))
     create_model("diffclip_tiny").save_pretrained(tmp_path / "clip")
     res = evaluate(tmp_path / "clip", quick=True, protocol=dict(TINY, max_images=None), dataset="colours",
                    progress=False)

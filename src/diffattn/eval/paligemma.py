@@ -13,7 +13,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .. import adapters as A
+from ..adapters.core import HF_CONFIG_KEY
+from ..adapters.hf import from_pretrained_retrofit, install_load_warning
 from ..models.paligemma import MODEL_KEYS, build_paligemma, num_image_tokens, paligemma_batch
+from .vlm_bench import image_token_share
 
 __all__ = ["load_paligemma", "answer_paligemma", "paligemma_image_attention"]
 
@@ -40,15 +44,12 @@ def load_paligemma(run_dir: str | Path, base: dict | None = None) -> tuple[nn.Mo
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-    from .. import adapters as A
 
     run_dir = Path(run_dir)
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     if not (run_dir / "lora").is_dir() and (run_dir / "model" / "config.json").is_file():
         import transformers as T
 
-        from ..adapters.core import HF_CONFIG_KEY
-        from ..adapters.hf import from_pretrained_retrofit, install_load_warning
 
         install_load_warning()
         path = run_dir / "model"
@@ -94,7 +95,6 @@ def paligemma_image_attention(model, tokenizer, images: torch.Tensor, questions:
     answer token, puts on the image tokens, Σ_image a / Σ_all a (as :func:`diffattn.eval.vlm_bench.image_attention`
     for the LLaVA-style model). The maps come from ``output_attentions``: the model runs eager attention for this
     call (SDPA returns no maps), and a retrofitted layer returns its combined map A1 − λA2."""
-    from .vlm_bench import image_token_share
 
     _check_images(images, questions)
     core = _pg_core(model)

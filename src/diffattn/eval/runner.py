@@ -35,10 +35,22 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..data import DATASETS, get_dataset
+from ..data.transforms import pixel_stats
+from ..diagnostics import answer_attention, branch_entropy, capture_attention, foreground_attention, rollout
+from ..diagnostics.plots import plot_cls_maps, plot_corruption_curves, plot_lambdas, plot_maps, plot_needle_grid
 from ..directions import better
 from ..errors import UsageError, did_you_mean, user_input, yaml_error
+from ..factory import from_pretrained
 from ..io import atomic_write_dir, atomic_write_file
 from ..utils import resolve_device
+from .classification import classification_metrics, zero_shot_classifier, zero_shot_logits
+from .language import lambada_accuracy, needle_grid, needle_prompt, perplexity
+from .mmvp import mmvp_eval
+from .probe import few_shot, linear_probe
+from .retrieval import recall_at_k
+from .robustness import COMMON_CORRUPTIONS, corruption_table, noise_robustness
+from .text_models import find_saved_model, get_text_tokenizer, is_retrofit_run, load_retrofit_run
 
 __all__ = ["evaluate", "write_report", "summary_table", "recorded_chance", "compare", "load_results", "flatten",
            "EVAL_DATASETS", "KIND_NAMES", "check_eval_dataset"]
@@ -108,7 +120,6 @@ def _run_config(model_dir: Path) -> dict:
 
 def _dataset_name(cfg: dict) -> str | None:
     """The built-in dataset a run trained on (None for data of its own: token files, CSV, shards, …)."""
-    from ..data import DATASETS
 
     for key in ("dataset", "data"):
         v = cfg.get(key)
@@ -171,8 +182,6 @@ def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=N
                  device: torch.device | None = None) -> tuple[dict, list]:
     """Capture maps for one batch (run on ``device``, the maps kept on the CPU); λ / gate per layer, entropy per
     branch, plots, CLS rollout (images)."""
-    from ..diagnostics import branch_entropy, capture_attention, rollout
-    from ..diagnostics.plots import plot_cls_maps, plot_lambdas, plot_maps
 
     with torch.no_grad(), capture_attention(model) as cap:
         run(inputs.to(device) if device is not None else inputs)
@@ -217,7 +226,6 @@ def classification_chance(group: str, metrics: dict, classes: int) -> dict[str, 
 
 def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torch.Tensor:
     """uint8 (N, H, W[, C]) → float (N, C, size, size): /255, standardised with the train split's mean and std."""
-    from ..data.transforms import pixel_stats
 
     mean, std = pixel_stats(x_tr)
     t = torch.tensor(x, dtype=torch.float32) / 255.0
@@ -236,11 +244,6 @@ def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torc
 
 def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progress: bool,
                device: torch.device) -> dict:
-    from ..data import get_dataset
-    from ..diagnostics.plots import plot_corruption_curves
-    from .classification import classification_metrics
-    from .robustness import COMMON_CORRUPTIONS, corruption_table, noise_robustness
-
     size, chans = model.patch_embed.img_size, model.patch_embed.proj.in_channels
     if dataset is None:
         dataset = {(1, 8): "digits", (1, 28): "fashion_mnist"}.get((chans, size))
@@ -295,12 +298,6 @@ def _clip_images(ds, n: int, transform, chans: int = 3) -> torch.Tensor:
 
 def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp: str | None,
                 progress: bool, device: torch.device) -> dict:
-    from ..data import get_dataset
-    from ..diagnostics import capture_attention, foreground_attention
-    from .classification import classification_metrics, zero_shot_classifier, zero_shot_logits
-    from .probe import few_shot, linear_probe
-    from .retrieval import recall_at_k
-
     dataset = dataset or "tuxpaint_captions"
     tf = model.eval_transform
     tr, te = get_dataset(dataset, split="train"), get_dataset(dataset, split="test")
@@ -341,8 +338,6 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
     except ValueError as e:
         res["skipped"]["few_shot"] = str(e)
     if mmvp:
-        from .mmvp import mmvp_eval
-
         res["mmvp"] = mmvp_eval(model, mmvp, progress=progress)
     grid = (model.img_size // model.visual.patch_embed.patch_size,) * 2
     if hasattr(te, "load_mask"):  # CLS attention inside vs outside the foreground masks, last layer and all layers
@@ -366,7 +361,6 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
 def _lm_text(text: str | None, dataset: str | None) -> tuple[str, str]:
     if text:
         return Path(text).read_text(encoding="utf-8"), str(text)
-    from ..data import get_dataset
 
     name = dataset or "moby_dick"
     ds = get_dataset(name, split="test")
@@ -375,11 +369,6 @@ def _lm_text(text: str | None, dataset: str | None) -> tuple[str, str]:
 
 def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: dict, out: Path, seed: int,
               progress: bool, device: torch.device) -> dict:
-    from ..diagnostics import answer_attention, capture_attention
-    from ..diagnostics.plots import plot_needle_grid
-    from .language import lambada_accuracy, needle_grid, needle_prompt, perplexity
-    from .text_models import get_text_tokenizer
-
     vocab, max_len = _lm_sizes(model)
     tok = get_text_tokenizer(None, model_dir=model_dir, vocab_size=vocab)
     corpus, source = _lm_text(text, dataset)
@@ -447,8 +436,6 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
     Writes ``results.json`` and ``report.md`` with the plots into ``out_dir`` (default ``<run>/eval``) and returns
     the results. ``protocol`` overrides entries of :data:`QUICK` / :data:`FULL` (sizes, corruption list,
     episodes, needle grid)."""
-    from ..models import from_pretrained
-    from .text_models import find_saved_model, is_retrofit_run, load_retrofit_run
 
     target = Path(target)
     with user_input():  # what the user gave: the target, a YAML file, the protocol, the dataset, the folder
@@ -488,7 +475,6 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
         else:
             model = from_pretrained(model_dir).eval()
             kind, name, arch = _kind(model), getattr(model, "model_name", None), type(model).__name__
-        from ..data import DATASETS
 
         if dataset in DATASETS:  # a built-in set of another kind (a name it does not know: get_dataset's error)
             check_eval_dataset(dataset, kind, what="dataset")

@@ -23,7 +23,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..factory import RETROFIT_RUN, find_saved_model, is_retrofit_run, load_retrofit_run
+from ..adapters import load_adapter
+from ..adapters.hf import install_load_warning
+from ..data import GPT2_EOT, gpt2_tokenizer
+from ..factory import RETROFIT_RUN, find_saved_model, from_pretrained, is_retrofit_run, load_retrofit_run
 
 __all__ = ["Tokenizer", "get_text_tokenizer", "find_saved_model", "load_language_model", "lm_logits", "RETROFIT_RUN",
            "is_retrofit_run", "load_retrofit_run"]
@@ -58,8 +61,6 @@ def get_text_tokenizer(spec: str | None = None, *, model_dir: str | Path | None 
             raise ValueError(f"tokenizer 'bytes' needs vocab_size >= 256, the model has {vocab_size}")
         return _bytes_tokenizer()
     if spec == "gpt2":
-        from ..data import GPT2_EOT, gpt2_tokenizer
-
         enc = gpt2_tokenizer()
         return Tokenizer("gpt2", enc.encode_ordinary, enc.decode, GPT2_EOT)
     from transformers import AutoTokenizer
@@ -102,7 +103,6 @@ def load_language_model(pretrained: str | Path | None = None, *, base: str | Non
     if pretrained is not None:
         if adapter is not None:
             raise ValueError("adapter goes with base (a Hugging Face model), not with pretrained")
-        from ..models import from_pretrained
 
         folder = find_saved_model(pretrained)
         model = from_pretrained(folder)
@@ -112,13 +112,10 @@ def load_language_model(pretrained: str | Path | None = None, *, base: str | Non
     else:
         from transformers import AutoModelForCausalLM
 
-        from ..adapters.hf import install_load_warning
 
         install_load_warning()
         model = AutoModelForCausalLM.from_pretrained(base)
         if adapter is not None:
-            from ..adapters import load_adapter
-
             model = load_adapter(model, adapter)
         tok = get_text_tokenizer(tokenizer if tokenizer is not None else str(base),
                                  vocab_size=model.config.vocab_size)

@@ -18,6 +18,11 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler, TensorDataset
 
+from ..data import DatasetNotInstalledError, get_dataset, read_token_meta, tokenize_documents
+from ..data.transforms import pixel_stats
+from ..errors import UsageError
+from ..models import Vocabulary
+
 __all__ = ["StepBatchSampler", "local_batch_size", "digits_dataset", "digit_caption_dataset", "TokenWindows",
            "byte_tokens", "sklearn_text_tokens", "text_classification_dataset", "to_device", "external_dataset",
            "ImageLabels", "ImageCaptions", "text_windows", "image_transform", "train_split_stats"]
@@ -95,8 +100,6 @@ def _digits_arrays(split: str) -> tuple[torch.Tensor, torch.Tensor]:
     idx = {"train": perm[:cut], "test": perm[cut:], "all": perm}.get(split)
     if idx is None:
         raise ValueError(f"data.split for digits must be 'train', 'test' or 'all', got {split!r}")
-    from ..data import get_dataset
-    from ..data.transforms import pixel_stats
 
     mean, std = pixel_stats(get_dataset("digits", split="train").images)  # the statistics `diffattn eval` uses
     x = (x - mean) / std
@@ -143,7 +146,6 @@ class TokenWindows(Dataset):
     def from_file(cls, path: str | os.PathLike, block_size: int, dtype: str = "uint16") -> TokenWindows:
         if not Path(path).is_file():
             raise FileNotFoundError(f"data.path {str(path)!r} does not exist (a token memmap: a flat {dtype} array)")
-        from ..data import read_token_meta
 
         try:
             meta = read_token_meta(path)
@@ -201,8 +203,6 @@ def text_classification_dataset(name: str, split: str = "train", *, root: str | 
     deterministic and never sees held-out text. Texts are truncated and right-padded to ``block_size`` tokens; mask
     is 1 for tokens, 0 for padding. Returns ``(TensorDataset(ids, mask, labels), vocabulary)``.
     """
-    from ..data import get_dataset
-    from ..models import Vocabulary
 
     train = get_dataset(name, split="train", root=root)
     texts = getattr(train, "texts", None)
@@ -231,8 +231,6 @@ def steps_for(cfg_run, n: int) -> int:
 def external_dataset(cfg) -> Dataset:
     """``diffattn.data.get_dataset(data.name, split=data.split, root=data.path)``, each error naming the data keys;
     a task shapes its samples (:class:`ImageLabels`, :class:`ImageCaptions`, :func:`text_windows`)."""
-    from ..data import DatasetNotInstalledError, get_dataset
-    from ..errors import UsageError
 
     d = cfg.data
     where = f"data.name {d.name!r}" + (f", data.path {d.path!r}" if d.path else "")
@@ -264,8 +262,6 @@ def train_split_stats(base, cfg) -> tuple[float, float]:
     sets keep the [-1, 1] scaling."""
     if getattr(base, "images", None) is None:
         return 0.5, 0.5
-    from ..data import get_dataset
-    from ..data.transforms import pixel_stats
 
     train = base if cfg.data.split == "train" else get_dataset(cfg.data.name, split="train", root=cfg.data.path)
     return pixel_stats(train.images)
@@ -316,7 +312,5 @@ def text_windows(base, data) -> TokenWindows:
     if data.tokenizer == "bytes":
         tokens = byte_tokens("\n\n".join(texts))
     else:
-        from ..data import tokenize_documents
-
         tokens = np.asarray(tokenize_documents(texts, data.tokenizer))
     return TokenWindows(tokens, data.block_size)

@@ -13,6 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...models import TextClassifier
+from ..data import (
+    ImageLabels,
+    digits_dataset,
+    external_dataset,
+    image_transform,
+    text_classification_dataset,
+    train_split_stats,
+)
 from .base import Task, TaskConfig, check, check_images, check_labels, register_task, save_model
 
 #: The vocabulary file saved next to a text classifier's weights (``Vocabulary.load`` reads it).
@@ -60,8 +69,6 @@ class ClassifyTask(Task):
         model = super().build_model()
         t = self.cfg.task
         if t.mixup > 0 or t.cutmix > 0:
-            from ...models import TextClassifier
-
             if isinstance(model, TextClassifier):
                 raise ValueError(f"task.mixup / task.cutmix mix images; model {self.cfg.model.name!r} is a text "
                                  f"classifier, got mixup={t.mixup}, cutmix={t.cutmix}; set both to 0")
@@ -72,16 +79,11 @@ class ClassifyTask(Task):
         return model
 
     def dataset(self, model: nn.Module) -> Dataset:
-        from ...models import TextClassifier
-
         d = self.cfg.data
         if isinstance(model, TextClassifier):
             return self._text_dataset(model)
         if d.name == "digits":
-            from ..data import digits_dataset
-
             return digits_dataset(d.split, d.img_size)
-        from ..data import ImageLabels, external_dataset, image_transform, train_split_stats
 
         base = external_dataset(self.cfg)
         pe = model.patch_embed
@@ -98,7 +100,6 @@ class ClassifyTask(Task):
 
     def _text_dataset(self, model) -> Dataset:
         """(ids, mask, label) of ``data.name`` at ``data.block_size`` tokens, vocabulary of ``model.vocab_size``."""
-        from ..data import text_classification_dataset
 
         d = self.cfg.data
         if d.block_size > model.max_len:

@@ -16,8 +16,11 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from ...losses import clip_loss_from_features
-from .base import Task, TaskConfig, check_images, register_task
+from ...eval.retrieval import recall_at_k
+from ...losses import clip_loss, clip_loss_from_features
+from ...models.clip import image_transform
+from ..data import ImageCaptions, digit_caption_dataset, external_dataset
+from .base import Task, TaskConfig, check_images, eval_batches, register_task
 
 
 @dataclass
@@ -39,12 +42,8 @@ class ClipTask(Task):
         """Image–caption pairs: the tokenizer, image size and channels are the model's."""
         d = self.cfg.data
         if d.name == "digits":
-            from ..data import digit_caption_dataset
-
             in_chans = model.visual.patch_embed.proj.in_channels
             return digit_caption_dataset(model.tokenizer, d.split, model.img_size, in_chans)
-        from ...models.clip import image_transform
-        from ..data import ImageCaptions, external_dataset
 
         # the model's own preprocessing (ImageNet mean/std), the one `diffattn eval` applies
         size = d.img_size or model.visual.patch_embed.img_size
@@ -65,9 +64,6 @@ class ClipTask(Task):
                  amp_dtype: torch.dtype | None = None) -> dict[str, float]:
         """The contrastive loss of the whole validation set as one batch and image↔text recall@1 (each image's
         own caption among all captions, and back; ties count against), no gathering across processes."""
-        from ...eval.retrieval import recall_at_k
-        from ...losses import clip_loss
-        from .base import eval_batches
 
         images, texts = [], []
         scale = None

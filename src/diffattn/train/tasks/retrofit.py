@@ -25,6 +25,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ... import adapters as A
+from ...adapters.hf import install_load_warning
 from ...errors import UsageError
 from ...eval.text_models import RETROFIT_RUN, load_retrofit_run
 from ...io import atomic_write_dir, atomic_write_file
@@ -117,7 +119,6 @@ def build_base_model(base: dict) -> nn.Module:
             raise ValueError(f"task.base.path {base['path']!r} is not a directory holding a {kind} checkpoint")
         if torch.empty(0).device.type == "meta":  # the size check of diffattn.train.loop.check_fits
             return model_cls(cfg_cls.from_pretrained(base["path"]))
-        from ...adapters.hf import install_load_warning
 
         install_load_warning()  # a retrofitted checkpoint given as the base is reported, not silently stripped
         return model_cls.from_pretrained(base["path"])
@@ -180,8 +181,6 @@ class RetrofitTask(Task):
               "an integer >= 1")
 
     def build_model(self) -> nn.Module:
-        from ... import adapters as A
-
         t = self.cfg.task
         model = build_base_model(t.base)
         # the initial weights of a base built from a config, saved into the run by save_initial (on rank 0)
@@ -244,8 +243,6 @@ class RetrofitTask(Task):
         (folder / RETROFIT_RUN).write_text(json.dumps(record, indent=1))
 
     def _write_adapters(self, model: nn.Module, adapter: Path, lora: Path) -> None:
-        from ... import adapters as A
-
         bare = model.base_model.model if self.cfg.task.lora else model
         params = [p for n, p in bare.named_parameters() if "lora_" in n and p.requires_grad]
         for p in params:  # the LoRA weights go to lora/ (peft's format), not into the diffattn adapter file
@@ -269,8 +266,6 @@ class RetrofitTask(Task):
         return lm_loss(model(input_ids=x).logits, y)
 
     def after_step(self, model: nn.Module) -> None:
-        from ... import adapters as A
-
         A.step(model)
 
     def save_final(self, model: nn.Module, directory: Path) -> Path:
@@ -282,7 +277,6 @@ class RetrofitTask(Task):
 
 def load_retrofit(base_model: nn.Module, run_model_dir: str | Path) -> nn.Module:
     """Rebuild a trained retrofit from the pretrained ``base_model`` and a run's saved ``adapter/`` (+ ``lora/``)."""
-    from ... import adapters as A
 
     run_model_dir = Path(run_model_dir)
     model = A.load_adapter(base_model, run_model_dir / "adapter")

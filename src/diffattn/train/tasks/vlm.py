@@ -22,7 +22,10 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...data.vqa import POPE_SPLITS, QUESTION_KINDS, VQADataset, vqa_vocabulary
+from ...factory import create_model, from_pretrained
 from ...models import paligemma as _pg
+from ...models.clip import image_transform
 from .base import Task, TaskConfig, check, register_task
 
 __all__ = ["VLMTask", "VLMConfig", "QuestionImages", "vlm_vocabulary", "CAPTION_QUESTION",
@@ -65,7 +68,6 @@ class QuestionImages(Dataset):
 def vlm_vocabulary(root=None, seed: int = 0) -> list[str]:
     """The words of every question, answer and caption over all splits (a word list, no image–answer pairing;
     test answers unseen in training are in it but never trained), plus the stage-1 instruction."""
-    from ...data.vqa import QUESTION_KINDS, VQADataset, vqa_vocabulary
 
     qs, caps = [], [CAPTION_QUESTION]
     for split in SPLITS_ALL:
@@ -76,8 +78,6 @@ def vlm_vocabulary(root=None, seed: int = 0) -> list[str]:
 
 
 def _vqa(cfg, split: str | None = None):
-    from ...data.vqa import POPE_SPLITS, VQADataset
-
     base = cfg.task.base
     kinds = tuple(base.get("kinds", ("what", "category", "pope", "needle")))
     return VQADataset(split or cfg.data.split, kinds, root=cfg.data.path, seed=cfg.run.seed,
@@ -108,8 +108,6 @@ class VLMTask(Task):
               "'projector' (LLaVA stage 1) or 'all' (stage 2: projector + LM)")
 
     def build_model(self) -> nn.Module:
-        from ...models import create_model, from_pretrained
-
         base, t = self.cfg.task.base, self.cfg.task
         unknown = sorted(set(base) - {"clip", "init", *DATA_KEYS})
         if unknown:
@@ -128,7 +126,6 @@ class VLMTask(Task):
 
     def dataset(self, model: nn.Module) -> Dataset:
         """The questions (stage 2) or captions (stage 1), images at the size of the model's tower."""
-        from ...models.clip import image_transform
 
         return QuestionImages(_vqa(self.cfg), image_transform(model.img_size),
                               captions=self.cfg.task.train == "projector")
