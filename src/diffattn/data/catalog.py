@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import did_you_mean
+from . import formats
 from ._common import DatasetNotInstalledError, default_root
+from .corpora import CORPORA, TextDocuments
+from .images import CaptionImages, Digits, FashionMNIST
+from .tokens import TokenMemmap
+from .vqa import QUESTION_KINDS, VQADataset
 
 __all__ = ["DatasetInfo", "DATASETS", "USER_FORMATS", "list_datasets", "get_dataset", "dataset_info"]
 
@@ -99,9 +104,6 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
         DatasetNotInstalledError: a built-in set is not prepared; the message names ``diffattn data prepare``.
         ValueError: unknown name or split.
     """
-    from .corpora import CORPORA, TextDocuments
-    from .images import CaptionImages, Digits, FashionMNIST
-
     if kwargs and name not in USER_FORMATS:
         raise TypeError(f"get_dataset({name!r}) takes no reader options (only the user formats {USER_FORMATS} do), "
                         f"got {sorted(kwargs)}")
@@ -110,8 +112,6 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
     if name in ("tuxpaint_captions", "emoji"):
         return CaptionImages(name, split, root=root, transform=transform)
     if name == "tuxpaint_vqa":
-        from .vqa import QUESTION_KINDS, VQADataset
-
         return VQADataset(split, QUESTION_KINDS, root=root, transform=transform)
     if name == "digits":
         return Digits(split, root=root, transform=transform)
@@ -120,16 +120,12 @@ def get_dataset(name: str, split: str = "train", root: str | os.PathLike | None 
     if name in USER_FORMATS:
         if root is None:
             raise ValueError(f"root must name the data for the user format {name!r}, got None")
-        from . import formats
-
         if name == "webdataset":
             return formats.webdataset_pairs(root, transform=transform, **kwargs)
         if name == "csv":
             return formats.CsvPairs(root, transform=transform, **kwargs)
         if name == "imagefolder":
             return formats.image_folder(root, transform=transform, **kwargs)
-        from .tokens import TokenMemmap
-
         return TokenMemmap(root, **kwargs)
     raise ValueError(f"name must be one of {sorted(DATASETS) + list(USER_FORMATS)}, got {name!r}"
                      f"{did_you_mean(name, [*DATASETS, *USER_FORMATS])}")

@@ -21,6 +21,7 @@ from pathlib import Path
 from torch.utils.data import Dataset
 
 from ._common import check_split, dataset_dir, hash_split
+from .text import HAM_GROUPS, SPAM_GROUPS, email_to_text
 
 __all__ = ["TextDocuments", "CORPORA"]
 
@@ -60,8 +61,6 @@ def _moby_dick(folder: Path) -> list[dict]:
 
 def _spamassassin(folder: Path) -> list[dict]:
     """Email metadata only: the text is read and reduced when a document is accessed (6,046 files)."""
-    from .text import HAM_GROUPS, SPAM_GROUPS
-
     docs = []
     for group in HAM_GROUPS + SPAM_GROUPS:
         for path in sorted((folder / group).glob("*.json")):
@@ -72,7 +71,6 @@ def _spamassassin(folder: Path) -> list[dict]:
 def _text(doc: dict) -> str:
     if "text" in doc:
         return doc["text"]
-    from .text import email_to_text
 
     return email_to_text(_read_json(Path(doc["path"]))["text"])
 

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..io import atomic_write_dir
 from ._common import SETUP_COMMAND, DatasetNotInstalledError, hash_split
+from .images import CaptionImages, FashionMNIST
 
 __all__ = ["DETECT_CLASSES", "Stamp", "Placement", "load_stamps", "load_backgrounds", "compose_image",
            "export_detection"]
@@ -66,8 +67,6 @@ class Placement:
 def load_stamps(root: str | os.PathLike | None = None, *, per_category: int | None = None) -> list[Stamp]:
     """The prepared Tux Paint stamps (``tuxpaint_captions``), cropped to the bounding box of their alpha masks, in
     the dataset's order; ``per_category`` keeps the first that many of each category (all by default)."""
-    from .images import CaptionImages
-
     ds = CaptionImages("tuxpaint_captions", "all", root=root)
     out: list[Stamp] = []
     taken: dict[str, int] = {}
@@ -107,8 +106,6 @@ def load_backgrounds(*, fashion_mnist_root: str | os.PathLike | None = None) -> 
         pass
     tiles = None
     try:
-        from .images import FashionMNIST
-
         tiles = FashionMNIST("train", root=fashion_mnist_root).images[:5000]
     except (FileNotFoundError, AttributeError):
         tiles = None
@@ -282,8 +279,6 @@ def export_detection(out: str | os.PathLike, *, root: str | os.PathLike | None =
 
 
 def _groups(root) -> dict[str, str]:
-    from .images import CaptionImages
-
     return {r["key"]: r["group"] for r in CaptionImages("tuxpaint_captions", "all", root=root).rows}
 
 

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ._common import check_split, dataset_dir, hash_split
+from .text import stratified_split
 
 __all__ = ["FashionMNIST", "Digits", "CaptionImages", "FASHION_MNIST_CLASSES", "read_idx"]
 
@@ -127,8 +128,6 @@ class Digits(Dataset):
 
     def __init__(self, split: str = "train", root: str | os.PathLike | None = None,
                  transform: Callable | None = None) -> None:
-        from .text import stratified_split
-
         self.split = check_split(split, self.splits)
         self.transform = transform
         images, labels = _digits_arrays()

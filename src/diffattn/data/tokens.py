@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..io import atomic_write_file
+from .tokenizers import TextTokenizer, get_tokenizer
 
 __all__ = ["TOKEN_DTYPES", "TokenMemmap", "write_token_memmap", "tokenize_documents", "read_token_meta"]
 
@@ -39,8 +40,6 @@ def tokenize_documents(texts: Iterable[str], tokenizer="gpt2") -> np.ndarray:
 
     ``tokenizer`` is a name (``"gpt2"``, ``"clip"``) or a :class:`diffattn.data.TextTokenizer`.
     """
-    from .tokenizers import TextTokenizer, get_tokenizer
-
     tok = get_tokenizer(tokenizer) if isinstance(tokenizer, str) else tokenizer
     if not isinstance(tok, TextTokenizer):
         raise TypeError(f"tokenizer must be a name or a TextTokenizer, got {type(tokenizer).__name__}")

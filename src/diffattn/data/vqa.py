@@ -34,6 +34,7 @@ from collections.abc import Callable, Sequence
 
 from torch.utils.data import Dataset
 
+from .images import CaptionImages
 from .tokenizers import split_words  # the VLM tokenizer's word split: one definition
 
 __all__ = ["QUESTION_KINDS", "POPE_SPLITS", "WHAT_QUESTION", "CATEGORY_QUESTION", "head_noun", "noun_phrase",
@@ -240,8 +241,6 @@ class VQADataset(Dataset):
                  root: str | os.PathLike | None = None, transform: Callable | None = None, *,
                  name: str = "tuxpaint_captions", pope_splits: Sequence[str] = POPE_SPLITS, needle_grid: int = 2,
                  needle_count: int = 200, seed: int = 0) -> None:
-        from .images import CaptionImages
-
         if isinstance(kinds, str) or not kinds or any(k not in QUESTION_KINDS for k in kinds):
             raise ValueError(f"kinds must be a non-empty sequence of {QUESTION_KINDS}, got {kinds!r}")
         self.images = CaptionImages(name, split, root=root)
