@@ -30,8 +30,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data.tokenizers import split_words
-from .base import DiffattnModel, upgrade_config
+from .base import DiffattnModel, from_pretrained, load_state_dict_exact, upgrade_config
 from .causal_lm import LM_CONFIGS, CausalLM
+from .clip import image_transform as clip_image_transform
 from .config import is_int
 from .registry import ModelFamily, register_family
 from .vit import VisionTransformer
@@ -104,9 +105,7 @@ class VisionLanguageModel(DiffattnModel):
 
     def image_transform(self, train: bool = False):
         """The CLIP image transform of the tower at its input size (the transform a diffattn CLIP trained with)."""
-        from .clip import image_transform
-
-        return image_transform(self.img_size, train)
+        return clip_image_transform(self.img_size, train)
 
     def encode_text(self, text: str) -> list[int]:
         """Word ids of ``text`` (unknown words → ``<unk>``)."""
@@ -271,15 +270,11 @@ class VisionLanguageModel(DiffattnModel):
         into this model, strictly: the tower configurations must agree (build this model with the CLIP's
         ``vision`` arguments, :meth:`from_clip` does)."""
         if not isinstance(clip, nn.Module):
-            from .base import from_pretrained
-
             clip = from_pretrained(clip)
         visual = getattr(clip, "visual", None)
         if not isinstance(visual, VisionTransformer):
             raise TypeError(f"clip must be a diffattn CLIP (with a VisionTransformer .visual), got "
                             f"{type(clip).__name__}")
-        from .base import load_state_dict_exact
-
         load_state_dict_exact(self.visual, visual.state_dict(), f"the image tower of {type(clip).__name__}")
         return self
 
@@ -288,8 +283,6 @@ class VisionLanguageModel(DiffattnModel):
                   **kwargs) -> VisionLanguageModel:
         """A VLM whose image tower is the trained tower of ``clip`` (a diffattn CLIP or its folder)."""
         if not isinstance(clip, nn.Module):
-            from .base import from_pretrained
-
             clip = from_pretrained(clip)
         vision = dict(type(clip).upgrade_config(dict(clip._hub_mixin_config)).get("vision") or {})
         return cls(vision=vision, lm=lm, vocab=vocab, **kwargs).load_vision_tower(clip)

@@ -47,7 +47,9 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from ..errors import RunExistsError, UsageError, user_input
+from ..extras import require
 from ..io import atomic_write_file, remove_dir
+from ..progress import progress
 from ..utils import available_memory, format_bytes
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
 from .config import BUDGET_KEYS, TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
@@ -404,8 +406,6 @@ class RunLog:
 
     def open(self, start: int, total: int) -> None:
         """Drop rows logged after ``start`` (a fresh run: all of them), open TensorBoard and the progress bar."""
-        from ..progress import progress
-
         if self.env.is_main:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -702,8 +702,6 @@ def train(cfg: TrainConfig, out: str | os.PathLike | None = None, resume: str | 
     Raises:
         diffattn.extras.MissingExtraError: a package of the ``train`` extra is missing (nothing is written then).
     """
-    from ..extras import require
-
     require("train", "diffattn.train.train")
     trainer = Trainer(cfg, out, resume, overwrite=overwrite)
     trainer.setup()  # every check, the model (built once), the data, the resume point

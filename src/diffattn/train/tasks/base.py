@@ -19,9 +19,12 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...data.catalog import DATASETS
 from ...errors import UsageError
 from ...factory import create_model, load_released, resolve_source, save_released
 from ...io import atomic_write_dir
+from ...layers import DiffAttention, GatedDiffAttention
+from ...models import DiffattnModel
 from ..data import to_device
 
 __all__ = ["Task", "TaskConfig", "TASKS", "register_task", "check", "mean_lambdas", "check_tokens", "check_images",
@@ -142,8 +145,6 @@ def check_labels(labels, num_classes: int | None, what: str) -> None:
 def mean_lambdas(model: nn.Module) -> list[float]:
     """Mean λ of each differential attention layer, in module order (Ye et al. 2024, eq. 2's re-parameterised λ).
     Gated layers (M-DGSA) have an input-dependent gate instead and are left out; retrofitted layers report λ(t)."""
-    from ...layers import DiffAttention, GatedDiffAttention
-
     out = []
     for m in model.modules():
         if isinstance(m, DiffAttention) and not isinstance(m, GatedDiffAttention):
@@ -162,8 +163,6 @@ def mean_lambdas(model: nn.Module) -> list[float]:
 
 def save_model(model: nn.Module, folder: Path, training: str) -> None:
     """``model.save_pretrained(folder)``; a diffattn model's card says how it was trained."""
-    from ...models import DiffattnModel
-
     if isinstance(model, DiffattnModel):
         model.save_pretrained(folder, model_card_kwargs={"training": training})
     else:
@@ -253,7 +252,6 @@ class Task:
         """The ``data.name`` values this task trains on (None: not checked)."""
         if not (cls.data_kinds or cls.data_formats):
             return None
-        from ...data.catalog import DATASETS
 
         return sorted({*cls.data_formats, *(n for n, d in DATASETS.items() if d.kind in cls.data_kinds)})
 

@@ -10,14 +10,13 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset
 
+from ..data import TokenWindows, byte_tokens, external_dataset, sklearn_text_tokens, text_windows
 from .base import Task, TaskConfig, check_tokens, register_task
 
 
 def lm_dataset(cfg) -> Dataset:
     """Token windows from ``data.name``: ``tokens`` (memmap at ``data.path``), ``text`` (a UTF-8 file at
     ``data.path``, byte-level), ``sklearn_text`` (bundled prose, byte-level) or a ``diffattn.data`` token set."""
-    from ..data import TokenWindows, byte_tokens, sklearn_text_tokens
-
     d = cfg.data
     if d.name == "tokens":
         if not d.path:
@@ -31,7 +30,6 @@ def lm_dataset(cfg) -> Dataset:
         return TokenWindows(byte_tokens(Path(d.path).read_text(encoding="utf-8")), d.block_size)
     if d.name == "sklearn_text":
         return TokenWindows(sklearn_text_tokens(), d.block_size)
-    from ..data import external_dataset, text_windows
 
     return text_windows(external_dataset(cfg), cfg.data)
 
