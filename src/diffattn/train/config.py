@@ -28,6 +28,7 @@ from typing import Any
 from ..configs import apply_sets, config_names, find_config
 from ..directions import higher_is_better
 from ..errors import UsageError, did_you_mean, yaml_error
+from ..models import is_model, list_models
 from ..utils import check_device
 from .tasks.base import TaskConfig, check, is_int
 
@@ -230,8 +231,6 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
            "an integer >= 2")
     if cfg.model.name and task.model_name and not cfg.model.pretrained:
-        from ..models import is_model, list_models
-
         _check(is_model(cfg.model.name), "model.name", cfg.model.name,
                "a registered model name (list them with `diffattn models`)",
                did_you_mean(cfg.model.name, list_models()))
