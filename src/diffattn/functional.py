@@ -37,6 +37,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
+from . import _diff_autograd
 from ._mask import blocked as _blocked
 
 __all__ = [
@@ -358,9 +359,7 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs=Non
     branch.
     """
     if _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p):
-        from ._diff_autograd import blockwise_diff_attention
-
-        out = blockwise_diff_attention(q1, k1, q2, k2, v, lambda_, weight1, mask.keep, mask.bias,
+        out = _diff_autograd.blockwise_diff_attention(q1, k1, q2, k2, v, lambda_, weight1, mask.keep, mask.bias,
                                        mask.sdpa_causal, scale)
         return out, None
     # Python ints, also under torch.jit.trace (where shapes are traced tensors): the head counts and widths fix the
