@@ -15,11 +15,13 @@ from typing import Any
 
 import torch.nn as nn
 
+from .._version import __version__
 from ..formats import FORMAT, FORMAT_KEY
 from ..lambdas import DEFAULT_LAMBDA_INIT
 from .binding import ADAPTER_ATTR, Candidate
 from .bindings import BINDINGS
 from .config import RetrofitConfig
+from .load_warning import install_load_warning
 from .methods import RetrofitAdapter
 from .naming import active_modules, canonical_name, is_wrapped, key_map, module_map
 from .schedule import adapters
@@ -245,8 +247,6 @@ def retrofit_record(model: nn.Module, plan: RetrofitPlan) -> dict[str, Any]:
     """The JSON record of a retrofit: the config plus the converted layers' names (as in the bare model, without
     peft's prefix), the attention-layer count, the record's layout version (``format_version``) and the diffattn
     format and version (:mod:`diffattn.formats`)."""
-    from .._version import __version__
-
     names = [canonical_name(model, n) or n for n in plan.layer_names]
     return dict(plan.config.to_dict(), layer_names=names, num_attention_layers=len(plan.candidates),
                 format_version=HF_FORMAT_VERSION, **{FORMAT_KEY: FORMAT}, diffattn_version=__version__)
@@ -257,7 +257,6 @@ def _record_in_hf_config(model: nn.Module, plan: RetrofitPlan) -> None:
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string") and hasattr(config, "architectures"):
         setattr(config, HF_CONFIG_KEY, retrofit_record(model, plan))
-        from .load_warning import install_load_warning
 
         install_load_warning()  # its checkpoints may be reloaded into a plain model in this process: say so
 

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 
 from ..formats import FORMAT_KEY, read_format, saved_kind, wrong_kind
+from ..io import check_torch_file, load_torch_file
 from .binding import ADAPTER_ATTR
 from .config import RetrofitConfig
 from .core import HF_CONFIG_KEY, HF_FORMAT_VERSION, apply_plan, plan_retrofit
@@ -101,8 +102,6 @@ def _weight_files(directory: Path) -> list[Path]:
 def _check_weight_files(directory: Path) -> None:
     """A ValueError naming the weight file that is empty, truncated or not a weights file at all, before
     transformers reads it (its own errors do not say which file, or blame ``weights_only``)."""
-    from ..io import check_torch_file
-
     for f in _weight_files(directory):
         if f.suffix == ".safetensors":
             from safetensors import safe_open
@@ -159,8 +158,6 @@ def _read_tensors(directory: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
     loaded: dict[Path, dict[str, torch.Tensor]] = {}
     for f in files:
         if f not in keys:
-            from ..io import load_torch_file
-
             loaded[f] = load_torch_file(f)
             keys[f] = set(loaded[f])
     names = saved_names(wanted, set().union(*keys.values()) if keys else set())

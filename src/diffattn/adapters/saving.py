@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from .._version import __version__
 from ..formats import FORMAT_KEY, migrate, read_format, wrong_kind
 from ..io import atomic_write_dir, recover_dir
 from .config import RetrofitConfig
@@ -84,8 +85,6 @@ def save_adapter(model: nn.Module, directory: str | os.PathLike) -> None:
     other file in it is an error, so that a save never deletes what is not an adapter).
     """
     from safetensors.torch import save_file
-
-    from .._version import __version__
 
     plan = _plan(model)
     directory = Path(directory)

@@ -25,6 +25,8 @@ from collections.abc import Mapping
 import torch
 import torch.nn as nn
 
+from ..io import load_torch_file
+
 __all__ = ["read_checkpoint", "read_torchscript", "state_dict_of"]
 
 # the legacy typed storages TorchScript archives name, and the dtypes they hold
@@ -54,8 +56,6 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     elif _is_torchscript(path):
         obj = read_torchscript(path)
     else:
-        from ..io import load_torch_file
-
         with torch.serialization.safe_globals([argparse.Namespace]):
             obj = load_torch_file(path)
     return state_dict_of(obj, f"checkpoint {path!r}")

@@ -27,6 +27,7 @@ import re
 import torch
 import torch.nn as nn
 
+from ..adapters import read_adapter, retrofit, retrofit_config
 from ..models.base import load_state_dict_exact
 from ..models.clip import CLIP
 from ..models.registry import build, model_config
@@ -222,8 +223,6 @@ def _retrofit_key(key: str) -> str:
 
 
 def _load_retrofitted_open_clip(src, adapter, name: str, act: str, overrides: dict) -> CLIP:
-    from ..adapters import read_adapter, retrofit, retrofit_config
-
     what = "the retrofitted open_clip model"
     if isinstance(src, nn.Module):  # open_clip / OpenAI model objects know their head counts
         for tower, mod in (("vision", getattr(src, "visual", None)), ("text", src)):

@@ -38,6 +38,7 @@ import torch
 import torch.nn as nn
 
 from ..adapters.bindings.ultralytics import is_standard_attention, standard_attention_weights
+from ..layers import Attention, DiffAttention, GatedDiffAttention
 
 __all__ = ["LayerMaps", "AttentionCapture", "capture_attention", "attention_modules"]
 
@@ -72,8 +73,6 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     ``"layer"`` (a library layer with ``need_weights``), ``"retrofit"`` (a module converted by retrofit) or
     ``"maps"`` (a module with an ``attention_weights(x)`` method, or Ultralytics' standard ``Attention``).
     Containers that merely forward ``need_weights`` to an inner attention layer (blocks) are skipped."""
-    from ..layers import Attention, DiffAttention
-
     out = []
     for name, m in model.named_modules():
         if hasattr(m, "diff_adapter"):
@@ -137,8 +136,6 @@ class AttentionCapture:
 
     # -- library layers: forward(x, attn_mask=None, need_weights=False, ...)
     def _pre_layer(self, name: str):
-        from ..layers import GatedDiffAttention
-
         def hook(module, args, kwargs):
             asked = bool(args[2]) if len(args) > 2 else bool(kwargs.get("need_weights", False))
             x = args[0] if args else kwargs["x"]

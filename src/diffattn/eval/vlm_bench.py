@@ -29,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from ..diagnostics import capture_attention
+from ..io import atomic_write_file
 from .vlm import mmneedle_metrics, normalize_vqa_answer, pope_metrics, vqa_score
 
 __all__ = ["llava_answerer", "evaluate_vlm", "needle_predictions", "image_attention", "plot_needle_cells"]
@@ -136,8 +138,6 @@ def image_attention(model, images: torch.Tensor, questions: Sequence[str]) -> li
     """Per decoder layer of a :class:`~diffattn.models.vlm.VisionLanguageModel`: the mean share of attention
     (signed combined map, averaged over heads and samples) that the last prompt position puts on the image tokens
     (module docstring)."""
-    from ..diagnostics import capture_attention
-
     batch = model.collate(list(questions))
     P = model.num_image_tokens
     names = [f"lm.blocks.{i}.attn" for i in range(len(model.lm.blocks))]
@@ -180,7 +180,6 @@ def plot_needle_cells(cells: dict[str, float], n: int, path: str | Path, *, titl
     fig.colorbar(im, ax=ax)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from ..io import atomic_write_file
 
     with atomic_write_file(path) as f:
         fig.savefig(f, format=path.suffix.lstrip(".") or "png", bbox_inches="tight")

@@ -30,8 +30,10 @@ import torch
 import torch.nn as nn
 from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 
+from .._version import __version__
 from ..formats import FORMAT, FORMAT_KEY, VERSION_KEY, migrate, read_format, wrong_kind
 from ..io import atomic_write_dir, recover_dir
+from ..layers.spec import AttentionSpec
 
 __all__ = ["DiffattnModel", "from_pretrained", "model_class", "load_state_dict_exact", "check_state_dict",
            "WEIGHTS_NAME",
@@ -119,8 +121,6 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         """Write ``model.safetensors``, ``config.json`` and a model card to ``save_directory``, atomically: the
         directory is replaced as a whole (files that this save does not write are not kept). The config records
         the diffattn format and version (:mod:`diffattn.formats`)."""
-        from .._version import __version__
-
         cfg = dict(self._hub_mixin_config or {}) if config is None else dict(config)
         cfg = self.upgrade_config(cfg)  # a model built with the loose attention keywords saves its spec's dict
         cfg["architecture"] = type(self).__name__
@@ -216,8 +216,6 @@ def upgrade_config(cls: type, config: dict) -> dict:
 def _encode_specs(value):
     """``value`` with every :class:`~diffattn.layers.AttentionSpec` in it (at any depth of dicts, lists and tuples)
     replaced by its :meth:`~diffattn.layers.AttentionSpec.to_dict`."""
-    from ..layers.spec import AttentionSpec
-
     if isinstance(value, AttentionSpec):
         return value.to_dict()
     if isinstance(value, dict):

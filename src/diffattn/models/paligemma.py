@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from ..adapters.hf import install_load_warning
+
 __all__ = ["PALIGEMMA_SPECIAL", "MODEL_KEYS", "word_tokenizer", "paligemma_batch", "build_paligemma",
            "paligemma_transform", "num_image_tokens"]
 
@@ -87,8 +89,6 @@ def build_paligemma(base: dict, vocab_size: int | None = None, *, extra_keys: Se
     ``extra_keys`` are keys of ``base`` that the caller reads (not the model's); ``where`` names ``base`` in
     errors."""
     import transformers as T
-
-    from ..adapters.hf import install_load_warning
 
     if base.get("type") != "paligemma":
         raise ValueError(f"{where}.type must be 'paligemma', got {base.get('type')!r}")

@@ -22,6 +22,8 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from ..data.tokenizers import gpt2_tokenizer
+
 __all__ = ["LMTokenizer", "TiktokenTokenizer", "HFTokenizer", "as_lm_tokenizer", "load_lm_tokenizer",
            "TOKENIZER_CONFIG"]
 
@@ -130,8 +132,6 @@ def as_lm_tokenizer(tokenizer: Any) -> LMTokenizer:
     if isinstance(tokenizer, LMTokenizer):
         return tokenizer
     if tokenizer == "gpt2":
-        from ..data.tokenizers import gpt2_tokenizer
-
         return TiktokenTokenizer(gpt2_tokenizer())
     if type(tokenizer).__module__.startswith("tiktoken") and hasattr(tokenizer, "encode_ordinary"):
         return TiktokenTokenizer(tokenizer)

@@ -26,6 +26,7 @@ import sys
 import torch
 import torch.nn as nn
 
+from ...functional import sliding_window_mask
 from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 
@@ -175,8 +176,6 @@ def _forward(self, *args, **kwargs):
     elif nq > 1:
         window = getattr(self, "sliding_window", None)
         if window and nk > window:
-            from ...functional import sliding_window_mask
-
             mask = sliding_window_mask(nq, nk, window, q.device)  # (Nq, Nk), causal inside the window
         else:
             is_causal = bool(a.get("is_causal", getattr(self, "is_causal", False)))
