@@ -11,6 +11,7 @@ that allocate the same outputs; tests/test_layers_ops.py does the same and holds
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -37,21 +38,32 @@ def model_ops(name: str) -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--markdown", type=Path, help="write the table into this file's 'Host cost' section")
+    ap.add_argument("--no-models", action="store_true", help="blocks and layers only (the ViT-B/16 counts take "
+                    "a minute and a half on 2 CPU cores)")
+    ap.add_argument("--json", type=Path, help="write the table, the machine and the torch version here as JSON")
     args = ap.parse_args()
     std = block_ops("standard")
+    ratios = {}
     rows = ["| block (width 64, 4 heads, B 2, N 16) | eager ops | × standard | fused-kernel ops | × standard |",
             "|---|---|---|---|---|", f"| standard | {std} | 1.00 | {std} | 1.00 |"]
     for kind in ("diff", "gated", "diff_v2"):
         e, f = block_ops(kind), block_ops(kind, backend="triton")
+        ratios[kind] = e / std
         rows.append(f"| {kind} | {e} | {e / std:.2f} | {f} | {f / std:.2f} |")
     base, daa = llama_layer_ops(None), llama_layer_ops("daa")
     rows += ["", "| Llama decoder layer (width 64, 4 heads, B 2, N 16) | eager ops | × base |", "|---|---|---|",
              f"| base | {base} | 1.00 |", f"| DAA retrofit | {daa} | {daa / base:.2f} |"]
-    counts = {name: model_ops(name) for name in MODELS}
-    rows += ["", "| model (B 2, 224², forward + backward, eager) | ops | × ViT-B/16 |", "|---|---|---|"]
-    rows += [f"| {n} | {c} | {c / counts[MODELS[0]]:.2f} |" for n, c in counts.items()]
+    if not args.no_models:
+        counts = {name: model_ops(name) for name in MODELS}
+        rows += ["", "| model (B 2, 224², forward + backward, eager) | ops | × ViT-B/16 |", "|---|---|---|"]
+        rows += [f"| {n} | {c} | {c / counts[MODELS[0]]:.2f} |" for n, c in counts.items()]
     text = "\n".join(rows)
     print(text)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(dict(machine=cpu_name(), torch=torch.__version__, table=text,
+                                             block_ratios=ratios),
+                                        indent=1))
     if args.markdown:
         body = (f"## Host cost (ops per training step), cpu\n\nMachine: {cpu_name()}, torch {torch.__version__}. "
                 "Command: `python benchmarks/host_ops.py --markdown docs/benchmarks.md`. Goal: every differential "

@@ -41,14 +41,16 @@ ATTENTION = ("standard", "diff", "gated")
 
 
 def make_step(family: str, name: str, overrides: dict, batch: int, seq: int, device: torch.device,
-              amp: torch.dtype | None):
-    """A closure running one optimizer step of model ``name``; returns (step, parameter count)."""
+              amp: torch.dtype | None, wrap=None):
+    """A closure running one optimizer step of model ``name``; returns (step, parameter count). ``wrap`` (e.g.
+    ``torch.compile``) is applied to the model for the forward; the optimizer holds the model's own parameters."""
     from diffattn.losses import clip_loss_from_features
     from diffattn.models import create_model
 
     torch.manual_seed(0)
     model = create_model(name, **overrides).to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    fwd = wrap(model) if wrap is not None else model
     g = torch.Generator(device="cpu").manual_seed(0)
     family = KIND.get(family, family)
     if family == "clip":
@@ -59,7 +61,7 @@ def make_step(family: str, name: str, overrides: dict, batch: int, seq: int, dev
         tok = tok.to(device)
 
         def loss_fn():
-            out = model(x, tok)
+            out = fwd(x, tok)
             return clip_loss_from_features(out["image_embed"].float(), out["text_embed"].float(),
                                            out["logit_scale"].float())
     elif family == "vit":
@@ -68,13 +70,13 @@ def make_step(family: str, name: str, overrides: dict, batch: int, seq: int, dev
         y = torch.randint(0, model.num_classes, (batch,), generator=g).to(device)
 
         def loss_fn():
-            return F.cross_entropy(model(x).float(), y)
+            return F.cross_entropy(fwd(x).float(), y)
     else:
         v = model.lm_head.out_features
         ids = torch.randint(0, v, (batch, seq + 1), generator=g).to(device)
 
         def loss_fn():
-            return F.cross_entropy(model(ids[:, :-1]).float().flatten(0, 1), ids[:, 1:].flatten())
+            return F.cross_entropy(fwd(ids[:, :-1]).float().flatten(0, 1), ids[:, 1:].flatten())
 
     def step():
         with torch.autocast(device.type, dtype=amp, enabled=amp is not None):
