@@ -119,6 +119,16 @@ class Study:
         return self.report(cfg, per_seed, time.perf_counter() - t0)
 
 
+def raised_errors(check_config: Callable[[StudyConfig, str], None], cfg: StudyConfig, where: str) -> list[str]:
+    """:meth:`Study.check` of a study whose ``check_config(cfg, where)`` raises ValueError at the first broken
+    constraint: that message, or none."""
+    try:
+        check_config(cfg, where)
+    except ValueError as e:
+        return [str(e)]
+    return []
+
+
 def module_study(name: str, *, variants: Mapping[str, Any], defaults: Mapping[str, Any],
                  check_config: Callable[[StudyConfig, str], None], control: Control | list[Control] | Callable,
                  per_seed: Callable[[StudyConfig, bool], dict[int, dict]],
@@ -130,11 +140,7 @@ def module_study(name: str, *, variants: Mapping[str, Any], defaults: Mapping[st
     the report."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
+        return raised_errors(check_config, cfg, where)
 
     cls = type(f"{name.title().replace('_', '')}Study", (Study,), {
         "__doc__": f"The {name} study (:mod:`diffattn.studies.{name}`).", "__module__": f"diffattn.studies.{name}",

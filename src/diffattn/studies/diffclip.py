@@ -44,7 +44,7 @@ from ..train.checkpoint import load_checkpoint
 from ..train.config import load_config
 from ..train.loop import train
 from ..train.tasks import mean_lambdas
-from .base import Study, StudyConfig, higher_is_better, register_study, require_datasets
+from .base import Study, StudyConfig, higher_is_better, raised_errors, register_study, require_datasets
 from .report import Control, Metric, write_study
 from .stats import mean_std
 
@@ -594,11 +594,7 @@ class DiffCLIPStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
+        return raised_errors(check_config, cfg, where)
 
     def control(self, cfg: StudyConfig) -> Control:
         return CONTROL

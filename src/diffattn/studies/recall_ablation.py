@@ -37,7 +37,7 @@ import torch
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from ..io import atomic_write_file
 from ..layers import AttentionSpec, GatedDiffAttention
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig, raised_errors, register_study
 from .recall import _train_batches
 from .report import Control, check_control
 from .stats import holm, mean_std, paired_test
@@ -313,11 +313,7 @@ class RecallAblationStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        try:
-            check_config(cfg, where)
-        except ValueError as e:
-            return [str(e)]
-        return []
+        return raised_errors(check_config, cfg, where)
 
     def control(self, cfg: StudyConfig) -> list[Control]:
         return control(cfg)
