@@ -37,6 +37,7 @@ OWN_MODULE_EXCEPTIONS: dict[str, tuple[int, str]] = {
     "train/tasks/base.py": (1, "mean_lambdas imports adapters inside try/except ImportError (optional feature)"),
     "train/config.py": (3, "the task registry (train.tasks) imports this module: validating a config reads it lazily"),
     "functional.py": (2, "diffattn.kernels imports triton (an optional library) on import"),
+    "layers/attention.py": (1, "diffattn.kernels imports triton (an optional library) on import"),
     "adapters/__init__.py": (2, "PEP 562 __getattr__: schedule needs transformers; the renamed methods alias"),
 }
 

@@ -545,3 +545,150 @@ def test_eager_and_compiled_paths_match_and_constants_survive_inference_mode():
     out = triton_diff_attention(*qkv, 0.8, weight1=0.5)  # the cached constants, saved for backward
     out.sum().backward()
     torch._dynamo.reset()
+
+
+# --------------------------------------------------------------------------- one differential layer, fused
+
+
+def layer_reference(q, k, v, mode, lam_inputs, lam_init, norm_weight, norm_scale, eps, k_paired, attn_mask=None,
+                    is_causal=False):
+    """s · RMSNorm(w1 ⊙ A1 V − λ ⊙ A2 V) ⊙ w in float64 from the layer's interleaved head pairs, with w1 and λ made
+    from their sources as the λ forms make them (Ye et al. 2024 eq. 2; M-DGSA; Ye et al. 2026)."""
+    q, k, v = q.double(), k.double(), v.double()
+    q1, q2 = q[:, 0::2], q[:, 1::2]
+    k1, k2 = (k[:, 0::2], k[:, 1::2]) if k_paired else (k, k)
+    if mode == "reparam":
+        lq1, lk1, lq2, lk2 = (t.double() for t in lam_inputs)
+        w1, lam = 1.0, torch.exp((lq1 * lk1).sum()) - torch.exp((lq2 * lk2).sum()) + lam_init
+    else:
+        g = torch.sigmoid(lam_inputs[0].double()).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        w1, lam = (g, 1.0 - g) if mode == "gate" else (1.0, g)
+    o = reference(q1, k1, q2, k2, v, lam, w1, attn_mask, is_causal)
+    if norm_scale is None:
+        return o
+    o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + eps)
+    return o * (norm_weight.double() * norm_scale if norm_weight is not None else norm_scale)
+
+
+def _layer_inputs(mode, k_paired, B=2, H=2, Hkv=2, N=37, d=16, affine=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, s=1.0):
+        return (torch.randn(*shape, generator=g) * s).to(DEVICE).requires_grad_()
+
+    dv = 2 * d if k_paired else d
+    q = rnd(B, 2 * H, N, d)
+    k = rnd(B, 2 * Hkv if k_paired else Hkv, N, d)
+    v = rnd(B, Hkv, N, dv)
+    lam_inputs = tuple(rnd(d, s=0.3) for _ in range(4)) if mode == "reparam" else (rnd(B, N, H),)
+    nw = (torch.rand(dv, generator=g) + 0.5).to(DEVICE).requires_grad_() if affine else None
+    return q, k, v, lam_inputs, nw
+
+
+@pytest.mark.parametrize("mode", ["reparam", "gate", "sigmoid"])
+@pytest.mark.parametrize("k_paired,Hkv", [(True, 2), (True, 1), (False, 1)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fused_layer_matches_float64_reference(mode, k_paired, Hkv, causal):
+    """Output and every gradient (q, k, v, the λ sources, the sub-norm weight) of the fused layer path."""
+    q, k, v, lam_inputs, nw = _layer_inputs(mode, k_paired, Hkv=Hkv)
+    kw = dict(k_paired=k_paired, lambda_mode=mode, lambda_inputs=lam_inputs, lambda_init=0.3,
+              norm_width=v.shape[-1], norm_weight=nw, norm_scale=0.7, norm_eps=1e-5, is_causal=causal)
+    assert triton_diff.fused_layer_reason(q, k, v, k_paired=k_paired, lambda_mode=mode, lambda_inputs=lam_inputs,
+                                          norm_weight=nw, norm_width=v.shape[-1], attn_mask=None,
+                                          is_causal=causal) is None
+    out = triton_diff.fused_layer_attention(q, k, v, **kw)
+    ref = layer_reference(q, k, v, mode, lam_inputs, 0.3, nw, 0.7, 1e-5, k_paired, is_causal=causal)
+    assert out.shape == ref.shape and out.transpose(1, 2).is_contiguous()  # stored as (B, N, H, dv)
+    assert rel_err(out, ref) <= 1e-5
+    leaves = [q, k, v, *lam_inputs, nw]
+    grad_out = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+    got = torch.autograd.grad(out, leaves, grad_out)
+    want = torch.autograd.grad(ref, leaves, grad_out.double())
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.shape == b.shape and a.dtype == leaves[i].dtype
+        assert rel_err(a, b) <= 1e-5, f"input {i}: rel err {rel_err(a, b):.2e}"
+
+
+@pytest.mark.parametrize("affine,norm", [(False, True), (False, False)])
+def test_fused_layer_without_affine_or_norm_and_with_key_padding(affine, norm):
+    q, k, v, lam_inputs, nw = _layer_inputs("gate", True, N=29, affine=affine)
+    mask = torch.ones(2, 1, 1, 29, dtype=torch.bool, device=DEVICE)
+    mask[1, ..., 20:] = False
+    out = triton_diff.fused_layer_attention(q, k, v, k_paired=True, lambda_mode="gate", lambda_inputs=lam_inputs,
+                                            norm_width=v.shape[-1] if norm else None, norm_weight=nw,
+                                            norm_scale=0.5, attn_mask=mask)
+    ref = layer_reference(q, k, v, "gate", lam_inputs, 0.0, nw, 0.5 if norm else None, 1e-5, True, attn_mask=mask)
+    assert rel_err(out, ref) <= 1e-5
+    leaves = [q, k, v, lam_inputs[0]]
+    g = torch.randn(out.shape, generator=torch.Generator().manual_seed(2)).to(out)
+    for a, b in zip(torch.autograd.grad(out, leaves, g), torch.autograd.grad(ref, leaves, g.double())):
+        assert rel_err(a, b) <= 1e-5
+
+
+def test_fused_layer_frozen_sources_and_inference():
+    """Frozen λ sources get no gradient and leave the other inputs untouched; without grad only the output is
+    computed (the same numbers), and its backward is refused with the reason."""
+    q, k, v, (z,), nw = _layer_inputs("sigmoid", False)
+    z = z.detach()
+    q_before = q.detach().clone()
+    kw = dict(k_paired=False, lambda_mode="sigmoid", lambda_inputs=(z,), norm_width=v.shape[-1], norm_weight=nw)
+    out = triton_diff.fused_layer_attention(q, k, v, **kw)
+    gq, gv = torch.autograd.grad(out, [q, v], torch.ones_like(out))
+    assert torch.equal(q.detach(), q_before) and torch.isfinite(gq).all() and torch.isfinite(gv).all()
+    with torch.no_grad():
+        again = triton_diff.fused_layer_attention(q, k, v, **kw)
+    torch.testing.assert_close(again, out.detach(), rtol=0, atol=0)
+
+
+def test_fused_layer_reasons():
+    q, k, v, lam_inputs, nw = _layer_inputs("reparam", True)
+    kw = dict(k_paired=True, lambda_mode="reparam", norm_weight=nw, norm_width=v.shape[-1], attn_mask=None,
+              is_causal=False)
+    per_head = tuple(t.detach().expand(2, -1) for t in lam_inputs)
+    assert "four vectors" in triton_diff.fused_layer_reason(q, k, v, lambda_inputs=per_head, **kw)
+    assert "lambda_mode" in triton_diff.fused_layer_reason(q, k, v, lambda_inputs=lam_inputs,
+                                                           **{**kw, "lambda_mode": "other"})
+    assert "width" in triton_diff.fused_layer_reason(q, k, v, lambda_inputs=lam_inputs,
+                                                     **{**kw, "norm_width": 7, "norm_weight": None})
+    assert "logits of shape" in triton_diff.fused_layer_reason(q, k, v, lambda_inputs=(q,),
+                                                               **{**kw, "lambda_mode": "gate"})
+
+
+@pytest.mark.parametrize("kind,options", [("diff", {}), ("diff", {"num_kv_heads": 2, "causal": True}),
+                                          ("diff", {"sub_norm": False}), ("gated", {"q_residual": True}),
+                                          ("diff_v2", {"num_kv_heads": 2, "causal": True}),
+                                          ("diff", {"lambda_options": {"per_head": True}})])
+def test_layers_take_the_fused_path_with_the_same_numbers(kind, options, monkeypatch):
+    """DiffAttention, GatedDiffAttention and DiffAttentionV2 hand λ, the combination and the sub-norm to the
+    kernels when the operator would run them (here forced on the CPU interpreter): output and every parameter
+    gradient as the ``sdpa`` backend gives them. A λ form the kernels do not compute (one λ per head) keeps the
+    general path."""
+    import copy
+
+    import diffattn.functional as functional
+    from diffattn.layers.attention import attention_class
+
+    torch.manual_seed(0)
+    layer = attention_class(kind)(64, 4, backend="triton", **options).to(DEVICE)
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    ref = copy.deepcopy(layer)
+    ref.backend = "sdpa"
+    calls = []
+    real = triton_diff.fused_layer_attention
+    monkeypatch.setattr(functional, "_triton_reason", lambda *a: None)
+    monkeypatch.setattr(triton_diff, "fused_layer_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    x = torch.randn(2, 24, 64, device=DEVICE)
+    outs, grads = [], []
+    for m in (layer, ref):
+        xi = x.clone().requires_grad_()
+        y = m(xi)
+        outs.append(y)
+        grads.append(torch.autograd.grad(y, [xi, *m.parameters()], torch.ones_like(y) + 0.1 * x.sum(-1, True)))
+    assert len(calls) == (0 if "lambda_options" in options else 1)
+    assert rel_err(outs[0], outs[1]) <= 1e-5
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+    scale = max(g.abs().max().item() for g in grads[1])
+    for name, a, b in zip(names, *grads):
+        assert (a - b).abs().max().item() <= 1e-5 * scale, name

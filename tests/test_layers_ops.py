@@ -4,19 +4,25 @@ On a GPU a training step of a small model is host-bound (docs/benchmarks.md, "GP
 ops launched, not their FLOPs. Every op that is not a view is counted here on the CPU, so that a change that adds
 ops to the differential layers fails without a GPU. Two paths are counted:
 
-- eager: the ``sdpa`` backend (two fused attention calls on Q and K padded to V's width), which a GPU takes where
-  the fused kernel does not apply (head width 128 from 2,048 keys on);
-- fused: the ``triton`` backend with its launchers replaced by functions that allocate the same outputs, which
-  is what runs around the kernel on a GPU.
+- fused: the ``triton`` backend, which a GPU takes for every layer but head width 128 from 2,048 keys on. The
+  layer hands λ (from its reparam vectors or its gate's logits), the combination and the sub-norm to the kernels
+  (``kernels.triton_diff.fused_layer_attention``); the Triton kernels are replaced by launchers that do nothing,
+  so what is counted is every aten op the host dispatches around them (allocations included). Triton launches
+  are not aten ops: one forward launches one kernel, one backward four or five.
+- eager: the ``sdpa`` backend (two fused attention calls on Q and K padded to V's width, λ and the sub-norm as
+  PyTorch ops), which the CPU takes and a GPU takes at head width 128 from 2,048 keys on. On the CPU the sub-norm
+  is a written-out Function of 5 + 7 ops where CUDA runs one fused ``rms_norm`` each way.
 
 A DAA retrofit (DAA 2025) of a Llama decoder layer is counted against the pretrained layer.
 
-The ceilings are the counts measured when the test was written (docs/benchmarks.md, "Host cost"); the goal is
-1.3× the standard block. A change that lowers a count should lower its ceiling.
+The goal is 1.3× the standard block; the ceilings are the counts measured when the test was written
+(docs/benchmarks.md, "Host cost"). A change that lowers a count should lower its ceiling.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from unittest import mock
 
 import pytest
@@ -36,16 +42,14 @@ def count_step(module: torch.nn.Module, x: torch.Tensor) -> int:
     return sum(count_ops(lambda: module(x).sum().backward()).values())
 
 
-def _fake_fwd(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal, scale, store_branches, tiles=None):
-    B, H, Nq, _ = q1.shape
-    o = torch.empty(B, H, Nq, v.shape[-1], dtype=v.dtype)
-    return o, torch.empty_like(o), torch.empty_like(o), torch.empty(2, B, H, Nq)
+class _NoKernel:
+    """Stands in for a Triton kernel: ``kernel[grid](*args)`` launches nothing."""
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: None
 
 
-def _fake_bwd(do, q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias, is_causal, scale, tiles=None):
-    B, H, Nq, _ = q1.shape
-    return (torch.zeros(2, *q1.shape, dtype=q1.dtype), torch.zeros(2, *k1.shape, dtype=k1.dtype),
-            torch.zeros(v.shape, dtype=v.dtype), torch.zeros(2, B, H, Nq))
+KERNELS = [name for name in vars(triton_diff) if name.startswith("_diff_attn_") and name.endswith("_kernel")]
 
 
 def block_ops(kind: str, backend: str = "sdpa") -> int:
@@ -55,16 +59,25 @@ def block_ops(kind: str, backend: str = "sdpa") -> int:
     x = torch.randn(2, 16, 64, requires_grad=True)
     if backend != "triton":
         return count_step(block, x)
-    with mock.patch.object(functional, "_triton_reason", lambda *a: None), \
-            mock.patch.object(triton_diff, "_fwd_impl", _fake_fwd), \
-            mock.patch.object(triton_diff, "_bwd_impl", _fake_bwd):
-        return count_step(block, x)
+    calls = []
+    real = triton_diff.fused_layer_attention
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(mock.patch.dict(os.environ, TRITON_INTERPRET="1"))  # CPU tensors pass the kernels' checks
+        stack.enter_context(mock.patch.object(functional, "_triton_reason", lambda *a: None))
+        stack.enter_context(mock.patch.object(triton_diff, "fused_layer_attention",
+                                              lambda *a, **k: calls.append(1) or real(*a, **k)))
+        for name in KERNELS:
+            stack.enter_context(mock.patch.object(triton_diff, name, _NoKernel()))
+        n = count_step(block, x)
+    assert calls, f"{kind}: the layer did not take the fused path"
+    return n
 
 
 # ops of a standard block's forward + backward, and the ceiling of each differential block's ratio to it
 STANDARD_OPS = 40
 EAGER_CEILING = {"diff": 2.1, "gated": 2.2, "diff_v2": 1.5}
-FUSED_CEILING = {"diff": 2.1, "gated": 2.05, "diff_v2": 1.6}
+FUSED_CEILING = {"diff": 1.0, "gated": 1.125, "diff_v2": 1.125}
+GOAL = 1.3
 
 
 def test_counter_counts_what_runs():
@@ -85,8 +98,9 @@ def test_differential_block_ops_eager(kind):
 
 @pytest.mark.parametrize("kind", sorted(FUSED_CEILING))
 def test_differential_block_ops_fused_kernel(kind):
+    """The path a GPU takes: at most 1.3× the standard block (the goal), and no more than measured."""
     ratio = block_ops(kind, backend="triton") / STANDARD_OPS
-    assert ratio <= FUSED_CEILING[kind], f"{kind}: {ratio:.2f}× the standard block's ops"
+    assert ratio <= min(GOAL, FUSED_CEILING[kind]), f"{kind}: {ratio:.2f}× the standard block's ops"
 
 
 def test_reparam_lambda_ops_and_gradient():

@@ -437,6 +437,20 @@ def _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dr
     return triton_unsupported_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
 
 
+def _takes_triton(q1, k1, q2, k2, v, attn_mask, is_causal: bool, dropout_p: float, backend: str,
+                  scale: float | None) -> bool:
+    """Whether :func:`diff_attention` would run these inputs on the fused kernel: ``backend="triton"`` where the
+    kernel accepts them (otherwise :func:`diff_attention` raises, naming the reason), or ``"auto"`` where it
+    prefers it. The layers ask before handing their λ and sub-norm to the kernel as well."""
+    if backend not in ("triton", "auto"):
+        return False
+    nk = int(k1.shape[2])
+    if backend == "auto" and (q1.device.type != "cuda" or (scale is not None and scale <= 0) or _empty(q1, v, nk)
+                              or not _triton_preferred(int(v.shape[-1]), nk)):
+        return False
+    return _triton_reason(q1, k1, q2, k2, v, 1.0, 1.0, attn_mask, is_causal, dropout_p) is None
+
+
 #: ``auto`` leaves value widths above this to the ``sdpa`` backend from this many keys on (see _triton_preferred)
 TRITON_WIDE_DV, TRITON_WIDE_MAX_NK = 128, 2048
 

@@ -158,6 +158,12 @@ class LambdaForm(nn.Module):
     def forward(self, x: torch.Tensor | None = None):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
+        """What the fused kernels need to compute (w1, λ) themselves: (mode, tensors, λ_init) with mode "reparam"
+        (the four vectors), "gate" or "sigmoid" (the logits, (B, N, H)); None for a form they do not compute, which
+        then runs :meth:`forward` before the kernel."""
+        return None
+
 
 _REGISTRY: dict[str, type[LambdaForm]] = {}
 
@@ -289,6 +295,11 @@ class ReparamLambda(LambdaForm):
     def forward(self, x: torch.Tensor | None = None) -> tuple[float, torch.Tensor]:
         return _ONE, self.value()
 
+    def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
+        if self.lambda_q1.dim() != 1:  # one λ per head: computed before the kernel
+            return None
+        return "reparam", (self.lambda_q1, self.lambda_k1, self.lambda_q2, self.lambda_k2), self.lambda_init
+
 
 @register_lambda("dual_scalar")
 class DualScalarLambda(LambdaForm):
@@ -355,6 +366,9 @@ class GateLambda(LambdaForm):
         g = self.gate(x)
         return g, 1.0 - g
 
+    def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
+        return "gate", (self.gate_proj(x),), 0.0  # logits (B, N, H)
+
 
 @register_lambda("token_sigmoid")
 class TokenSigmoidLambda(LambdaForm):
@@ -377,6 +391,9 @@ class TokenSigmoidLambda(LambdaForm):
 
     def forward(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
         return _ONE, torch.sigmoid(_upcast(self.lambda_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+
+    def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
+        return "sigmoid", (self.lambda_proj(x),), 0.0  # logits (B, N, H)
 
 
 @register_lambda("annealed")

@@ -51,7 +51,7 @@ import triton.language as tl
 
 from .._mask import blocked
 
-__all__ = ["triton_diff_attention", "triton_unsupported_reason"]
+__all__ = ["fused_layer_attention", "fused_layer_reason", "triton_diff_attention", "triton_unsupported_reason"]
 
 Weight = float | torch.Tensor
 
@@ -84,8 +84,53 @@ def _online_softmax_step(s, m, l, acc, v, PREC: tl.constexpr):
 
 
 @triton.jit
+def _row_weights(W1, LAM, LQ1, LK1, LQ2, LK2, lam_init, w_off, l_off, row_ok,
+                 HEAD_D: tl.constexpr, LAM_MODE: tl.constexpr):
+    """(w1, λ) of BLOCK_M rows in fp32 (0 on rows that are not ``row_ok``), by ``LAM_MODE``:
+
+    0  read from the row tensors W1 and LAM (any λ form, computed before the kernel);
+    1  λ = exp(λ_q1·λ_k1) − exp(λ_q2·λ_k2) + λ_init, w1 = 1 (Ye et al. 2024, eq. 2; the four vectors of width d);
+    2  the M-DGSA gate (Lygizou & Kalamaras 2025, eq. 3): W1 holds the logits z, w1 = σ(z), λ = 1 − σ(z);
+    3  Differential Transformer V2 (Ye et al. 2026): W1 holds the logits z, w1 = 1, λ = σ(z).
+    """
+    if LAM_MODE == 0:
+        w1 = tl.load(W1 + w_off, mask=row_ok, other=0.0).to(tl.float32)
+        lam = tl.load(LAM + l_off, mask=row_ok, other=0.0).to(tl.float32)
+    elif LAM_MODE == 1:
+        offs_d = tl.arange(0, HEAD_D)
+        e1 = tl.exp(tl.sum(tl.load(LQ1 + offs_d).to(tl.float32) * tl.load(LK1 + offs_d).to(tl.float32), 0))
+        e2 = tl.exp(tl.sum(tl.load(LQ2 + offs_d).to(tl.float32) * tl.load(LK2 + offs_d).to(tl.float32), 0))
+        w1 = tl.where(row_ok, 1.0, 0.0)
+        lam = tl.where(row_ok, e1 - e2 + lam_init, 0.0)
+    else:
+        g = tl.sigmoid(tl.load(W1 + w_off, mask=row_ok, other=0.0).to(tl.float32))
+        g = tl.where(row_ok, g, 0.0)
+        if LAM_MODE == 2:
+            w1 = g
+            lam = tl.where(row_ok, 1.0 - g, 0.0)
+        else:
+            w1 = tl.where(row_ok, 1.0, 0.0)
+            lam = g
+    return w1, lam
+
+
+@triton.jit
+def _sub_norm(o, NW, norm_scale, eps, HEAD_DV: tl.constexpr, NORM_AFFINE: tl.constexpr):
+    """RMSNorm of each row of o (BLOCK_M, DV) times (w ⊙ s): the per-head sub-norm × (1 − λ_init) of Ye et al.
+    2024 §2.1, with s = ``norm_scale``. Returns (y, x̂ = o · rstd, rstd)."""
+    rstd = tl.rsqrt(tl.sum(o * o, 1) / HEAD_DV + eps)  # (BLOCK_M,)
+    xh = o * rstd[:, None]
+    if NORM_AFFINE:
+        nw = tl.load(NW + tl.arange(0, HEAD_DV)).to(tl.float32) * norm_scale
+        y = xh * nw[None, :]
+    else:
+        y = xh * norm_scale
+    return y, xh, rstd
+
+
+@triton.jit
 def _diff_attn_fwd_kernel(
-    Q1, Q2, K1, K2, V, KB, W1, LAM,  # inputs
+    Q1, Q2, K1, K2, V, KB, W1, LAM, LQ1, LK1, LQ2, LK2, NW,  # inputs
     O, O1, O2, LSE1, LSE2,  # outputs
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
@@ -93,10 +138,12 @@ def _diff_attn_fwd_kernel(
     stride_wb, stride_wh, stride_wm,
     stride_lb, stride_lh, stride_lm,
     stride_kbb,
-    H, Nq, Nk, qk_scale,
+    stride_ob, stride_oh, stride_om,
+    H, Nq, Nk, qk_scale, lam_init, norm_scale, eps,
     GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_KB: tl.constexpr, STORE_BRANCHES: tl.constexpr, PREC: tl.constexpr,
+    LAM_MODE: tl.constexpr, NORM: tl.constexpr, NORM_AFFINE: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -155,16 +202,19 @@ def _diff_attn_fwd_kernel(
     l2_safe = tl.where(l2 == 0.0, 1.0, l2)
     o1 = acc1 / l1_safe[:, None]  # (BLOCK_M, DV) = A1 V
     o2 = acc2 / l2_safe[:, None]  # (BLOCK_M, DV) = A2 V
-    w_ptrs = b * stride_wb + h * stride_wh + offs_m * stride_wm
-    w1 = tl.load(W1 + w_ptrs, mask=row_ok, other=0.0)  # (BLOCK_M,)
-    lam = tl.load(LAM + b * stride_lb + h * stride_lh + offs_m * stride_lm, mask=row_ok, other=0.0)
-    o = w1[:, None] * o1 - lam[:, None] * o2
+    w1, lam = _row_weights(W1, LAM, LQ1, LK1, LQ2, LK2, lam_init,
+                           b * stride_wb + h * stride_wh + offs_m * stride_wm,
+                           b * stride_lb + h * stride_lh + offs_m * stride_lm, row_ok, HEAD_D, LAM_MODE)
+    o = w1[:, None] * o1 - lam[:, None] * o2  # (BLOCK_M, DV)
+    if NORM:
+        o, _xh, _rstd = _sub_norm(o, NW, norm_scale, eps, HEAD_DV, NORM_AFFINE)
 
-    o_ptrs = ((b * H + h) * Nq + offs_m[:, None]) * HEAD_DV + offs_dv[None, :]  # (B, H, Nq, DV) contiguous
+    o_ptrs = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :]
     tl.store(O + o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
     if STORE_BRANCHES:
-        tl.store(O1 + o_ptrs, o1.to(O1.dtype.element_ty), mask=row_ok[:, None])
-        tl.store(O2 + o_ptrs, o2.to(O2.dtype.element_ty), mask=row_ok[:, None])
+        ob_ptrs = ((b * H + h) * Nq + offs_m[:, None]) * HEAD_DV + offs_dv[None, :]  # (B, H, Nq, DV) contiguous
+        tl.store(O1 + ob_ptrs, o1.to(O1.dtype.element_ty), mask=row_ok[:, None])
+        tl.store(O2 + ob_ptrs, o2.to(O2.dtype.element_ty), mask=row_ok[:, None])
         # log2-sum-exp; 0 for fully masked rows (their scores are all −inf, so P = exp2(−inf − 0) = 0)
         lse_ptrs = (b * H + h) * Nq + offs_m
         tl.store(LSE1 + lse_ptrs, tl.where(l1 == 0.0, 0.0, m1 + tl.math.log2(l1_safe)), mask=row_ok)
@@ -173,35 +223,128 @@ def _diff_attn_fwd_kernel(
 
 @triton.jit
 def _diff_attn_bwd_preprocess_kernel(
-    O1, O2, DO, R1, R2, NROWS,
-    HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    O1, O2, DY, DO, R1, R2, W1, LAM, LQ1, LK1, LQ2, LK2, NW, DZ, PART,
+    stride_yb, stride_yh, stride_ym,
+    stride_wb, stride_wh, stride_wm,
+    stride_lb, stride_lh, stride_lm,
+    H, Nq, NROWS, NPROG, lam_init, norm_scale, eps,
+    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_M: tl.constexpr,
+    LAM_MODE: tl.constexpr, NORM: tl.constexpr, NORM_AFFINE: tl.constexpr, WRITE_DO: tl.constexpr,
+    WRITE_DZ: tl.constexpr,
 ):
-    """r_b = rowsum(dO ⊙ O_b) over rows of the contiguous (B·H·Nq, DV) tensors."""
-    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """r_b = rowsum(dO ⊙ O_b) over the B·H·Nq rows (O_b contiguous (B, H, Nq, DV)); the program strides over
+    row blocks. dO is the gradient of the combined output: dY itself, or, with the sub-norm fused (``NORM``),
+
+        x̂ = O · rstd,  ĝ = dY ⊙ w · s,  dO = rstd · (ĝ − x̂ · ⟨ĝ, x̂⟩ / DV),   O = w1 ⊙ O1 − λ ⊙ O2
+
+    written to DO (contiguous) when ``WRITE_DO``. Gradients of what produced w1 and λ in the kernel:
+    mode 2 (gate) dz = (r_1 + r_2) · g (1 − g); mode 3 (V2) dz = −r_2 · σ (1 − σ), stored per row in DZ; mode 1 (the
+    reparam vectors) the program's share of ∂L/∂λ = −Σ r_2, and with an affine norm its share of
+    ∂L/∂w = s · Σ_rows dY ⊙ x̂, in PART[program] = (∂λ, ∂w[0:DV]) for :func:`_diff_attn_bwd_finalize_kernel`."""
+    pid = tl.program_id(0)
+    offs_m0 = tl.arange(0, BLOCK_M)
     offs_dv = tl.arange(0, HEAD_DV)
-    ok = offs_m < NROWS
-    ptrs = offs_m.to(tl.int64)[:, None] * HEAD_DV + offs_dv[None, :]
-    do = tl.load(DO + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
-    o1 = tl.load(O1 + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
-    o2 = tl.load(O2 + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
-    tl.store(R1 + offs_m, tl.sum(do * o1, 1), mask=ok)
-    tl.store(R2 + offs_m, tl.sum(do * o2, 1), mask=ok)
+    acc_lam = tl.zeros([BLOCK_M], tl.float32)
+    acc_nw = tl.zeros([HEAD_DV], tl.float32)
+    for start in range(pid * BLOCK_M, NROWS, NPROG * BLOCK_M):
+        offs = (start + offs_m0).to(tl.int64)
+        ok = offs < NROWS
+        m = offs % Nq
+        b = offs // Nq // H
+        h = (offs // Nq) % H
+        ptrs = offs[:, None] * HEAD_DV + offs_dv[None, :]
+        o1 = tl.load(O1 + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
+        o2 = tl.load(O2 + ptrs, mask=ok[:, None], other=0.0).to(tl.float32)
+        dy = tl.load(DY + (b * stride_yb + h * stride_yh + m * stride_ym)[:, None] + offs_dv[None, :],
+                     mask=ok[:, None], other=0.0).to(tl.float32)
+        w_off = b * stride_wb + h * stride_wh + m * stride_wm
+        w1, lam = _row_weights(W1, LAM, LQ1, LK1, LQ2, LK2, lam_init, w_off,
+                               b * stride_lb + h * stride_lh + m * stride_lm, ok, HEAD_D, LAM_MODE)
+        do = dy
+        if NORM:
+            _y, xh, rstd = _sub_norm(w1[:, None] * o1 - lam[:, None] * o2, NW, norm_scale, eps, HEAD_DV,
+                                     NORM_AFFINE)
+            if NORM_AFFINE:
+                nw = tl.load(NW + offs_dv).to(tl.float32) * norm_scale
+                gw = dy * nw[None, :]
+                acc_nw += tl.sum(dy * xh, 0)
+            else:
+                gw = dy * norm_scale
+            do = rstd[:, None] * (gw - xh * (tl.sum(gw * xh, 1) / HEAD_DV)[:, None])
+        if WRITE_DO:
+            tl.store(DO + ptrs, do.to(DO.dtype.element_ty), mask=ok[:, None])
+        r1 = tl.sum(do * o1, 1)
+        r2 = tl.sum(do * o2, 1)
+        tl.store(R1 + offs, r1, mask=ok)
+        tl.store(R2 + offs, r2, mask=ok)
+        if LAM_MODE == 1:
+            acc_lam += tl.where(ok, -r2, 0.0)
+        if LAM_MODE == 2 and WRITE_DZ:  # w1 = g, λ = 1 − g
+            tl.store(DZ + w_off, ((r1 + r2) * w1 * lam).to(DZ.dtype.element_ty), mask=ok)
+        if LAM_MODE == 3 and WRITE_DZ:  # λ = σ(z)
+            tl.store(DZ + w_off, (-r2 * lam * (1.0 - lam)).to(DZ.dtype.element_ty), mask=ok)
+    if LAM_MODE == 1:
+        tl.store(PART + pid * (HEAD_DV + 1), tl.sum(acc_lam, 0))
+    if NORM_AFFINE:
+        tl.store(PART + pid * (HEAD_DV + 1) + 1 + offs_dv, acc_nw * norm_scale)
+
+
+@triton.jit
+def _diff_attn_bwd_finalize_kernel(
+    PART, LQ1, LK1, LQ2, LK2, DLP, DNW, NPROG,
+    HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr, BLOCK_P: tl.constexpr,
+    LAM_MODE: tl.constexpr, NORM_AFFINE: tl.constexpr,
+):
+    """One program: sums the preprocess programs' shares (in a fixed order, so the result is deterministic) into
+    ∂L/∂w of the sub-norm (DNW) and, in λ mode 1, ∂L/∂λ, from which the reparam vectors' gradients follow
+    (DLP rows: λ_q1, λ_k1, λ_q2, λ_k2):  ∂λ/∂λ_q1 = e1 λ_k1, ∂λ/∂λ_k1 = e1 λ_q1, ∂λ/∂λ_q2 = −e2 λ_k2,
+    ∂λ/∂λ_k2 = −e2 λ_q2 with e_b = exp(λ_qb·λ_kb)."""
+    offs_p0 = tl.arange(0, BLOCK_P)
+    offs_dv = tl.arange(0, HEAD_DV)
+    acc_lam = tl.zeros([BLOCK_P], tl.float32)
+    acc_nw = tl.zeros([HEAD_DV], tl.float32)
+    for p0 in range(0, NPROG, BLOCK_P):
+        offs_p = p0 + offs_p0
+        okp = offs_p < NPROG
+        if LAM_MODE == 1:
+            acc_lam += tl.load(PART + offs_p * (HEAD_DV + 1), mask=okp, other=0.0)
+        if NORM_AFFINE:
+            acc_nw += tl.sum(tl.load(PART + offs_p[:, None] * (HEAD_DV + 1) + 1 + offs_dv[None, :],
+                                     mask=okp[:, None], other=0.0), 0)
+    if NORM_AFFINE:
+        tl.store(DNW + offs_dv, acc_nw.to(DNW.dtype.element_ty))
+    if LAM_MODE == 1:
+        dlam = tl.sum(acc_lam, 0)
+        offs_d = tl.arange(0, HEAD_D)
+        q1 = tl.load(LQ1 + offs_d).to(tl.float32)
+        k1 = tl.load(LK1 + offs_d).to(tl.float32)
+        q2 = tl.load(LQ2 + offs_d).to(tl.float32)
+        k2 = tl.load(LK2 + offs_d).to(tl.float32)
+        c1 = dlam * tl.exp(tl.sum(q1 * k1, 0))
+        c2 = -dlam * tl.exp(tl.sum(q2 * k2, 0))
+        tl.store(DLP + offs_d, (c1 * k1).to(DLP.dtype.element_ty))
+        tl.store(DLP + HEAD_D + offs_d, (c1 * q1).to(DLP.dtype.element_ty))
+        tl.store(DLP + 2 * HEAD_D + offs_d, (c2 * k2).to(DLP.dtype.element_ty))
+        tl.store(DLP + 3 * HEAD_D + offs_d, (c2 * q2).to(DLP.dtype.element_ty))
 
 
 @triton.jit
 def _diff_attn_bwd_dkdv_kernel(
-    Q1, Q2, K1, K2, V, KB, W1, LAM, DO, LSE1, LSE2, R1, R2,  # inputs
-    DK1, DK2, DV,  # outputs, contiguous (B, Hkv, Nk, ·)
+    Q1, Q2, K1, K2, V, KB, W1, LAM, LQ1, LK1, LQ2, LK2, DO, LSE1, LSE2, R1, R2,  # inputs
+    DK1, DK2, DV,  # outputs (B, Hkv, Nk, ·) with the strides below
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_wb, stride_wh, stride_wm,
     stride_lb, stride_lh, stride_lm,
     stride_kbb,
-    H, Hkv, Nq, Nk, qk_scale, sm_scale,
+    stride_dkb, stride_dkh, stride_dkn,
+    stride_dvb, stride_dvh, stride_dvn,
+    H, Hkv, Nq, Nk, qk_scale, sm_scale, lam_init,
     GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_KB: tl.constexpr, PREC: tl.constexpr,
+    LAM_MODE: tl.constexpr, K_SHARED: tl.constexpr,
 ):
     start_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -249,8 +392,9 @@ def _diff_attn_bwd_dkdv_kernel(
             lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))
             r1 = tl.load(R1 + row_base + offs_m, mask=row_ok, other=0.0)
             r2 = tl.load(R2 + row_base + offs_m, mask=row_ok, other=0.0)
-            w1 = tl.load(W1 + b * stride_wb + h * stride_wh + offs_m * stride_wm, mask=row_ok, other=0.0)
-            lam = tl.load(LAM + b * stride_lb + h * stride_lh + offs_m * stride_lm, mask=row_ok, other=0.0)
+            w1, lam = _row_weights(W1, LAM, LQ1, LK1, LQ2, LK2, lam_init,
+                                   b * stride_wb + h * stride_wh + offs_m * stride_wm,
+                                   b * stride_lb + h * stride_lh + offs_m * stride_lm, row_ok, HEAD_D, LAM_MODE)
 
             # transposed tiles (BLOCK_N, BLOCK_M), as in the Triton FA-2 tutorial: no transpose of P or dS
             s1t = tl.dot(k1, tl.trans(q1), input_precision=PREC) * qk_scale + kb[:, None]
@@ -272,28 +416,32 @@ def _diff_attn_bwd_dkdv_kernel(
             dk1 += tl.dot(ds1t.to(q1.dtype), q1, input_precision=PREC)  # (BLOCK_N, D)
             dk2 += tl.dot(ds2t.to(q2.dtype), q2, input_precision=PREC)
 
-    out_rows = (b * Hkv + hk) * Nk + offs_n
-    dk_ptrs = out_rows[:, None] * HEAD_D + offs_d[None, :]
-    tl.store(DK1 + dk_ptrs, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DK2 + dk_ptrs, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + out_rows[:, None] * HEAD_DV + offs_dv[None, :], dv.to(DV.dtype.element_ty),
-             mask=col_ok[:, None])
+    dk_ptrs = b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :]
+    if K_SHARED:  # one K read by both branches (Diff Transformer V2): its gradient is the sum
+        tl.store(DK1 + dk_ptrs, ((dk1 + dk2) * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
+    else:
+        tl.store(DK1 + dk_ptrs, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
+        tl.store(DK2 + dk_ptrs, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :],
+             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
 @triton.jit
 def _diff_attn_bwd_dq_kernel(
-    Q1, Q2, K1, K2, V, KB, W1, LAM, DO, LSE1, LSE2, R1, R2,  # inputs
-    DQ1, DQ2,  # outputs, contiguous (B, H, Nq, D)
+    Q1, Q2, K1, K2, V, KB, W1, LAM, LQ1, LK1, LQ2, LK2, DO, LSE1, LSE2, R1, R2,  # inputs
+    DQ1, DQ2,  # outputs (B, H, Nq, D) with the strides below
     stride_qb, stride_qh, stride_qm,
     stride_kb, stride_kh, stride_kn,
     stride_vb, stride_vh, stride_vn,
     stride_wb, stride_wh, stride_wm,
     stride_lb, stride_lh, stride_lm,
     stride_kbb,
-    H, Nq, Nk, qk_scale, sm_scale,
+    stride_dqb, stride_dqh, stride_dqm,
+    H, Nq, Nk, qk_scale, sm_scale, lam_init,
     GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_KB: tl.constexpr, PREC: tl.constexpr,
+    LAM_MODE: tl.constexpr,
 ):
     start_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -317,8 +465,9 @@ def _diff_attn_bwd_dq_kernel(
     lse2 = tl.load(LSE2 + row_base + offs_m, mask=row_ok, other=float("inf"))
     r1 = tl.load(R1 + row_base + offs_m, mask=row_ok, other=0.0)
     r2 = tl.load(R2 + row_base + offs_m, mask=row_ok, other=0.0)
-    w1 = tl.load(W1 + b * stride_wb + h * stride_wh + offs_m * stride_wm, mask=row_ok, other=0.0)
-    lam = tl.load(LAM + b * stride_lb + h * stride_lh + offs_m * stride_lm, mask=row_ok, other=0.0)
+    w1, lam = _row_weights(W1, LAM, LQ1, LK1, LQ2, LK2, lam_init,
+                           b * stride_wb + h * stride_wh + offs_m * stride_wm,
+                           b * stride_lb + h * stride_lh + offs_m * stride_lm, row_ok, HEAD_D, LAM_MODE)
     k_base = b * stride_kb + hk * stride_kh
     v_base = b * stride_vb + hk * stride_vh
 
@@ -355,7 +504,7 @@ def _diff_attn_bwd_dq_kernel(
         dq1 += tl.dot(ds1.to(k1.dtype), k1, input_precision=PREC)  # (BLOCK_M, D)
         dq2 += tl.dot(ds2.to(k2.dtype), k2, input_precision=PREC)
 
-    dq_ptrs = (row_base + offs_m[:, None]) * HEAD_D + offs_d[None, :]
+    dq_ptrs = b * stride_dqb + h * stride_dqh + offs_m[:, None] * stride_dqm + offs_d[None, :]
     tl.store(DQ1 + dq_ptrs, (dq1 * sm_scale).to(DQ1.dtype.element_ty), mask=row_ok[:, None])
     tl.store(DQ2 + dq_ptrs, (dq2 * sm_scale).to(DQ2.dtype.element_ty), mask=row_ok[:, None])
 
@@ -585,101 +734,220 @@ def _sum_to(g: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------------------------------- launchers
 
 
-def _fwd_impl(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal: bool, scale: float, store_branches: bool,
-              tiles: _Tiles | None = None):
-    """Launch the forward kernel: O, and (when ``store_branches``) O1 = A1 V, O2 = A2 V and the two log2-sum-exps
-    as one (2, B, H, Nq) fp32 tensor; without them, three empty tensors. ``tiles`` overrides the table."""
-    q1, q2 = _unit_stride(q1, q2)
-    k1, k2 = _unit_stride(k1, k2)
-    (v,) = _unit_stride(v)
+@dataclass(frozen=True)
+class _Epilogue:
+    """Where w1 and λ come from (``mode``, see :func:`_row_weights`) and whether the per-head sub-norm runs in the
+    kernel: y = RMSNorm(O) ⊙ w · ``norm_scale`` (eps ``eps``; ``affine`` False: no w)."""
+
+    mode: int = 0
+    lam_init: float = 0.0
+    norm: bool = False
+    affine: bool = False
+    norm_scale: float = 1.0
+    eps: float = 1e-5
+
+
+_PLAIN = _Epilogue()
+
+#: the preprocess kernel's program count is capped here (each program strides over row blocks), so that the
+#: per-program shares of ∂λ and ∂w stay small for the finalize kernel to sum
+_MAX_PREPROCESS_PROGRAMS = 1024
+
+
+def _w_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _preprocess_grid(B: int, H: int, Nq: int, dv: int, ep: _Epilogue) -> tuple[int, int, int, bool]:
+    """(rows, rows per block, programs, whether the finalize kernel runs) of the backward's preprocess."""
+    rows = B * H * Nq
+    block = 4096 // dv  # three (block, dv) fp32 tiles in registers
+    return rows, block, min(triton.cdiv(rows, block), _MAX_PREPROCESS_PROGRAMS), ep.mode == 1 or (ep.norm and ep.affine)
+
+
+def _work_size(rows: int, nprog: int, dv: int, finalize: bool) -> int:
+    """fp32 workspace of the backward: r (2·rows), then each preprocess program's shares of ∂λ and ∂w (1 + dv)."""
+    return 2 * rows + (nprog * (dv + 1) if finalize else 0)
+
+
+def _writes_do(dy: torch.Tensor, ep: _Epilogue) -> bool:
+    """Whether the preprocess writes dO to a buffer: the norm's backward changes it, or dY is not contiguous."""
+    B, H, Nq, dv = dy.shape
+    return ep.norm or dy.stride() != (H * Nq * dv, Nq * dv, dv, 1)
+
+
+def _carve(device: torch.device, specs: dict) -> dict:
+    """Several scratch tensors from one allocation per dtype: ``specs`` maps a name to (shape, dtype, like), with
+    ``like`` a tensor whose stride order the result takes (as ``empty_like``) or None (contiguous). Each tensor
+    starts on a 128-byte boundary. A training step's scratch then costs one allocator call per dtype, not one
+    per tensor (on a GPU each is a host-side op, and a small model's step is bound by those)."""
+    sizes: dict[torch.dtype, int] = {}
+    places = {}
+    for name, (shape, dtype, _like) in specs.items():
+        start = sizes.get(dtype, 0)
+        places[name] = start
+        sizes[dtype] = start + -(-math.prod(shape) // 64) * 64
+    bufs = {dt: torch.empty(n, device=device, dtype=dt) for dt, n in sizes.items()}
+    out = {}
+    for name, (shape, dtype, like) in specs.items():
+        flat = bufs[dtype][places[name]:places[name] + math.prod(shape)]
+        if like is None:
+            out[name] = flat.view(shape)
+            continue
+        order = sorted(range(len(shape)), key=lambda i: like.stride(i), reverse=True)
+        t = flat.view([shape[i] for i in order])
+        out[name] = t.permute([order.index(i) for i in range(len(shape))])
+    return out
+
+
+def _fwd_core(q1, k1, q2, k2, v, w1r, lamr, lp, nw, key_bias, o, is_causal: bool, scale: float,
+              store_branches: bool, ep: _Epilogue, tiles: _Tiles | None = None, branches=None):
+    """Launch the forward kernel, writing O into ``o`` (B, H, Nq, dv), any strides with a unit last one; returns
+    (O1, O2, the two log2-sum-exps as one (2, B, H, Nq) fp32 tensor) when ``store_branches``, else three empty
+    tensors. ``w1r``/``lamr`` are (B, H, Nq) row views (or, in modes 2–3, w1r the logits), ``lp`` the four reparam
+    vectors (mode 1), ``nw`` the sub-norm weight; unused pointers may be any tensor. ``branches`` = (O1, O2,
+    log-sum-exps) to write into, allocated here when None."""
     B, H, Nq, d = q1.shape
     Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
-    w1r = _row_weight(w1, B, H, Nq, q1.device)  # (B, H, Nq) fp32 views
-    lamr = _row_weight(lam, B, H, Nq, q1.device)
-    kb = key_bias if key_bias is not None else q1.new_empty(1, dtype=torch.float32)
-
-    o = torch.empty(B, H, Nq, dv, device=q1.device, dtype=v.dtype)
-    if store_branches:
-        o1, o2 = torch.empty_like(o), torch.empty_like(o)
+    kb = key_bias if key_bias is not None else q1
+    if store_branches and branches is not None:
+        o1, o2, lse = branches
+        o1_arg, o2_arg, lse_arg = o1, o2, lse
+    elif store_branches:
+        # two tensors, not views of one: the operator's outputs may not alias each other
+        o1 = torch.empty(B, H, Nq, dv, device=q1.device, dtype=v.dtype)
+        o2 = torch.empty_like(o1)
         lse = torch.empty(2, B, H, Nq, device=q1.device, dtype=torch.float32)
         o1_arg, o2_arg, lse_arg = o1, o2, lse
     else:  # inference: write O only (the kernel never touches the branch pointers)
         o1, o2, lse = (q1.new_empty(0, dtype=torch.float32) for _ in range(3))  # distinct: outputs never alias
-        o1_arg, o2_arg, lse_arg = o, o, torch.empty(2, 1, device=q1.device, dtype=torch.float32)
-
+        o1_arg, o2_arg, lse_arg = o, o, (o, o)
     fwd = tiles or _tiles(d, dv, q1.dtype)[0]
     grid = (triton.cdiv(Nq, fwd.block_m), B * H)
     _diff_attn_fwd_kernel[grid](
-        q1, q2, k1, k2, v, kb, w1r, lamr,
+        q1, q2, k1, k2, v, kb, w1r, lamr, *lp, nw,
         o, o1_arg, o2_arg, lse_arg[0], lse_arg[1],
         q1.stride(0), q1.stride(1), q1.stride(2),
         k1.stride(0), k1.stride(1), k1.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
-        w1r.stride(0), w1r.stride(1), w1r.stride(2),
-        lamr.stride(0), lamr.stride(1), lamr.stride(2),
+        *_w_strides(w1r), *_w_strides(lamr),
         kb.stride(0) if key_bias is not None and kb.shape[0] > 1 else 0,
-        H, Nq, Nk, scale * LOG2E,
+        o.stride(0), o.stride(1), o.stride(2),
+        H, Nq, Nk, scale * LOG2E, ep.lam_init, ep.norm_scale, ep.eps,
         GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n,
         IS_CAUSAL=is_causal, HAS_KB=key_bias is not None, STORE_BRANCHES=store_branches,
-        PREC=_precision(q1.dtype), num_warps=fwd.num_warps, num_stages=fwd.num_stages,
+        PREC=_precision(q1.dtype), LAM_MODE=ep.mode, NORM=ep.norm, NORM_AFFINE=ep.affine,
+        num_warps=fwd.num_warps, num_stages=fwd.num_stages,
     )
+    return o1, o2, lse
+
+
+def _bwd_core(dy, q1, k1, q2, k2, v, o1, o2, lse, w1r, lamr, lp, nw, dz, key_bias, dq1, dq2, dk1, dk2, dvv,
+              is_causal: bool, scale: float, ep: _Epilogue, k_shared: bool = False,
+              tiles: tuple[_Tiles, _Tiles] | None = None, scratch: dict | None = None):
+    """Launch the backward kernels, writing dQ1, dQ2, dK1, dK2 and dV into the given tensors (any strides with a
+    unit last one; with ``k_shared`` dK1 receives dK1 + dK2 and dK2 is not written), ∂L/∂z into ``dz`` (modes 2–3;
+    None: not computed).
+    Returns (r, dlp, dnw): r = (rowsum(dO ⊙ O1), rowsum(dO ⊙ O2)) as (2, B, H, Nq) fp32, the reparam vectors'
+    gradients as one (4, d) tensor (mode 1) and the sub-norm weight's gradient (affine norm), or None for each
+    of the last two. ``scratch`` holds these tensors preallocated (:func:`_bwd_scratch`): "work", "do" (when
+    :func:`_writes_do`), "dlp", "dnw"; missing ones are allocated here."""
+    B, H, Nq, d = q1.shape
+    Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
+    kb = key_bias if key_bias is not None else q1
+    rows, block, nprog, finalize = _preprocess_grid(B, H, Nq, dv, ep)
+    scratch = scratch or {}
+    work = scratch.get("work")
+    if work is None:
+        work = torch.empty(_work_size(rows, nprog, dv, finalize), device=q1.device, dtype=torch.float32)
+    r = work[:2 * rows].view(2, B, H, Nq)
+    write_do = _writes_do(dy, ep)
+    do = dy if not write_do else scratch.get("do")
+    if do is None:
+        do = torch.empty(B, H, Nq, dv, device=q1.device, dtype=v.dtype)
+    _diff_attn_bwd_preprocess_kernel[(nprog,)](
+        o1, o2, dy, do, r[0], r[1], w1r, lamr, *lp, nw, work if dz is None else dz,
+        work[2 * rows:] if finalize else work,
+        dy.stride(0), dy.stride(1), dy.stride(2), *_w_strides(w1r), *_w_strides(lamr),
+        H, Nq, rows, nprog, ep.lam_init, ep.norm_scale, ep.eps,
+        HEAD_D=d, HEAD_DV=dv, BLOCK_M=block, LAM_MODE=ep.mode, NORM=ep.norm, NORM_AFFINE=ep.norm and ep.affine,
+        WRITE_DO=write_do, WRITE_DZ=dz is not None)
+    dlp = dnw = None
+    if finalize:
+        dlp = dnw = None
+        if ep.mode == 1:
+            dlp = scratch.get("dlp")
+            dlp = torch.empty(4, d, device=q1.device, dtype=lp[0].dtype) if dlp is None else dlp
+        if ep.norm and ep.affine:
+            dnw = scratch.get("dnw")
+            dnw = torch.empty_like(nw) if dnw is None else dnw
+        _diff_attn_bwd_finalize_kernel[(1,)](
+            work[2 * rows:], *lp, dlp if dlp is not None else work, dnw if dnw is not None else work, nprog,
+            HEAD_D=d, HEAD_DV=dv, BLOCK_P=16, LAM_MODE=ep.mode, NORM_AFFINE=ep.norm and ep.affine)
+
+    tkv, tq = tiles or _tiles(d, dv, q1.dtype)[1:]
+    common = dict(GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, IS_CAUSAL=is_causal, HAS_KB=key_bias is not None,
+                  PREC=_precision(q1.dtype), LAM_MODE=ep.mode)
+    strides = (
+        q1.stride(0), q1.stride(1), q1.stride(2),
+        k1.stride(0), k1.stride(1), k1.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        *_w_strides(w1r), *_w_strides(lamr),
+        kb.stride(0) if key_bias is not None and kb.shape[0] > 1 else 0,
+    )
+    qk_scale = scale * LOG2E
+    lse = lse.contiguous()
+    inputs = (q1, q2, k1, k2, v, kb, w1r, lamr, *lp, do, lse[0], lse[1], r[0], r[1])
+    # dK1, dK2, dV: one program per key tile and kv head
+    _diff_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, tkv.block_n), B * Hkv)](
+        *inputs, dk1, dk2, dvv, *strides,
+        dk1.stride(0), dk1.stride(1), dk1.stride(2), dvv.stride(0), dvv.stride(1), dvv.stride(2),
+        H, Hkv, Nq, Nk, qk_scale, scale, ep.lam_init, K_SHARED=k_shared,
+        BLOCK_M=tkv.block_m, BLOCK_N=tkv.block_n, num_warps=tkv.num_warps, num_stages=tkv.num_stages, **common,
+    )
+    # dQ1, dQ2: one program per query tile and head
+    _diff_attn_bwd_dq_kernel[(triton.cdiv(Nq, tq.block_m), B * H)](
+        *inputs, dq1, dq2, *strides, dq1.stride(0), dq1.stride(1), dq1.stride(2),
+        H, Nq, Nk, qk_scale, scale, ep.lam_init,
+        BLOCK_M=tq.block_m, BLOCK_N=tq.block_n, num_warps=tq.num_warps, num_stages=tq.num_stages, **common,
+    )
+    return r, dlp, dnw
+
+
+def _fwd_impl(q1, k1, q2, k2, v, lam, w1, key_bias, is_causal: bool, scale: float, store_branches: bool,
+              tiles: _Tiles | None = None):
+    """The forward of :func:`triton_diff_attention`: O (B, H, Nq, dv), and (when ``store_branches``) O1 = A1 V,
+    O2 = A2 V and the two log2-sum-exps as one (2, B, H, Nq) fp32 tensor; without them, three empty tensors.
+    ``tiles`` overrides the table."""
+    q1, q2 = _unit_stride(q1, q2)
+    k1, k2 = _unit_stride(k1, k2)
+    (v,) = _unit_stride(v)
+    B, H, Nq, _ = q1.shape
+    o = torch.empty(B, H, Nq, v.shape[-1], device=q1.device, dtype=v.dtype)
+    w1r = _row_weight(w1, B, H, Nq, q1.device)  # (B, H, Nq) fp32 views
+    lamr = _row_weight(lam, B, H, Nq, q1.device)
+    o1, o2, lse = _fwd_core(q1, k1, q2, k2, v, w1r, lamr, (q1,) * 4, q1, key_bias, o, is_causal, scale,
+                            store_branches, _PLAIN, tiles)
     return o, o1, o2, lse
 
 
 def _bwd_impl(do, q1, k1, q2, k2, v, o1, o2, lse, lam, w1, key_bias, is_causal: bool, scale: float,
               tiles: tuple[_Tiles, _Tiles] | None = None):
-    """Launch the three backward kernels. Returns dQ as one (2, B, H, Nq, d) tensor (dQ1, dQ2), dK as one
-    (2, B, Hkv, Nk, d) tensor, dV (B, Hkv, Nk, dv) and r = (rowsum(dO ⊙ O1), rowsum(dO ⊙ O2)) as (2, B, H, Nq) fp32,
-    from which the weight gradients follow. ``tiles`` = (dK/dV tiles, dQ tiles) overrides the table."""
+    """The backward of :func:`triton_diff_attention`. Returns dQ as one (2, B, H, Nq, d) tensor (dQ1, dQ2), dK as
+    one (2, B, Hkv, Nk, d) tensor, dV (B, Hkv, Nk, dv) and r = (rowsum(dO ⊙ O1), rowsum(dO ⊙ O2)) as (2, B, H, Nq)
+    fp32, from which the weight gradients follow. ``tiles`` = (dK/dV tiles, dQ tiles) overrides the table."""
     q1, q2 = _unit_stride(q1, q2)
     k1, k2 = _unit_stride(k1, k2)
     (v,) = _unit_stride(v)
     B, H, Nq, d = q1.shape
-    Hkv, Nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
     w1r = _row_weight(w1, B, H, Nq, q1.device)
     lamr = _row_weight(lam, B, H, Nq, q1.device)
-    has_kb = key_bias is not None
-    kb = key_bias if has_kb else q1.new_empty(1, dtype=torch.float32)
-    do = do.contiguous()  # (B, H, Nq, dv), the layout of O1 and O2
-    o1, o2 = o1.contiguous(), o2.contiguous()
-    tkv, tq = tiles or _tiles(d, dv, q1.dtype)[1:]
-    common = dict(GROUPS=H // Hkv, HEAD_D=d, HEAD_DV=dv, IS_CAUSAL=is_causal, HAS_KB=has_kb,
-                  PREC=_precision(q1.dtype))
-    strides = (
-        q1.stride(0), q1.stride(1), q1.stride(2),
-        k1.stride(0), k1.stride(1), k1.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        w1r.stride(0), w1r.stride(1), w1r.stride(2),
-        lamr.stride(0), lamr.stride(1), lamr.stride(2),
-        kb.stride(0) if has_kb and kb.shape[0] > 1 else 0,
-    )
-    qk_scale = scale * LOG2E
-    lse = lse.contiguous()
-
-    # 1. r_b = rowsum(dO ⊙ O_b): (B, H, Nq) fp32 each
-    r = torch.empty(2, B, H, Nq, device=q1.device, dtype=torch.float32)
-    rows, block = B * H * Nq, 4096 // dv  # three (block, dv) fp32 tiles in registers
-    _diff_attn_bwd_preprocess_kernel[(triton.cdiv(rows, block),)](
-        o1, o2, do, r[0], r[1], rows, HEAD_DV=dv, BLOCK_M=block)
-
-    # 2. dK1, dK2, dV: one program per key tile and kv head
-    dk = torch.empty(2, B, Hkv, Nk, d, device=q1.device, dtype=k1.dtype)
-    dvv = torch.empty(B, Hkv, Nk, dv, device=q1.device, dtype=v.dtype)
-    _diff_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, tkv.block_n), B * Hkv)](
-        q1, q2, k1, k2, v, kb, w1r, lamr, do, lse[0], lse[1], r[0], r[1],
-        dk[0], dk[1], dvv, *strides, H, Hkv, Nq, Nk, qk_scale, scale,
-        BLOCK_M=tkv.block_m, BLOCK_N=tkv.block_n, num_warps=tkv.num_warps, num_stages=tkv.num_stages,
-        **common,
-    )
-
-    # 3. dQ1, dQ2: one program per query tile and head
     dq = torch.empty(2, B, H, Nq, d, device=q1.device, dtype=q1.dtype)
-    _diff_attn_bwd_dq_kernel[(triton.cdiv(Nq, tq.block_m), B * H)](
-        q1, q2, k1, k2, v, kb, w1r, lamr, do, lse[0], lse[1], r[0], r[1],
-        dq[0], dq[1], *strides, H, Nq, Nk, qk_scale, scale,
-        BLOCK_M=tq.block_m, BLOCK_N=tq.block_n, num_warps=tq.num_warps, num_stages=tq.num_stages,
-        **common,
-    )
+    dk = torch.empty(2, *k1.shape, device=q1.device, dtype=k1.dtype)
+    dvv = torch.empty(v.shape, device=q1.device, dtype=v.dtype)
+    r, _, _ = _bwd_core(do.contiguous(), q1, k1, q2, k2, v, o1.contiguous(), o2.contiguous(), lse, w1r, lamr,
+                        (q1,) * 4, q1, None, key_bias, dq[0], dq[1], dk[0], dk[1], dvv, is_causal, scale, _PLAIN,
+                        tiles=tiles)
     return dq, dk, dvv, r
 
 
@@ -767,6 +1035,151 @@ class _DiffAttnFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do):
         return *_input_grads(ctx, do, _bwd_impl), None, None, None, None
+
+
+# ------------------------------------------------------------------------------ one differential layer
+#
+# A differential layer's attention in one autograd node (Ye et al. 2024 §2.1): the interleaved head pairs go to the
+# kernels as strided views (no split, no stack), w1 and λ are made inside the kernels from what produces them (the
+# reparam vectors, or the gate's or λ projection's logits), the sub-norm × (1 − λ_init) is the forward's epilogue
+# and the backward's preprocess, and the output is written in the layer's (B, N, H·dv) layout. A training step of
+# the layer then dispatches the ops of a standard layer plus a few allocations (tests/test_layers_ops.py counts
+# them).
+
+#: λ forms the kernels compute themselves (:meth:`diffattn.lambdas.LambdaForm.kernel_inputs`), by ``LAM_MODE``
+LAMBDA_MODES = {"reparam": 1, "gate": 2, "sigmoid": 3}
+
+
+def _mode_rows(mode: int, lam_inputs: tuple[torch.Tensor, ...], dummy: torch.Tensor):
+    """(w1 rows, λ rows, the four reparam vectors) kernel arguments for a λ mode; unused ones are ``dummy``."""
+    if mode == 1:
+        return dummy, dummy, lam_inputs
+    zt = lam_inputs[0].transpose(1, 2)  # (B, N, H) logits as (B, H, N)
+    return zt, zt, (dummy,) * 4
+
+
+class _DiffLayerFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, p0, p1, p2, p3, nw, key_bias, k_paired: bool, ep: _Epilogue, is_causal: bool,
+                scale: float, store_branches: bool):
+        lam_inputs = (p0, p1, p2, p3) if ep.mode == 1 else (p0,)  # the λ inputs as separate arguments (autograd)
+        q1, q2 = q[:, 0::2], q[:, 1::2]  # (B, H, Nq, d) views of the pairs
+        k1, k2 = (k[:, 0::2], k[:, 1::2]) if k_paired else (k, k)
+        B, H2, Nq, _ = q.shape
+        H, dv = H2 // 2, v.shape[-1]
+        specs = {"out": ((B, Nq, H, dv), v.dtype, None)}
+        if store_branches:
+            specs.update(o1=((B, H, Nq, dv), v.dtype, None), o2=((B, H, Nq, dv), v.dtype, None),
+                         lse=((2, B, H, Nq), torch.float32, None))
+        t = _carve(q.device, specs)
+        out = t["out"].transpose(1, 2)  # (B, H, Nq, dv), stored as (B, Nq, H, dv)
+        w1r, lamr, lp = _mode_rows(ep.mode, lam_inputs, q)
+        branches = (t["o1"], t["o2"], t["lse"]) if store_branches else None
+        o1, o2, lse = _fwd_core(q1, k1, q2, k2, v, w1r, lamr, lp, q if nw is None else nw, key_bias, out,
+                                is_causal, scale, store_branches, ep, branches=branches)
+        if store_branches:
+            ctx.save_for_backward(q, k, v, o1, o2, lse, nw, key_bias, *lam_inputs)
+        ctx.k_paired, ctx.ep, ctx.is_causal, ctx.scale, ctx.store_branches = k_paired, ep, is_causal, scale, \
+            store_branches
+        return out
+
+    @staticmethod
+    def backward(ctx, dy):
+        if not ctx.store_branches:
+            raise RuntimeError("the fused differential layer ran without saving its branch outputs (under "
+                               "torch.no_grad or with no input that requires grad), so it has no backward")
+        q, k, v, o1, o2, lse, nw, key_bias, *lam_inputs = ctx.saved_tensors  # (B, 2H, Nq, d), ...
+        ep = ctx.ep
+        dy = dy if dy.stride(-1) == 1 else dy.contiguous()
+        B, H2, Nq, d = q.shape
+        dv_ = v.shape[-1]
+        w1r, lamr, lp = _mode_rows(ep.mode, tuple(lam_inputs), q)
+        rows, _, nprog, finalize = _preprocess_grid(B, H2 // 2, Nq, dv_, ep)
+        specs = {"dq": (q.shape, q.dtype, q), "dk": (k.shape, k.dtype, k), "dv": (v.shape, v.dtype, v),
+                 "work": ((_work_size(rows, nprog, dv_, finalize),), torch.float32, None)}
+        if _writes_do(dy, ep):
+            specs["do"] = ((B, H2 // 2, Nq, dv_), v.dtype, None)
+        if ep.mode in (2, 3) and ctx.needs_input_grad[3]:
+            specs["dzt"] = (w1r.shape, lam_inputs[0].dtype, w1r)  # (B, H, Nq) in the logits' layout
+        if ep.mode == 1:
+            specs["dlp"] = ((4, d), lp[0].dtype, None)
+        if nw is not None:
+            specs["dnw"] = (nw.shape, nw.dtype, None)
+        t = _carve(q.device, specs)  # the inputs' layouts for dq, dk, dv
+        dq, dk, dv = t["dq"], t["dk"], t["dv"]
+        q1, q2 = q[:, 0::2], q[:, 1::2]
+        k1, k2 = (k[:, 0::2], k[:, 1::2]) if ctx.k_paired else (k, k)
+        dk1, dk2 = (dk[:, 0::2], dk[:, 1::2]) if ctx.k_paired else (dk, dk)
+        dzt = t.get("dzt")
+        _, dlp, dnw = _bwd_core(dy, q1, k1, q2, k2, v, o1, o2, lse, w1r, lamr, lp, q if nw is None else nw, dzt,
+                                key_bias, dq[:, 0::2], dq[:, 1::2], dk1, dk2, dv, ctx.is_causal, ctx.scale, ep,
+                                k_shared=not ctx.k_paired, scratch=t)
+        if ep.mode == 1:
+            dlam = tuple(dlp.unbind(0))  # λ_q1, λ_k1, λ_q2, λ_k2
+        else:
+            dlam = (None if dzt is None else dzt.transpose(1, 2), None, None, None)  # (B, N, H) as z
+        dnw = dnw if ctx.needs_input_grad[7] else None
+        return dq, dk, dv, *dlam, dnw, None, None, None, None, None, None
+
+
+def fused_layer_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, k_paired: bool, lambda_mode: str,
+                       lambda_inputs: tuple[torch.Tensor, ...], norm_weight: torch.Tensor | None,
+                       norm_width: int | None, attn_mask, is_causal: bool) -> str | None:
+    """Why :func:`fused_layer_attention` cannot run these inputs, or None when it can. Never raises."""
+    try:
+        q1, q2 = q[:, 0::2], q[:, 1::2]
+        k1, k2 = (k[:, 0::2], k[:, 1::2]) if k_paired else (k, k)
+        reason = _check(q1, k1, q2, k2, v, 1.0, 1.0, attn_mask, is_causal, 0.0)
+        if reason is not None:
+            return reason
+        if q.shape[1] % 2:
+            return f"q must hold head pairs (an even head count), got {q.shape[1]} heads"
+        if lambda_mode not in LAMBDA_MODES:
+            return f"lambda_mode must be one of {tuple(LAMBDA_MODES)}, got {lambda_mode!r}"
+        B, H2, Nq, d = q.shape
+        if lambda_mode == "reparam":
+            if len(lambda_inputs) != 4 or any(t.shape != (d,) or t.device != q.device for t in lambda_inputs):
+                return f"the reparam λ needs four vectors of width d={d} on {q.device} (one λ per layer)"
+        elif len(lambda_inputs) != 1 or lambda_inputs[0].shape != (B, Nq, H2 // 2) or \
+                lambda_inputs[0].device != q.device:
+            return f"the {lambda_mode} λ needs logits of shape (B, N, H) = {(B, Nq, H2 // 2)} on {q.device}"
+        if norm_width is not None and norm_width != v.shape[-1]:
+            return f"the sub-norm's width {norm_width} is not the value width {v.shape[-1]}"
+        if norm_weight is not None and (norm_weight.shape != (v.shape[-1],) or norm_weight.device != q.device):
+            return f"the sub-norm weight must have shape ({v.shape[-1]},) on {q.device}"
+        return None
+    except Exception as e:  # noqa: BLE001 - a reason, never an exception
+        return f"could not check the inputs ({type(e).__name__}: {e})"
+
+
+def fused_layer_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, k_paired: bool, lambda_mode: str,
+                          lambda_inputs: tuple[torch.Tensor, ...], lambda_init: float = 0.0,
+                          norm_width: int | None = None, norm_weight: torch.Tensor | None = None,
+                          norm_scale: float = 1.0, norm_eps: float = 1e-5, attn_mask: torch.Tensor | None = None,
+                          is_causal: bool = False, scale: float | None = None) -> torch.Tensor:
+    """One differential layer's attention, its λ and its sub-norm in the fused kernels:
+
+        y = s · RMSNorm(w1 ⊙ A1 V − λ ⊙ A2 V) ⊙ w     (Ye et al. 2024 §2.1; without the norm when
+                                                        ``norm_width`` is None)
+
+    q (B, 2H, Nq, d) with the two branches' heads interleaved (2i, 2i+1), as a layer projects them; k likewise
+    (B, 2Hkv, Nk, d) when ``k_paired``, else one K (B, Hkv, Nk, d) for both (Differential Transformer V2); v (B, Hkv,
+    Nk, dv). ``lambda_mode`` "reparam": ``lambda_inputs`` the four vectors (λ_q1, λ_k1, λ_q2, λ_k2) of width d and
+    w1 = 1; "gate" (M-DGSA, Lygizou & Kalamaras 2025): the logits z (B, Nq, H), w1 = σ(z), λ = 1 − σ(z); "sigmoid"
+    (Ye et al. 2026): the logits z, λ = σ(z). Returns (B, H, Nq, dv), stored as (B, Nq, H, dv) so that the heads
+    concatenate without a copy. Inputs :func:`fused_layer_reason` accepts only."""
+    mode = LAMBDA_MODES[lambda_mode]
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else float(scale)
+    key_bias = None if attn_mask is None else _mask_as_key_bias(attn_mask, q.shape[0], k.shape[2])
+    ep = _Epilogue(mode=mode, lam_init=float(lambda_init), norm=norm_width is not None,
+                   affine=norm_weight is not None, norm_scale=float(norm_scale), eps=float(norm_eps))
+    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
+    lambda_inputs = tuple(lambda_inputs)
+    store_branches = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, norm_weight, *lambda_inputs))
+    slots = lambda_inputs + (None,) * (4 - len(lambda_inputs))
+    return _DiffLayerFunction.apply(q, k, v, *slots, norm_weight, key_bias, k_paired, ep, is_causal, scale,
+                                    store_branches)
 
 
 # ------------------------------------------------------------------------------------------ public API

@@ -22,13 +22,14 @@ from ..functional import (
     AttentionWeights,
     _compute_dtype,
     _diff_attention_pairs,
+    _takes_triton,
     attention,
     restrict_mask,
     sliding_window_mask,
 )
 from ..lambdas import DEFAULT_LAMBDA_INIT, build_lambda, resolve_lambda_init
 from .kv_cache import KVCache
-from .norm import head_rms_norm, scaled_rms_norm
+from .norm import RMSNorm, head_rms_norm, scaled_rms_norm
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 
 __all__ = ["Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "ATTENTION_TYPES",
@@ -252,6 +253,41 @@ class _DiffBase(_AttentionBase):
         """(weight1, λ) for input x (B, N, dim), each a float or a tensor broadcastable to (B, H, N, 1)."""
         return self.lambda_fn(x)
 
+    def _fused(self, x, q, k, v, attn_mask, causal, drop, need_weights, k_paired: bool) -> torch.Tensor | None:
+        """The whole differential part of the layer in the fused kernels, where the operator would run them:
+        λ from its parameters or logits, (w1 A1 − λ A2) V and the sub-norm × (1 − λ_init) in one autograd node,
+        written in the layer's output layout (:func:`diffattn.kernels.triton_diff.fused_layer_attention`).
+        None where that path does not apply; the layer then takes the general one (same numbers)."""
+        if need_weights or drop > 0.0 or self.softcap is not None or self.backend not in ("auto", "triton"):
+            return None
+        if torch.compiler.is_compiling() or torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+            return None  # compiled graphs fuse the λ and norm ops themselves around the kernel's operator
+        q1, q2 = q[:, 0::2], q[:, 1::2]
+        k1, k2 = (k[:, 0::2], k[:, 1::2]) if k_paired else (k, k)
+        if not _takes_triton(q1, k1, q2, k2, v, attn_mask, causal, drop, self.backend, self.scale):
+            return None
+        form = self.lambda_fn.kernel_inputs(x)
+        if form is None:
+            return None
+        mode, lam_inputs, lam_init = form
+        norm = self.diff_norm
+        if isinstance(norm, RMSNorm):
+            width, weight = norm.normalized_shape[-1], norm.weight
+            eps = norm.eps if norm.eps is not None else torch.finfo(v.dtype).eps
+        elif isinstance(norm, nn.Identity):
+            width, weight, eps = None, None, 1e-5
+        else:
+            return None
+        from ..kernels.triton_diff import fused_layer_attention, fused_layer_reason
+
+        if fused_layer_reason(q, k, v, k_paired=k_paired, lambda_mode=mode, lambda_inputs=lam_inputs,
+                              norm_weight=weight, norm_width=width, attn_mask=attn_mask, is_causal=causal):
+            return None
+        return fused_layer_attention(q, k, v, k_paired=k_paired, lambda_mode=mode, lambda_inputs=lam_inputs,
+                                     lambda_init=lam_init, norm_width=width, norm_weight=weight,
+                                     norm_scale=self.out_scale, norm_eps=eps, attn_mask=attn_mask,
+                                     is_causal=causal, scale=self.scale)
+
 
 def _flat_names(module: _DiffBase) -> set[str]:
     own = {n for n, _ in module.lambda_fn.named_parameters()} | {n for n, _ in module.lambda_fn.named_buffers()}
@@ -327,6 +363,9 @@ class DiffAttention(_DiffBase):
                            out_scale=True)
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
+        out = self._fused(x, q, k, v, attn_mask, causal, drop, need_weights, k_paired=True)
+        if out is not None:
+            return out, None  # (B, H, N, 2d)
         weight1, lam = self.lambda_weights(x)
         # Q heads 2i and 2i+1 (and K heads) are the two branches of differential head i
         res = _diff_attention_pairs(q, k, v, lam, weight1=weight1,
@@ -411,6 +450,9 @@ class DiffAttentionV2(_DiffBase):
                            out_scale=False)
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
+        out = self._fused(x, q, k, v, attn_mask, causal, drop, need_weights, k_paired=False)
+        if out is not None:
+            return out, None  # (B, h, N, d)
         weight1, lam = self.lambda_weights(x)  # λ: (B, h, N, 1)
         res = _diff_attention_pairs(q, k, v, lam, k_paired=False, weight1=weight1, attn_mask=attn_mask,
                              is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
