@@ -2,8 +2,9 @@
 
 On a GPU, small and medium models train host-bound: the step takes as long as its ops take to launch. This counts
 them on the CPU (``diffattn.utils.count_ops``) for one block of each attention kind and for whole ViT-B/16 models,
-on the eager ``sdpa`` path and, for blocks, on the fused-kernel path (the Triton launchers replaced by functions
-that allocate the same outputs; tests/test_layers_ops.py does the same and holds the ceilings).
+on the eager ``sdpa`` path and on the fused-kernel path, the path a GPU takes (the layers' λ, combination and
+sub-norm in the kernels; the Triton kernels replaced by launchers that do nothing, so every aten op around them,
+allocations included, is counted; tests/test_layers_ops.py does the same and holds the ceilings).
 
     python benchmarks/host_ops.py --markdown docs/benchmarks.md
 """
@@ -19,27 +20,42 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import diffattn  # noqa: E402
+from diffattn.layers.attention import _AttentionBase  # noqa: E402
 from diffattn.utils import count_ops as _count  # noqa: E402
 from diffattn.utils import cpu_name, write_markdown_section  # noqa: E402
-from test_layers_ops import block_ops, llama_layer_ops  # noqa: E402  (one definition of the fused-path fakes, with the test)
+from test_layers_ops import block_ops, fused_path, llama_layer_ops  # noqa: E402  (one definition, with the test)
 
-MODELS = ("vit_base_patch16_224", "diff_vit_base_patch16_224", "dg_vit_base_patch16_224")
+MODELS = ("diff_vit_base_patch16_224", "dg_vit_base_patch16_224")
 
 
-def model_ops(name: str) -> int:
+def model_ops(name: str, backend: str = "sdpa", twin: bool = False) -> int:
+    """Ops of one training step (B 2, 224², N = 197) of model ``name``, or of its standard twin (the same config
+    with standard attention) when ``twin``."""
     torch.manual_seed(0)
-    model = diffattn.create_model(name)  # N = 197: the sdpa path on the CPU
+    model = diffattn.create_model(name, **({"attention": {"kind": "standard"}} if twin else {}))
+    for m in model.modules():
+        if isinstance(m, _AttentionBase):
+            m.backend = backend
     x = torch.randn(2, 3, 224, 224)
-    model(x).sum().backward()
-    model.zero_grad(set_to_none=True)
-    return sum(_count(lambda: model(x).sum().backward()).values())
+
+    def count() -> int:
+        model(x).sum().backward()
+        model.zero_grad(set_to_none=True)
+        return sum(_count(lambda: model(x).sum().backward()).values())
+
+    if backend != "triton":
+        return count()
+    with fused_path() as calls:
+        n = count()
+    assert calls, f"{name}: no layer took the fused path"
+    return n
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--markdown", type=Path, help="write the table into this file's 'Host cost' section")
     ap.add_argument("--no-models", action="store_true", help="blocks and layers only (the ViT-B/16 counts take "
-                    "a minute and a half on 2 CPU cores)")
+                    "a few minutes on 2 CPU cores)")
     ap.add_argument("--json", type=Path, help="write the table, the machine and the torch version here as JSON")
     args = ap.parse_args()
     std = block_ops("standard")
@@ -54,9 +70,11 @@ def main() -> None:
     rows += ["", "| Llama decoder layer (width 64, 4 heads, B 2, N 16) | eager ops | × base |", "|---|---|---|",
              f"| base | {base} | 1.00 |", f"| DAA retrofit | {daa} | {daa / base:.2f} |"]
     if not args.no_models:
-        counts = {name: model_ops(name) for name in MODELS}
-        rows += ["", "| model (B 2, 224², forward + backward, eager) | ops | × ViT-B/16 |", "|---|---|---|"]
-        rows += [f"| {n} | {c} | {c / counts[MODELS[0]]:.2f} |" for n, c in counts.items()]
+        rows += ["", "| model (B 2, 224², forward + backward) | standard twin | eager ops | × twin | fused-kernel ops "
+                 "| × twin |", "|---|---|---|---|---|---|"]
+        for name in MODELS:
+            twin, e, f = model_ops(name, twin=True), model_ops(name), model_ops(name, "triton")
+            rows.append(f"| {name} | {twin} | {e} | {e / twin:.2f} | {f} | {f / twin:.2f} |")
     text = "\n".join(rows)
     print(text)
     if args.json:

@@ -52,13 +52,10 @@ class _NoKernel:
 KERNELS = [name for name in vars(triton_diff) if name.startswith("_diff_attn_") and name.endswith("_kernel")]
 
 
-def block_ops(kind: str, backend: str = "sdpa") -> int:
-    torch.manual_seed(0)
-    spec = AttentionSpec(kind, backend=backend) if kind != "standard" else AttentionSpec("standard", backend="sdpa")
-    block = Block(64, 4, attention=spec)
-    x = torch.randn(2, 16, 64, requires_grad=True)
-    if backend != "triton":
-        return count_step(block, x)
+@contextlib.contextmanager
+def fused_path():
+    """Within the block, differential layers on the CPU take the path a GPU takes with the ``triton`` backend, with
+    Triton kernels that launch nothing; yields the list that gets one entry per fused layer call."""
     calls = []
     real = triton_diff.fused_layer_attention
     with contextlib.ExitStack() as stack:
@@ -68,6 +65,17 @@ def block_ops(kind: str, backend: str = "sdpa") -> int:
                                               lambda *a, **k: calls.append(1) or real(*a, **k)))
         for name in KERNELS:
             stack.enter_context(mock.patch.object(triton_diff, name, _NoKernel()))
+        yield calls
+
+
+def block_ops(kind: str, backend: str = "sdpa") -> int:
+    torch.manual_seed(0)
+    spec = AttentionSpec(kind, backend=backend) if kind != "standard" else AttentionSpec("standard", backend="sdpa")
+    block = Block(64, 4, attention=spec)
+    x = torch.randn(2, 16, 64, requires_grad=True)
+    if backend != "triton":
+        return count_step(block, x)
+    with fused_path() as calls:
         n = count_step(block, x)
     assert calls, f"{kind}: the layer did not take the fused path"
     return n
