@@ -250,10 +250,10 @@ def render_decode(res: dict | None) -> str:
 
 
 def render_host(res: dict | None, device: str) -> str:
-    goal = "every differential block ≤ 1.3× the standard block's ops"
+    goal = "every differential block ≤ 1.3× the standard block's ops on the path a GPU takes (fused kernel)"
     if not res:
         return "### Host cost on the device run\n\n" + _verdict([], [], goal)
-    ratios = res.get("block_ratios", {})
+    ratios = res.get("fused_block_ratios", {})
     ok = [f"{k} {v:.2f}×" for k, v in ratios.items() if v <= 1.3]
     bad = [f"{k} {v:.2f}×" for k, v in ratios.items() if v > 1.3]
     return "\n".join([

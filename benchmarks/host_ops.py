@@ -59,12 +59,12 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the table, the machine and the torch version here as JSON")
     args = ap.parse_args()
     std = block_ops("standard")
-    ratios = {}
+    ratios, fused_ratios = {}, {}  # eager (sdpa) and fused-kernel paths
     rows = ["| block (width 64, 4 heads, B 2, N 16) | eager ops | × standard | fused-kernel ops | × standard |",
             "|---|---|---|---|---|", f"| standard | {std} | 1.00 | {std} | 1.00 |"]
     for kind in ("diff", "gated", "diff_v2"):
         e, f = block_ops(kind), block_ops(kind, backend="triton")
-        ratios[kind] = e / std
+        ratios[kind], fused_ratios[kind] = e / std, f / std
         rows.append(f"| {kind} | {e} | {e / std:.2f} | {f} | {f / std:.2f} |")
     base, daa = llama_layer_ops(None), llama_layer_ops("daa")
     rows += ["", "| Llama decoder layer (width 64, 4 heads, B 2, N 16) | eager ops | × base |", "|---|---|---|",
@@ -80,12 +80,12 @@ def main() -> None:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(dict(machine=cpu_name(), torch=torch.__version__, table=text,
-                                             block_ratios=ratios),
+                                             block_ratios=ratios, fused_block_ratios=fused_ratios),
                                         indent=1))
     if args.markdown:
         body = (f"## Host cost (ops per training step), cpu\n\nMachine: {cpu_name()}, torch {torch.__version__}. "
                 "Command: `python benchmarks/host_ops.py --markdown docs/benchmarks.md`. Goal: every differential "
-                "block ≤ 1.3× the standard block.\n\n" + text)
+                "block ≤ 1.3× the standard block on the path a GPU takes (the fused-kernel column).\n\n" + text)
         write_markdown_section(args.markdown, "host-ops", body)
 
 

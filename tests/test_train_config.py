@@ -27,6 +27,8 @@ def test_unknown_key_names_key_and_valid_ones():
     ("run", "distributed", "zero3", r"run\.distributed must be one of \('ddp', 'fsdp2'\)"),
     ("optim", "lr", -1.0, r"optim\.lr must be a number > 0, got -1.0"),
     ("run", "ema_decay", 1.5, r"run\.ema_decay must be None or in \(0, 1\)"),
+    ("run", "compile", "fast", r"run\.compile must be true, false or a torch\.compile mode .*got 'fast'"),
+    ("run", "compile", 1, r"run\.compile must be true, false"),
 ])
 def test_bad_values(section, key, value, msg):
     d = {**BASE, section: {**BASE.get(section, {}), key: value}}
@@ -47,6 +49,8 @@ def test_set_overrides_parse_yaml_values(tmp_path):
     cfg = load_config(p, ["optim.lr=3e-4", "run.ema_decay=0.99", "model.overrides.depth=1", "optim.betas=[0.9, 0.95]"])
     assert cfg.optim.lr == 3e-4 and cfg.run.ema_decay == 0.99 and cfg.model.overrides == {"depth": 1}
     assert cfg.optim.betas == [0.9, 0.95]
+    assert load_config(p, ["run.compile=reduce-overhead"]).run.compile == "reduce-overhead"  # CUDA graphs on a GPU
+    assert load_config(p, ["run.compile=true"]).run.compile is True
     with pytest.raises(ValueError, match=r"--set takes section.key=value, got 'optim.lr'"):
         apply_overrides({}, ["optim.lr"])
     with pytest.raises(ValueError, match=r"unknown config key run\.stpes"):

@@ -98,6 +98,11 @@ class OptimConfig:
     grad_clip: float | None = 1.0
 
 
+#: ``run.compile`` modes besides true/false: torch.compile's ``mode`` ("reduce-overhead" replays the compiled step as
+#: CUDA graphs on a GPU, which removes the per-op launch cost of small models)
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass
 class RunConfig:
     """``batch_size`` is the GLOBAL batch per optimizer step: split over ``world_size`` ranks and ``accum_steps``
@@ -112,7 +117,7 @@ class RunConfig:
     seed: int = 0
     device: str | None = None
     precision: str = "auto"
-    compile: bool = False
+    compile: bool | str = False
     ema_decay: float | None = None
     distributed: str = "ddp"
     log_every: int = 10
@@ -217,6 +222,8 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check(r.precision in PRECISIONS, "run.precision", r.precision, f"one of {PRECISIONS}")
     _check(r.distributed in STRATEGIES, "run.distributed", r.distributed, f"one of {STRATEGIES}")
     _check(r.ema_decay is None or 0 < r.ema_decay < 1, "run.ema_decay", r.ema_decay, "None or in (0, 1)")
+    _check(isinstance(r.compile, bool) or r.compile in COMPILE_MODES, "run.compile", r.compile,
+           f"true, false or a torch.compile mode {COMPILE_MODES} (reduce-overhead captures CUDA graphs)")
     for key in ("log_every", "ckpt_every", "keep_last"):
         v = getattr(r, key)
         _check(_is_int(v) and v >= 1, f"run.{key}", v, "an integer >= 1")

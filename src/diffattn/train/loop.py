@@ -549,7 +549,8 @@ class Trainer:
         the step budget changed), or, for a new run, each rank seeded differently (dropout, mixup, augmentation)."""
         cfg, env, model, ckpt = self.cfg, self.env, self.model, self.ckpt
         self.ddp_model = wrap_model(model, env, cfg.run.distributed)  # FSDP2 shards ``model`` in place
-        self.fwd_model = torch.compile(self.ddp_model) if cfg.run.compile else self.ddp_model
+        mode = cfg.run.compile if isinstance(cfg.run.compile, str) else None  # e.g. "reduce-overhead": CUDA graphs
+        self.fwd_model = torch.compile(self.ddp_model, mode=mode) if cfg.run.compile else self.ddp_model
         self.optimizer = build_optimizer(model, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, self.total)
         self.scaler = torch.amp.GradScaler(env.device.type, enabled=self.amp_dtype is torch.float16)
