@@ -253,7 +253,7 @@ def verdict_lines(rows: Sequence[Mapping], labels: Sequence[str], failed_keys: C
             test = r["vs_baseline"].get(lab)
             stats = (f"{test['mean_diff']:+.{r['digits']}f} [{test['ci95'][0]:+.{r['digits']}f}, "
                      f"{test['ci95'][1]:+.{r['digits']}f}], Holm p {test['p_holm']:.3f}") if test else "no test"
-            lines.append(f"- {r['metric']}, {lab} − {labels[0]} ({paper.source}: "
+            lines.append(f"- {r['metric']}, {lab} − {labels[0]} ({paper.source}; the paper: "
                          f"{'higher' if paper.direction > 0 else 'lower'}): {stats} → **{text}**")
     return lines, out
 

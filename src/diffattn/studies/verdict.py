@@ -73,7 +73,7 @@ class PaperEffect:
         if self.size is None:
             return f"no size in these units, {self.source}"
         unit = f" {self.unit}" if self.unit else ""
-        return f"{self.size:+.3g}{unit}, {self.source}"
+        return f"{self.size:+.3g}".replace("-", "−") + f"{unit}, {self.source}"
 
 
 def derive_verdict(effect: float | None, ci: Sequence[float] | None, p_holm: float | None, paper: PaperEffect, *,
