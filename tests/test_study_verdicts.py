@@ -89,6 +89,8 @@ def test_steps_to_control_tests_holm_and_verdict():
     assert d["relative"][0] == pytest.approx(100 * 276 / 324)
     assert d["verdict"] == Verdict.NULL_EXCLUDES.value and claims.FEWER_STEPS.size == -36.3
     assert any("Holm p 0.1250" in line for line in lines)
+    _, failed = steps_to_control_tests({"T": [300, 360], "D": [None, None]}, 600, control_passed=False)
+    assert failed[0]["verdict"] == Verdict.INCONCLUSIVE.value
 
 
 def test_per_seed_control_status_and_pre_registered_exclusion(tmp_path):

@@ -55,7 +55,7 @@ from ..diagnostics import (
 )
 from . import claims
 from .base import module_study, mqar_stream
-from .report import Control, Metric, run_seeds, warmup_text, write_study
+from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
     MODELS,
@@ -288,7 +288,8 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
     out += steps_to_control_lines({lab: [per_seed[s][lab]["steps_to_control"] for s in seeds] for lab in labels},
                                   cfg["steps"])
     out += ["", *steps_to_control_tests(
-        {lab: [per_seed[s][lab]["steps_to_control"] for s in seeds] for lab in labels}, cfg["steps"])[0]]
+        {lab: [per_seed[s][lab]["steps_to_control"] for s in seeds] for lab in labels}, cfg["steps"],
+        control_passed=check_control(per_seed, control(cfg))["passed"])[0]]
     out += ["", "## Attention-logit outliers per map: |S| (mean ± std over seeds; A: standard attention's map, "
                 "A1 / A2: the two maps of a differential layer)", "",
             "| model | map | top-1 | top-10 | median |", "|---|---|---:|---:|---:|"]

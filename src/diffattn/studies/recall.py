@@ -23,7 +23,7 @@ import torch
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from . import claims
 from .base import Study, StudyConfig, mqar_stream, register_study
-from .report import Control, Metric, run_seeds, warmup_text, write_study
+from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
     MODELS,
@@ -134,9 +134,10 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
                     f"evaluated every {cfg['eval_every']} steps) at width {w}:", ""]
         out += steps_to_control_lines(
             {lab: [per_seed[s][lab][f"w{w}"]["steps_to_control"] for s in seeds] for lab in labels}, cfg["steps"])
+        gate = next(c for c in control(cfg) if c.gates == (f"w{w}",))
         out += ["", *steps_to_control_tests(
             {lab: [per_seed[s][lab][f"w{w}"]["steps_to_control"] for s in seeds] for lab in labels},
-            cfg["steps"])[0]]
+            cfg["steps"], control_passed=check_control(per_seed, gate)["passed"])[0]]
     return out
 
 

@@ -159,13 +159,14 @@ def steps_to_control_lines(reached: dict[str, list[int | None]], steps: int) -> 
 
 
 def steps_to_control_tests(reached: dict[str, list[int | None]], steps: int,
-                           claim: PaperEffect | None = FEWER_STEPS) -> tuple[list[str], list[dict[str, Any]]]:
+                           claim: PaperEffect | None = FEWER_STEPS, *,
+                           control_passed: bool = True) -> tuple[list[str], list[dict[str, Any]]]:
     """The paired test of steps-to-threshold of every model against the first (the baseline), a seed that never
     reached the level counted as censored at the budget ``steps``
     (:func:`~diffattn.studies.stats.censored_paired_test`: exact paired permutation p on the restricted steps,
     paired Gehan scores), Holm-adjusted over the models; with ``claim`` each model's verdict, the restricted mean
-    difference and its interval taken in % of the baseline's restricted mean steps. Returns the markdown lines and
-    one dict per model."""
+    difference and its interval taken in % of the baseline's restricted mean steps (``inconclusive`` when the
+    baseline failed its control). Returns the markdown lines and one dict per model."""
     labels = list(reached)
     base = labels[0]
     tests = {lab: censored_paired_test(reached[lab], reached[base], steps) for lab in labels[1:]}
@@ -185,7 +186,7 @@ def steps_to_control_tests(reached: dict[str, list[int | None]], steps: int,
         entry = {"variant": lab, **t, "relative": rel}
         text = ""
         if claim is not None:
-            verdict = derive_verdict(rel[0], rel[1:], t["p_holm"], claim)
+            verdict = derive_verdict(rel[0], rel[1:], t["p_holm"], claim, control_passed=control_passed)
             entry["verdict"] = verdict.value
             text = f" → **{verdict_text(verdict, claim)}**"
         lines.append(f"- {lab} − {base}: {t['mean_diff']:+.0f} steps [95 % CI {t['ci95'][0]:+.0f}, "
