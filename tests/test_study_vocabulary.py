@@ -53,6 +53,24 @@ def _allowed(cell: str) -> bool:
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
 def test_no_verdict_outside_the_list(path):
+    _check_vocabulary(path)
+
+
+def test_a_written_study_report_uses_only_the_list(tmp_path):
+    from diffattn.studies.report import Control, Metric, write_study
+    from diffattn.studies.verdict import PaperEffect
+
+    per_seed = {s: {"B": {"acc": 0.9 + s / 100, "x": 1.0}, "V": {"acc": 0.5 + s / 50, "x": 1.0 + s}}
+                for s in range(3)}
+    metrics = [Metric("acc", "acc", 100.0, 1, claim=PaperEffect(1, "P 2024", 5.0, "points")),
+               Metric("x", "x", 1.0, 2, claim=PaperEffect(-1, "Q 2025"))]
+    for name, level in (("passed", 60.0), ("failed", 99.0)):
+        res = write_study(tmp_path / name, {"study": "x"}, "T", "i", per_seed, metrics, 1.0,
+                          control=Control("B accuracy (%)", "acc", level, scale=100.0))
+        _check_vocabulary(Path(res["report"]))
+
+
+def _check_vocabulary(path: Path) -> None:
     text = path.read_text()
     low = text.lower()
     bad = [w for w in FORBIDDEN if w in low]
