@@ -241,7 +241,7 @@ def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
     clip = [100 * s["CLIP"]["clip"]["zero_shot"]["top1"] for s in per_seed]
     assert control["values"] == pytest.approx(clip) and control["threshold"] == 12.5 and control["line"] in report
     assert control["passed"] == (sum(clip) / 2 >= 12.5)
-    assert res["verdict"] == ("compared" if control["passed"] else "inconclusive")
+    assert res["control_status"] == ("passed" if control["passed"] else "failed")
     assert ("DiffCLIP − CLIP = " in report) == control["passed"] == ("p_Holm" in report)
     # the curves: a checkpoint every step of 2, measured on the 48 quick-protocol test images
     for s in per_seed:

@@ -150,13 +150,13 @@ def test_write_study_control_gates_the_tests(tmp_path):
     failed = write_study(tmp_path / "f", {"study": "noise"}, "T", "intro", per_seed, [Metric("acc", "acc", 100.0, 1)],
                          1.0, control=Control("Transformer accuracy (%)", "acc", 90.0, scale=100.0))
     assert not failed["control"]["passed"] and failed["control"]["mean"] == pytest.approx(21.0)
-    assert failed["results"]["verdict"] == "inconclusive" and failed["rows"][0]["vs_baseline"] == {}
+    assert failed["results"]["control_status"] == "failed" and failed["rows"][0]["vs_baseline"] == {}
     text = Path(failed["report"]).read_text()
     assert "inconclusive: the baseline did not learn the task" in text and "p_Holm" not in text
     passed = write_study(tmp_path / "p", {"study": "noise"}, "T", "intro", per_seed,
                          [Metric("acc", "acc", 100.0, 1)], 1.0,
                          control=Control("Transformer accuracy (%)", "acc", 20.0, scale=100.0))
-    assert passed["control"]["passed"] and passed["results"]["verdict"] == "compared"
+    assert passed["control"]["passed"] and passed["results"]["control_status"] == "passed"
     assert "p_Holm" in Path(passed["report"]).read_text()
     assert json.loads(Path(tmp_path / "p" / "results.json").read_text())["control"]["passed"] is True
 
@@ -170,17 +170,17 @@ def test_write_study_controls_per_part_gate_their_own_metrics(tmp_path):
     got = write_study(tmp_path, {"study": "retrofit"}, "T", "intro", per_seed, metrics, 1.0, control=controls)
     assert [c["passed"] for c in got["control"]] == [True, False]
     assert got["control"][0]["mean"] == pytest.approx(91.0) and got["control"][1]["mean"] == 0.0
-    assert got["results"]["verdict"] == "partly inconclusive"
+    assert got["results"]["control_status"] == "partly failed"
     a, b = got["rows"]
     assert a["vs_baseline"]["DAA"]["mean_diff"] == pytest.approx(-9.0) and b["vs_baseline"] == {}
     assert a["vs_baseline"]["DAA"]["p_holm"] == a["vs_baseline"]["DAA"]["p"]  # one test in the table
     text = Path(got["report"]).read_text()
     assert "Control: plain a (%) must be ≥ 80; plain reached 91.00" in text and "passed." in text
-    assert "so no model is compared with it on b" in text and "Verdict: partly inconclusive." in text
+    assert "so no model is compared with it on b" in text and "Controls: partly failed." in text
     assert "No test for b acc: their control failed." in text and text.count("p_Holm") == 1
     both = write_study(tmp_path / "x", {"study": "retrofit"}, "T", "intro", per_seed, metrics, 1.0,
                        control=[controls[1], Control("plain a (%)", "a.acc", 95.0, scale=100.0, gates=("a",))])
-    assert both["results"]["verdict"] == "inconclusive" and all(r["vs_baseline"] == {} for r in both["rows"])
+    assert both["results"]["control_status"] == "failed" and all(r["vs_baseline"] == {} for r in both["rows"])
     assert Control("x", "x", 1.0, gates=("lm",)).gate("lm.ppl") and not Control("x", "x", 1.0, gates=("lm",)).gate(
         "lmx.ppl") and Control("x", "x", 1.0).gate("anything")
 
@@ -362,8 +362,8 @@ def _check_results(out, labels, metric_keys):
         assert c["mean"] == pytest.approx(sum(c["values"]) / 2)
         assert c["passed"] == (c["mean"] >= c["threshold"] if c["higher_is_better"] else c["mean"] <= c["threshold"])
     passed = [c["passed"] for c in controls]
-    assert res["verdict"] == ("compared" if all(passed) else "inconclusive" if not any(passed) else
-                              "partly inconclusive") and f"Verdict: {res['verdict']}." in report
+    assert res["control_status"] == ("passed" if all(passed) else "failed" if not any(passed) else
+                                     "partly failed") and f"Controls: {res['control_status']}." in report
     for r in res["rows"]:  # tests only where every control gating the metric passed
         gated = [c for c in controls if not c["gates"] or any(r["key"] == g or r["key"].startswith(g + ".")
                                                               for g in c["gates"])]
@@ -577,8 +577,8 @@ def _check_synthetic(res, labels):
     for ctrl in ctrls:
         assert ctrl["line"].startswith("Control: Transformer accuracy") and len(ctrl["values"]) == 2
     passed = [c["passed"] for c in ctrls]
-    assert res["verdict"] == ("compared" if all(passed) else "inconclusive" if not any(passed) else
-                              "partly inconclusive")
+    assert res["control_status"] == ("passed" if all(passed) else "failed" if not any(passed) else
+                                     "partly failed")
     for r in res["rows"]:
         # one control per part ("w8", "w16"): each gates the rows of its own part
         part = r["key"].split(".")[0]

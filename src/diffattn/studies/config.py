@@ -1,6 +1,8 @@
 """Study configs: a YAML mapping naming the experiment (``study``), the ``variants`` (the first is the baseline
 every other is compared with), the ``seeds`` (at least 2), the output folder ``out`` and the study's own budget
-keys (each study module's ``DEFAULTS``). Unknown keys and wrong types are a ``ValueError`` naming the key."""
+keys (each study module's ``DEFAULTS``), and the report keys every study accepts
+(:data:`~diffattn.studies.report.REPORT_DEFAULTS`: ``control_set``, when and in which commit the control levels were
+fixed; ``exclude_failed_seeds``). Unknown keys and wrong types are a ``ValueError`` naming the key."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from ..configs import apply_sets, config_names
 from ..configs import find_config as _find
 from ..errors import yaml_error
 from .base import COMMON_KEYS, Study, StudyConfig, get_study, registered_studies
+from .report import REPORT_DEFAULTS
 
 __all__ = ["COMMON_KEYS", "STUDY_MODULES", "WALL_TIMES", "study_names", "study_for", "find_config",
            "load_study", "validate_study", "budget_warnings"]
@@ -88,9 +91,9 @@ def validate_study(cfg: Any, where: str = "the study config") -> StudyConfig:
         raise ValueError(f"{where} must hold a YAML mapping, got {type(cfg).__name__}")
     name = cfg.get("study")
     study = study_for(name, where)
-    defaults = {"variants": list(study.default_variants or study.variants), "out": f"runs/studies/{name}",
-                **study.defaults}
-    valid = (*COMMON_KEYS, *study.defaults)
+    own = {**REPORT_DEFAULTS, **study.defaults}
+    defaults = {"variants": list(study.default_variants or study.variants), "out": f"runs/studies/{name}", **own}
+    valid = (*COMMON_KEYS, *own)
     unknown = sorted(set(cfg) - set(valid))
     if unknown:
         raise ValueError(f"unknown study keys {unknown} in {where}; valid keys for study {name!r}: "
@@ -111,9 +114,9 @@ def validate_study(cfg: Any, where: str = "the study config") -> StudyConfig:
         errors.append(f"out in {where} must be a folder path (str), got {cfg.get('out')!r}")
     typed = True
     for key, value in cfg.items():
-        if key in study.defaults:
+        if key in own:
             try:
-                _check_type(where, key, value, study.defaults[key])
+                _check_type(where, key, value, own[key])
             except ValueError as e:
                 errors.append(str(e))
                 typed = False

@@ -33,6 +33,7 @@ from ..data.detection import export_detection
 from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS
 from ..extras import MissingExtraError
 from ..io import atomic_write_file
+from . import claims
 from .base import module_study
 from .report import Control, Metric, run_seeds, write_study
 from .stats import mean_std, min_detectable_difference
@@ -297,7 +298,8 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
     rows = [r for seed in cfg["seeds"] for r in per_seed[seed].values()]
     maps = plot_maps(rows, data, out / "attention_maps.png", cfg["imgsz"])
     _write(out, rows, budget, maps)
-    metrics = [Metric("mAP50 (%)", "mAP50", 100.0, 1), Metric("mAP50-95 (%)", "mAP50-95", 100.0, 1),
+    metrics = [Metric("mAP50 (%)", "mAP50", 100.0, 1, claim=claims.DETECTION_MAP),
+               Metric("mAP50-95 (%)", "mAP50-95", 100.0, 1),
                Metric("parameters", "params", 1.0, 0, None), Metric("GFLOPs at 640", "gflops_640", 1.0, 2, None),
                Metric("train seconds per run", "train_s", 1.0, 0, None)]
     intro = (f"YOLO26 detectors ({', '.join(VARIANTS[v][1] for v in cfg['variants'])}) trained {cfg['epochs']} "

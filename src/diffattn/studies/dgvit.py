@@ -34,6 +34,7 @@ from ..eval.robustness import COMMON_CORRUPTIONS, corrupt_images, mean_corruptio
 from ..factory import from_pretrained
 from ..train.config import config_from_dict
 from ..train.loop import train
+from . import claims
 from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
@@ -145,9 +146,10 @@ def _metrics(cfg: dict[str, Any]) -> list[Metric]:
     chance = 1 / cfg["model"]["num_classes"] if cfg.get("model", {}).get("num_classes") else None  # balanced classes
     return [Metric("final train loss", "final_loss", 1.0, 3, False),
             Metric("clean test accuracy (%)", "clean", 100.0, 1, chance=chance),
-            *[Metric(f"accuracy, Gaussian noise σ = {s:g} (%)", f"noise.{s:g}", 100.0, 1, chance=chance)
-              for s in cfg["noise_levels"]],
-            Metric("corruptions: mean accuracy (%)", "corruptions.mean_accuracy", 100.0, 1, chance=chance),
+            *[Metric(f"accuracy, Gaussian noise σ = {s:g} (%)", f"noise.{s:g}", 100.0, 1, chance=chance,
+                     claim=claims.NOISE_ROBUSTNESS) for s in cfg["noise_levels"]],
+            Metric("corruptions: mean accuracy (%)", "corruptions.mean_accuracy", 100.0, 1, chance=chance,
+                   claim=claims.CORRUPTION_ROBUSTNESS),
             Metric("corruptions: mCE", "corruptions.mce", 1.0, 1, False)]
 
 

@@ -44,6 +44,7 @@ from ..train.checkpoint import load_checkpoint
 from ..train.config import load_config
 from ..train.loop import train
 from ..train.tasks import mean_lambdas
+from . import claims
 from .base import Study, StudyConfig, higher_is_better, raised_errors, register_study, require_datasets
 from .report import Control, Metric, write_study
 from .stats import mean_std
@@ -556,7 +557,8 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
 def _metrics():
     neither = {"clip.foreground_attention.signed.density_ratio", "clip.foreground_attention.relu.density_ratio"}
     return [Metric(name, key, 100.0 if kind == "pct" else 1.0, 1 if kind in ("pct", ".1f") else 3,
-                   None if key in neither else higher_is_better(key) is not False)
+                   None if key in neither else higher_is_better(key) is not False,
+                   claim=claims.DIFFCLIP_ZERO_SHOT if key == CONTROL.key else None)
             for name, key, kind in DEMO_ROWS if kind not in ("list", "int") and key != "train_seconds"]
 
 

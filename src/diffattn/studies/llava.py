@@ -36,6 +36,7 @@ from ..io import atomic_write_file
 from ..models.clip import image_transform
 from ..train.llava import train_llava
 from ..train.tasks.vlm import QuestionImages, vlm_vocabulary
+from . import claims
 from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
@@ -116,7 +117,8 @@ def _metrics(layers: int) -> list[Metric]:
     ms = [Metric("VQA score, what is this? (%)", "vqa.what", 100.0, 1),
           Metric("VQA score, category (%)", "vqa.category", 100.0, 1)]
     for s in POPE_SPLITS:
-        ms += [Metric(f"POPE {s}: accuracy (%)", f"pope.{s}.accuracy", 100.0, 1, chance=0.5),  # yes / no
+        ms += [Metric(f"POPE {s}: accuracy (%)", f"pope.{s}.accuracy", 100.0, 1, chance=0.5,  # yes / no
+                      claim=claims.LLAVA_POPE),
                Metric(f"POPE {s}: F1 (%)", f"pope.{s}.f1", 100.0, 1),
                Metric(f"POPE {s}: yes-ratio (%)", f"pope.{s}.yes_ratio", 100.0, 1, None)]
     ms += [Metric(f"MMNeedle {n} (%)", f"mmneedle.{n}", 100.0, 1) for n in ("existence", "index", "exact")]

@@ -53,8 +53,9 @@ from ..diagnostics import (
     logit_stats,
     quantized_logits,
 )
+from . import claims
 from .base import module_study, mqar_stream
-from .report import Control, Metric, run_seeds, warmup_text, write_study
+from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
     MODELS,
@@ -62,6 +63,7 @@ from .synthetic import (
     build_model,
     param_count,
     steps_to_control_lines,
+    steps_to_control_tests,
     steps_to_reach,
     train_model,
 )
@@ -285,6 +287,9 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
                 f"{cfg['eval_every']} steps):", ""]
     out += steps_to_control_lines({lab: [per_seed[s][lab]["steps_to_control"] for s in seeds] for lab in labels},
                                   cfg["steps"])
+    out += ["", *steps_to_control_tests(
+        {lab: [per_seed[s][lab]["steps_to_control"] for s in seeds] for lab in labels}, cfg["steps"],
+        control_passed=check_control(per_seed, control(cfg))["passed"])[0]]
     out += ["", "## Attention-logit outliers per map: |S| (mean ± std over seeds; A: standard attention's map, "
                 "A1 / A2: the two maps of a differential layer)", "",
             "| model | map | top-1 | top-10 | median |", "|---|---|---:|---:|---:|"]
@@ -381,17 +386,19 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
              f"layer) and |h| over the blocks' outputs on those samples. Quantised: every map from logits quantised "
              f"per head (absmax) to {cfg['quant_bits']} bits, the accuracy at the trained length.")
     metrics = [Metric(f"accuracy at {cfg['train_length']} tokens (trained), mean over cells (%)", "accuracy.x1", 100.0,
-                      1)]
+                      1, claim=claims.MULTI_NEEDLE)]
     metrics += [Metric(f"accuracy {_cell(n, r)} at {cfg['train_length']} tokens (%)", f"cells.{_cell(n, r)}", 100.0, 1)
                 for n, r in pairs]
     metrics += [Metric(f"accuracy at {f * cfg['train_length']} tokens ({f}× trained) (%)", f"accuracy.x{f}", 100.0, 1)
                 for f in cfg["length_factors"][1:]]
-    metrics += [Metric("answer attention mass (signed)", "attention.answer_signed", 1.0, 3),
-                Metric("context attention mass outside the answer (signed)", "attention.noise_signed", 1.0, 3, False),
-                Metric("attention logits |S|: top-1", "outliers.logits.top1", 1.0, 2, None),
+    metrics += [Metric("answer attention mass (signed)", "attention.answer_signed", 1.0, 3, claim=claims.ANSWER_MASS),
+                Metric("context attention mass outside the answer (signed)", "attention.noise_signed", 1.0, 3, False,
+                       claim=claims.CONTEXT_MASS),
+                Metric("attention logits |S|: top-1", "outliers.logits.top1", 1.0, 2, None,
+                       claim=claims.LOGIT_OUTLIERS),
                 Metric("attention logits |S|: top-10", "outliers.logits.top10", 1.0, 2, None),
                 Metric("attention logits |S|: median", "outliers.logits.median", 1.0, 3, None),
-                Metric("hidden states |h|: top-1", "outliers.hidden.top1", 1.0, 2, None),
+                Metric("hidden states |h|: top-1", "outliers.hidden.top1", 1.0, 2, None, claim=claims.HIDDEN_OUTLIERS),
                 Metric("hidden states |h|: top-10", "outliers.hidden.top10", 1.0, 2, None),
                 Metric("hidden states |h|: median", "outliers.hidden.median", 1.0, 3, None)]
     metrics += [Metric(f"accuracy at {cfg['train_length']} tokens, logits quantised to {b} bits (%)",

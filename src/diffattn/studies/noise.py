@@ -44,6 +44,7 @@ from ..eval.text_models import get_text_tokenizer, lm_logits
 from ..factory import create_model, from_pretrained
 from ..train.loop import fit
 from ..train.optim import warmup_cosine
+from . import claims
 from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
@@ -277,15 +278,16 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
              f"State of the Union text, depths {cfg['depths']}, {cfg['trials']} prompts per depth. Attention mass "
              f"from the last query position, mean over prompts, heads and layers: signed = the map the layer applies "
              f"to V, abs = |map|. Perplexity: bytes of the test split ({cfg['ppl_bytes']:,}).")
-    metrics = [Metric("answer-span attention mass (signed)", "answer_signed", 1.0, 4),
-               Metric("context attention mass outside the answer (signed)", "noise_signed", 1.0, 4, False),
+    metrics = [Metric("answer-span attention mass (signed)", "answer_signed", 1.0, 4, claim=claims.ANSWER_MASS),
+               Metric("context attention mass outside the answer (signed)", "noise_signed", 1.0, 4, False,
+                      claim=claims.CONTEXT_MASS),
                Metric("answer / context ratio (signed)", "ratio_signed", 1.0, 3),
                Metric("answer-span attention mass (|·|)", "answer_abs", 1.0, 4),
                Metric("context attention mass outside the answer (|·|)", "noise_abs", 1.0, 4, False),
                Metric("answer / context ratio (|·|)", "ratio_abs", 1.0, 3),
                Metric("needle accuracy (%)", "accuracy", 100.0, 1),
                Metric("answer NLL (nats / byte)", "answer_nll", 1.0, 3, False),
-               Metric("held-out perplexity (bytes)", "ppl", 1.0, 3, False),
+               Metric("held-out perplexity (bytes)", "ppl", 1.0, 3, False, claim=claims.LM_PERPLEXITY),
                Metric("final train loss", "final_loss", 1.0, 3, False)]
     return write_study(out, cfg, "Study: attention noise, standard vs differential LM", intro, per_seed, metrics,
                        seconds, control=CONTROL)

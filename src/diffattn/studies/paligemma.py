@@ -42,6 +42,7 @@ from ..io import atomic_write_file
 from ..models.paligemma import paligemma_transform
 from ..train.config import config_from_dict
 from ..train.loop import train
+from . import claims
 from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
@@ -148,7 +149,7 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
 
 
 def _metrics(cfg: dict[str, Any], layers: int) -> list[Metric]:
-    ms = [Metric("VQA score, what is this? (%)", "vqa.what", 100.0, 1),
+    ms = [Metric("VQA score, what is this? (%)", "vqa.what", 100.0, 1, claim=claims.PALIGEMMA_VQA),
           Metric("VQA score, category (%)", "vqa.category", 100.0, 1)]
     for s in POPE_SPLITS:
         ms += [Metric(f"POPE {s}: accuracy (%)", f"pope.{s}.accuracy", 100.0, 1, chance=0.5),  # yes / no

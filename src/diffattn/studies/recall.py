@@ -21,8 +21,9 @@ from typing import Any
 import torch
 
 from ..data.synthetic import SyntheticVocab, mqar_batch
+from . import claims
 from .base import Study, StudyConfig, mqar_stream, register_study
-from .report import Control, Metric, run_seeds, warmup_text, write_study
+from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
     MODELS,
@@ -30,6 +31,7 @@ from .synthetic import (
     build_model,
     param_count,
     steps_to_control_lines,
+    steps_to_control_tests,
     steps_to_reach,
     train_model,
 )
@@ -132,6 +134,10 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
                     f"evaluated every {cfg['eval_every']} steps) at width {w}:", ""]
         out += steps_to_control_lines(
             {lab: [per_seed[s][lab][f"w{w}"]["steps_to_control"] for s in seeds] for lab in labels}, cfg["steps"])
+        gate = next(c for c in control(cfg) if c.gates == (f"w{w}",))
+        out += ["", *steps_to_control_tests(
+            {lab: [per_seed[s][lab][f"w{w}"]["steps_to_control"] for s in seeds] for lab in labels},
+            cfg["steps"], control_passed=check_control(per_seed, gate)["passed"])[0]]
     return out
 
 
@@ -197,8 +203,8 @@ class RecallStudy(Study):
                  f"keys, {vocab.num_values} values. Accuracy on {cfg['samples']} fresh samples per (width, P).")
         metrics = [Metric(f"accuracy, width {w}, {p} pairs (%)", f"w{w}.accuracy.P{p}", 100.0, 1)
                    for w in cfg["widths"] for p in cfg["pairs"]]
-        metrics += [Metric(f"accuracy, width {w}, mean over P (%)", f"w{w}.mean_accuracy", 100.0, 1)
-                    for w in cfg["widths"]]
+        metrics += [Metric(f"accuracy, width {w}, mean over P (%)", f"w{w}.mean_accuracy", 100.0, 1,
+                           claim=claims.IN_CONTEXT_RECALL) for w in cfg["widths"]]
         return write_study(Path(cfg["out"]), cfg, self.title, intro, per_seed, metrics, seconds,
                            _sections(cfg, per_seed, labels), control=self.control(cfg))
 

@@ -38,10 +38,12 @@ from ..data.synthetic import SyntheticVocab, mqar_batch
 from ..io import atomic_write_file
 from ..layers import AttentionSpec, GatedDiffAttention
 from .base import Study, StudyConfig, raised_errors, register_study
+from .claims import SUBNORM_HELPS
 from .recall import _train_batches
-from .report import Control, check_control
+from .report import Control, check_control, control_table
 from .stats import holm, mean_std, paired_test
 from .synthetic import answer_accuracy, attention_for, build_model, param_count, train_model
+from .verdict import verdict_of_test
 
 __all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "run", "control", "variant_model", "select_lr",
            "check_config"]
@@ -238,8 +240,9 @@ def _execute(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
 def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str, Any]:
     base = {s: {VARIANTS["standard"]: {f"w{w}": {"accuracy": reported[f"w{w}"]["standard"][i]["accuracy"]}
                                         for w in cfg["widths"]}} for i, s in enumerate(cfg["seeds"])}
-    checked = {c.gates[0]: check_control(base, c) for c in control(cfg)}
-    controls = {k: {kk: c[kk] for kk in ("values", "mean", "threshold", "passed", "line")} for k, c in checked.items()}
+    checked = {c.gates[0]: check_control(base, c, str(cfg.get("control_set", "") or "")) for c in control(cfg)}
+    controls = {k: {kk: c[kk] for kk in ("values", "mean", "threshold", "passed", "seeds", "failed_seeds",
+                                          "control_set", "line")} for k, c in checked.items()}
     train_minutes = sum(r["train_seconds"] for per_w in (tuning, reported) for per_v in per_w.values()
                         for runs in per_v.values() for rs in (runs.values() if isinstance(runs, dict) else [runs])
                         for r in rs) / 60
@@ -260,6 +263,9 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
     tested = [t for t in tests if t["tested"]]
     for t, p in zip(tested, holm([t["p"] for t in tested]) if tested else []):
         t["p_holm"] = p
+    for t in tests:  # the paper's one claim among the factors: its sub-norm (GroupNorm) helps V1
+        if (t["level"], t["reference"], t["metric"]) == ("diff_no_subnorm", "diff", "accuracy"):
+            t["verdict"] = verdict_of_test(t if t["tested"] else None, SUBNORM_HELPS).value
     lines = ["# Study: why the Diff Transformer does not learn recall — a one-factor-at-a-time ablation", "",
              f"MQAR as in the recall study ({cfg['depth']} layers, pairs {cfg['pairs']}, {cfg['steps']} steps of "
              f"{cfg['batch_size']}, warm-up {cfg['warmup_steps']} then cosine); per (variant, width) the lr among "
@@ -268,6 +274,7 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
              f"call {seconds / 60:.1f} min (runs saved by an earlier call are read back); training time summed "
              f"over every run {train_minutes:.1f} min.", ""]
     lines += [c["line"] for c in controls.values()]
+    lines += ["", "Per-seed control status (✓ passed at that seed):", "", *control_table(list(checked.values()))]
     for w in cfg["widths"]:
         runs = reported[f"w{w}"]
         lines += ["", f"## Width {w}: mean ± std over the {len(cfg['seeds'])} reported seeds", "",
@@ -292,6 +299,12 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
         lines.append(f"| {t['width']} | {t['factor']} | `{t['level']}` − `{t['reference']}` | {t['metric']} | "
                      f"{t['mean_level']:.1f} | {t['mean_reference']:.1f} | {t['mean_diff']:+.1f} "
                      f"[{lo:+.1f}, {hi:+.1f}] | {t['d_z']:+.2f} | {ph} |")
+    claimed = [t for t in tests if "verdict" in t]
+    if claimed:
+        lines += ["", f"Verdict on the paper's claim ({SUBNORM_HELPS.source}: removing the sub-norm lowers "
+                      f"accuracy), from the list of diffattn.studies.verdict:", ""]
+        lines += [f"- width {t['width']}: `diff_no_subnorm` − `diff` {t['mean_diff']:+.1f} "
+                  f"[{t['ci95'][0]:+.1f}, {t['ci95'][1]:+.1f}] → **{t['verdict']}**" for t in claimed]
     table = "\n".join(lines[start:])
     report = "\n".join(lines) + "\n"
     with atomic_write_file(out / "report.md", "w") as f:

@@ -7,21 +7,33 @@ are compared on. A comparison between models that never learnt the task says not
 the baseline misses the level the report says "inconclusive: the baseline did not learn the task" and shows the
 means without any test between the models. A study with parts on different tasks states one control per part
 (``write_study(control=[...])``, each with the metric keys it ``gates``): a failed control removes the tests of its
-own part's metrics only."""
+own part's metrics only.
+
+Each control is also checked per seed: the baseline's value at that seed against the same level. A seed whose
+baseline misses it did not learn the task there; the report marks every seed (``✓`` / ``✗ never learnt``), and a
+config that pre-registers ``exclude_failed_seeds: true`` drops those seeds from the paired tests of the metrics the
+control gates (the means still cover every seed). ``control_set`` in the config says when and in which commit each
+control level was fixed; the report prints it beside the control.
+
+A metric may carry a paper's claim (``Metric.claim``, a :class:`~diffattn.studies.verdict.PaperEffect`): the report
+then gives each variant's verdict on it from the fixed list (:mod:`diffattn.studies.verdict`), derived from the
+paired test's mean difference, 95 % interval and Holm-adjusted p."""
 
 from __future__ import annotations
 
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write_file
 from .stats import holm, mean_std, paired_statement, paired_test
+from .verdict import PaperEffect, Verdict, verdict_of_test, verdict_text
 
-__all__ = ["Metric", "Control", "check_control", "recorded_chance", "aggregate", "markdown_table", "write_study",
+__all__ = ["Metric", "Control", "REPORT_DEFAULTS", "check_control", "recorded_chance", "aggregate", "markdown_table",
+           "verdict_lines", "control_table", "write_study",
            "read_seed", "write_seed", "run_seeds", "warmup_text"]
 
 
@@ -30,7 +42,8 @@ class Metric:
     """One row of a study table: ``name`` (shown), ``key`` (dotted path in a variant's per-seed result),
     ``scale`` (100 shows fractions as %), ``digits``, whether higher is better (None: neither) and ``chance``, what
     guessing uniformly scores, in the result's units like the values (None: the level the per-seed result records
-    under its suite's ``chance``, as ``diffattn eval`` does, else no chance level)."""
+    under its suite's ``chance``, as ``diffattn eval`` does, else no chance level); ``claim``: the paper's claim on
+    this metric (every variant against the baseline), whose verdict the report derives, or None."""
 
     name: str
     key: str
@@ -38,6 +51,13 @@ class Metric:
     digits: int = 2
     higher_is_better: bool | None = True
     chance: float | None = None
+    claim: PaperEffect | None = None
+
+
+#: config keys every study accepts beside its budget: they change the report, never a seed's result
+#: (``control_set``: when and in which commit the control levels were fixed, printed beside each control;
+#: ``exclude_failed_seeds``: pre-registered, drop the seeds whose baseline missed its control from the paired tests)
+REPORT_DEFAULTS: dict[str, Any] = {"control_set": "", "exclude_failed_seeds": False}
 
 
 @dataclass(frozen=True)
@@ -67,28 +87,43 @@ class Control:
         return not self.gates or any(key == g or key.startswith(g + ".") for g in self.gates)
 
 
-def check_control(per_seed: Mapping[int, Mapping[str, Mapping]], control: Control) -> dict[str, Any]:
-    """``{"name", "key", "threshold", "higher_is_better", "baseline", "values", "mean", "passed", "line"}`` for the
-    baseline (the first variant) of ``per_seed`` (seed → variant label → result). A baseline without the metric
-    fails the control."""
+def check_control(per_seed: Mapping[int, Mapping[str, Mapping]], control: Control,
+                  control_set: str = "") -> dict[str, Any]:
+    """``{"name", "key", "threshold", "higher_is_better", "baseline", "values", "mean", "passed", "seeds",
+    "failed_seeds", "control_set", "line"}`` for the baseline (the first variant) of ``per_seed`` (seed → variant
+    label → result). A baseline without the metric fails the control. ``seeds``: per seed (in order) its value and
+    whether the baseline reached the level at that seed; ``failed_seeds``: the seeds where it did not (or has no
+    value): the baseline never learnt the task there. ``control_set``: when the level was fixed (printed)."""
     seeds = list(per_seed)
     base = next(iter(per_seed[seeds[0]]))
     raw = [_get(per_seed[s].get(base, {}), control.key) for s in seeds]
     values = [float(v) * control.scale for v in raw if v is not None]
     mean = sum(values) / len(values) if len(values) == len(raw) else math.nan
-    passed = bool(values) and len(values) == len(raw) and (
-        mean >= control.threshold if control.higher_is_better else mean <= control.threshold)
+
+    def meets(v: float) -> bool:
+        return v >= control.threshold if control.higher_is_better else v <= control.threshold
+
+    passed = bool(values) and len(values) == len(raw) and meets(mean)
+    per = [{"seed": s, "value": None if v is None else float(v) * control.scale,
+            "passed": v is not None and meets(float(v) * control.scale)} for s, v in zip(seeds, raw)]
+    failed_seeds = [p["seed"] for p in per if not p["passed"]]
     rel = "≥" if control.higher_is_better else "≤"
-    line = (f"Control: {control.name} must be {rel} {control.threshold:g}; {base} reached "
+    marks = ", ".join(f"{p['seed']}: " + ("no value ✗ never learnt" if p["value"] is None else
+                                          f"{p['value']:.2f} " + ("✓" if p["passed"] else "✗ never learnt"))
+                      for p in per)
+    line = (f"Control: {control.name} must be {rel} {control.threshold:g}"
+            + (f" (set {control_set})" if control_set else "") + f"; {base} reached "
             f"{mean:.2f} (mean over {len(seeds)} seeds, per seed {[round(v, 2) for v in values]}): "
             + ("passed." if passed else "**failed — inconclusive: the baseline did not learn the task**, so no "
-                                        "model is compared with it."))
+                                        "model is compared with it.")
+            + f" Per seed: {marks}.")
     if control.gates:
         line = line.replace("so no model is compared with it", f"so no model is compared with it on "
                                                                f"{', '.join(control.gates)}")
     return {"name": control.name, "key": control.key, "threshold": control.threshold,
             "higher_is_better": control.higher_is_better, "gates": list(control.gates), "baseline": base,
-            "values": values, "mean": mean, "passed": passed, "line": line}
+            "values": values, "mean": mean, "passed": passed, "seeds": per, "failed_seeds": failed_seeds,
+            "control_set": control_set, "line": line}
 
 
 def _get(d: Mapping, path: str):
@@ -120,13 +155,15 @@ def recorded_chance(result: Mapping, key: str) -> float | None:
 
 
 def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[Metric], *,
-              compare: bool | Callable[[str], bool] = True) -> list[dict[str, Any]]:
+              compare: bool | Callable[[str], bool] = True,
+              exclude: Callable[[str], Sequence[int]] | None = None) -> list[dict[str, Any]]:
     """Rows ``{"metric", "key", "scale", "digits", "higher_is_better", "values": {label: [per seed]},
     "summary": {label: {"mean", "std"}}, "vs_baseline": {label: {paired test…, "p_holm", "statement"}}}`` for
     every metric that every variant has at every seed. ``per_seed``: seed → variant label → result (the first
     label is the baseline). ``p_holm`` is Holm's adjustment over every test of the table (all metrics × variants);
     with ``compare=False`` (a failed control) ``vs_baseline`` stays empty, and so it does for the metrics whose key
-    a callable ``compare`` rejects."""
+    a callable ``compare`` rejects. ``exclude(key)``: the seeds left out of that metric's paired tests (the
+    pre-registered exclusion of seeds whose baseline missed its control; recorded as ``"excluded_seeds"``)."""
     seeds = list(per_seed)
     labels = list(per_seed[seeds[0]])
     base = labels[0]
@@ -139,12 +176,15 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
         chance = m.chance if m.chance is not None else recorded_chance(per_seed[seeds[0]][base], m.key)
         row = {"metric": m.name, "key": m.key, "scale": m.scale, "digits": m.digits,
                "higher_is_better": m.higher_is_better, "chance": None if chance is None else chance * m.scale,
-               "values": values,
+               "values": values, "claim": None if m.claim is None else asdict(m.claim),
                "summary": {lab: dict(zip(("mean", "std"), mean_std(v))) for lab, v in values.items()},
                "vs_baseline": {}}
         tested = compare(m.key) if callable(compare) else compare
-        for lab in labels[1:] if tested and len(seeds) >= 2 else ():
-            row["vs_baseline"][lab] = paired_test(values[lab], values[base])
+        dropped = set(exclude(m.key)) if exclude is not None else set()
+        keep = [i for i, s in enumerate(seeds) if s not in dropped]
+        row["excluded_seeds"] = [s for s in seeds if s in dropped]
+        for lab in labels[1:] if tested and len(keep) >= 2 else ():
+            row["vs_baseline"][lab] = paired_test([values[lab][i] for i in keep], [values[base][i] for i in keep])
         rows.append(row)
     tests = [(r, lab) for r in rows for lab in r["vs_baseline"]]
     for (r, lab), p in zip(tests, holm([r["vs_baseline"][lab]["p"] for r, lab in tests]) if tests else []):
@@ -195,24 +235,85 @@ def _controls(control: Control | Sequence[Control]) -> list[Control]:
     return controls
 
 
+def verdict_lines(rows: Sequence[Mapping], labels: Sequence[str], failed_keys: Callable[[str], bool]) -> \
+        tuple[list[str], list[dict[str, Any]]]:
+    """The verdict of every variant on every metric that carries a paper's claim (``row["claim"]``), from its
+    paired test (:func:`~diffattn.studies.verdict.verdict_of_test`; ``inconclusive`` where ``failed_keys(key)``: its
+    control failed). Returns the markdown lines and ``[{"metric", "variant", "verdict", "text", "claim"}]``."""
+    lines, out = [], []
+    for r in rows:
+        if not r.get("claim"):
+            continue
+        paper = PaperEffect(**r["claim"])
+        for lab in labels[1:]:
+            verdict = verdict_of_test(r["vs_baseline"].get(lab), paper, control_passed=not failed_keys(r["key"]))
+            text = verdict_text(verdict, paper)
+            out.append({"metric": r["metric"], "variant": lab, "verdict": verdict.value, "text": text,
+                        "claim": r["claim"]})
+            test = r["vs_baseline"].get(lab)
+            stats = (f"{test['mean_diff']:+.{r['digits']}f} [{test['ci95'][0]:+.{r['digits']}f}, "
+                     f"{test['ci95'][1]:+.{r['digits']}f}], Holm p {test['p_holm']:.3f}") if test else "no test"
+            lines.append(f"- {r['metric']}, {lab} − {labels[0]} ({paper.source}; the paper: "
+                         f"{'higher' if paper.direction > 0 else 'lower'}): {stats} → **{text}**")
+    return lines, out
+
+
+def control_table(checked: Sequence[Mapping]) -> list[str]:
+    """Markdown table: one row per seed, per control the baseline's value and ✓ (passed at that seed) or
+    ✗ never learnt."""
+    seeds = [p["seed"] for p in checked[0]["seeds"]]
+    head = "| seed | " + " | ".join(c["name"] for c in checked) + " |"
+    lines = [head, "|---:|" + "---|" * len(checked)]
+    for i, s in enumerate(seeds):
+        cells = []
+        for c in checked:
+            p = c["seeds"][i]
+            value = "no value" if p["value"] is None else f"{p['value']:.2f}"
+            cells.append(f"{value} {'✓' if p['passed'] else '✗ never learnt'}")
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed: Mapping[int, Mapping],
                 metrics: Sequence[Metric], seconds: float, extra_sections: Sequence[str] = (), *,
                 control: Control | Sequence[Control]) -> dict[str, Any]:
-    """Check the ``control`` (:func:`check_control`; a list: one per part of the study, each gating its own
-    metrics), aggregate ``per_seed`` (:func:`aggregate`; tests only for the metrics whose controls passed), write
-    ``<out>/results.json`` and ``<out>/report.md``; returns ``{"rows", "table", "seconds", "report", "results",
-    "control"}``, ``"control"`` the checked control (a list for a list). The verdict is "compared" when every
-    control passed, "inconclusive" when none did, "partly inconclusive" otherwise."""
+    """Check the ``control`` (:func:`check_control`, per seed too; a list: one per part of the study, each gating
+    its own metrics), aggregate ``per_seed`` (:func:`aggregate`; tests only for the metrics whose controls passed,
+    without the seeds that missed their control when the config pre-registers ``exclude_failed_seeds``), derive
+    the verdict of every claimed metric (:func:`verdict_lines`), write ``<out>/results.json`` and
+    ``<out>/report.md``; returns ``{"rows", "table", "seconds", "report", "results", "control"}``, ``"control"`` the
+    checked control (a list for a list). ``results["control_status"]`` is "passed" when every control passed,
+    "failed" when none did, "partly failed" otherwise; ``results["verdicts"]`` the verdicts."""
     out = Path(out)
     controls = _controls(control)
-    checked = [check_control(per_seed, c) for c in controls]
+    control_set = str(cfg.get("control_set", "") or "")
+    checked = [check_control(per_seed, c, control_set) for c in controls]
     failed = [c for c, r in zip(controls, checked) if not r["passed"]]
-    rows = aggregate(per_seed, metrics, compare=lambda key: not any(c.gate(key) for c in failed))
+    exclude_failed = bool(cfg.get("exclude_failed_seeds", False))
+
+    def excluded(key: str) -> list[int]:
+        if not exclude_failed:
+            return []
+        return sorted({s for c, r in zip(controls, checked) if c.gate(key) for s in r["failed_seeds"]})
+
+    def gated_by_failed(key: str) -> bool:
+        return any(c.gate(key) for c in failed)
+
+    rows = aggregate(per_seed, metrics, compare=lambda key: not gated_by_failed(key), exclude=excluded)
     labels = list(next(iter(per_seed.values())))
     table = markdown_table(rows, labels, len(per_seed))
     n = len(per_seed)
     n_tests = sum(len(r["vs_baseline"]) for r in rows)
     untested = [r["metric"] for r in rows if not r["vs_baseline"]] if failed else []
+    dropped = sorted({s for r in rows for s in r.get("excluded_seeds", [])})
+    never = sorted({s for r in checked for s in r["failed_seeds"]})
+    if never:
+        seeds_note = (f"Seeds whose baseline missed its control (never learnt): {never}; "
+                      + (f"excluded from the paired tests of the metrics their control gates (pre-registered "
+                         f"`exclude_failed_seeds`): {dropped}." if exclude_failed else
+                         "kept in the paired tests (the config does not pre-register their exclusion)."))
+    else:
+        seeds_note = "The baseline passed its control on every seed."
     if n_tests:
         tests = [f"- {r['metric']}: " + "; ".join(v["statement"] for v in r["vs_baseline"].values()) for r in rows
                  if r["vs_baseline"]]
@@ -221,21 +322,28 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
                 + (f" No test for {', '.join(untested)}: their control failed." if untested else ""), "", table, "",
                 f"## Paired over seeds: each variant minus {labels[0]}", "",
                 "Mean difference ± std over seeds, its 95 % interval (t with n − 1 degrees of freedom) and Cohen's "
-                "d_z; the verdict uses the Holm-adjusted p.", "", *tests, "",
+                "d_z; a verdict uses the Holm-adjusted p.", "", *tests, "",
                 f"With {n} seeds the sign test cannot go below p = {2 / 2 ** n:.3g} and the t-test has {n - 1} "
                 f"degrees of freedom: only large, consistent differences survive the correction."]
     else:
         body = ["Cells: mean ± sample std over seeds. No test between the models: the baseline failed the "
                 "control.", "", table]
-    verdict = "compared" if not failed else "inconclusive" if len(failed) == len(controls) else "partly inconclusive"
+    verdicts_md, verdicts = verdict_lines(rows, labels, gated_by_failed)
+    if verdicts_md:
+        body += ["", "## Verdicts on the papers' claims", "",
+                 "One of: " + ", ".join(v.value for v in Verdict) + " (diffattn.studies.verdict: from the mean "
+                 "difference, its 95 % interval and the Holm-adjusted p; a null names the paper's size).", "",
+                 *verdicts_md]
+    status = "passed" if not failed else "failed" if len(failed) == len(controls) else "partly failed"
     report = "\n".join([
         f"# {title}", "", intro, "", f"Seeds {list(per_seed)}; wall time {seconds / 60:.1f} min.", "",
-        *(r["line"] for r in checked), "", f"Verdict: {verdict}.", "", *body, "", *extra_sections, ""])
+        *(r["line"] for r in checked), "", "Per-seed control status (✓ passed at that seed):", "",
+        *control_table(checked), "", seeds_note, "", f"Controls: {status}.", "", *body, "", *extra_sections, ""])
     with atomic_write_file(out / "report.md", "w") as f:
         f.write(report)
     ctrl = checked[0] if isinstance(control, Control) else checked
     results = {"study": cfg.get("study"), "config": dict(cfg), "labels": labels, "seeds": list(per_seed),
-               "control": ctrl, "verdict": verdict, "rows": rows,
+               "control": ctrl, "control_status": status, "verdicts": verdicts, "rows": rows,
                "per_seed": {str(s): v for s, v in per_seed.items()}, "seconds": round(seconds, 1)}
     with atomic_write_file(out / "results.json", "w") as f:
         json.dump(results, f, indent=1, default=float)
@@ -244,8 +352,9 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
 
 
 def _budget(cfg: Mapping) -> dict[str, Any]:
-    """The config without the keys that do not change a seed's result (seeds, out)."""
-    return {k: v for k, v in cfg.items() if k not in ("seeds", "out")}
+    """The config without the keys that do not change a seed's result (seeds, out, and the report's keys
+    :data:`REPORT_DEFAULTS`)."""
+    return {k: v for k, v in cfg.items() if k not in ("seeds", "out", *REPORT_DEFAULTS)}
 
 
 def read_seed(folder: str | Path, cfg: Mapping) -> dict | None:

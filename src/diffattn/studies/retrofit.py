@@ -52,6 +52,7 @@ from ..eval.language import perplexity
 from ..io import atomic_write_dir
 from ..train.loop import fit
 from ..train.optim import warmup_cosine as factor
+from . import claims
 from .base import module_study, require_datasets
 from .noise import needle_batches, needle_budget_errors, needle_lm_loss, needle_scores
 from .report import Control, Metric, run_seeds, write_study
@@ -411,12 +412,13 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
     metrics = []
     if "classification" in cfg["parts"]:
         metrics += [Metric("MiniLM SpamAssassin test accuracy (%)", "classification.accuracy", 100.0, 2,
-                           chance=0.5),  # two classes
+                           chance=0.5, claim=claims.RETROFIT_ACCURACY),  # two classes
                     Metric("MiniLM SpamAssassin test F1, spam (%)", "classification.f1", 100.0, 2),
                     Metric("MiniLM final train loss", "classification.final_loss", 1.0, 3, False)]
     if "lm" in cfg["parts"]:
-        metrics += [Metric("LM held-out Moby Dick perplexity (bytes)", "lm.ppl", 1.0, 3, False),
-                    Metric("LM needle accuracy (%)", "lm.needle_accuracy", 100.0, 1),
+        metrics += [Metric("LM held-out Moby Dick perplexity (bytes)", "lm.ppl", 1.0, 3, False,
+                           claim=claims.RETROFIT_PERPLEXITY),
+                    Metric("LM needle accuracy (%)", "lm.needle_accuracy", 100.0, 1, claim=claims.RETROFIT_NEEDLE),
                     Metric("LM needle answer NLL (nats / byte)", "lm.needle_nll", 1.0, 3, False),
                     Metric("LM final fine-tuning loss", "lm.final_loss", 1.0, 3, False)]
     lm = cfg["lm"]

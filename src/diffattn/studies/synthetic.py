@@ -38,10 +38,12 @@ from ..layers import AttentionSpec
 from ..models import CausalLM
 from ..train.loop import fit
 from ..train.optim import param_groups, warmup_cosine
-from .stats import mean_std
+from .claims import FEWER_STEPS
+from .stats import censored_paired_test, holm, mean_std
+from .verdict import PaperEffect, derive_verdict, verdict_text
 
 __all__ = ["MODELS", "attention_for", "build_model", "param_count", "answer_loss", "answer_accuracy",
-           "steps_to_control_lines",
+           "steps_to_control_lines", "FEWER_STEPS", "steps_to_control_tests",
            "train_model", "steps_to_reach"]
 
 #: variant → label
@@ -154,6 +156,48 @@ def steps_to_control_lines(reached: dict[str, list[int | None]], steps: int) -> 
         else:
             out.append(f"- {lab}: never reached it within {steps} steps on any seed")
     return out
+
+
+def steps_to_control_tests(reached: dict[str, list[int | None]], steps: int,
+                           claim: PaperEffect | None = FEWER_STEPS, *,
+                           control_passed: bool = True) -> tuple[list[str], list[dict[str, Any]]]:
+    """The paired test of steps-to-threshold of every model against the first (the baseline), a seed that never
+    reached the level counted as censored at the budget ``steps``
+    (:func:`~diffattn.studies.stats.censored_paired_test`: exact paired permutation p on the restricted steps,
+    paired Gehan scores), Holm-adjusted over the models; with ``claim`` each model's verdict, the restricted mean
+    difference and its interval taken in % of the baseline's restricted mean steps (``inconclusive`` when the
+    baseline failed its control). Returns the markdown lines and one dict per model."""
+    labels = list(reached)
+    base = labels[0]
+    tests = {lab: censored_paired_test(reached[lab], reached[base], steps) for lab in labels[1:]}
+    if not tests:
+        return [], []
+    for lab, p in zip(tests, holm([t["p"] for t in tests.values()])):
+        tests[lab]["p_holm"] = p
+    base_mean = sum(tests[labels[1]]["restricted_y"]) / len(tests[labels[1]]["restricted_y"])
+    lines = [f"Paired test of the steps to the control level, each model against {base}: a seed that never "
+             f"reached it counts as censored at the budget ({steps} steps); exact paired permutation p on the "
+             f"restricted steps (Fisher 1935; Pitman 1937), Holm-adjusted over the {len(tests)} models, and the "
+             f"paired Gehan scores (Gehan 1965; Woolson & Lachenbruch 1980) with their sign-test p; "
+             f"differences in steps and in % of {base}'s restricted mean ({base_mean:.0f} steps):", ""]
+    out = []
+    for lab, t in tests.items():
+        rel = [100.0 * v / base_mean for v in (t["mean_diff"], *t["ci95"])] if base_mean > 0 else [math.nan] * 3
+        entry = {"variant": lab, **t, "relative": rel}
+        text = ""
+        if claim is not None:
+            verdict = derive_verdict(rel[0], rel[1:], t["p_holm"], claim, control_passed=control_passed)
+            entry["verdict"] = verdict.value
+            text = f" → **{verdict_text(verdict, claim)}**"
+        lines.append(f"- {lab} − {base}: {t['mean_diff']:+.0f} steps [95 % CI {t['ci95'][0]:+.0f}, "
+                     f"{t['ci95'][1]:+.0f}] ({rel[0]:+.0f} % [{rel[1]:+.0f}, {rel[2]:+.0f}]); reached on "
+                     f"{t['reached_x']} vs {t['reached_y']} of {t['n']} seeds; later on {t['wins']}, earlier on "
+                     f"{t['losses']}, order unknown or equal on {t['ties']} (Gehan sign p {t['p_gehan']:.3f}); "
+                     f"permutation p {t['p']:.4f}, Holm p {t['p_holm']:.4f}{text}")
+        out.append(entry)
+    n = len(next(iter(reached.values())))
+    lines += ["", f"With {n} seeds neither test can go below p = {2 / 2 ** n:.4g}."]
+    return lines, out
 
 
 def steps_to_reach(curve: Sequence[Sequence[float]], level: float) -> int | None:
