@@ -19,7 +19,7 @@ def test_gpu_check_dry_run(tmp_path):
     out = tmp_path / "run"
     env = {"PYTHONPATH": str(ROOT / "src"), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dry-run", "--out", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=240)
+                          env=env, capture_output=True, text=True, timeout=420)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = json.loads((out / "steps.json").read_text())
     assert {s["step"]: s["rc"] for s in steps} == dict(pytest=0, host=0, core=0, models=0, decode=0)
