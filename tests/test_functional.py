@@ -598,3 +598,27 @@ def test_empty_batch_and_sequences(backend):
         assert out.shape == (B, 2, nq, 16) and (out == 0).all()
         out.sum().backward()
         assert attention(q1, k1, v, backend=backend).shape == (B, 2, nq, 16)
+
+
+def test_choose_backend_names_the_path_auto_takes_and_why():
+    """``choose_backend`` says which path ``backend="auto"`` runs and why, and ``diff_attention`` runs that path."""
+    from diffattn.functional import choose_backend, decode_diff_attention
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 2, 5, 16, generator=g), torch.randn(1, 2, 5, 16, generator=g)
+    v = torch.randn(1, 2, 5, 32, generator=g)
+    c = choose_backend(q, k, q, k, v, 0.5)
+    assert c.backend == "sdpa" and "padded to the value width" in c.reason and str(c).startswith("sdpa: ")
+    c = choose_backend(q, k, q, k, v, 0.5, return_weights=True)
+    assert (c.backend, c.reason) == ("math", "return_weights=True needs the attention maps, which only math builds")
+    assert choose_backend(q, k, q, k, v, 0.5, softcap=5.0).backend == "math"
+    c = choose_backend(q[:, :, :2], k, q[:, :, :2], k, v, 0.5)
+    assert c.backend == "decode" and "2 query rows against 5 keys" in c.reason
+    out = diff_attention(q[:, :, :2], k, q[:, :, :2], k, v, 0.5)
+    torch.testing.assert_close(out, decode_diff_attention(q[:, :, :2], k, q[:, :, :2], k, v, 0.5,
+                                                          scale=16 ** -0.5), rtol=0, atol=0)
+    long_q = torch.randn(1, 2, 600, 16, generator=g).requires_grad_()
+    c = choose_backend(long_q, long_q, long_q, long_q, torch.randn(1, 2, 600, 32, generator=g), 0.5)
+    assert c.backend == "blockwise" and "from 512 keys on (here 600)" in c.reason
+    with pytest.raises(ValueError, match="lambda_"):
+        choose_backend(q, k, q, k, v, "0.5")

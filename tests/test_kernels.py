@@ -721,3 +721,16 @@ def test_layers_fused_path_bf16_autocast(kind):
     names = [n for n, _ in layer.named_parameters()]
     for name, a, b in zip(names, grads[0][1:], grads[1][1:]):  # k_proj.bias: exactly 0 in exact arithmetic
         assert (a - b).norm() <= 5e-2 * b.norm() + 1e-3 * grads[1][0].norm(), name
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_choose_backend_on_the_gpu():
+    from diffattn.functional import choose_backend
+
+    q, k = torch.randn(1, 4, 256, 64, device="cuda"), torch.randn(1, 4, 256, 64, device="cuda")
+    c = choose_backend(q, k, q, k, torch.randn(1, 4, 256, 128, device="cuda"))
+    assert c.backend == "triton" and "fused kernel" in c.reason
+    q, k = torch.randn(1, 2, 4096, 128, device="cuda"), torch.randn(1, 2, 4096, 128, device="cuda")
+    c = choose_backend(q, k, q, k, torch.randn(1, 2, 4096, 256, device="cuda"))
+    assert c.backend == "sdpa" and "from 2048 keys on" in c.reason

@@ -18,7 +18,8 @@ Backends
 - ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.kernels` (CUDA only).
 - ``auto``: ``triton`` on CUDA when the kernel applies and is the faster (:func:`_triton_preferred`); on the CPU,
   for a few query rows against more keys (decoding), :func:`decode_diff_attention` (no zero-padding, K and V read
-  once); else ``sdpa``; ``math`` when weights or soft-capping are asked for.
+  once); else ``sdpa``; ``math`` when weights or soft-capping are asked for. :func:`choose_backend` says which
+  path ``auto`` takes for given inputs, and why.
 
 Masks: bool (True = attend) or additive float, broadcastable to (B, H, Nq, Nk), 0-D to 4-D. A float entry at or
 below half the most negative finite value of the mask's own dtype (``torch.finfo(mask.dtype).min``, what Hugging
@@ -32,6 +33,7 @@ import math
 import numbers
 from collections.abc import Callable
 from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -52,6 +54,8 @@ __all__ = [
     "BACKENDS",
     "decode_diff_attention",
     "DECODE_MAX_QUERIES",
+    "choose_backend",
+    "BackendChoice",
 ]
 
 BACKENDS = ("auto", "math", "sdpa", "triton")
@@ -438,17 +442,16 @@ def _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dr
 
 
 def _takes_triton(q1, k1, q2, k2, v, attn_mask, is_causal: bool, dropout_p: float, backend: str,
-                  scale: float | None) -> bool:
+                  scale: float) -> bool:
     """Whether :func:`diff_attention` would run these inputs on the fused kernel: ``backend="triton"`` where the
-    kernel accepts them (otherwise :func:`diff_attention` raises, naming the reason), or ``"auto"`` where it
-    prefers it. The layers ask before handing their λ and sub-norm to the kernel as well."""
-    if backend not in ("triton", "auto"):
-        return False
-    nk = int(k1.shape[2])
-    if backend == "auto" and (q1.device.type != "cuda" or (scale is not None and scale <= 0) or _empty(q1, v, nk)
-                              or not _triton_preferred(int(v.shape[-1]), nk)):
-        return False
-    return _triton_reason(q1, k1, q2, k2, v, 1.0, 1.0, attn_mask, is_causal, dropout_p) is None
+    kernel accepts them (otherwise :func:`diff_attention` raises, naming the reason), or ``"auto"`` where
+    :func:`choose_backend` picks it. The layers ask before handing their λ and sub-norm to the kernel as well."""
+    if backend == "triton":
+        return _triton_reason(q1, k1, q2, k2, v, 1.0, 1.0, attn_mask, is_causal, dropout_p) is None
+    if backend == "auto":
+        return _auto_backend(q1, k1, q2, k2, v, 1.0, 1.0, attn_mask, is_causal, scale, dropout_p, None,
+                             False).backend == "triton"
+    return False
 
 
 #: ``auto`` leaves value widths above this to the ``sdpa`` backend from this many keys on (see _triton_preferred)
@@ -605,17 +608,15 @@ def diff_attention(
             raise ValueError(f"backend='triton' cannot run these inputs: {reason}")
         return _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p)
     if backend == "auto":
-        if return_weights or softcap is not None or _empty(q1, v, nk):
-            backend = "math"
-        elif (q1.device.type == "cuda" and scale > 0 and _triton_preferred(int(v.shape[-1]), nk)
-              and _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p) is None):
+        backend = _auto_backend(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p,
+                                softcap, return_weights).backend
+        if backend == "triton":
             return _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p)
-        elif q1.device.type == "cpu" and dropout_p == 0.0 and _decode_preferred(nq, nk):
-            # decoding: no zero-padding, K and V read once
+        if backend == "decode":  # decoding: no zero-padding, K and V read once
             return decode_diff_attention(q1, k1, q2, k2, v, lambda_, weight1=weight1, attn_mask=attn_mask,
                                          is_causal=is_causal, scale=scale).to(v.dtype)
-        else:
-            backend = "sdpa"
+        if backend == "blockwise":
+            backend = "sdpa"  # _sdpa takes the query-block path itself (_blockwise_preferred)
     if _empty(q1, v, nk):
         backend = "math"  # the fused kernels reject empty tensors; the maps are empty or the output is 0
 
@@ -633,6 +634,78 @@ def diff_attention(
     if return_weights:
         return out, weights
     return out
+
+
+@dataclass(frozen=True)
+class BackendChoice:
+    """What ``backend="auto"`` runs for some inputs, and why (:func:`choose_backend`).
+
+    ``backend`` is one of ``math``, ``sdpa``, ``triton``, or one of the two paths ``auto`` takes on the CPU:
+    ``decode`` (:func:`decode_diff_attention`, a few query rows against a KV cache) and ``blockwise`` (the ``sdpa``
+    backend's training path through query blocks, :mod:`diffattn._diff_autograd`)."""
+
+    backend: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.backend}: {self.reason}"
+
+
+def _auto_backend(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p, softcap,
+                  return_weights) -> BackendChoice:
+    """The ``auto`` rule on validated inputs (``scale`` a float): the one place it is written."""
+    nq, nk, dv = int(q1.shape[2]), int(k1.shape[2]), int(v.shape[-1])
+    if return_weights:
+        return BackendChoice("math", "return_weights=True needs the attention maps, which only math builds")
+    if softcap is not None:
+        return BackendChoice("math", "softcap: only math soft-caps the logits")
+    if _empty(q1, v, nk):
+        return BackendChoice("math", f"empty inputs (q {tuple(q1.shape)}, k {tuple(k1.shape)}, v {tuple(v.shape)})")
+    if q1.device.type == "cuda":
+        if scale <= 0:
+            return BackendChoice("sdpa", f"scale={scale} ≤ 0: the fused kernel is not taken")
+        if not _triton_preferred(dv, nk):
+            return BackendChoice("sdpa", f"value width {dv} > {TRITON_WIDE_DV} from {TRITON_WIDE_MAX_NK} keys on "
+                                         f"(here {nk}): SDPA measured faster than the fused kernel there "
+                                         f"(NVIDIA H200, bf16; docs/benchmarks.md)")
+        reason = _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
+        if reason is not None:
+            return BackendChoice("sdpa", f"the fused kernel cannot run these inputs: {reason}")
+        return BackendChoice("triton", f"the fused kernel: value width {dv} ≤ {TRITON_WIDE_DV} or fewer than "
+                                       f"{TRITON_WIDE_MAX_NK} keys ({nk}), where it measured as fast as SDPA or "
+                                       f"faster with less memory (NVIDIA H200, bf16; docs/benchmarks.md)")
+    if q1.device.type == "cpu" and dropout_p == 0.0 and _decode_preferred(nq, nk):
+        return BackendChoice("decode", f"{nq} query rows against {nk} keys (≤ {DECODE_MAX_QUERIES} rows, fewer than "
+                                       f"the keys): decode_diff_attention reads K and V once at their own width")
+    if _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p):
+        return BackendChoice("blockwise", f"CPU training from {BLOCKWISE_MIN_KEYS} keys on (here {nk}), value "
+                                          f"wider than the queries: A1 and A2 are combined before one product by V")
+    return BackendChoice("sdpa", "PyTorch's fused attention, one call per branch (Q and K padded to the value "
+                                 "width)" if dv > int(q1.shape[-1]) else "PyTorch's fused attention, one call per "
+                                 "branch")
+
+
+def choose_backend(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
+                   lambda_: Weight = 0.5, *, weight1: Weight | None = None, attn_mask: torch.Tensor | None = None,
+                   is_causal: bool = False, scale: float | None = None, dropout_p: float = 0.0,
+                   softcap: float | None = None, return_weights: bool = False) -> BackendChoice:
+    """Which path :func:`diff_attention` with ``backend="auto"`` takes for these arguments, and why; the same
+    arguments, validated the same way. The differential layers ask the same question before handing their λ and
+    sub-norm to the fused kernels.
+
+    >>> q = torch.randn(1, 2, 5, 16)
+    >>> choose_backend(q, q, q, q, torch.randn(1, 2, 5, 32)).backend
+    'sdpa'
+    """
+    _validate(q1, k1, q2, k2, v)
+    _check_options(is_causal, scale, dropout_p, softcap, "auto")
+    B, H, nq, d = q1.shape
+    lambda_ = _check_weight("lambda_", lambda_, (B, H, nq, 1), q1.device)
+    weight1 = _check_weight("weight1", weight1, (B, H, nq, 1), q1.device)
+    _check_mask(attn_mask, (B, H, nq, k1.shape[2]), q1.device)
+    scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
+    return _auto_backend(q1, k1, q2, k2, v, lambda_, 1.0 if weight1 is None else weight1, attn_mask, is_causal,
+                         scale, dropout_p, softcap, return_weights)
 
 
 def _diff_attention_pairs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lambda_: Weight, *,
