@@ -185,6 +185,13 @@ def render_core(res: dict | None) -> str:
         ratio = f"{r['fwd_bwd_ms'] / ref['fwd_bwd_ms']:.2f}" if ref and "fwd_bwd_ms" in ref else ""
         peak = f"{r['peak_mib']:.0f}" if r.get("peak_mib") is not None else ""
         lines.append(head + f" | {r['fwd_ms']:.3f} | {r['fwd_bwd_ms']:.3f} | {ratio} | {peak} |")
+    entries = res.get("dispatch_entries")
+    if entries:
+        lines += ["", "backend='auto''s dispatch entries from these timings (`dispatch.json` in the run's folder; "
+                  "copy it to src/diffattn/dispatch.json to ship them): " + "; ".join(
+                      f"value width {e['value_width']}: the fused kernel "
+                      + ("at every length" if e["triton_below_keys"] is None else
+                         f"below {e['triton_below_keys']} keys") for e in entries) + "."]
     return "\n".join(lines)
 
 
@@ -367,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     results += [s.wait() for s in running]
 
     # ---- timing, one step at a time, so that nothing else runs on the GPU
-    plan = [(n, [py, "benchmarks/gpu_goals.py", n, *dry_flag, "--out", str(out / f"{n}.json")], limit * scale)
+    plan = [(n, [py, "benchmarks/gpu_goals.py", n, *dry_flag, "--out", str(out / f"{n}.json"),
+                 *(["--dispatch-out", str(out / "dispatch.json")] if n == "core" else [])], limit * scale)
             for n, limit in TIMED]
     plan += [
         ("kernel", [py, "benchmarks/kernel.py", *(["--tune"] if args.tune else []), "--out",

@@ -210,6 +210,18 @@ def run_core(args, dev, result) -> None:
                 save(result, args.out)
 
 
+def write_dispatch(path: Path, result: dict, dev: torch.device, command: str) -> None:
+    """backend='auto''s dispatch table with this card's entries (diffattn._dispatch.entries_from_core_rows)."""
+    from diffattn import _dispatch
+
+    name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
+    measured = f"{command}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
+    entries = _dispatch.entries_from_core_rows(result["rows"], name, result["dtype"], measured)
+    result["dispatch_entries"] = entries
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(_dispatch.merge_entries(path if path.exists() else None, entries), indent=1) + "\n")
+
+
 # ------------------------------------------------------------------------------------------------------ models
 
 #: pair → ((standard name, overrides), (differential name, overrides), train.py family kind, batch, LM length)
@@ -389,6 +401,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--naive-max", type=int, default=4096, help="longest N for the naive module (N² maps)")
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--dispatch-out", type=Path, help="write backend='auto''s dispatch table here: the packaged "
+                   "one (or this file's) with this card's entries from the diff_triton and diff_sdpa timings "
+                   "(copy it to src/diffattn/dispatch.json to ship it)")
     # models
     p.add_argument("--pairs", nargs="+", default=list(MODEL_PAIRS), choices=list(MODEL_PAIRS))
     p.add_argument("--modes", nargs="+", default=["eager", "compiled", "reduce-overhead"])
@@ -413,6 +428,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     if args.mode == "core":
         run_core(args, dev, result)
+        if args.dispatch_out is not None:
+            write_dispatch(args.dispatch_out, result, dev, command)
     elif args.mode == "models":
         run_models(args, dev, result)
     else:

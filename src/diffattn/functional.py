@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 
 from . import _diff_autograd
+from ._dispatch import DispatchEntry, triton_rule
 from ._mask import blocked as _blocked
 
 __all__ = [
@@ -454,17 +455,41 @@ def _takes_triton(q1, k1, q2, k2, v, attn_mask, is_causal: bool, dropout_p: floa
     return False
 
 
-#: ``auto`` leaves value widths above this to the ``sdpa`` backend from this many keys on (see _triton_preferred)
-TRITON_WIDE_DV, TRITON_WIDE_MAX_NK = 128, 2048
+#: ``auto``'s rule for a value width the dispatch table does not name: the fused kernel up to this width
+TRITON_MAX_UNMEASURED_DV = 128
 
 
-def _triton_preferred(dv: int, nk: int) -> bool:
-    """Whether ``auto`` takes the fused kernel where it applies. Timed on an NVIDIA H200 (docs/benchmarks.md,
-    forward+backward, bf16, N = 197 and 512 to 16384): at dv = 128 the fused kernel is as fast as the ``sdpa``
-    backend or faster up to 8192 keys and 4 % slower at 16384 (non-causal), with 0.46× its peak memory; at
-    dv = 256 (d = 128) it is faster below 2048 keys only, after which SDPA's FlashAttention at width 256 beats the
-    fused kernel's two fp32 accumulators of width 256."""
-    return dv <= TRITON_WIDE_DV or nk < TRITON_WIDE_MAX_NK
+def _triton_preferred(q: torch.Tensor, dv: int, nk: int) -> DispatchEntry | None:
+    """Whether ``auto`` takes the fused kernel where it applies (CUDA): the measured dispatch table
+    (:mod:`diffattn._dispatch`, ``dispatch.json``) gives, per card, dtype and value width, the key count below which
+    the kernel is the faster. On the NVIDIA H200 (bf16, forward+backward, N = 197 and 512 to 16384): at dv = 128 the
+    kernel is as fast as the ``sdpa`` backend or faster up to 8192 keys and 4 % slower at 16384 (non-causal), with
+    0.46× its peak memory; at dv = 256 (d = 128) it is faster below 2048 keys only, after which SDPA's
+    FlashAttention at width 256 beats the kernel's two fp32 accumulators of width 256. Returns the deciding entry
+    when the kernel is preferred, else None (for a width the table lacks: preferred up to
+    :data:`TRITON_MAX_UNMEASURED_DV`, with a synthetic entry saying so)."""
+    entry = triton_rule(q.device, q.dtype, dv)
+    if entry is None:
+        if dv > TRITON_MAX_UNMEASURED_DV:
+            return None
+        return DispatchEntry("any", str(q.dtype).removeprefix("torch."), dv, None,
+                             f"no measurement for value width {dv}: the kernel up to width "
+                             f"{TRITON_MAX_UNMEASURED_DV}, as on the measured cards")
+    return entry if entry.prefers_triton(nk) else None
+
+
+def _triton_rule_text(q: torch.Tensor, dv: int) -> str:
+    entry = triton_rule(q.device, q.dtype, dv)
+    if entry is None:
+        return (f"no measurement for value width {dv}: the fused kernel up to width {TRITON_MAX_UNMEASURED_DV}, as "
+                f"on the measured cards")
+    own = "" if entry.device == _dispatch_device(q) else f" (no entry for this card: {entry.device}'s)"
+    limit = "at every length" if entry.triton_below_keys is None else f"below {entry.triton_below_keys} keys"
+    return f"dispatch table{own}: the fused kernel {limit} at value width {dv} ({entry.measured})"
+
+
+def _dispatch_device(q: torch.Tensor) -> str:
+    return torch.cuda.get_device_name(q.device) if q.device.type == "cuda" else q.device.type
 
 
 #: ``auto`` takes :func:`decode_diff_attention` for at most this many query rows (CPU)
@@ -664,16 +689,12 @@ def _auto_backend(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, sca
     if q1.device.type == "cuda":
         if scale <= 0:
             return BackendChoice("sdpa", f"scale={scale} ≤ 0: the fused kernel is not taken")
-        if not _triton_preferred(dv, nk):
-            return BackendChoice("sdpa", f"value width {dv} > {TRITON_WIDE_DV} from {TRITON_WIDE_MAX_NK} keys on "
-                                         f"(here {nk}): SDPA measured faster than the fused kernel there "
-                                         f"(NVIDIA H200, bf16; docs/benchmarks.md)")
+        if _triton_preferred(q1, dv, nk) is None:
+            return BackendChoice("sdpa", f"{nk} keys: {_triton_rule_text(q1, dv)}")
         reason = _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
         if reason is not None:
             return BackendChoice("sdpa", f"the fused kernel cannot run these inputs: {reason}")
-        return BackendChoice("triton", f"the fused kernel: value width {dv} ≤ {TRITON_WIDE_DV} or fewer than "
-                                       f"{TRITON_WIDE_MAX_NK} keys ({nk}), where it measured as fast as SDPA or "
-                                       f"faster with less memory (NVIDIA H200, bf16; docs/benchmarks.md)")
+        return BackendChoice("triton", f"{nk} keys: {_triton_rule_text(q1, dv)}")
     if q1.device.type == "cpu" and dropout_p == 0.0 and _decode_preferred(nq, nk):
         return BackendChoice("decode", f"{nq} query rows against {nk} keys (≤ {DECODE_MAX_QUERIES} rows, fewer than "
                                        f"the keys): decode_diff_attention reads K and V once at their own width")
