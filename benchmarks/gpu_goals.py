@@ -26,6 +26,7 @@ benchmarks/gpu_check.py runs the modes and renders the tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
@@ -45,9 +46,9 @@ from diffattn.functional import diff_attention  # noqa: E402
 LAMBDA = 0.8
 STD_BACKENDS = {"std_flash": "FLASH_ATTENTION", "std_cudnn": "CUDNN_ATTENTION", "std_efficient": "EFFICIENT_ATTENTION",
                 "std_math": "MATH"}
-DIFF_METHODS = ("diff_sdpa", "diff_triton", "diff_split4", "naive")
+DIFF_METHODS = ("diff_sdpa", "diff_triton", "diff_triton_split", "diff_split4", "naive")
 #: the differential paths whose best time the core goal is judged on (the naive module is a floor, not a path)
-BEST_DIFF = ("diff_triton", "diff_sdpa", "diff_split4")
+BEST_DIFF = ("diff_triton", "diff_triton_split", "diff_sdpa", "diff_split4")
 
 
 def sync(dev: torch.device) -> None:
@@ -141,8 +142,8 @@ def core_problem(method: str, batch: int, seqlen: int, dim: int, width: int, dty
     H = max(1, h // 2)
     q1, k1, q2, k2, v = rnd(H, width), rnd(H, width), rnd(H, width), rnd(H, width), rnd(H, 2 * width)
     leaves = [q1, k1, q2, k2, v]
-    if method in ("diff_sdpa", "diff_triton"):
-        backend = method.removeprefix("diff_")
+    if method in ("diff_sdpa", "diff_triton", "diff_triton_split"):
+        backend = "sdpa" if method == "diff_sdpa" else "triton"
         return (lambda: diff_attention(q1, k1, q2, k2, v, LAMBDA, is_causal=causal, backend=backend)), leaves
     if method == "diff_split4":
         if std_backend is None:
@@ -167,23 +168,38 @@ def core_row(method, batch, seqlen, dim, width, dtype, causal, dev, warmup, reps
     if std_backend and method == "diff_split4":
         row["backend"] = std_backend
     try:
-        fn, leaves = core_problem(method, batch, seqlen, dim, width, dtype, causal, dev, std_backend)
-        with torch.no_grad():
-            row["fwd_ms"] = time_ms(fn, dev, warmup, reps)
-        grad = torch.randn_like(fn())
-
-        def fwd_bwd():
-            torch.autograd.grad(fn(), leaves, grad)
-
-        fwd_bwd()
-        row["peak_mib"] = peak_mib(fwd_bwd, dev)
-        row["fwd_bwd_ms"] = time_ms(fwd_bwd, dev, warmup, reps)
+        with _split(method, width):
+            _time_core(row, method, batch, seqlen, dim, width, dtype, causal, dev, warmup, reps, std_backend)
     except Exception as e:  # noqa: BLE001 - a backend the card lacks, out of memory: reported per row
         row["error"] = _err(e)
     finally:
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return row
+
+
+def _split(method: str, width: int):
+    """``diff_triton_split``: the fused kernel with its dK/dV backward as two launches (dV, then dK)."""
+    if method != "diff_triton_split":
+        return contextlib.nullcontext()
+    from diffattn.kernels.triton_diff import split_dkdv
+
+    return split_dkdv(width, 2 * width)
+
+
+def _time_core(row, method, batch, seqlen, dim, width, dtype, causal, dev, warmup, reps, std_backend) -> None:
+    """Forward and forward + backward times and the peak memory of one method, into ``row``."""
+    fn, leaves = core_problem(method, batch, seqlen, dim, width, dtype, causal, dev, std_backend)
+    with torch.no_grad():
+        row["fwd_ms"] = time_ms(fn, dev, warmup, reps)
+    grad = torch.randn_like(fn())
+
+    def fwd_bwd():
+        torch.autograd.grad(fn(), leaves, grad)
+
+    fwd_bwd()
+    row["peak_mib"] = peak_mib(fwd_bwd, dev)
+    row["fwd_bwd_ms"] = time_ms(fwd_bwd, dev, warmup, reps)
 
 
 def run_core(args, dev, result) -> None:
@@ -200,6 +216,8 @@ def run_core(args, dev, result) -> None:
                 fastest = min(ok, key=lambda r: r["fwd_bwd_ms"])["method"] if ok else None
                 for m in DIFF_METHODS:
                     if m == "naive" and n > args.naive_max:
+                        continue
+                    if m == "diff_triton_split" and width < 128 and not args.dry_run:  # an option for wide values
                         continue
                     rows.append(core_row(m, batch, n, args.dim, width, dtype, causal, dev, args.warmup, args.reps,
                                          fastest))

@@ -344,8 +344,11 @@ def _diff_attn_bwd_dkdv_kernel(
     GROUPS: tl.constexpr, HEAD_D: tl.constexpr, HEAD_DV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_KB: tl.constexpr, PREC: tl.constexpr,
-    LAM_MODE: tl.constexpr, K_SHARED: tl.constexpr,
+    LAM_MODE: tl.constexpr, K_SHARED: tl.constexpr, PART: tl.constexpr,
 ):
+    """dK1, dK2 and dV of BLOCK_N keys (``PART`` 0); ``PART`` 1 computes dV only and 2 dK1, dK2 only, as two
+    launches that each hold fewer accumulators (Q Kᵀ recomputed in both): an option for wide values (dv = 256),
+    where one program's dK1, dK2 and dV accumulators exceed the register file."""
     start_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b = (pid_bh // Hkv).to(tl.int64)
@@ -407,23 +410,27 @@ def _diff_attn_bwd_dkdv_kernel(
             p1t = tl.math.exp2(s1t - lse1[None, :])  # P1ᵀ
             p2t = tl.math.exp2(s2t - lse2[None, :])  # P2ᵀ
             # dV += (w1 ⊙ P1 − λ ⊙ P2)ᵀ dO
-            pct = p1t * w1[None, :] - p2t * lam[None, :]
-            dv += tl.dot(pct.to(do.dtype), do, input_precision=PREC)
-            # dPᵀ = V dOᵀ, shared by both branches
-            dpt = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BLOCK_N, BLOCK_M)
-            ds1t = p1t * (dpt - r1[None, :]) * w1[None, :]
-            ds2t = p2t * (dpt - r2[None, :]) * (-lam[None, :])
-            dk1 += tl.dot(ds1t.to(q1.dtype), q1, input_precision=PREC)  # (BLOCK_N, D)
-            dk2 += tl.dot(ds2t.to(q2.dtype), q2, input_precision=PREC)
+            if PART != 2:
+                pct = p1t * w1[None, :] - p2t * lam[None, :]
+                dv += tl.dot(pct.to(do.dtype), do, input_precision=PREC)
+            if PART != 1:
+                # dPᵀ = V dOᵀ, shared by both branches
+                dpt = tl.dot(v, tl.trans(do), input_precision=PREC)  # (BLOCK_N, BLOCK_M)
+                ds1t = p1t * (dpt - r1[None, :]) * w1[None, :]
+                ds2t = p2t * (dpt - r2[None, :]) * (-lam[None, :])
+                dk1 += tl.dot(ds1t.to(q1.dtype), q1, input_precision=PREC)  # (BLOCK_N, D)
+                dk2 += tl.dot(ds2t.to(q2.dtype), q2, input_precision=PREC)
 
     dk_ptrs = b * stride_dkb + hk * stride_dkh + offs_n[:, None] * stride_dkn + offs_d[None, :]
-    if K_SHARED:  # one K read by both branches (Diff Transformer V2): its gradient is the sum
-        tl.store(DK1 + dk_ptrs, ((dk1 + dk2) * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
-    else:
-        tl.store(DK1 + dk_ptrs, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
-        tl.store(DK2 + dk_ptrs, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :],
-             dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+    if PART != 1:
+        if K_SHARED:  # one K read by both branches (Diff Transformer V2): its gradient is the sum
+            tl.store(DK1 + dk_ptrs, ((dk1 + dk2) * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
+        else:
+            tl.store(DK1 + dk_ptrs, (dk1 * sm_scale).to(DK1.dtype.element_ty), mask=col_ok[:, None])
+            tl.store(DK2 + dk_ptrs, (dk2 * sm_scale).to(DK2.dtype.element_ty), mask=col_ok[:, None])
+    if PART != 2:
+        tl.store(DV + b * stride_dvb + hk * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :],
+                 dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
 @triton.jit
@@ -582,6 +589,28 @@ def override_tiles(d: int, dv: int, fwd: _Tiles, dkdv: _Tiles, dq: _Tiles):
             del _TILE_OVERRIDES[(d, dv)]
         else:
             _TILE_OVERRIDES[(d, dv)] = old
+
+
+#: (d, dv) whose dK/dV backward runs as two launches (dV, then dK1 and dK2; :func:`_diff_attn_bwd_dkdv_kernel`'s
+#: ``PART``). Empty: no shape has been measured faster split; set by :func:`split_dkdv` for measurements
+_SPLIT_DKDV: set[tuple[int, int]] = set()
+
+
+def _split_dkdv(d: int, dv: int) -> bool:
+    return (d, dv) in _SPLIT_DKDV
+
+
+@contextlib.contextmanager
+def split_dkdv(d: int, dv: int, on: bool = True):
+    """Within the block, the dK/dV backward at head width ``d`` and value width ``dv`` runs as two launches (dV,
+    then dK1 and dK2), each holding fewer accumulators, with Q Kᵀ recomputed in both (for measurements:
+    ``benchmarks/gpu_goals.py core`` times it as ``diff_triton_split``)."""
+    had = (d, dv) in _SPLIT_DKDV
+    (_SPLIT_DKDV.add if on else _SPLIT_DKDV.discard)((d, dv))
+    try:
+        yield
+    finally:
+        (_SPLIT_DKDV.add if had else _SPLIT_DKDV.discard)((d, dv))
 
 
 # --------------------------------------------------------------------------------------------- helpers
@@ -898,13 +927,15 @@ def _bwd_core(dy, q1, k1, q2, k2, v, o1, o2, lse, w1r, lamr, lp, nw, dz, key_bia
     qk_scale = scale * LOG2E
     lse = lse.contiguous()
     inputs = (q1, q2, k1, k2, v, kb, w1r, lamr, *lp, do, lse[0], lse[1], r[0], r[1])
-    # dK1, dK2, dV: one program per key tile and kv head
-    _diff_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, tkv.block_n), B * Hkv)](
-        *inputs, dk1, dk2, dvv, *strides,
-        dk1.stride(0), dk1.stride(1), dk1.stride(2), dvv.stride(0), dvv.stride(1), dvv.stride(2),
-        H, Hkv, Nq, Nk, qk_scale, scale, ep.lam_init, K_SHARED=k_shared,
-        BLOCK_M=tkv.block_m, BLOCK_N=tkv.block_n, num_warps=tkv.num_warps, num_stages=tkv.num_stages, **common,
-    )
+    # dK1, dK2, dV: one program per key tile and kv head (two launches, dV and dK, where split_dkdv says so)
+    for part in ((1, 2) if _split_dkdv(d, dv) else (0,)):
+        _diff_attn_bwd_dkdv_kernel[(triton.cdiv(Nk, tkv.block_n), B * Hkv)](
+            *inputs, dk1, dk2, dvv, *strides,
+            dk1.stride(0), dk1.stride(1), dk1.stride(2), dvv.stride(0), dvv.stride(1), dvv.stride(2),
+            H, Hkv, Nq, Nk, qk_scale, scale, ep.lam_init, K_SHARED=k_shared, PART=part,
+            BLOCK_M=tkv.block_m, BLOCK_N=tkv.block_n, num_warps=tkv.num_warps, num_stages=tkv.num_stages,
+            **common,
+        )
     # dQ1, dQ2: one program per query tile and head
     _diff_attn_bwd_dq_kernel[(triton.cdiv(Nq, tq.block_m), B * H)](
         *inputs, dq1, dq2, *strides, dq1.stride(0), dq1.stride(1), dq1.stride(2),
