@@ -5,7 +5,9 @@ Default steps and their time limits on an H100 (the whole run within 8 minutes; 
                gpu"``: half-precision kernel cases against float64, one bf16 training step per family) and host
                (benchmarks/host_ops.py on the CPU, recorded with the run's torch version)
     core       130 s  benchmarks/gpu_goals.py core: attention-core baselines, every SDPA backend, diffattn's sdpa
-                      path, the fused kernel, the four-call split-V recipe, the naive module
+                      path, the fused kernel (at head width 128 also with its dK/dV backward split in two
+                      launches), the four-call split-V recipe, the naive module; writes dispatch.json, backend
+                      'auto''s table rewritten from these timings
     models     170 s  benchmarks/gpu_goals.py models: DiffViT-B/16, DiffCLIP-B/16, the ~125M Diff LM against their
                       standard twins, eager, compiled (fullgraph) and, for the LM, reduce-overhead
     decode      60 s  benchmarks/gpu_goals.py decode: static-cache decoding, V1/V2/gated LMs and DAA Llama
@@ -13,7 +15,7 @@ The earlier run's steps (compiled-warm, kernel, train, kernel-vit, compiled) are
 ``--steps``. Each step continues past the failure of another; a step killed at its limit keeps what it wrote.
 
 Writes to ``--out``: log (this driver's output), steps.json, steps.log, pytest.log, gpu_report.jsonl (the tests'
-errors, GPU only), host_ops.json, core.json, models.json, decode.json. ``--dry-run`` runs every step on the CPU at
+errors, GPU only), host_ops.json, core.json, dispatch.json, models.json, decode.json. ``--dry-run`` runs every step on the CPU at
 tiny shapes (pytest collects only), writing the same files, in about a minute. ``--render DIR --markdown
 docs/benchmarks.md`` writes the sections gpu-tests, gpu-core, gpu-models, gpu-decode and gpu-host, each goal
 stated met, not met (with the failing shapes) or not measured.
