@@ -36,7 +36,8 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any
 
-from .errors import UsageError, is_user_error, one_line
+from ._version import __version__
+from .errors import UsageError, did_you_mean, is_user_error, one_line, user_input
 
 if TYPE_CHECKING:
     from .studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
@@ -113,7 +114,6 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 def _study_command(args: argparse.Namespace) -> int:
     from .configs import parse_set
-    from .errors import user_input
 
     overrides: dict[str, Any] = {}
     for item in args.set:
@@ -168,8 +168,6 @@ def _models_command(args: argparse.Namespace) -> int:
 
     names = list_models(args.pattern)
     if not names:
-        from .errors import did_you_mean
-
         raise UsageError(f"no registered model matches {args.pattern!r}"
                          f"{did_you_mean(args.pattern.strip('*?'), list_models())} (diffattn models lists them all)")
     if args.names:
@@ -222,7 +220,6 @@ def build_parser() -> argparse.ArgumentParser:
     """The ``diffattn`` argument parser with every subcommand registered."""
     import importlib
 
-    from ._version import __version__
     from .studies.diffclip import DEMO_VARIANTS
 
     p = ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
@@ -296,8 +293,6 @@ def main(argv: list[str] | None = None) -> int:
     stderr and status 2; ``--debug`` anywhere in ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:  # before the parser imports torch
-        from ._version import __version__
-
         print(f"diffattn {__version__}")
         raise SystemExit(0)  # as argparse's version action
     cut = argv.index("--") if "--" in argv else len(argv)
