@@ -39,9 +39,11 @@ SRC = str(Path(diffattn.__file__).resolve().parent) + "/"
 #: an unusual λ_init: no default, schedule or other setting of the tiny run has this value
 MARK = 0.3217
 TEXT = "0.3217"
-#: the walk's files, command line first (the measured ones); the goal is at most 10
+#: the files the walk enters before the config parse: the command line and the train command
+BEFORE_PARSE = ["cli.py", "train/commands.py"]
+#: the walk's files from the config parse on (the measured ones); the goal is at most 10
 WALK_FILES = [
-    "cli.py", "train/commands.py", "configs/__init__.py", "train/config.py", "train/loop.py", "train/tasks/base.py",
+    "configs/__init__.py", "train/config.py", "train/loop.py", "train/tasks/base.py",
     "train/tasks/classify.py", "factory.py", "models/registry.py", "models/vit.py", "layers/blocks.py",
     "layers/spec.py", "layers/attention.py", "lambdas.py", "functional.py",
 ]
@@ -93,6 +95,22 @@ class Walk:
         self.walk: dict[str, list[str]] = collections.defaultdict(list)
         self.received: dict[tuple[str, str], tuple[str, object]] = {}  # the parsed float, not the text
         self.reached = False
+        self.before_parse: set[tuple[str, str]] | None = None  # the carrying calls that lead to the config parse
+
+    def _carrying_stack(self, frame) -> list[tuple[str, str]]:
+        out = []
+        while frame is not None:
+            if id(frame) in self.carrying:
+                out.append(self.carrying[id(frame)])
+            frame = frame.f_back
+        return out
+
+    def from_parse(self) -> dict[str, list[str]]:
+        """The walk from the config parse on (:func:`diffattn.train.config.load_config`): without the calls that
+        only hand the command line's text to it."""
+        before = self.before_parse or set()
+        walk = {f: [fn for fn in fns if (f, fn) not in before] for f, fns in self.walk.items()}
+        return {f: fns for f, fns in walk.items() if fns}
 
     def _add_stack(self, frame) -> None:
         while frame is not None:
@@ -123,6 +141,8 @@ class Walk:
                     self.received.setdefault(where, (name, code))
                 elif _is_bare(value):
                     parse = True
+        if where == ("train/config.py", "load_config") and self.before_parse is None:
+            self.before_parse = set(self._carrying_stack(frame.f_back))
         if where == ("functional.py", "diff_attention"):
             self.walk["functional.py"].append("diff_attention")
             self._add_stack(frame.f_back)
@@ -170,15 +190,17 @@ def _validations(walk: Walk) -> list[str]:
 
 
 def test_the_value_reaches_the_operator_through_the_measured_files(measured):
-    """The walk enters exactly the files of :data:`WALK_FILES` (so a file added to it is seen here)."""
+    """The walk enters exactly the files of :data:`BEFORE_PARSE` and :data:`WALK_FILES` (so a file added to it is
+    seen here): 15 from ``diffattn train``, 13 from the config parse."""
     assert measured.reached, "the run never called diff_attention"
-    assert sorted(measured.walk) == sorted(WALK_FILES), dict(measured.walk)
+    assert sorted(measured.walk) == sorted(BEFORE_PARSE + WALK_FILES), dict(measured.walk)
+    assert sorted(measured.from_parse()) == sorted(WALK_FILES), measured.from_parse()
 
 
-@pytest.mark.xfail(strict=True, reason="the walk enters 15 files (13 from the config parse): the goal of 10 is not "
-                   "met yet")
+@pytest.mark.xfail(strict=True, reason="from the config parse the walk enters 13 files (15 from diffattn train): the "
+                   "goal of 10 is not met yet")
 def test_the_walk_enters_at_most_ten_files(measured):
-    assert len(measured.walk) <= GOAL, dict(measured.walk)
+    assert len(measured.from_parse()) <= GOAL, measured.from_parse()
 
 
 def test_the_value_is_validated_in_one_place(measured):
