@@ -39,8 +39,9 @@ SRC = str(Path(diffattn.__file__).resolve().parent) + "/"
 #: an unusual λ_init: no default, schedule or other setting of the tiny run has this value
 MARK = 0.3217
 TEXT = "0.3217"
-#: the files the walk enters before the config parse: the command line and the train command
-BEFORE_PARSE = ["cli.py", "train/commands.py"]
+#: the files the walk enters before the config parse: the command line (main, then the parser's run) and the train
+#: command
+BEFORE_PARSE = ["cli/__init__.py", "cli/commands.py", "train/commands.py"]
 #: the walk's files from the config parse on (the measured ones); the goal is at most 10
 WALK_FILES = [
     "configs/__init__.py", "train/config.py", "train/loop.py", "train/tasks/base.py",
@@ -191,13 +192,13 @@ def _validations(walk: Walk) -> list[str]:
 
 def test_the_value_reaches_the_operator_through_the_measured_files(measured):
     """The walk enters exactly the files of :data:`BEFORE_PARSE` and :data:`WALK_FILES` (so a file added to it is
-    seen here): 15 from ``diffattn train``, 13 from the config parse."""
+    seen here): 16 from ``diffattn train``, 13 from the config parse."""
     assert measured.reached, "the run never called diff_attention"
     assert sorted(measured.walk) == sorted(BEFORE_PARSE + WALK_FILES), dict(measured.walk)
     assert sorted(measured.from_parse()) == sorted(WALK_FILES), measured.from_parse()
 
 
-@pytest.mark.xfail(strict=True, reason="from the config parse the walk enters 13 files (15 from diffattn train): the "
+@pytest.mark.xfail(strict=True, reason="from the config parse the walk enters 13 files (16 from diffattn train): the "
                    "goal of 10 is not met yet")
 def test_the_walk_enters_at_most_ten_files(measured):
     assert len(measured.from_parse()) <= GOAL, measured.from_parse()
