@@ -29,8 +29,8 @@ def _eval_command(args: argparse.Namespace) -> int:
     runner.check_eval_dataset(args.dataset, what="--dataset")
     if args.device is not None:
         resolve_device(args.device, "--device")  # a GPU torch cannot see is named as the flag, before any work
-    res = runner.evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp, quick=args.quick,
-                   seed=args.seed, progress=not args.no_progress, device=args.device)
+    res = runner.evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp,
+                          quick=args.quick, seed=args.seed, progress=not args.no_progress, device=args.device)
     if res["skipped"]:
         kind, why = next(iter(res["skipped"].items()))
         raise UsageError(f"the {kind} suite was skipped ({why}); {res['output_dir']}/results.json records it")
