@@ -169,6 +169,7 @@ def _raises_on(code, param: str) -> bool:
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
+    pytest.importorskip("sklearn")  # the digits of tiny/classify
     from diffattn.cli import main
 
     out = tmp_path_factory.mktemp("walk") / "run"
