@@ -75,7 +75,7 @@ def test_study_takes_out_seeds_and_set(tmp_path, monkeypatch, capsys):
         got.update(cfg)
         return {"table": "| metric |", "seconds": 0.0, "report": str(tmp_path / "report.md")}
 
-    monkeypatch.setattr(cli, "study", fake_study)
+    monkeypatch.setattr("diffattn.cli.commands.study", fake_study)  # what the study command calls
     assert cli.main(["study", "noise", "--out", str(tmp_path / "s"), "--seeds", "3", "4", "--set", "steps=7",
                      "--set", "model.dim=32", "--no-progress"]) == 0
     assert got["out"] == str(tmp_path / "s") and got["seeds"] == [3, 4] and got["steps"] == 7

@@ -45,6 +45,7 @@ __all__ = [
     "LAMBDA_INIT_SCHEDULES",
     "resolve_lambda_init",
     "check_lambda_init",
+    "LambdaInitTypeError",
     "reparam_lambda",
     "ReparamLambda",
     "DualScalarLambda",
@@ -75,7 +76,7 @@ def _check_finite(name: str, value) -> float:
 
 def lambda_init_constant(value: float = DEFAULT_LAMBDA_INIT) -> float:
     """The constant λ_init of DiffCLIP (Hammoud et al. 2025, §3.3: 0.8)."""
-    return _check_finite("lambda_init", value)
+    return check_lambda_init(value, schedules=False)
 
 
 def lambda_init_ye(depth: int) -> float:
@@ -109,32 +110,34 @@ def _unknown_schedule(lambda_init) -> str:
 
 def resolve_lambda_init(lambda_init: float | str, depth: int = 0) -> float:
     """A finite float stays as is; a schedule's name (``"ye"``: :func:`lambda_init_ye`, ``"motif"``:
-    :func:`lambda_init_motif`) applies it to the 0-based ``depth``."""
+    :func:`lambda_init_motif`) applies it to the 0-based ``depth``. Checked by :func:`check_lambda_init`."""
+    value = check_lambda_init(lambda_init)
+    return LAMBDA_INIT_SCHEDULES[value](depth) if isinstance(value, str) else value
+
+
+class LambdaInitTypeError(TypeError, ValueError):
+    """A λ_init that is neither a number nor a string: a TypeError, and a ValueError like every other bad
+    setting (what the λ forms and the layers raised for it before :func:`check_lambda_init` was the one check)."""
+
+
+def check_lambda_init(lambda_init, *, schedules: bool = True) -> float | str:
+    """The one check of a λ_init, wherever it is given: a finite float (returned as a float) or, where
+    ``schedules`` (a setting before any layer depth is known: :class:`~diffattn.layers.AttentionSpec`,
+    :class:`~diffattn.adapters.RetrofitConfig`, a layer's ``lambda_init``), the name of a schedule of
+    :data:`LAMBDA_INIT_SCHEDULES` (``"ye"``, ``"motif"``); a λ form takes the float only (``schedules=False``).
+
+    Raises :class:`LambdaInitTypeError` (a TypeError and a ValueError) for a value that is not a number or a string,
+    ValueError for any other string or a non-finite number."""
+    what = "a finite float or 'ye'" if schedules else "a finite float"
     if isinstance(lambda_init, str):
-        if lambda_init not in LAMBDA_INIT_SCHEDULES:
-            raise ValueError(_unknown_schedule(lambda_init).replace("a finite float", "a float"))
-        return LAMBDA_INIT_SCHEDULES[lambda_init](depth)
-    if not isinstance(lambda_init, numbers.Real) or isinstance(lambda_init, bool):
-        raise ValueError(f"lambda_init must be a float or 'ye', got {type(lambda_init).__name__}")
-    return _check_finite("lambda_init", lambda_init)
-
-
-def check_lambda_init(lambda_init) -> float | str:
-    """The λ_init setting a user gives (before any layer depth is known): a finite float (returned as a float) or
-    the name of a schedule of :data:`LAMBDA_INIT_SCHEDULES` (``"ye"``, ``"motif"``). What
-    :class:`~diffattn.layers.AttentionSpec` and :class:`~diffattn.adapters.RetrofitConfig` check.
-
-    Raises TypeError for a value that is not a number or a string, ValueError for any other string or a non-finite
-    number."""
-    if isinstance(lambda_init, str):
-        if lambda_init not in LAMBDA_INIT_SCHEDULES:
-            raise ValueError(_unknown_schedule(lambda_init))
+        if not schedules or lambda_init not in LAMBDA_INIT_SCHEDULES:
+            raise ValueError(_unknown_schedule(lambda_init) if schedules else
+                             f"lambda_init must be {what}, got {lambda_init!r}")
         return lambda_init
     if isinstance(lambda_init, bool) or not isinstance(lambda_init, numbers.Real):
-        raise TypeError(f"lambda_init must be a finite float or 'ye', got {type(lambda_init).__name__} "
-                        f"{lambda_init!r}")
+        raise LambdaInitTypeError(f"lambda_init must be {what}, got {type(lambda_init).__name__} {lambda_init!r}")
     if not math.isfinite(float(lambda_init)):
-        raise ValueError(f"lambda_init must be a finite float or 'ye', got {lambda_init!r}")
+        raise ValueError(f"lambda_init must be {what}, got {lambda_init!r}")
     return float(lambda_init)
 
 
@@ -202,7 +205,7 @@ def build_lambda(name: str, *, dim: int, num_heads: int, head_dim: int, lambda_i
     """The λ module of form ``name`` for a layer of width ``dim`` with ``num_heads`` differential heads of width
     ``head_dim``; ``options`` are the form's own keyword arguments (e.g. ``std`` for reparam, ``bias`` for gate)."""
     cls = lambda_class(name)
-    lambda_init = _check_finite("lambda_init", lambda_init)
+    lambda_init = check_lambda_init(lambda_init, schedules=False)
     try:
         return cls.build(dim=dim, num_heads=num_heads, head_dim=head_dim, lambda_init=lambda_init, **options)
     except TypeError as e:
@@ -271,7 +274,7 @@ class ReparamLambda(LambdaForm):
                  num_heads: int | None = None):
         super().__init__()
         shape = (head_dim,) if num_heads is None else (num_heads, head_dim)
-        self.lambda_init = _check_finite("lambda_init", lambda_init)
+        self.lambda_init = check_lambda_init(lambda_init, schedules=False)
         self.std = _check_finite("std", std)
         self.lambda_q1 = nn.Parameter(torch.zeros(shape, dtype=torch.float32))
         self.lambda_k1 = nn.Parameter(torch.zeros(shape, dtype=torch.float32))
@@ -307,7 +310,7 @@ class DualScalarLambda(LambdaForm):
 
     def __init__(self, lambda_init: float = DEFAULT_LAMBDA_INIT):
         super().__init__()
-        self.lambda_init = _check_finite("lambda_init", lambda_init)
+        self.lambda_init = check_lambda_init(lambda_init, schedules=False)
         self.lambda_a = nn.Parameter(torch.zeros((), dtype=torch.float32))
         self.lambda_b = nn.Parameter(torch.zeros((), dtype=torch.float32))
 
@@ -328,7 +331,7 @@ class ConstantLambda(LambdaForm):
 
     def __init__(self, lambda_init: float = DEFAULT_LAMBDA_INIT):
         super().__init__()
-        self.lambda_init = _check_finite("lambda_init", lambda_init)
+        self.lambda_init = check_lambda_init(lambda_init, schedules=False)
 
     @classmethod
     def build(cls, *, dim, num_heads, head_dim, lambda_init):
@@ -411,7 +414,7 @@ class AnnealedLambda(LambdaForm):
         super().__init__()
         if not isinstance(anneal_steps, int) or isinstance(anneal_steps, bool) or anneal_steps <= 0:
             raise ValueError(f"anneal_steps must be a positive integer, got {anneal_steps!r}")
-        self.lambda_init = _check_finite("lambda_init", lambda_init)
+        self.lambda_init = check_lambda_init(lambda_init, schedules=False)
         self.anneal_steps = int(anneal_steps)
         self.lambda_learn = nn.Parameter(torch.tensor(float(lambda_learn_init)))
         self.register_buffer("step", torch.zeros((), dtype=torch.long))

@@ -17,6 +17,7 @@ Layout: :mod:`.methods` (one module per method, the registry, :class:`RetrofitAd
 (:class:`RetrofitConfig`), :mod:`.core` (``retrofit`` and reports), :mod:`.schedule` (``step``), :mod:`.saving`.
 """
 
+from . import methods, schedule
 from .binding import Binding, Candidate
 from .config import TRAIN_MODES, RetrofitConfig
 from .core import count_parameters, lambda_summary, plan_retrofit, retrofit, retrofit_config, supported_families
@@ -72,11 +73,7 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "DiffAttnCallback":  # needs transformers: built on first use
-        from . import schedule
-
         return schedule.DiffAttnCallback
     if name in ("SEED001_METHODS", "SEED002_METHODS"):  # renamed; the alias warns
-        from . import methods
-
         return getattr(methods, name)
     raise AttributeError(f"module 'diffattn.adapters' has no attribute {name!r}")

@@ -14,6 +14,14 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..data import corpora, data_root, tokenizers, tokens
+from ..data import detection as detection_data
+from ..data import export as export_data
+from ..data.catalog import DATASETS, get_dataset
+from ..extras import require
+from . import prepare as preparing
+from .prepare import ALIASES, BUNDLED, DEBIAN_MODES, TARGETS, is_prepared, resolve_names
+
 __all__ = ["register"]
 
 #: why the data directory is where it is (:func:`diffattn.data._common.data_root`)
@@ -24,15 +32,10 @@ _WHY = {"DIFFATTN_DATA": "from $DIFFATTN_DATA",
 
 
 def _data_dir(args: argparse.Namespace) -> tuple[Path, str]:
-    from ..data import data_root
-
     return (Path(args.root), "--root") if args.root else data_root()
 
 
 def _list(args: argparse.Namespace) -> int:
-    from ..data.catalog import DATASETS
-    from .prepare import ALIASES, is_prepared
-
     root, why = _data_dir(args)
     print(f"data directory: {root} ({_WHY[why]})")
 
@@ -52,8 +55,6 @@ def _list(args: argparse.Namespace) -> int:
 
 def _prepare_name(text: str) -> str:
     """argparse type of a ``data prepare`` NAME: one clear usage error naming the valid names."""
-    from .prepare import resolve_names
-
     try:
         resolve_names([text])
     except ValueError as e:
@@ -62,11 +63,9 @@ def _prepare_name(text: str) -> str:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from .prepare import prepare
-
     root, why = _data_dir(args)
     print(f"data directory: {root} ({_WHY[why]})")
-    results = prepare(args.names, root=root, force=args.force, debian=args.debian)
+    results = preparing.prepare(args.names, root=root, force=args.force, debian=args.debian)
     failed = [r for r in results.values() if not r.ok]
     done = [r.name for r in results.values() if r.ok]
     if done:
@@ -79,44 +78,30 @@ def _prepare(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from ..extras import require
-
     require("data", "diffattn data export")  # before anything is written
     if args.name == "tuxpaint_detect":  # generated detection set in Ultralytics' YOLO layout
-        from ..data.detection import export_detection
-
-        m = export_detection(args.out, root=args.root, seed=args.seed)
+        m = detection_data.export_detection(args.out, root=args.root, seed=args.seed)
         print(f"{m['counts']} (classes {m['classes']}) -> {args.out}/data.yaml")
         return 0
-    from ..data.export import export_webdataset
-
-    m = export_webdataset(args.name, args.out, split=args.split, root=args.root, shard_size=args.shard_size)
+    m = export_data.export_webdataset(args.name, args.out, split=args.split, root=args.root, shard_size=args.shard_size)
     print(f"{m['n_samples']} samples in {m['n_shards']} shard(s): {m['urls']} (keys {', '.join(m['keys'])})")
     return 0
 
 
 def _tokenize(args: argparse.Namespace) -> int:
-    from ..extras import require
-
     require("data", "diffattn data tokenize")  # before anything is written
-    from ..data.catalog import get_dataset
-    from ..data.corpora import CORPORA
-    from ..data.tokenizers import get_tokenizer
-    from ..data.tokens import tokenize_documents, write_token_memmap
-
-    if args.name not in CORPORA:
-        raise SystemExit(f"diffattn data tokenize: NAME must be a text set {sorted(CORPORA)}, got {args.name!r}")
-    tok = get_tokenizer(args.tokenizer)
-    ids = tokenize_documents(get_dataset(args.name, split=args.split, root=args.root).texts, tok)
-    path = write_token_memmap(ids, args.out, vocab_size=tok.vocab_size, tokenizer=tok.name)
+    if args.name not in corpora.CORPORA:
+        raise SystemExit(f"diffattn data tokenize: NAME must be a text set {sorted(corpora.CORPORA)}, got "
+                         f"{args.name!r}")
+    tok = tokenizers.get_tokenizer(args.tokenizer)
+    ids = tokens.tokenize_documents(get_dataset(args.name, split=args.split, root=args.root).texts, tok)
+    path = tokens.write_token_memmap(ids, args.out, vocab_size=tok.vocab_size, tokenizer=tok.name)
     print(f"{len(ids)} {tok.name} tokens -> {path} ({'uint16' if tok.vocab_size <= 2**16 else 'uint32'})")
     return 0
 
 
 def register(subparsers) -> None:
     """Add ``diffattn data {prepare,list,export,tokenize}``."""
-    from .prepare import ALIASES, BUNDLED, DEBIAN_MODES, TARGETS
-
     root_help = ("data folder (default: $DIFFATTN_DATA, else a source checkout's data/, else ~/.cache/diffattn; "
                  "`diffattn data list` shows which)")
     p = subparsers.add_parser("data", help="offline datasets: prepare, list, export as webdataset shards, tokenize")

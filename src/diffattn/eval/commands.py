@@ -14,43 +14,37 @@ from __future__ import annotations
 import argparse
 import json
 
-from ..errors import user_input
-from ..utils import device_type
+from ..errors import UsageError, user_input
+from ..extras import MissingExtraError, require
+from ..utils import device_type, resolve_device
+from . import runner
+from .detection import add_arguments, run_command
+from .inspection import inspect_folder
 
 __all__ = ["register"]
 
 
 def _eval_command(args: argparse.Namespace) -> int:
-    from ..errors import UsageError
-    from ..extras import require
-
     require("eval", "diffattn eval")  # before anything is written
-    from ..utils import resolve_device
-    from .runner import check_eval_dataset, evaluate, summary_table
-
-    check_eval_dataset(args.dataset, what="--dataset")
+    runner.check_eval_dataset(args.dataset, what="--dataset")
     if args.device is not None:
         resolve_device(args.device, "--device")  # a GPU torch cannot see is named as the flag, before any work
-    res = evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp, quick=args.quick,
-                   seed=args.seed, progress=not args.no_progress, device=args.device)
+    res = runner.evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp,
+                          quick=args.quick, seed=args.seed, progress=not args.no_progress, device=args.device)
     if res["skipped"]:
         kind, why = next(iter(res["skipped"].items()))
         raise UsageError(f"the {kind} suite was skipped ({why}); {res['output_dir']}/results.json records it")
     if args.json:  # for scripts: the results.json just written, on stdout
         print(json.dumps(res, indent=1, default=float))
         return 0
-    print(summary_table(res))
+    print(runner.summary_table(res))
     print(f"wrote results.json and report.md to {res['output_dir']}")
     return 0
 
 
 def _compare_command(args: argparse.Namespace) -> int:
-    from ..extras import require
-
     require("eval", "diffattn compare")
-    from .runner import compare
-
-    print(compare(args.runs, args.out, labels=args.labels), end="")
+    print(runner.compare(args.runs, args.out, labels=args.labels), end="")
     if args.out:
         print(f"\nwrote {args.out} and its .json")
     return 0
@@ -59,18 +53,14 @@ def _compare_command(args: argparse.Namespace) -> int:
 def _object_attention_command(args: argparse.Namespace) -> int:
     import importlib.util
 
-    from ..extras import MissingExtraError
-
     if importlib.util.find_spec("ultralytics") is None:
         raise MissingExtraError("diffattn object-attention needs ultralytics (AGPL-3.0): pip install "
                                 "'diffattn[detect]'")
-    from .detection import run_command
-
     return run_command(args.parser, args)
 
 
 def _lm_eval_command(args: argparse.Namespace) -> int:
-    from .lm_harness import main
+    from .lm_harness import main  # imports lm-eval (an optional library) on import
 
     main(args.args)
     return 0
@@ -88,8 +78,6 @@ def _ids(text: str) -> list[int]:
 
 
 def _inspect_command(args: argparse.Namespace) -> int:
-    from .inspection import inspect_folder
-
     with user_input():  # the folder, the text and the ids are what the user gave: their ValueErrors are usage errors
         res = inspect_folder(args.path, args.out, prompt=args.prompt, needle=args.needle, question=args.question,
                              ids=args.ids, needle_ids=args.needle_ids, question_ids=args.question_ids or [],
@@ -139,8 +127,6 @@ def register(subparsers) -> None:
     c.set_defaults(func=_compare_command)
     o = subparsers.add_parser("object-attention", help="how much the attention layers of the detectors of "
                               "diffattn study detection look at the objects (diffattn.eval.detection)")
-    from .detection import add_arguments
-
     add_arguments(o)
     o.set_defaults(func=_object_attention_command, parser=o)
     h = subparsers.add_parser("lm-eval", add_help=False, help="lm-eval's command line with the 'diffattn' model "

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from ..detect.offline import offline_env
 from ..diagnostics import capture_attention, foreground_attention, patch_mask
 from ..io import atomic_write_file
 
@@ -145,8 +146,6 @@ def compare_object_attention(runs: Sequence[dict], data_yaml: str | Path, *, spl
                              limit: int | None = None) -> list[dict]:
     """:func:`object_attention` of every run of ``diffattn study detection`` (the rows of its ``detection.json``:
     ``model``, ``seed``, ``weights``) on the same images; one row per run and layer."""
-    from ..detect import offline_env
-
     offline_env()
     from ultralytics import YOLO
 

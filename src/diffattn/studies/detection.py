@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..data.detection import export_detection
-from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS
+from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS, disable_sync, offline_env
 from ..extras import MissingExtraError
 from ..io import atomic_write_file
 from . import claims
@@ -95,8 +95,6 @@ def train_one(name: str, seed: int, data: Path, out: Path, *, epochs: int, imgsz
     """Train ``name`` with ``seed`` and validate it; returns mAP50, mAP50-95, params, GFLOPs, seconds.
     ``optimizer`` and ``lr0`` are Ultralytics' (``auto`` picks both from the iteration count; ``lr0`` applies
     to a named optimizer)."""
-    from ..detect import offline_env
-
     offline_env()
     from ..detect import yolo
 
@@ -194,11 +192,7 @@ def run_compare(models: list[str], seeds: list[int], out: Path, *, data: Path | 
                 optimizer: str = "auto", lr0: float | None = None) -> dict:
     """Train every model with every seed on the same data and budget; write ``detection.json``, ``detection.md``
     and the map figure into ``out``."""
-    from ..detect import offline_env
-
     offline_env()
-    from ..detect import disable_sync
-
     disable_sync()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -266,11 +260,7 @@ def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
 def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Every seed (``<out>/seed<k>/``), aggregated (module docstring)."""
     require_ultralytics("diffattn study detection")
-    from ..detect import offline_env
-
     offline_env()
-    from ..detect import disable_sync
-
     disable_sync()
     out = Path(cfg["out"])
     out.mkdir(parents=True, exist_ok=True)

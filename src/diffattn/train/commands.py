@@ -8,18 +8,16 @@ import math
 import os
 import sys
 
+from ..extras import require
 from ..utils import device_type, resolve_device
+from .config import budget_warnings, load_config
+from .loop import train
 
 __all__ = ["register"]
 
 
 def _train_command(args: argparse.Namespace) -> int:
-    from ..extras import require
-
     require("train", "diffattn train")  # before anything is written to the run directory
-    from .config import budget_warnings, load_config
-    from .loop import train
-
     if args.device is not None:  # a GPU torch cannot see is named as the flag, before the config is read
         resolve_device(args.device, "--device", local_rank=int(os.environ.get("LOCAL_RANK", "0")),
                        world_size=int(os.environ.get("WORLD_SIZE", "1")))

@@ -30,6 +30,7 @@ from ..directions import higher_is_better
 from ..errors import UsageError, did_you_mean, yaml_error
 from ..models import is_model, list_models
 from ..utils import check_device
+from .tasks import TASKS, task_keys
 from .tasks.base import TaskConfig, check, is_int
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
@@ -164,8 +165,6 @@ _SECTION_CLASSES = {"task": TaskConfig, "model": ModelConfig, "data": DataConfig
 
 def _task_class(name: str):
     """The registered task ``name`` (:data:`diffattn.train.tasks.TASKS`), or a UsageError naming the tasks."""
-    from .tasks import TASKS
-
     check(isinstance(name, str) and name in TASKS, "task.name", name, f"one of {tuple(sorted(TASKS))}",
           did_you_mean(name, list(TASKS)) if isinstance(name, str) else "")
     return TASKS[name]
@@ -247,7 +246,7 @@ def validate(cfg: TrainConfig) -> TrainConfig:
     _check(_is_int(e.batch_size) and e.batch_size >= 1, "eval.batch_size", e.batch_size, "an integer >= 1")
     if e.every is not None:
         _check(bool(task.metrics), "eval.every", e.every, f"null for task {t.name!r} (validation while training "
-               f"is there for {', '.join(n for n, c in _tasks().items() if c.metrics)})")
+               f"is there for {', '.join(n for n, c in TASKS.items() if c.metrics)})")
         _check(e.metric is None or e.metric in task.metrics, "eval.metric", e.metric,
                f"one of {task.metrics} for task {t.name!r}")
     names = task.data_names()
@@ -268,7 +267,7 @@ def _check_model_start(cfg: TrainConfig, task) -> None:
                "a folder or a Hugging Face Hub id (org/name)")
         _check(task.pretrained, "model.pretrained", m.pretrained,
                f"null for task {task.name!r} (a released differential model starts the tasks "
-               f"{', '.join(n for n, c in _tasks().items() if c.pretrained)})")
+               f"{', '.join(n for n, c in TASKS.items() if c.pretrained)})")
         _check(not m.name, "model.name", m.name, "empty with model.pretrained (the checkpoint names the model)")
         extra = sorted(set(m.overrides) - {"backend"})
         _check(not extra, "model.overrides", m.overrides,
@@ -302,12 +301,6 @@ def budget_warnings(cfg: TrainConfig) -> list[str]:
 def train_data_names(task: str) -> list[str]:
     """The ``data.name`` values task ``task`` trains on: its kinds of built-in sets and the formats it reads."""
     return _task_class(task).data_names() or []
-
-
-def _tasks() -> dict:
-    from .tasks import TASKS
-
-    return TASKS
 
 
 def config_from_dict(d: dict[str, Any]) -> TrainConfig:
@@ -380,12 +373,8 @@ def config_digest(cfg: TrainConfig | dict) -> dict[str, Any]:
     """The part of the config a checkpoint must match to be resumed: everything but the logging/output keys
     (:data:`RESUMABLE_KEYS`), and of ``task`` only the keys its task reads. ``cfg`` may be a digest already (a
     checkpoint's), which is then reduced the same way."""
-    import dataclasses
-
-    from .tasks import task_keys
-
-    d = json.loads(json.dumps(cfg if isinstance(cfg, dict) else dataclasses.asdict(cfg), default=str))
-    d.setdefault("eval", dataclasses.asdict(EvalConfig()))  # checkpoints of runs made before the section existed
+    d = json.loads(json.dumps(cfg if isinstance(cfg, dict) else asdict(cfg), default=str))
+    d.setdefault("eval", asdict(EvalConfig()))  # checkpoints of runs made before the section existed
     for section, key in RESUMABLE_KEYS:
         d.get(section, {}).pop(key, None)
     task = d.get("task", {})
@@ -396,8 +385,6 @@ def config_digest(cfg: TrainConfig | dict) -> dict[str, Any]:
 
 
 def __getattr__(name: str):
-    if name == "TASKS":  # the registry of diffattn.train.tasks: the one table of tasks
-        return _tasks()
     if name == "VAL_METRICS":  # each task's validation metrics, as its class declares them
-        return {n: c.metrics for n, c in _tasks().items() if c.metrics}
+        return {n: c.metrics for n, c in TASKS.items() if c.metrics}
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from ...adapters import adapters, lambda_summary
 from ...data.catalog import DATASETS
 from ...errors import UsageError
 from ...factory import create_model, load_released, resolve_source, save_released
@@ -151,13 +152,8 @@ def mean_lambdas(model: nn.Module) -> list[float]:
             p = next(m.parameters())
             lam = m.lambda_weights(torch.zeros(1, 1, m.dim, device=p.device, dtype=p.dtype))[1]
             out.append(round(float(torch.as_tensor(lam, dtype=torch.float32).mean()), 5))
-    if not out:
-        try:
-            from ...adapters import adapters, lambda_summary
-        except ImportError:  # pragma: no cover
-            return out
-        if adapters(model):
-            out = [round(r["lambda"], 5) for r in lambda_summary(model)]
+    if not out and adapters(model):
+        out = [round(r["lambda"], 5) for r in lambda_summary(model)]
     return out
 
 

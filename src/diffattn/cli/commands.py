@@ -1,81 +1,50 @@
-"""The ``diffattn`` command.
-
-    diffattn demo      # the main job: CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end
-    diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma, llava, detection,
-                              # needles, recall)
-    diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
-    diffattn train / eval / compare / data   # registered by diffattn.train, diffattn.eval, diffattn.data
-    diffattn object-attention / lm-eval      # registered by diffattn.eval
-    diffattn openclip-train ARGS             # open_clip's training script with diffattn's CLIP models by name
-    diffattn timm-train TRAIN_PY ARGS        # timm's train.py with diffattn's vision models registered
-
-``diffattn`` (or ``python -m diffattn``) is the package's only entry point: no other module runs as a script.
-
-``demo`` is the DiffCLIP study (Hammoud & Ghanem 2025, §4) at a CPU size, through the code path a user runs on
-CC3M: it lists the offline image–caption pairs (Tux Paint stamps + Noto emoji, ``make data``) in an open_clip-style
-TSV, trains every variant with ``diffattn train demo/<variant>`` (same data, seed and budget; only the
-attention differs), evaluates each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text
-retrieval on held-out pairs, linear probe, CLS attention inside vs outside the foreground masks), adds
-zero-shot Fashion-MNIST, retrieval on held-out emoji and zero-shot accuracy under common corruptions, then prints
-a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
-images, λ per layer, learning curves).
-
-Errors. A mistake a user can make (a typo in a config, a missing file or data set, a damaged checkpoint, a run
-directory in use) is printed as one line ``diffattn: error: …`` naming the file, key or argument, and the exit
-status is 2 (:func:`main`; :func:`diffattn.errors.is_user_error` says which errors those are). ``--debug`` (or
-``DIFFATTN_DEBUG=1``) shows the traceback instead. Under torchrun only rank 0 prints.
-"""
+"""The ``diffattn`` command's parser and its own subcommands (``demo``, ``study``, ``models``, ``openclip-train``,
+``timm-train``), with :data:`COMMAND_MODULES`, which add the others. :func:`diffattn.cli.main` imports this module
+(torch, the studies, the training and evaluation code) after it has answered ``--version``."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import math
 import os
 import re
+import runpy
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from .errors import UsageError, is_user_error, one_line
+from .._version import __version__
+from ..configs import parse_set
+from ..errors import UsageError, did_you_mean, is_user_error, one_line, user_input
+from ..factory import register_timm
+from ..models import list_models, list_pretrained
+from ..models.registry import model_info
+from ..openclip import main as openclip_main
+from ..progress import library_bars
+from ..studies import load_study as _load_study
+from ..studies import run_study
+from ..studies.config import WALL_TIMES, budget_warnings
+from ..studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
 
-if TYPE_CHECKING:
-    from .studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
-
-__all__ = ["main", "demo", "study", "load_study", "build_parser", "plain_text", "DEMO_VARIANTS", "DEMO_DATASETS",
-           "DEMO_ROWS", "demo_pairs", "demo_table"]
-
-#: defined in diffattn.studies.diffclip (torch, the training code), imported on first use so that importing this
-#: module (what the ``diffattn`` script does first) stays light and ``diffattn --version`` answers at once
-_FROM_DEMO = ("DEMO_DATASETS", "DEMO_ROWS", "DEMO_VARIANTS", "demo", "demo_pairs", "demo_table")
-
-
-def __getattr__(name: str):
-    if name in _FROM_DEMO:
-        from .studies import diffclip
-
-        return getattr(diffclip, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["run", "demo", "study", "load_study", "build_parser", "plain_text", "bounded", "ArgumentParser",
+           "COMMAND_MODULES", "DEMO_VARIANTS", "DEMO_DATASETS", "DEMO_ROWS", "demo_pairs", "demo_table"]
 
 
 def load_study(config: str | os.PathLike, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """A study config (:func:`diffattn.studies.load_study`)."""
-    from .studies import load_study as _load
-
-    return _load(config, overrides)
+    return _load_study(config, overrides)
 
 
 def study(config: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
     """Run a study config (:func:`diffattn.studies.run_study`): writes ``<out>/results.json`` and ``report.md``."""
-    from .studies import run_study
-
     return run_study(config, progress=progress)
 
 
 # --------------------------------------------------------------------------------------------------- CLI
 
 #: Modules that add subcommands: each defines ``register(subparsers)``, which adds its parsers and sets
-#: ``func`` (called with the parsed args, returns the exit code) through ``set_defaults``. Imported lazily so that
-#: ``diffattn models`` does not pay for the training and evaluation imports.
+#: ``func`` (called with the parsed args, returns the exit code) through ``set_defaults``.
 COMMAND_MODULES: tuple[str, ...] = ("diffattn.app.data_commands", "diffattn.train.commands", "diffattn.eval.commands")
 
 
@@ -99,8 +68,6 @@ def bounded(kind: type, minimum: float | None = None, *, strict: bool = False):
 
 
 def _demo_command(args: argparse.Namespace) -> int:
-    from .studies.diffclip import demo
-
     res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                quick=args.quick, config_dir=args.config_dir, progress=not args.no_progress,
                max_pairs=args.max_pairs)
@@ -112,9 +79,6 @@ def _demo_command(args: argparse.Namespace) -> int:
 
 
 def _study_command(args: argparse.Namespace) -> int:
-    from .configs import parse_set
-    from .errors import user_input
-
     overrides: dict[str, Any] = {}
     for item in args.set:
         parts, value = parse_set(item)
@@ -125,8 +89,6 @@ def _study_command(args: argparse.Namespace) -> int:
         overrides["seeds"] = args.seeds
     with user_input():  # a study config is what the user gave: its ValueErrors are usage errors
         cfg = load_study(args.config, overrides)
-    from .studies.config import budget_warnings
-
     for line in budget_warnings(cfg):
         print(f"diffattn: warning: {line}", file=sys.stderr, flush=True)
     res = study(cfg, progress=not args.no_progress)
@@ -137,17 +99,11 @@ def _study_command(args: argparse.Namespace) -> int:
 
 
 def _openclip_train_command(args: argparse.Namespace) -> int:
-    from .openclip import main
-
-    main(args.args)
+    openclip_main(args.args)
     return 0
 
 
 def _timm_train_command(args: argparse.Namespace) -> int:
-    import runpy
-
-    from .models import register_timm
-
     if not args.args or not os.path.isfile(args.args[0]):
         raise UsageError(f"timm-train needs the path of timm's train.py (pytorch-image-models) first, got "
                          f"{args.args[0] if args.args else 'nothing'!r}")
@@ -163,20 +119,13 @@ def _timm_train_command(args: argparse.Namespace) -> int:
 
 
 def _models_command(args: argparse.Namespace) -> int:
-    from .models import list_models
-    from .models.registry import model_info
-
     names = list_models(args.pattern)
     if not names:
-        from .errors import did_you_mean
-
         raise UsageError(f"no registered model matches {args.pattern!r}"
                          f"{did_you_mean(args.pattern.strip('*?'), list_models())} (diffattn models lists them all)")
     if args.names:
         print("\n".join(names))
         return 0
-    from .models import list_pretrained
-
     rows = [dict(model_info(n), pretrained=[t for _, t in list_pretrained(n)]) for n in names]
     if args.json:
         print(json.dumps(rows, indent=1))
@@ -220,11 +169,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     """The ``diffattn`` argument parser with every subcommand registered."""
-    import importlib
-
-    from ._version import __version__
-    from .studies.diffclip import DEMO_VARIANTS
-
     p = ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
     p.add_argument("--version", action="version", version=f"diffattn {__version__}")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error (also DIFFATTN_DEBUG=1); "
@@ -242,8 +186,6 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--config-dir", default=None, help="folder of the recipes (default: the packaged demo/*)")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo_command)
-    from .studies.config import WALL_TIMES
-
     st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests",
                         formatter_class=argparse.RawDescriptionHelpFormatter,
                         description="Train every variant of a study at every seed with one budget, check the "
@@ -291,15 +233,11 @@ def _finish_distributed() -> None:
         dist.destroy_process_group()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run the ``diffattn`` command; returns the exit status. A user error (module docstring) is one line on
-    stderr and status 2; ``--debug`` anywhere in ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--version"]:  # before the parser imports torch
-        from ._version import __version__
-
-        print(f"diffattn {__version__}")
-        raise SystemExit(0)  # as argparse's version action
+def run(argv: list[str]) -> int:
+    """Run the ``diffattn`` command line ``argv`` (what :func:`diffattn.cli.main` does after ``--version``); returns
+    the exit status. A user error (:mod:`diffattn.cli`) is one line on stderr and status 2; ``--debug`` anywhere in
+    ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
+    argv = list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     debug = "--debug" in argv[:cut] or os.environ.get("DIFFATTN_DEBUG", "") not in ("", "0")
     argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < cut)]
@@ -309,8 +247,6 @@ def main(argv: list[str] | None = None) -> int:
         args.args = extra
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from .progress import library_bars
-
     library_bars(not getattr(args, "no_progress", False))  # transformers' bars follow diffattn's (progress.py)
     try:
         return int(args.func(args) or 0)

@@ -1,0 +1,77 @@
+"""The ``diffattn`` command.
+
+    diffattn demo      # the main job: CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end
+    diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma, llava, detection,
+                              # needles, recall)
+    diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
+    diffattn train / eval / compare / data   # registered by diffattn.train, diffattn.eval, diffattn.data
+    diffattn object-attention / lm-eval      # registered by diffattn.eval
+    diffattn openclip-train ARGS             # open_clip's training script with diffattn's CLIP models by name
+    diffattn timm-train TRAIN_PY ARGS        # timm's train.py with diffattn's vision models registered
+
+``diffattn`` (or ``python -m diffattn``) is the package's only entry point: no other module runs as a script.
+
+``demo`` is the DiffCLIP study (Hammoud & Ghanem 2025, §4) at a CPU size, through the code path a user runs on
+CC3M: it lists the offline image–caption pairs (Tux Paint stamps + Noto emoji, ``make data``) in an open_clip-style
+TSV, trains every variant with ``diffattn train demo/<variant>`` (same data, seed and budget; only the
+attention differs), evaluates each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text
+retrieval on held-out pairs, linear probe, CLS attention inside vs outside the foreground masks), adds
+zero-shot Fashion-MNIST, retrieval on held-out emoji and zero-shot accuracy under common corruptions, then prints
+a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
+images, λ per layer, learning curves).
+
+Errors. A mistake a user can make (a typo in a config, a missing file or data set, a damaged checkpoint, a run
+directory in use) is printed as one line ``diffattn: error: …`` naming the file, key or argument, and the exit
+status is 2 (:func:`main`; :func:`diffattn.errors.is_user_error` says which errors those are). ``--debug`` (or
+``DIFFATTN_DEBUG=1``) shows the traceback instead. Under torchrun only rank 0 prints.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING
+
+from .._version import __version__
+
+if TYPE_CHECKING:
+    from .commands import (
+        DEMO_DATASETS,
+        DEMO_ROWS,
+        DEMO_VARIANTS,
+        build_parser,
+        demo,
+        demo_pairs,
+        demo_table,
+        load_study,
+        plain_text,
+        study,
+    )
+
+__all__ = ["main", "demo", "study", "load_study", "build_parser", "plain_text", "DEMO_VARIANTS", "DEMO_DATASETS",
+           "DEMO_ROWS", "demo_pairs", "demo_table"]
+
+#: defined in :mod:`diffattn.cli.commands` (torch, the studies, the training code), imported on first use so that
+#: importing this package (what the ``diffattn`` script does first) stays light and ``diffattn --version`` answers at
+#: once
+_FROM_COMMANDS = ("COMMAND_MODULES", "DEMO_DATASETS", "DEMO_ROWS", "DEMO_VARIANTS", "ArgumentParser", "bounded",
+                  "build_parser", "demo", "demo_pairs", "demo_table", "load_study", "plain_text", "study")
+
+
+def __getattr__(name: str):
+    if name in _FROM_COMMANDS:
+        from . import commands
+
+        return getattr(commands, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the ``diffattn`` command; returns the exit status. A user error (module docstring) is one line on
+    stderr and status 2; ``--debug`` anywhere in ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--version"]:  # before the parser imports torch
+        print(f"diffattn {__version__}")
+        raise SystemExit(0)  # as argparse's version action
+    from .commands import run
+
+    return run(argv)
