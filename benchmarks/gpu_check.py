@@ -15,8 +15,8 @@ The earlier run's steps (compiled-warm, kernel, train, kernel-vit, compiled) are
 ``--steps``. Each step continues past the failure of another; a step killed at its limit keeps what it wrote.
 
 Writes to ``--out``: log (this driver's output), steps.json, steps.log, pytest.log, gpu_report.jsonl (the tests'
-errors, GPU only), host_ops.json, core.json, dispatch.json, models.json, decode.json. ``--dry-run`` runs every step on the CPU at
-tiny shapes (pytest collects only), writing the same files, in about a minute. ``--render DIR --markdown
+errors, GPU only), host_ops.json, core.json, dispatch.json, models.json, decode.json. ``--dry-run`` runs every step
+on the CPU at tiny shapes (pytest collects only), writing the same files, in about a minute. ``--render DIR --markdown
 docs/benchmarks.md`` writes the sections gpu-tests, gpu-core, gpu-models, gpu-decode and gpu-host, each goal
 stated met, not met (with the failing shapes) or not measured.
 
