@@ -1,6 +1,6 @@
 """The ``diffattn`` command.
 
-    diffattn demo      # the main job: CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end
+    diffattn demo      # the main job: CLIP vs DiffCLIP trained and evaluated end to end, with a control and a verdict
     diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma, llava, detection,
                               # needles, recall)
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
@@ -13,11 +13,13 @@
 
 ``demo`` is the DiffCLIP study (Hammoud & Ghanem 2025, §4) at a CPU size, through the code path a user runs on
 CC3M: it lists the offline image–caption pairs (Tux Paint stamps + Noto emoji, ``make data``) in an open_clip-style
-TSV, trains every variant with ``diffattn train demo/<variant>`` (same data, seed and budget; only the
-attention differs), evaluates each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text
-retrieval on held-out pairs, linear probe, CLS attention inside vs outside the foreground masks), adds
-zero-shot Fashion-MNIST, retrieval on held-out emoji and zero-shot accuracy under common corruptions, then prints
-a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
+TSV, trains CLIP and DiffCLIP (``--variants`` adds DiffCLIP*, DiffCLIP†) with ``diffattn train demo/<variant>``
+(same data, seed and budget; only the attention differs), answers its pre-registered question (does DiffCLIP
+retrieve the held-out pairs of its training distribution better than CLIP?) with a control on CLIP and a verdict,
+evaluates each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text retrieval, linear
+probe, CLS attention inside vs outside the foreground masks), adds zero-shot Fashion-MNIST, retrieval on held-out
+emoji and zero-shot accuracy under common corruptions as secondary results, then prints the control, the verdict
+and a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
 images, λ per layer, learning curves).
 
 Errors. A mistake a user can make (a typo in a config, a missing file or data set, a damaged checkpoint, a run
@@ -104,6 +106,8 @@ def _demo_command(args: argparse.Namespace) -> int:
     res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                quick=args.quick, config_dir=args.config_dir, progress=not args.no_progress,
                max_pairs=args.max_pairs)
+    print()
+    print("\n".join(line for line in res["answer"]["lines"] if line))
     print()
     print(res["table"])
     print(f"\n{res['seconds'] / 60:.1f} min. Report with plots: {res['report']}; models under "
@@ -223,17 +227,18 @@ def build_parser() -> argparse.ArgumentParser:
     import importlib
 
     from ._version import __version__
-    from .studies.diffclip import DEMO_VARIANTS
+    from .studies.diffclip import DEMO_DEFAULT_VARIANTS, DEMO_VARIANTS
 
     p = ArgumentParser(prog="diffattn", description="Differential attention for PyTorch.")
     p.add_argument("--version", action="version", version=f"diffattn {__version__}")
     p.add_argument("--debug", action="store_true", help="show the traceback of an error (also DIFFATTN_DEBUG=1); "
                    "may be given anywhere on the command line")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end "
-                       "on the offline image–caption data (diffattn data prepare)")
+    d = sub.add_parser("demo", help="CLIP vs DiffCLIP trained and evaluated end to end on the offline image–caption "
+                       "data (diffattn data prepare), with a pre-registered control and a verdict")
     d.add_argument("--out", default="runs/demo", help="folder for the runs, report.md, results.json and plots")
-    d.add_argument("--variants", nargs="+", default=list(DEMO_VARIANTS), choices=list(DEMO_VARIANTS))
+    d.add_argument("--variants", nargs="+", default=list(DEMO_DEFAULT_VARIANTS), choices=list(DEMO_VARIANTS),
+                   help="the models, the first the baseline (default: clip diffclip)")
     d.add_argument("--steps", type=bounded(int, 1), default=None, help="override the recipes' run.steps")
     d.add_argument("--batch-size", type=bounded(int, 1), default=None, help="override the recipes' run.batch_size")
     d.add_argument("--seed", type=bounded(int, 0), default=0)
