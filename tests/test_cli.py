@@ -121,7 +121,8 @@ def test_demo_report_prints_the_control_and_a_verdict():
     assert "## The question (pre-registered 2026-11-27)" in report
     assert ("**Control** (pre-registered 2026-11-27): baseline held-out retrieval mean recall" in report
             and "must be ≥ 9.6; CLIP reached 30.0 at seed 0: **passed**." in report)
-    assert "**Verdict, DiffCLIP vs CLIP: opposite.** DiffCLIP − CLIP = -9.01 points" in report
+    assert "**Verdict, DiffCLIP vs CLIP: opposite** (the variant is behind, p < 0.05). DiffCLIP − CLIP = -9.01 " \
+           "points" in report
     assert "## Secondary results" in report and "| zero-shot Tux Paint top-1 (16 classes) |" in report
 
 

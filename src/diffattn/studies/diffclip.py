@@ -276,6 +276,14 @@ def verdict(test: dict[str, Any] | None, control_passed: bool, alpha: float = 0.
     return VERDICTS[2] if hi < PAPER_EFFECT else VERDICTS[3]
 
 
+def why(word: str) -> str:
+    """What a tested :func:`verdict` means, for the report line."""
+    return {VERDICTS[0]: "the variant is ahead, p < 0.05", VERDICTS[1]: "the variant is behind, p < 0.05",
+            VERDICTS[2]: f"no significant difference, and the interval ends below the paper's +{PAPER_EFFECT:g}",
+            VERDICTS[3]: f"the interval holds both 0 and the paper's +{PAPER_EFFECT:g}: this budget cannot tell "
+                         f"them apart"}[word]
+
+
 def compare_to_baseline(summary: dict[str, dict], seed: int) -> dict[str, Any]:
     """The demo's answer at one seed: :data:`CONTROL` on the first variant (the baseline) and, for every other
     variant, the paired test over the held-out pairs of its per-pair score minus the baseline's (in points) and
@@ -298,10 +306,10 @@ def compare_to_baseline(summary: dict[str, dict], seed: int) -> dict[str, Any]:
         tests[lab] = {**(test or {}), "verdict": word}
         if test:
             lo, hi = test["ci95"]
-            lines.append(f"**Verdict, {lab} vs {base}: {word}.** {lab} − {base} = {test['mean_diff']:+.2f} points "
-                         f"of mean recall, 95 % interval [{lo:+.2f}, {hi:+.2f}], p = {test['p']:.3g} (paired t over "
-                         f"the {test['n']} held-out pairs; {test['wins']} pairs higher, {test['losses']} lower); "
-                         f"the paper's effect taken as +{PAPER_EFFECT:g} points.")
+            lines.append(f"**Verdict, {lab} vs {base}: {word}** ({why(word)}). {lab} − {base} = "
+                         f"{test['mean_diff']:+.2f} points of mean recall, 95 % interval [{lo:+.2f}, {hi:+.2f}], "
+                         f"p = {test['p']:.3g} (paired t over the {test['n']} held-out pairs; {test['wins']} pairs "
+                         f"higher, {test['losses']} lower); the paper's effect taken as +{PAPER_EFFECT:g} points.")
         else:
             lines.append(f"**Verdict, {lab} vs {base}: {word}** (the control failed; no test).")
     if len(labels) < 2:
@@ -785,10 +793,10 @@ def study_answer(per_seed: dict[int, dict]) -> str:
         word = verdict(test, control["passed"])
         if test:
             lo, hi = test["ci95"]
-            lines.append(f"- **{lab} vs {base}: {word}.** {lab} − {base} = {test['mean_diff']:+.2f} points of mean "
-                         f"recall, 95 % interval [{lo:+.2f}, {hi:+.2f}], p = {test['p']:.3g} (paired t over {n} "
-                         f"seeds; higher on {test['wins']} of {n}); the paper's effect taken as +{PAPER_EFFECT:g} "
-                         f"points.")
+            lines.append(f"- **{lab} vs {base}: {word}** ({why(word)}). {lab} − {base} = {test['mean_diff']:+.2f} "
+                         f"points of mean recall, 95 % interval [{lo:+.2f}, {hi:+.2f}], p = {test['p']:.3g} (paired t "
+                         f"over {n} seeds; higher on {test['wins']} of {n}); the paper's effect taken as "
+                         f"+{PAPER_EFFECT:g} points.")
         else:
             lines.append(f"- **{lab} vs {base}: {word}** (no test: "
                          + ("the control failed)." if not control["passed"] else "fewer than 2 seeds)."))
