@@ -768,9 +768,8 @@ class DiffCLIPStudy(Study):
         intro = ("CLIP vs DiffCLIP variants (Hammoud & Ghanem 2025, §4) trained from scratch on the offline Tux Paint "
                  "+ emoji pairs with the demo's recipes (demo/*), one budget, several seeds; accuracies and recalls "
                  "in %. The control is the demo's question's (held-out retrieval mean recall), on the mean over "
-                 "seeds.")
-        extra = [study_answer(per_seed),
-                 "Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)]
+                 "seeds.\n\n" + study_answer(per_seed))
+        extra = ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)]
         if cfg["curve_points"]:
             extra.insert(0, curve_table(per_seed))
         return write_study(Path(cfg["out"]), cfg, "Study: CLIP vs DiffCLIP", intro, per_seed, _metrics(), seconds,
@@ -778,15 +777,16 @@ class DiffCLIPStudy(Study):
 
 
 def study_answer(per_seed: dict[int, dict]) -> str:
-    """The report section that answers :data:`QUESTION` over seeds: :data:`CONTROL` on the baseline's mean over
-    seeds, then for every other variant the paired test over seeds of its held-out retrieval mean recall minus the
-    baseline's (in points; the pre-registered test, not Holm-adjusted with the table's secondary metrics) and its
-    :func:`verdict`."""
+    """The report section that answers :data:`QUESTION` over seeds, at the top of the study's report: for every
+    variant but the first, the paired test over seeds of its held-out retrieval mean recall minus the baseline's (in
+    points; the pre-registered test, not Holm-adjusted with the table's secondary metrics) and its :func:`verdict`,
+    inconclusive when :data:`CONTROL` fails on the baseline's mean over seeds (the control line follows the
+    section, as in every study report)."""
     control = check_control(per_seed, CONTROL)
     labels = list(next(iter(per_seed.values())))
     base, n = labels[0], len(per_seed)
     lines = [f"## The question (pre-registered {QUESTION['registered']})", "", QUESTION["text"] + " Metric: "
-             + QUESTION["metric"] + f"; paired over the {n} seeds.", "", control["line"], ""]
+             + QUESTION["metric"] + f"; paired over the {n} seeds. Control: below.", ""]
     for lab in labels[1:]:
         a, b = ([100 * per_seed[s][v]["primary"]["mean_recall"] for s in per_seed] for v in (lab, base))
         test = paired_test(a, b) if control["passed"] and n >= 2 else None
