@@ -67,10 +67,87 @@ def test_demo_end_to_end_at_a_small_size(tmp_path, capsys):
     assert redrawn.read_bytes() == (tmp_path / "attention_maps_emoji.png").read_bytes()
     with pytest.raises(FileNotFoundError, match="run_dir"):
         attention_figure(tmp_path / "clip", tmp_path / "none.png")
+    # the question: per-pair scores of the 222 held-out pairs, the control line and a verdict from the list
+    assert len(s["CLIP"]["primary"]["per_pair"]) == 91 + 131
+    mean_recall = s["CLIP"]["primary"]["mean_recall"]
+    assert rows["held-out retrieval mean recall (the question)"][0] == f"{100 * mean_recall:.1f}"
+    control, tests = res["answer"]["control"], res["answer"]["tests"]
+    assert control["threshold"] == 9.6 and "**Control** (pre-registered 2026-11-27)" in report
+    assert ("**passed**" in report) == control["passed"] and ("**failed**" in report) != control["passed"]
+    word = tests["DiffCLIP"]["verdict"]
+    assert word in cli_verdicts() and f"Verdict, DiffCLIP vs CLIP: {word}" in report
+    if not control["passed"]:  # 3 steps: CLIP has not learnt to retrieve, so nothing is compared
+        assert tests["DiffCLIP"]["verdict"] == "inconclusive"
     for v in ("clip", "diffclip"):  # the saved models and each model's own eval report
         assert (tmp_path / v / "eval" / "report.md").is_file() and (tmp_path / v / "metrics.jsonl").is_file()
     model = from_pretrained(tmp_path / "diffclip" / "model")
     assert model.visual.blocks[0].attn.__class__.__name__ == "DiffAttention"
+
+
+def cli_verdicts() -> tuple[str, ...]:
+    from diffattn.studies.diffclip import VERDICTS
+
+    return VERDICTS
+
+
+def _fake_demo(clip_pairs: list[float], diff_pairs: list[float]) -> dict:
+    """A finished demo's summary for the report (what :func:`demo` hands :func:`_demo_report`), with the per-pair
+    scores of the question given."""
+    def variant(v: str, pairs: list[float]) -> dict:
+        return {"variant": v, "params": 1000, "primary": {"per_pair": pairs, "mean_recall": sum(pairs) / len(pairs),
+                                                          "chance": {"mean_recall": 0.048}},
+                "clip": {"images": 91, "zero_shot": {"top1": 0.1}},
+                "extra": {"corruptions": {"table": {"gaussian_noise": {"3": 0.1}}}},
+                "lambda": {"vision": [], "text": []}, "eval_report": f"{v}/eval/report.md"}
+
+    return {"CLIP": variant("clip", clip_pairs), "DiffCLIP": variant("diffclip", diff_pairs)}
+
+
+def _demo_report_of(summary: dict) -> str:
+    from types import SimpleNamespace
+
+    from diffattn.studies.diffclip import _demo_report, compare_to_baseline
+
+    cfg = SimpleNamespace(run=SimpleNamespace(steps=600, batch_size=64, seed=0), optim=SimpleNamespace(lr=1e-3))
+    return _demo_report(summary, cli.demo_table(summary), ["a.png", "b.png"], 60.0, cfg, False,
+                        compare_to_baseline(summary, 0))
+
+
+def test_demo_report_prints_the_control_and_a_verdict():
+    # CLIP at 30 % (control level 9.6 %), DiffCLIP 10 points lower on every one of 222 pairs but a few
+    clip = [0.3] * 222
+    diff = [0.2] * 200 + [0.3] * 22
+    report = _demo_report_of(_fake_demo(clip, diff))
+    assert "## The question (pre-registered 2026-11-27)" in report
+    assert ("**Control** (pre-registered 2026-11-27): baseline held-out retrieval mean recall" in report
+            and "must be ≥ 9.6; CLIP reached 30.0 at seed 0: **passed**." in report)
+    assert "**Verdict, DiffCLIP vs CLIP: opposite** (the variant is behind, p < 0.05). DiffCLIP − CLIP = -9.01 " \
+           "points" in report
+    assert "## Secondary results" in report and "| zero-shot Tux Paint top-1 (16 classes) |" in report
+
+
+def test_demo_verdict_is_inconclusive_when_the_control_fails():
+    # CLIP at 5 %, below twice chance: DiffCLIP far ahead is still no verdict
+    report = _demo_report_of(_fake_demo([0.05] * 222, [0.4] * 222))
+    assert "CLIP reached 5.0 at seed 0: **failed**, so the verdict is inconclusive" in report
+    assert "**Verdict, DiffCLIP vs CLIP: inconclusive** (the control failed; no test)." in report
+    assert "reproduced" not in report.split("## Secondary results")[0].split("Verdicts:")[1].split("\n", 1)[1]
+
+
+def test_demo_verdicts_come_from_the_fixed_list():
+    from diffattn.studies.diffclip import PAPER_EFFECT, VERDICTS, verdict
+    from diffattn.studies.stats import paired_test
+
+    assert VERDICTS == ("reproduced", "opposite", "null that excludes the paper's effect size", "inconclusive")
+    assert PAPER_EFFECT == 2.0  # pre-registered 2026-11-27
+    base = [float(i % 7) for i in range(222)]
+    up = paired_test([b + 5 + (i % 3) for i, b in enumerate(base)], base)  # +6 on every pair
+    down = paired_test([b - 5 - (i % 3) for i, b in enumerate(base)], base)
+    tight = paired_test([b + (0.5 if i % 2 else -0.5) for i, b in enumerate(base)], base)  # 0 ± 0.07
+    wide = paired_test([b + (30.0 if i % 2 else -30.0) for i, b in enumerate(base)], base)  # 0, interval ±4
+    assert [verdict(t, True) for t in (up, down, tight, wide)] == [VERDICTS[0], VERDICTS[1], VERDICTS[2], VERDICTS[3]]
+    assert {verdict(t, False) for t in (up, down, tight, wide)} == {"inconclusive"}
+    assert verdict(None, True) == "inconclusive"
 
 
 def test_demo_without_data_names_make_data(tmp_path, monkeypatch, capsys):
@@ -200,7 +277,7 @@ def test_study_config_errors_name_the_key(tmp_path, change, message):
 
 def test_study_config_by_name_and_missing():
     cfg = cli.load_study("diffclip")  # the packaged studies/diffclip recipe
-    assert cfg["variants"] == list(cli.DEMO_VARIANTS) and len(cfg["seeds"]) >= 3 and cfg["steps"] is None
+    assert cfg["variants"] == ["clip", "diffclip"] and len(cfg["seeds"]) >= 3 and cfg["steps"] is None
     with pytest.raises(FileNotFoundError, match="got 'nope'"):
         cli.load_study("nope")
 
@@ -236,12 +313,16 @@ def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
     mean, std = sum(vals) / 2, abs(vals[0] - vals[1]) / 2 ** 0.5  # sample std (n − 1)
     assert row["summary"]["DiffCLIP"]["mean"] == pytest.approx(mean)
     assert "| zero-shot Tux Paint top-1 (16 classes) ↑ | " in report and f"{mean:.1f} ± {std:.1f}" in report
-    # the control: CLIP's zero-shot top-1 at least twice chance (12.5 %), else no test between the models
+    # the control: CLIP's held-out retrieval mean recall at least twice chance (9.6 %), else no test between the
+    # models; the question's section gives a verdict from the list
     control = res["control"]
-    clip = [100 * s["CLIP"]["clip"]["zero_shot"]["top1"] for s in per_seed]
-    assert control["values"] == pytest.approx(clip) and control["threshold"] == 12.5 and control["line"] in report
-    assert control["passed"] == (sum(clip) / 2 >= 12.5)
+    clip = [100 * s["CLIP"]["primary"]["mean_recall"] for s in per_seed]
+    assert control["values"] == pytest.approx(clip) and control["threshold"] == 9.6 and control["line"] in report
+    assert control["passed"] == (sum(clip) / 2 >= 9.6)
     assert res["control_status"] == ("passed" if control["passed"] else "failed")
+    assert "## The question (pre-registered 2026-11-27)" in report
+    assert "- **DiffCLIP vs CLIP: " + ("" if control["passed"] else "inconclusive** (no test: the control failed).") \
+        in report
     assert ("DiffCLIP − CLIP = " in report) == control["passed"] == ("p_Holm" in report)
     # the curves: a checkpoint every step of 2, measured on the 48 quick-protocol test images
     for s in per_seed:

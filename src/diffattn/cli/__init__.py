@@ -1,6 +1,6 @@
 """The ``diffattn`` command.
 
-    diffattn demo      # the main job: CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end
+    diffattn demo      # the main job: CLIP vs DiffCLIP trained and evaluated end to end, with a control and a verdict
     diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma, llava, detection,
                               # needles, recall)
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
@@ -13,11 +13,13 @@
 
 ``demo`` is the DiffCLIP study (Hammoud & Ghanem 2025, §4) at a CPU size, through the code path a user runs on
 CC3M: it lists the offline image–caption pairs (Tux Paint stamps + Noto emoji, ``make data``) in an open_clip-style
-TSV, trains every variant with ``diffattn train demo/<variant>`` (same data, seed and budget; only the
-attention differs), evaluates each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text
-retrieval on held-out pairs, linear probe, CLS attention inside vs outside the foreground masks), adds
-zero-shot Fashion-MNIST, retrieval on held-out emoji and zero-shot accuracy under common corruptions, then prints
-a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
+TSV, trains CLIP and DiffCLIP (``--variants`` adds DiffCLIP*, DiffCLIP†) with ``diffattn train demo/<variant>``
+(same data, seed and budget; only the attention differs), answers its pre-registered question (does DiffCLIP
+retrieve the held-out pairs of its training distribution better than CLIP?) with a control on CLIP and a verdict,
+evaluates each with ``diffattn eval`` (zero-shot on the 16 Tux Paint categories, image↔text retrieval, linear
+probe, CLS attention inside vs outside the foreground masks), adds zero-shot Fashion-MNIST, retrieval on held-out
+emoji and zero-shot accuracy under common corruptions as secondary results, then prints the control, the verdict
+and a side-by-side table and writes ``runs/demo/report.md`` with plots (attention maps of every model on the same
 images, λ per layer, learning curves).
 
 Errors. A mistake a user can make (a typo in a config, a missing file or data set, a damaged checkpoint, a run

@@ -25,7 +25,15 @@ from ..progress import library_bars
 from ..studies import load_study as _load_study
 from ..studies import run_study
 from ..studies.config import WALL_TIMES, budget_warnings
-from ..studies.diffclip import DEMO_DATASETS, DEMO_ROWS, DEMO_VARIANTS, demo, demo_pairs, demo_table
+from ..studies.diffclip import (
+    DEMO_DATASETS,
+    DEMO_DEFAULT_VARIANTS,
+    DEMO_ROWS,
+    DEMO_VARIANTS,
+    demo,
+    demo_pairs,
+    demo_table,
+)
 
 __all__ = ["run", "demo", "study", "load_study", "build_parser", "plain_text", "bounded", "ArgumentParser",
            "COMMAND_MODULES", "DEMO_VARIANTS", "DEMO_DATASETS", "DEMO_ROWS", "demo_pairs", "demo_table"]
@@ -71,6 +79,8 @@ def _demo_command(args: argparse.Namespace) -> int:
     res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                quick=args.quick, config_dir=args.config_dir, progress=not args.no_progress,
                max_pairs=args.max_pairs)
+    print()
+    print("\n".join(line for line in res["answer"]["lines"] if line))
     print()
     print(res["table"])
     print(f"\n{res['seconds'] / 60:.1f} min. Report with plots: {res['report']}; models under "
@@ -174,10 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show the traceback of an error (also DIFFATTN_DEBUG=1); "
                    "may be given anywhere on the command line")
     sub = p.add_subparsers(dest="command", required=True)
-    d = sub.add_parser("demo", help="CLIP vs DiffCLIP (vs DiffCLIP*, DiffCLIP†) trained and evaluated end to end "
-                       "on the offline image–caption data (diffattn data prepare)")
+    d = sub.add_parser("demo", help="CLIP vs DiffCLIP trained and evaluated end to end on the offline image–caption "
+                       "data (diffattn data prepare), with a pre-registered control and a verdict")
     d.add_argument("--out", default="runs/demo", help="folder for the runs, report.md, results.json and plots")
-    d.add_argument("--variants", nargs="+", default=list(DEMO_VARIANTS), choices=list(DEMO_VARIANTS))
+    d.add_argument("--variants", nargs="+", default=list(DEMO_DEFAULT_VARIANTS), choices=list(DEMO_VARIANTS),
+                   help="the models, the first the baseline (default: clip diffclip)")
     d.add_argument("--steps", type=bounded(int, 1), default=None, help="override the recipes' run.steps")
     d.add_argument("--batch-size", type=bounded(int, 1), default=None, help="override the recipes' run.batch_size")
     d.add_argument("--seed", type=bounded(int, 0), default=0)

@@ -46,7 +46,7 @@ STUDY_MODULES: dict[str, str] = {n: f"diffattn.studies.{n}" for n in config_name
 WALL_TIMES: dict[str, str] = {
     "detection": "56 + 37 min (6 seeds in two runs, docs/detection.md)",
     "dgvit": "21.7 min (two calls)",
-    "diffclip": "67 min (5 seeds in 3 processes)",
+    "diffclip": "14.2 min (seeds 1–4; seed 0 read back from `make demo`)",
     "llava": "25 min",
     "needles": "8.5 min",
     "noise": "21.7 min (two processes)",
