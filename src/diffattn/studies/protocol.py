@@ -29,7 +29,7 @@ __all__ = ["PROTOCOLS", "PROTOCOL_DEFAULTS", "protocol_errors", "tuning_errors",
 
 #: protocol → how a report names it
 PROTOCOLS: dict[str, str] = {
-    "a": "(a) shared recipe, tuned on the Transformer only (favours the baseline)",
+    "a": "(a) shared recipe, tuned on the baseline only (favours the baseline)",
     "b": "(b) lr tuned per model",
 }
 #: the budget keys of a study that runs both protocols: ``protocol`` ("a" or "b"), the lr grid ``lrs``, the warm-up
@@ -93,14 +93,14 @@ def _lr_list(cfg: Mapping[str, Any]) -> str:
     return "{" + ", ".join(f"{x:g}" for x in cfg["lrs"]) + "}"
 
 
-def protocol_text(cfg: Mapping[str, Any]) -> str | None:
-    """The sentence of a report that names its protocol (None for a study without the protocol keys)."""
-    if "protocol" not in cfg:
-        return None
-    if cfg["protocol"] != "b":
+def protocol_text(cfg: Mapping[str, Any], baseline: str = "baseline") -> str:
+    """The sentence of a report that names its protocol: (a) for a study without the protocol keys (every model
+    trained with the one recipe whose budget was chosen so that the ``baseline``, e.g. "Transformer", passes its
+    control)."""
+    if cfg.get("protocol", "a") != "b":
         lr = f" (lr {cfg['lr']:g})" if isinstance(cfg.get("lr"), (int, float)) else ""
-        return (f"Protocol: {PROTOCOLS['a']}{lr}: one recipe for every model, chosen on the baseline only, so it "
-                f"favours the baseline.")
+        return (f"Protocol: {PROTOCOLS['a'].replace('the baseline only', f'the {baseline} only')}{lr}: one recipe "
+                f"for every model, chosen on the {baseline} only, so it favours the {baseline}.")
     chosen, tuning = cfg.get("chosen_lr") or {}, cfg.get("tuning") or {}
 
     def sweep(model: str, part: str) -> str:

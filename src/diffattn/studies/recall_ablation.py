@@ -38,7 +38,7 @@ from ..data.synthetic import SyntheticVocab, mqar_batch
 from ..io import atomic_write_file
 from ..layers import AttentionSpec, GatedDiffAttention
 from .base import Study, StudyConfig, raised_errors, register_study
-from .protocol import select_lr, tuning_errors
+from .protocol import PROTOCOLS, select_lr, tuning_errors
 from .recall import _train_batches
 from .report import Control, check_control
 from .stats import holm, mean_std, paired_test
@@ -243,7 +243,8 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
     for t, p in zip(tested, holm([t["p"] for t in tested]) if tested else []):
         t["p_holm"] = p
     lines = ["# Study: why the Diff Transformer does not learn recall — a one-factor-at-a-time ablation", "",
-             f"MQAR as in the recall study ({cfg['depth']} layers, pairs {cfg['pairs']}, {cfg['steps']} steps of "
+             f"Protocol: {PROTOCOLS['b']} (and per width). MQAR as in the recall study ({cfg['depth']} layers, "
+             f"pairs {cfg['pairs']}, {cfg['steps']} steps of "
              f"{cfg['batch_size']}, warm-up {cfg['warmup_steps']} then cosine); per (variant, width) the lr among "
              f"{cfg['lrs']} with the highest mean area under the learning curve on tuning seeds "
              f"{cfg['tuning_seeds']} (never reported), then reported seeds {cfg['seeds']}. Wall time of this "
@@ -263,7 +264,7 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
             lines.append(f"| {VARIANTS[v]} (`{v}`) | {chosen[f'w{w}'][v]:g} | {sweep} | {accs} | "
                          f"{_fmt([100 * r['auc'] for r in rs])} | {rs[0]['params']:,} |")
     start = len(lines) + 2
-    lines += ["", "## Effects: level − reference, paired by seed", "",
+    lines += ["", "## Effects: level − reference, paired by seed (protocol (b))", "",
               f"Mean difference in points [95 % CI], Cohen's d_z, Holm-adjusted p over the {len(tested)} tests "
               f"(widths whose control passed).", "",
               "| width | factor | level − reference | metric | level | reference | difference [95 % CI] | d_z | "

@@ -158,7 +158,7 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
 def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int, protocol: str | None = None) -> str:
     """Metric × variant table of mean ± std, with the baseline-relative paired t-test p-value (Holm-adjusted over
     the table) per cell when the rows hold tests, and a chance column when any row has a chance level. ``protocol``
-    ("a", "b"; :mod:`.protocol`) is named in the header when given."""
+    ("a", "b"; :mod:`.protocol`) is named in the header when given (:func:`write_study` always gives it)."""
     with_chance = any(r.get("chance") is not None for r in rows)
     named = f"; protocol ({protocol})" if protocol else ""
     lines = [f"| metric (mean ± std over {n_seeds} seeds{named}) | " + " | ".join(labels)
@@ -212,7 +212,7 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
     failed = [c for c, r in zip(controls, checked) if not r["passed"]]
     rows = aggregate(per_seed, metrics, compare=lambda key: not any(c.gate(key) for c in failed))
     labels = list(next(iter(per_seed.values())))
-    table = markdown_table(rows, labels, len(per_seed), cfg.get("protocol"))
+    table = markdown_table(rows, labels, len(per_seed), cfg.get("protocol", "a"))
     n = len(per_seed)
     n_tests = sum(len(r["vs_baseline"]) for r in rows)
     untested = [r["metric"] for r in rows if not r["vs_baseline"]] if failed else []
@@ -232,7 +232,7 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
                 "control.", "", table]
     verdict = "compared" if not failed else "inconclusive" if len(failed) == len(controls) else "partly inconclusive"
     report = "\n".join([
-        f"# {title}", "", intro, "", *([protocol_text(cfg), ""] if protocol_text(cfg) else []),
+        f"# {title}", "", intro, "", protocol_text(cfg, labels[0]), "",
         f"Seeds {list(per_seed)}; wall time {seconds / 60:.1f} min.", "",
         *(r["line"] for r in checked), "", f"Verdict: {verdict}.", "", *body, "", *extra_sections, ""])
     with atomic_write_file(out / "report.md", "w") as f:
