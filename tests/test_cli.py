@@ -341,7 +341,7 @@ def test_study_runs_seeds_and_aggregates(tmp_path, capsys):
     before = (tmp_path / "study" / "seed0" / "results.json").stat().st_mtime_ns
     assert cli.main(["study", str(_study_yaml(tmp_path, curve_points=2)), "--no-progress"]) == 0
     assert (tmp_path / "study" / "seed0" / "results.json").stat().st_mtime_ns == before
-    assert "| metric (mean ± std over 2 seeds) | CLIP | DiffCLIP |" in capsys.readouterr().out
+    assert "| metric (mean ± std over 2 seeds; protocol (a)) | CLIP | DiffCLIP |" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, what", [

@@ -370,7 +370,7 @@ def _check_results(out, labels, metric_keys):
         assert set(r["vs_baseline"]) == (set(labels[1:]) if all(c["passed"] for c in gated) else set())
     if not any(passed):
         assert "p_Holm" not in report and "inconclusive: the baseline did not learn the task" in report
-    assert f"| metric (mean ± std over 2 seeds) | {' | '.join(labels)} |" in report
+    assert f"| metric (mean ± std over 2 seeds; protocol (a)) | {' | '.join(labels)} |" in report
     for s in (0, 1):
         assert (out / f"seed{s}" / "seed_results.json").is_file()
     return res

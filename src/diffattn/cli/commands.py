@@ -97,6 +97,8 @@ def _study_command(args: argparse.Namespace) -> int:
         overrides["out"] = args.out
     if args.seeds is not None:
         overrides["seeds"] = args.seeds
+    if args.protocol is not None:
+        overrides["protocol"] = args.protocol
     with user_input():  # a study config is what the user gave: its ValueErrors are usage errors
         cfg = load_study(args.config, overrides)
     for line in budget_warnings(cfg):
@@ -212,6 +214,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a key of the study config (repeatable), e.g. --set steps=100 or "
                     "--set model.dim=32")
+    st.add_argument("--protocol", choices=("a", "b"), default=None,
+                    help="a: the config's one recipe, tuned on the Transformer only; b: lr tuned per model on the "
+                    "config's tuning_seeds, then its seeds (needles, recall, dgvit, noise; --set protocol=b)")
     st.add_argument("--no-progress", action="store_true", help="no progress bars")
     st.set_defaults(func=_study_command)
     m = sub.add_parser("models", help="list registered models")

@@ -35,6 +35,7 @@ from ..configs import apply_sets
 from ..data import SETUP_COMMAND, DatasetNotInstalledError, dataset_info, default_root
 from ..data.synthetic import SyntheticBatch, SyntheticVocab, mqar_batch
 from ..directions import higher_is_better
+from .protocol import run_protocol_b
 from .report import Control
 
 __all__ = ["Study", "StudyConfig", "COMMON_KEYS", "register_study", "add_study_loader", "get_study",
@@ -112,8 +113,22 @@ class Study:
         "results", "control"}`` (:func:`~diffattn.studies.report.write_study`)."""
         raise NotImplementedError
 
+    def tuning_score(self, cfg: StudyConfig, result: Mapping[str, Any]) -> tuple[float, float]:
+        """What protocol (b) ranks the lrs by (:func:`~diffattn.studies.protocol.select_lr`): ``(area under the
+        learning curve, final metric)`` of one model's ``result`` at one tuning seed, both higher-is-better. Only
+        studies with the protocol keys (:data:`~diffattn.studies.protocol.PROTOCOL_DEFAULTS`) implement it."""
+        raise NotImplementedError(f"study {self.name!r} has no protocol (b)")
+
+    def tuning_parts(self, cfg: StudyConfig) -> list[tuple[str, dict[str, Any]]]:
+        """The parts protocol (b) tunes apart, as (name, config changes): one lr per model and part (default: one
+        part, the whole study)."""
+        return [("", {})]
+
     def execute(self, cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
-        """:meth:`run` then :meth:`report`, timed."""
+        """:meth:`run` then :meth:`report`, timed; under ``protocol: b`` the per-model tuning first
+        (:func:`~diffattn.studies.protocol.run_protocol_b`)."""
+        if cfg.get("protocol") == "b":
+            return run_protocol_b(self, cfg, progress)
         t0 = time.perf_counter()
         per_seed = self.run(cfg, progress)
         return self.report(cfg, per_seed, time.perf_counter() - t0)
@@ -133,11 +148,12 @@ def module_study(name: str, *, variants: Mapping[str, Any], defaults: Mapping[st
                  check_config: Callable[[StudyConfig, str], None], control: Control | list[Control] | Callable,
                  per_seed: Callable[[StudyConfig, bool], dict[int, dict]],
                  report: Callable[[StudyConfig, dict[int, dict], float], dict[str, Any]],
-                 default_variants: Sequence[str] | None = None, title: str = "") -> Study:
+                 default_variants: Sequence[str] | None = None, title: str = "",
+                 tuning_score: Callable[[StudyConfig, Mapping[str, Any]], tuple[float, float]] | None = None) -> Study:
     """Register and return the :class:`Study` made of its module's functions, the form most studies take:
     ``check_config(cfg, where)`` raises ValueError for a broken constraint, ``control`` is the control (or
     ``control(cfg)``), ``per_seed(cfg, progress)`` runs every seed and ``report(cfg, per_seed, seconds)`` writes
-    the report."""
+    the report; ``tuning_score(cfg, result)``, for a study with protocol (b), is :meth:`Study.tuning_score`."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         return raised_errors(check_config, cfg, where)
@@ -148,7 +164,8 @@ def module_study(name: str, *, variants: Mapping[str, Any], defaults: Mapping[st
         "defaults": defaults, "check": check,
         "control": lambda self, cfg: control(cfg) if callable(control) else control,
         "run": lambda self, cfg, progress=True: per_seed(cfg, progress),
-        "report": lambda self, cfg, per_seed_results, seconds: report(cfg, per_seed_results, seconds)})
+        "report": lambda self, cfg, per_seed_results, seconds: report(cfg, per_seed_results, seconds),
+        **({"tuning_score": lambda self, cfg, result: tuning_score(cfg, result)} if tuning_score else {})})
     study = cls()
     register_study(study)
     return study

@@ -36,6 +36,7 @@ from ..train.config import config_from_dict
 from ..train.loop import train
 from . import claims
 from .base import module_study, require_datasets
+from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, run_seeds, write_study
 
 __all__ = ["STUDY", "VARIANTS", "DEFAULTS", "CONTROL", "run", "train_and_evaluate"]
@@ -54,7 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "label_smoothing": 0.1, "model": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10},
     "test_images": 500, "noise_levels": [0.1, 0.2, 0.4],
     "corruptions": ["gaussian_noise", "defocus_blur", "contrast", "jpeg_compression"],
-    "severities": [1, 3, 5], "threads": 1,
+    "severities": [1, 3, 5], "threads": 1, **PROTOCOL_DEFAULTS,
 }
 
 
@@ -73,6 +74,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     if bad or not cfg["corruptions"]:
         errors.append(f"corruptions in {where} must be a non-empty list from {list(COMMON_CORRUPTIONS)}, got "
                       f"{cfg['corruptions']!r}")
+    errors += protocol_errors(cfg, where)
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -136,7 +138,9 @@ def train_and_evaluate(cfg: dict[str, Any], variant: str, seed: int, run_dir: Pa
         table.setdefault(c, {})[sev] = _accuracy(predict, _to_unit(imgs), labels)
     mean_acc = float(np.mean([a for row in table.values() for a in row.values()]))
     return {"params": sum(p.numel() for p in model.parameters()), "train_seconds": round(train_s, 1),
-            "final_loss": result["final_loss"], "clean": noise[0.0],
+            "final_loss": result["final_loss"],
+            "mean_train_loss": sum(result["losses"]) / len(result["losses"]) if result["losses"] else None,
+            "clean": noise[0.0],
             "noise": {f"{s:g}": noise[float(s)] for s in cfg["noise_levels"]},
             "corruptions": {"mean_accuracy": mean_acc, "mce": mean_corruption_error(table),
                             "table": {c: {str(k): v for k, v in row.items()} for c, row in table.items()}}}
@@ -153,16 +157,20 @@ def _metrics(cfg: dict[str, Any]) -> list[Metric]:
             Metric("corruptions: mCE", "corruptions.mce", 1.0, 1, False)]
 
 
+#: the evaluation images of a process, by (test_images, corruptions, severities) (:func:`test_set`)
+_TEST_SETS: dict[str, dict[str, Any]] = {}
+
+
 def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
     """Every variant at every seed (``<out>/seed<k>/<variant>/`` run folders), aggregated."""
     require_datasets(["fashion_mnist"], "the dgvit study")
-    test = None
+    key = repr((cfg["test_images"], cfg["corruptions"], cfg["severities"]))
 
     def one_seed(seed: int, folder: Path) -> dict:
-        nonlocal test
-        if test is None:
+        test = _TEST_SETS.get(key)
+        if test is None:  # once per process: protocol (b) calls this once per model and lr
             print(f"[study dgvit] corrupting {cfg['test_images']} test images once for every model", flush=True)
-            test = test_set(cfg, progress)
+            test = _TEST_SETS[key] = test_set(cfg, progress)
         res = {}
         for v in cfg["variants"]:
             print(f"[study dgvit] seed {seed}: {VARIANTS[v][1]} ({VARIANTS[v][0]}) -> {folder / v}", flush=True)
@@ -181,16 +189,23 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
     first = next(iter(first.values()))
     intro = (f"ViT vs DiffViT vs DGViT (M-DGSA 2025, §5.1): nano models ({first['params']:,} parameters for "
              f"{VARIANTS[cfg['variants'][0]][1]}; patch {cfg['model']['patch_size']}, 28×28 grey) trained from "
-             f"scratch on Fashion-MNIST for {cfg['steps']} steps of {cfg['batch_size']} images (AdamW lr "
-             f"{cfg['lr']:g}, label smoothing {cfg['label_smoothing']}), evaluated on {cfg['test_images']} test "
+             f"scratch on Fashion-MNIST for {cfg['steps']} steps of {cfg['batch_size']} images (AdamW "
+             f"{lr_text(cfg)}, label smoothing {cfg['label_smoothing']}), evaluated on {cfg['test_images']} test "
              f"images: clean, with Gaussian noise of σ ∈ {cfg['noise_levels']} added to [0, 1] pixels, and under "
              f"{', '.join(cfg['corruptions'])} at severities {cfg['severities']} (mCE = 100 − 100 · mean accuracy).")
     return write_study(out, cfg, "Study: ViT vs DiffViT vs DGViT under noise", intro, per_seed, _metrics(cfg),
                        seconds, control=CONTROL)
 
 
+def tuning_score(cfg: dict[str, Any], result: dict[str, Any]) -> tuple[float, float]:
+    """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`), from the training split alone (the test
+    images are the same for every seed): minus the area under the training-loss curve (its mean over the steps) and
+    minus the final training loss."""
+    return -result["mean_train_loss"], -result["final_loss"]
+
+
 STUDY = module_study("dgvit", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
-                     control=CONTROL, per_seed=_per_seed, report=_report)
+                     control=CONTROL, per_seed=_per_seed, report=_report, tuning_score=tuning_score)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:

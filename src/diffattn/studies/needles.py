@@ -55,6 +55,7 @@ from ..diagnostics import (
 )
 from . import claims
 from .base import module_study, mqar_stream
+from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
@@ -85,7 +86,7 @@ DEFAULTS: dict[str, Any] = {
     "train_length": 32, "train_lengths": [16, 24, 32], "train_needles": [1, 2, 4, 6], "train_queried": [1, 2, 2, 2],
     "needles": [1, 2, 4, 6], "queried": [1, 2, 2, 2], "depths": [0.0, 0.25, 0.5, 0.75, 1.0],
     "length_factors": [1, 2, 4], "samples": 50, "eval_every": 60, "curve_samples": 50, "attention_samples": 10,
-    "quant_bits": [8, 6, 4], "control_accuracy": 0.8, "threads": 1,
+    "quant_bits": [8, 6, 4], "control_accuracy": 0.8, "threads": 1, **PROTOCOL_DEFAULTS,
 }
 
 
@@ -143,6 +144,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
         if set(cfg[key]) != set(DEFAULTS[key]) or not all(isinstance(v, int) and v >= 1 for v in cfg[key].values()):
             errors.append(f"{key} in {where} must map exactly {sorted(DEFAULTS[key])} to integers >= 1, got "
                           f"{cfg[key]!r}")
+    errors += protocol_errors(cfg, where)
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -374,7 +376,7 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
     m = cfg["model"]
     intro = (f"Multi-needle retrieval (Ye et al. 2024, §3.4, Tables 2–3, Fig. 3) at CPU size: four causal LMs of "
              f"{m['depth']} layers, width {m['dim']}, {m['num_heads']} (standard) heads, near-equal parameter counts "
-             f"(below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, "
+             f"(below), trained from scratch for {cfg['steps']} AdamW steps ({lr_text(cfg)}, "
              f"{warmup_text(cfg['steps'], cfg['warmup_steps'])}) of {cfg['batch_size']} generated samples, loss on "
              f"the answer tokens "
              f"only, {_training(cfg)}; vocabulary {vocab.size} tokens ({vocab.num_keys} keys, "
@@ -408,8 +410,16 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
                        metrics, seconds, _sections(cfg, per_seed, labels), control=control(cfg))
 
 
+def tuning_score(cfg: dict[str, Any], result: dict[str, Any]) -> tuple[float, float]:
+    """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`): the area under its learning curve (the mean
+    accuracy on the fixed needle set at the trained length over the evaluations) and its final accuracy at the
+    trained length (the control's metric)."""
+    curve = [v for _, v in result["curve"]]
+    return sum(curve) / len(curve), result["accuracy"]["x1"]
+
+
 STUDY = module_study("needles", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
-                     control=control, per_seed=_per_seed, report=_report)
+                     control=control, per_seed=_per_seed, report=_report, tuning_score=tuning_score)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:

@@ -46,6 +46,7 @@ from ..train.loop import fit
 from ..train.optim import warmup_cosine
 from . import claims
 from .base import module_study, require_datasets
+from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, run_seeds, write_study
 
 __all__ = ["STUDY",
@@ -68,6 +69,7 @@ DEFAULTS: dict[str, Any] = {
     "needle_fraction": 0.5,
     "model": {"vocab_size": 256, "dim": 64, "depth": 2, "num_heads": 4, "num_kv_heads": 4},
     "prompt_length": 124, "depths": [0.25, 0.5, 0.75], "trials": 6, "ppl_bytes": 8000, "threads": 1,
+    **PROTOCOL_DEFAULTS,
 }
 
 #: the shortest needle prompt in bytes: the longest needle sentence and question (106 bytes) plus some filler
@@ -101,6 +103,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     errors += needle_budget_errors(cfg, "prompt_length", where)
     if not cfg["depths"] or any(not isinstance(d, (int, float)) or not 0 <= d <= 1 for d in cfg["depths"]):
         errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
+    errors += protocol_errors(cfg, where)
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -166,7 +169,8 @@ def train_lm(cfg: dict[str, Any], model_name: str, seed: int, run_dir: Path, tex
                  log=print if progress else None, log_every=max(1, steps // 10), desc=f"{model_name} step")
     model.eval()
     model.save_pretrained(run_dir / "model")
-    return {"final_loss": sum(losses[-10:]) / len(losses[-10:]), "seconds": round(time.perf_counter() - t0, 1)}
+    return {"final_loss": sum(losses[-10:]) / len(losses[-10:]), "mean_loss": sum(losses) / len(losses),
+            "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def _span(seq: list[int], sub: list[int]) -> int:
@@ -252,7 +256,8 @@ def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
             model = from_pretrained(folder / v / "model").eval()
             r = needle_attention(model, held_out, length=cfg["prompt_length"], depths=cfg["depths"],
                                  trials=cfg["trials"], seed=seed)
-            r.update(final_loss=trained["final_loss"], train_seconds=trained["seconds"],
+            r.update(final_loss=trained["final_loss"], mean_train_loss=trained["mean_loss"],
+                     train_seconds=trained["seconds"],
                      ppl=_byte_perplexity(model, held_out, cfg["ppl_bytes"], cfg["block_size"]),
                      params=sum(p.numel() for p in model.parameters()))
             res[label] = r
@@ -272,7 +277,7 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
     intro = (f"Standard vs differential causal LMs (Ye et al. 2024, §3.4, Table 3): {m['depth']} layers, width "
              f"{m['dim']}, {m['num_heads']} heads, byte-level ({first['params']:,} parameters for the first variant), "
              f"trained from scratch on the State of the Union train split for {cfg['steps']} steps of "
-             f"{cfg['batch_size']} × {cfg['block_size']} bytes (AdamW lr {cfg['lr']:g}), "
+             f"{cfg['batch_size']} × {cfg['block_size']} bytes (AdamW {lr_text(cfg)}), "
              f"{100 * cfg['needle_fraction']:.0f} % of each batch needle prompts of {cfg['prompt_length']} bytes with "
              f"their answers. Probe: needle prompts of the trained length ({cfg['prompt_length']} bytes) in held-out "
              f"State of the Union text, depths {cfg['depths']}, {cfg['trials']} prompts per depth. Attention mass "
@@ -293,9 +298,16 @@ def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> d
                        seconds, control=CONTROL)
 
 
+def tuning_score(cfg: dict[str, Any], result: dict[str, Any]) -> tuple[float, float]:
+    """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`), from the training stream alone (the probe's
+    held-out text is the same for every seed): minus the area under the training-loss curve (its mean over the
+    steps) and minus the final training loss."""
+    return -result["mean_train_loss"], -result["final_loss"]
+
+
 STUDY = module_study("noise", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
                      control=CONTROL, per_seed=_per_seed, report=_report,
-                     default_variants=DEFAULT_VARIANTS)
+                     default_variants=DEFAULT_VARIANTS, tuning_score=tuning_score)
 
 
 def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:

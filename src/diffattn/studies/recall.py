@@ -23,6 +23,7 @@ import torch
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from . import claims
 from .base import Study, StudyConfig, mqar_stream, register_study
+from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
 from .synthetic import (
@@ -46,7 +47,7 @@ DEFAULTS: dict[str, Any] = {
     "widths": [64, 128], "depth": 2, "num_heads": 4,
     "vocab": {"num_keys": 16, "num_values": 16, "num_filler": 1},
     "pairs": [2, 4, 8], "samples": 200, "eval_every": 50, "curve_samples": 100,
-    "control_accuracy": 0.9, "threads": 1,
+    "control_accuracy": 0.9, "threads": 1, **PROTOCOL_DEFAULTS,
 }
 
 
@@ -83,7 +84,7 @@ def config_errors(cfg: dict[str, Any], where: str) -> list[str]:
                       f"{pairs!r}")
     if not 0 < cfg["control_accuracy"] <= 1:
         errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
-    return errors
+    return errors + protocol_errors(cfg, where)
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
@@ -156,6 +157,19 @@ class RecallStudy(Study):
     def control(self, cfg: StudyConfig) -> list[Control]:
         return control(cfg)
 
+    def tuning_parts(self, cfg: StudyConfig) -> list[tuple[str, dict[str, Any]]]:
+        """Protocol (b) tunes each width apart: a model at another width is another model."""
+        return [(f"w{w}", {"widths": [w]}) for w in cfg["widths"]]
+
+    def tuning_score(self, cfg: StudyConfig, result: dict[str, Any]) -> tuple[float, float]:
+        """The area under the learning curve (mean accuracy with the fewest pairs on the fixed set over the
+        evaluations) and the final accuracy with the fewest pairs (the control's metric), at the one width of a
+        tuning part (:meth:`tuning_parts`), as the recall ablation ranks its lrs."""
+        (w,) = cfg["widths"]
+        r = result[f"w{w}"]
+        curve = [v for _, v in r["curve"]]
+        return sum(curve) / len(curve), r["accuracy"][f"P{cfg['pairs'][0]}"]
+
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """Every variant at every width and seed (module docstring)."""
         torch.set_num_threads(cfg["threads"])
@@ -196,7 +210,7 @@ class RecallStudy(Study):
         labels = [VARIANTS[v] for v in cfg["variants"]]
         intro = (f"Multi-query associative recall (Arora et al. 2023, MQAR) at widths {cfg['widths']}: four causal "
                  f"LMs of {cfg['depth']} layers and {cfg['num_heads']} (standard) heads per width, near-equal "
-                 f"parameter counts (below), trained from scratch for {cfg['steps']} AdamW steps (lr {cfg['lr']:g}, "
+                 f"parameter counts (below), trained from scratch for {cfg['steps']} AdamW steps ({lr_text(cfg)}, "
                  f"{warmup_text(cfg['steps'], cfg['warmup_steps'])}) of {cfg['batch_size']} generated samples, loss "
                  f"on the queried "
                  f"values only; P key–value pairs drawn per batch from {cfg['pairs']} (4P tokens), {vocab.num_keys} "

@@ -13,9 +13,10 @@ each against its reference level (``comparisons``):
   against 0 (g = 0.5, where g·A⁺ − (1 − g)·A⁻ sums to zero over a row). Every model family's ``init_weights``
   zeroes the biases, so the study sets b_g after the model is built.
 
-Protocol: per (variant, width) a learning-rate sweep (``lrs``) on ``tuning_seeds`` that are never reported; the lr
-with the highest mean area under the learning curve on those seeds is kept (ties: the higher final accuracy with
-the fewest pairs, then the smaller lr); then every variant is trained at its own lr on the reported ``seeds``.
+Protocol (b) of :mod:`.protocol`: per (variant, width) a learning-rate sweep (``lrs``) on ``tuning_seeds`` that are
+never reported; the lr with the highest mean area under the learning curve on those seeds is kept
+(:func:`.protocol.select_lr`; ties: the higher final accuracy with the fewest pairs, then the smaller lr); then every
+variant is trained at its own lr on the reported ``seeds``.
 Metrics per run: the final accuracy with the fewest pairs on ``samples`` fresh samples, and the area under the
 learning curve (the mean of the accuracy with the fewest pairs on a fixed set, measured every ``eval_every``
 steps). Analysis: for each comparison (level, reference) and metric, the paired difference over the reported seeds
@@ -27,7 +28,6 @@ fewest pairs, as in :mod:`.recall`; a width whose control fails shows means only
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -39,6 +39,7 @@ from ..io import atomic_write_file
 from ..layers import AttentionSpec, GatedDiffAttention
 from .base import Study, StudyConfig, raised_errors, register_study
 from .claims import SUBNORM_HELPS
+from .protocol import PROTOCOLS, select_lr, tuning_errors
 from .recall import _train_batches
 from .report import Control, check_control, control_table
 from .stats import holm, mean_std, paired_test
@@ -91,15 +92,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     if variants[0] != "standard":
         errors.append(f"variants in {where} must start with 'standard' (the Transformer of the controls), got "
                       f"{variants!r}")
-    lrs = cfg["lrs"]
-    if not lrs or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and 0 < x < math.inf
-                          for x in lrs) or len(set(lrs)) != len(lrs):
-        errors.append(f"lrs in {where} must be a list of distinct numbers > 0, got {lrs!r}")
-    tune = cfg["tuning_seeds"]
-    if not tune or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in tune) or \
-            len(set(tune)) != len(tune) or set(tune) & set(cfg["seeds"]):
-        errors.append(f"tuning_seeds in {where} must be distinct integers >= 0 none of which is a reported seed "
-                      f"({cfg['seeds']}), got {tune!r}")
+    errors += tuning_errors(cfg, where)
     widths = cfg["widths"]
     heads = max(_TABLE[v][2] for v in variants if v in _TABLE)
     if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
@@ -153,17 +146,6 @@ def variant_model(variant: str, *, vocab_size: int, dim: int, depth: int, max_se
                 if isinstance(m, GatedDiffAttention):
                     m.gate_proj.bias.fill_(gate_bias)
     return model
-
-
-def select_lr(tuning: dict[float, list[dict]]) -> float:
-    """The pre-registered rule: the lr with the highest mean area under the learning curve over the tuning seeds;
-    ties (within 1e-9) go to the higher mean final accuracy, then to the smaller lr. ``tuning``: lr → per-seed runs
-    (``{"auc", "accuracy"}``)."""
-    def key(lr: float):
-        runs = tuning[lr]
-        return (round(sum(r["auc"] for r in runs) / len(runs), 9),
-                round(sum(r["accuracy"] for r in runs) / len(runs), 9), -lr)
-    return max(tuning, key=key)
 
 
 def _budget(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -267,7 +249,8 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
         if (t["level"], t["reference"], t["metric"]) == ("diff_no_subnorm", "diff", "accuracy"):
             t["verdict"] = verdict_of_test(t if t["tested"] else None, SUBNORM_HELPS).value
     lines = ["# Study: why the Diff Transformer does not learn recall — a one-factor-at-a-time ablation", "",
-             f"MQAR as in the recall study ({cfg['depth']} layers, pairs {cfg['pairs']}, {cfg['steps']} steps of "
+             f"Protocol: {PROTOCOLS['b']} (and per width). MQAR as in the recall study ({cfg['depth']} layers, "
+             f"pairs {cfg['pairs']}, {cfg['steps']} steps of "
              f"{cfg['batch_size']}, warm-up {cfg['warmup_steps']} then cosine); per (variant, width) the lr among "
              f"{cfg['lrs']} with the highest mean area under the learning curve on tuning seeds "
              f"{cfg['tuning_seeds']} (never reported), then reported seeds {cfg['seeds']}. Wall time of this "
@@ -288,7 +271,7 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
             lines.append(f"| {VARIANTS[v]} (`{v}`) | {chosen[f'w{w}'][v]:g} | {sweep} | {accs} | "
                          f"{_fmt([100 * r['auc'] for r in rs])} | {rs[0]['params']:,} |")
     start = len(lines) + 2
-    lines += ["", "## Effects: level − reference, paired by seed", "",
+    lines += ["", "## Effects: level − reference, paired by seed (protocol (b))", "",
               f"Mean difference in points [95 % CI], Cohen's d_z, Holm-adjusted p over the {len(tested)} tests "
               f"(widths whose control passed).", "",
               "| width | factor | level − reference | metric | level | reference | difference [95 % CI] | d_z | "

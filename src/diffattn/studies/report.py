@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from ..io import atomic_write_file
+from .protocol import protocol_text
 from .stats import holm, mean_std, paired_statement, paired_test
 from .verdict import PaperEffect, Verdict, verdict_of_test, verdict_text
 
@@ -194,12 +195,14 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
     return rows
 
 
-def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int) -> str:
+def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int, protocol: str | None = None) -> str:
     """Metric × variant table of mean ± std, with the baseline-relative paired t-test p-value (Holm-adjusted over
-    the table) per cell when the rows hold tests, and a chance column when any row has a chance level."""
+    the table) per cell when the rows hold tests, and a chance column when any row has a chance level. ``protocol``
+    ("a", "b"; :mod:`.protocol`) is named in the header when given (:func:`write_study` always gives it)."""
     with_chance = any(r.get("chance") is not None for r in rows)
-    lines = [f"| metric (mean ± std over {n_seeds} seeds) | " + " | ".join(labels) + (" | chance |" if with_chance
-                                                                                      else " |"),
+    named = f"; protocol ({protocol})" if protocol else ""
+    lines = [f"| metric (mean ± std over {n_seeds} seeds{named}) | " + " | ".join(labels)
+             + (" | chance |" if with_chance else " |"),
              "|---|" + "---:|" * (len(labels) + with_chance)]
     for r in rows:
         d = r["digits"]
@@ -301,7 +304,7 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
 
     rows = aggregate(per_seed, metrics, compare=lambda key: not gated_by_failed(key), exclude=excluded)
     labels = list(next(iter(per_seed.values())))
-    table = markdown_table(rows, labels, len(per_seed))
+    table = markdown_table(rows, labels, len(per_seed), cfg.get("protocol", "a"))
     n = len(per_seed)
     n_tests = sum(len(r["vs_baseline"]) for r in rows)
     untested = [r["metric"] for r in rows if not r["vs_baseline"]] if failed else []
@@ -336,7 +339,8 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
                  *verdicts_md]
     status = "passed" if not failed else "failed" if len(failed) == len(controls) else "partly failed"
     report = "\n".join([
-        f"# {title}", "", intro, "", f"Seeds {list(per_seed)}; wall time {seconds / 60:.1f} min.", "",
+        f"# {title}", "", intro, "", protocol_text(cfg, labels[0]), "",
+        f"Seeds {list(per_seed)}; wall time {seconds / 60:.1f} min.", "",
         *(r["line"] for r in checked), "", "Per-seed control status (✓ passed at that seed):", "",
         *control_table(checked), "", seeds_note, "", f"Controls: {status}.", "", *body, "", *extra_sections, ""])
     with atomic_write_file(out / "report.md", "w") as f:
