@@ -287,6 +287,13 @@ def why(word: str) -> str:
                                         f"cannot tell them apart"}[word]
 
 
+def _difference_text(lab: str, base: str, test: dict[str, Any], paired_over: str) -> str:
+    """The paired difference of the question's metric as the report states it."""
+    lo, hi = test["ci95"]
+    return (f"{lab} − {base} = {test['mean_diff']:+.2f} points of mean recall, 95 % interval [{lo:+.2f}, {hi:+.2f}], "
+            f"p = {test['p']:.3g} (paired t {paired_over}); the paper's effect taken as +{PAPER_EFFECT:g} points.")
+
+
 def compare_to_baseline(summary: dict[str, dict], seed: int) -> dict[str, Any]:
     """The demo's answer at one seed: :data:`CONTROL` on the first variant (the baseline) and, for every other
     variant, the paired test over the held-out pairs of its per-pair score minus the baseline's (in points) and
@@ -308,11 +315,9 @@ def compare_to_baseline(summary: dict[str, dict], seed: int) -> dict[str, Any]:
         word = verdict(test, control["passed"])
         tests[lab] = {**(test or {}), "verdict": word}
         if test:
-            lo, hi = test["ci95"]
-            lines.append(f"**Verdict, {lab} vs {base}: {word}** ({why(word)}). {lab} − {base} = "
-                         f"{test['mean_diff']:+.2f} points of mean recall, 95 % interval [{lo:+.2f}, {hi:+.2f}], "
-                         f"p = {test['p']:.3g} (paired t over the {test['n']} held-out pairs; {test['wins']} pairs "
-                         f"higher, {test['losses']} lower); the paper's effect taken as +{PAPER_EFFECT:g} points.")
+            lines.append(f"**Verdict, {lab} vs {base}: {word}** ({why(word)}). " + _difference_text(
+                lab, base, test, f"over the {test['n']} held-out pairs; {test['wins']} pairs higher, "
+                                 f"{test['losses']} lower"))
         else:
             lines.append(f"**Verdict, {lab} vs {base}: {word}** (the control failed; no test).")
     if len(labels) < 2:
@@ -796,11 +801,8 @@ def study_answer(per_seed: dict[int, dict]) -> str:
         test = paired_test(a, b) if control["passed"] and n >= 2 else None
         word = verdict(test, control["passed"])
         if test:
-            lo, hi = test["ci95"]
-            lines.append(f"- **{lab} vs {base}: {word}** ({why(word)}). {lab} − {base} = {test['mean_diff']:+.2f} "
-                         f"points of mean recall, 95 % interval [{lo:+.2f}, {hi:+.2f}], p = {test['p']:.3g} (paired t "
-                         f"over {n} seeds; higher on {test['wins']} of {n}); the paper's effect taken as "
-                         f"+{PAPER_EFFECT:g} points.")
+            lines.append(f"- **{lab} vs {base}: {word}** ({why(word)}). " + _difference_text(
+                lab, base, test, f"over {n} seeds; higher on {test['wins']} of {n}"))
         else:
             lines.append(f"- **{lab} vs {base}: {word}** (no test: "
                          + ("the control failed)." if not control["passed"] else "fewer than 2 seeds)."))
