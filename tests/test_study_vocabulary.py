@@ -107,7 +107,7 @@ def test_the_summary_tables_are_rendered_from_the_recorded_results():
     from diffattn.studies.summary import render_files
 
     assert render_files(ROOT, check=True) == [], \
-        "docs/studies.md or README.md differs from `python -m diffattn.studies.summary` (docs/study_summary.yaml)"
+        "docs/studies.md or README.md differs from `diffattn study-summary` (docs/study_summary.yaml)"
 
 
 def test_every_negative_is_in_both_summaries():

@@ -4,6 +4,7 @@
     diffattn study NAME|YAML  # a study over seeds (diffclip, retrofit, dgvit, noise, paligemma, llava, detection,
                               # needles, recall)
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
+    diffattn study-summary [--check]         # the summary tables of docs/studies.md and README.md, rendered
     diffattn train / eval / compare / data   # registered by diffattn.train, diffattn.eval, diffattn.data
     diffattn object-attention / lm-eval      # registered by diffattn.eval
     diffattn openclip-train ARGS             # open_clip's training script with diffattn's CLIP models by name

@@ -53,7 +53,8 @@ def study(config: str | os.PathLike, progress: bool = True) -> dict[str, Any]:
 
 #: Modules that add subcommands: each defines ``register(subparsers)``, which adds its parsers and sets
 #: ``func`` (called with the parsed args, returns the exit code) through ``set_defaults``.
-COMMAND_MODULES: tuple[str, ...] = ("diffattn.app.data_commands", "diffattn.train.commands", "diffattn.eval.commands")
+COMMAND_MODULES: tuple[str, ...] = ("diffattn.app.data_commands", "diffattn.train.commands", "diffattn.eval.commands",
+                                    "diffattn.studies.summary")
 
 
 def bounded(kind: type, minimum: float | None = None, *, strict: bool = False):

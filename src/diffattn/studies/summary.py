@@ -1,8 +1,8 @@
 """The summary tables of docs/studies.md and README.md, rendered from the recorded statistics in
 ``docs/study_summary.yaml`` with every verdict derived by :mod:`diffattn.studies.verdict` (never written by hand).
 
-    python -m diffattn.studies.summary            # rewrite both tables (between their study-summary markers)
-    python -m diffattn.studies.summary --check    # exit 1 when either file differs from the rendering
+    diffattn study-summary            # rewrite both tables (between their study-summary markers)
+    diffattn study-summary --check    # exit 1 when either file differs from the rendering
 
 One row per claim and run: rows that use the same run say so, and a run that two studies share (the needles and
 recall studies at width 64: one training stream, one set of seeds) gives one row per claim, not one per study.
@@ -16,7 +16,6 @@ per-seed values (``paired``) by :func:`~diffattn.studies.stats.paired_test` with
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,10 @@ from .stats import holm, paired_test
 from .synthetic import steps_to_control_tests
 from .verdict import PaperEffect, Verdict, derive_verdict
 
-__all__ = ["load_rows", "render_docs_table", "render_readme_table", "render_files", "main", "START", "END"]
+__all__ = ["load_rows", "render_docs_table", "render_readme_table", "render_files", "register", "command", "START",
+           "END"]
 
-START = "<!-- study-summary:start (rendered by `python -m diffattn.studies.summary` from docs/study_summary.yaml) -->"
+START = "<!-- study-summary:start (rendered by `diffattn study-summary` from docs/study_summary.yaml) -->"
 END = "<!-- study-summary:end -->"
 
 
@@ -234,16 +234,17 @@ def render_files(root: str | Path, *, check: bool = False) -> list[str]:
     return changed
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m diffattn.studies.summary", description=__doc__.split("\n\n")[0])
+def register(sub) -> None:
+    """``diffattn study-summary [--check] [--root DIR]``."""
+    ap = sub.add_parser("study-summary", help="render the summary tables of docs/studies.md and README.md from "
+                        "docs/study_summary.yaml (verdicts derived, never typed)", description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=".", help="the source checkout (default: the current folder)")
     ap.add_argument("--check", action="store_true", help="exit 1 when a table differs from its rendering")
-    args = ap.parse_args(argv)
+    ap.set_defaults(func=command)
+
+
+def command(args: argparse.Namespace) -> int:
     changed = render_files(args.root, check=args.check)
     for rel in changed:
         print(f"{rel}: {'differs from' if args.check else 'rewritten from'} docs/study_summary.yaml")
     return 1 if args.check and changed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
