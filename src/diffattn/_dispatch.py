@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DispatchEntry", "triton_rule", "entries_from_core_rows", "load_table", "merge_entries"]
+__all__ = ["DispatchEntry", "device_name", "triton_rule", "entries_from_core_rows", "load_table", "merge_entries"]
 
 FORMAT = 1
 
@@ -58,17 +58,27 @@ def _packaged() -> tuple[DispatchEntry, ...]:
 
 
 @functools.cache
-def _device_name(index: int) -> str:
+def _cuda_name(index: int) -> str:
     return torch.cuda.get_device_name(index)
+
+
+def device_name(device: torch.device) -> str:
+    """The name the table keys a device by: the CUDA card's name, else the device type (read once per card)."""
+    if device.type != "cuda":
+        return device.type
+    return _cuda_name(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def triton_rule(device: torch.device, dtype: torch.dtype, value_width: int) -> DispatchEntry | None:
     """The table entry that decides for this device, dtype and value width: the device's own (same dtype first),
     else a default one for the width; None when no entry names the width (then value widths up to 128 take the
     kernel, as on the measured cards)."""
-    name = _device_name(device.index if device.index is not None else torch.cuda.current_device()) \
-        if device.type == "cuda" else device.type
-    dt = str(dtype).removeprefix("torch.")
+    return _rule(device_name(device), str(dtype).removeprefix("torch."), value_width)
+
+
+@functools.cache
+def _rule(name: str, dt: str, value_width: int) -> DispatchEntry | None:
+    """:func:`triton_rule` by device name and dtype text, looked up once per combination."""
     entries = [e for e in _packaged() if e.value_width == value_width]
     for match in (lambda e: e.device == name and e.dtype == dt, lambda e: e.device == name,
                   lambda e: e.default and e.dtype == dt, lambda e: e.default):

@@ -29,18 +29,19 @@ mask through :func:`prepare_mask`. A query row whose every key is blocked gives 
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 
 from . import _diff_autograd
-from ._dispatch import DispatchEntry, triton_rule
+from ._dispatch import DispatchEntry, device_name, triton_rule
 from ._mask import blocked as _blocked
 
 __all__ = [
@@ -349,7 +350,7 @@ def _split_pairs(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return a.transpose(1, 2), b.transpose(1, 2)
 
 
-def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs=None):
+def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs=None, blockwise: bool | None = None):
     """One call of PyTorch's fused attention per branch, then O = w1 ⊙ (A1 V) − λ ⊙ (A2 V).
 
     Fused kernels (the CPU flash kernel, CUDA FlashAttention-2) need q/k and v of one width, and v is 2d wide.
@@ -361,9 +362,10 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs=Non
 
     ``pairs`` = (q, k, k_paired): the tensors q1/q2 (and k1/k2 when ``k_paired``, else k1 = k2 = k) are the
     interleaved head pairs of, as :func:`_diff_attention_pairs` passes them; each is then padded once, not per
-    branch.
+    branch. ``blockwise``: whether to train through query blocks, when ``auto`` already decided it (None: decide
+    here, :func:`_blockwise_preferred`).
     """
-    if _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p):
+    if _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p) if blockwise is None else blockwise:
         out = _diff_autograd.blockwise_diff_attention(q1, k1, q2, k2, v, lambda_, weight1, mask.keep, mask.bias,
                                        mask.sdpa_causal, scale)
         return out, None
@@ -470,12 +472,15 @@ def _triton_preferred(q: torch.Tensor, dv: int, nk: int) -> DispatchEntry | None
     :data:`TRITON_MAX_UNMEASURED_DV`, with a synthetic entry saying so)."""
     entry = triton_rule(q.device, q.dtype, dv)
     if entry is None:
-        if dv > TRITON_MAX_UNMEASURED_DV:
-            return None
-        return DispatchEntry("any", str(q.dtype).removeprefix("torch."), dv, None,
-                             f"no measurement for value width {dv}: the kernel up to width "
-                             f"{TRITON_MAX_UNMEASURED_DV}, as on the measured cards")
+        return None if dv > TRITON_MAX_UNMEASURED_DV else _unmeasured(str(q.dtype).removeprefix("torch."), dv)
     return entry if entry.prefers_triton(nk) else None
+
+
+@functools.cache
+def _unmeasured(dtype: str, dv: int) -> DispatchEntry:
+    """The entry standing for a value width the table lacks (the kernel at every length)."""
+    return DispatchEntry("any", dtype, dv, None, f"no measurement for value width {dv}: the kernel up to width "
+                                                 f"{TRITON_MAX_UNMEASURED_DV}, as on the measured cards")
 
 
 def _triton_rule_text(q: torch.Tensor, dv: int) -> str:
@@ -483,13 +488,9 @@ def _triton_rule_text(q: torch.Tensor, dv: int) -> str:
     if entry is None:
         return (f"no measurement for value width {dv}: the fused kernel up to width {TRITON_MAX_UNMEASURED_DV}, as "
                 f"on the measured cards")
-    own = "" if entry.device == _dispatch_device(q) else f" (no entry for this card: {entry.device}'s)"
+    own = "" if entry.device == device_name(q.device) else f" (no entry for this card: {entry.device}'s)"
     limit = "at every length" if entry.triton_below_keys is None else f"below {entry.triton_below_keys} keys"
     return f"dispatch table{own}: the fused kernel {limit} at value width {dv} ({entry.measured})"
-
-
-def _dispatch_device(q: torch.Tensor) -> str:
-    return torch.cuda.get_device_name(q.device) if q.device.type == "cuda" else q.device.type
 
 
 #: ``auto`` takes :func:`decode_diff_attention` for at most this many query rows (CPU)
@@ -632,6 +633,7 @@ def diff_attention(
         if reason is not None:
             raise ValueError(f"backend='triton' cannot run these inputs: {reason}")
         return _triton(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p)
+    blockwise = None  # _sdpa decides
     if backend == "auto":
         backend = _auto_backend(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p,
                                 softcap, return_weights).backend
@@ -640,8 +642,9 @@ def diff_attention(
         if backend == "decode":  # decoding: no zero-padding, K and V read once
             return decode_diff_attention(q1, k1, q2, k2, v, lambda_, weight1=weight1, attn_mask=attn_mask,
                                          is_causal=is_causal, scale=scale).to(v.dtype)
-        if backend == "blockwise":
-            backend = "sdpa"  # _sdpa takes the query-block path itself (_blockwise_preferred)
+        blockwise = backend == "blockwise"  # decided once, here
+        if blockwise:
+            backend = "sdpa"  # the sdpa backend's query-block training path
     if _empty(q1, v, nk):
         backend = "math"  # the fused kernels reject empty tensors; the maps are empty or the output is 0
 
@@ -652,7 +655,7 @@ def diff_attention(
     else:
         mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=q1.dtype, device=q1.device,
                             scale=scale)
-        out, weights = _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, _pairs)
+        out, weights = _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, _pairs, blockwise)
         if mask.row_ok is not None:
             out = out.masked_fill(~mask.row_ok, 0.0)
     out = out.to(v.dtype)
@@ -670,7 +673,11 @@ class BackendChoice:
     backend's training path through query blocks, :mod:`diffattn._diff_autograd`)."""
 
     backend: str
-    reason: str
+    why: Callable[[], str] = field(repr=False, compare=False)  # the reason, written only when asked for
+
+    @property
+    def reason(self) -> str:
+        return self.why()
 
     def __str__(self) -> str:
         return f"{self.backend}: {self.reason}"
@@ -678,32 +685,35 @@ class BackendChoice:
 
 def _auto_backend(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p, softcap,
                   return_weights) -> BackendChoice:
-    """The ``auto`` rule on validated inputs (``scale`` a float): the one place it is written."""
+    """The ``auto`` rule on validated inputs (``scale`` a float): the one place it is written. Each reason is a
+    function, so that ``diff_attention``, which needs only the backend, formats none of them."""
     nq, nk, dv = int(q1.shape[2]), int(k1.shape[2]), int(v.shape[-1])
     if return_weights:
-        return BackendChoice("math", "return_weights=True needs the attention maps, which only math builds")
+        return BackendChoice("math", lambda: "return_weights=True needs the attention maps, which only math builds")
     if softcap is not None:
-        return BackendChoice("math", "softcap: only math soft-caps the logits")
+        return BackendChoice("math", lambda: "softcap: only math soft-caps the logits")
     if _empty(q1, v, nk):
-        return BackendChoice("math", f"empty inputs (q {tuple(q1.shape)}, k {tuple(k1.shape)}, v {tuple(v.shape)})")
+        return BackendChoice("math", lambda: f"empty inputs (q {tuple(q1.shape)}, k {tuple(k1.shape)}, "
+                                             f"v {tuple(v.shape)})")
     if q1.device.type == "cuda":
         if scale <= 0:
-            return BackendChoice("sdpa", f"scale={scale} ≤ 0: the fused kernel is not taken")
+            return BackendChoice("sdpa", lambda: f"scale={scale} ≤ 0: the fused kernel is not taken")
         if _triton_preferred(q1, dv, nk) is None:
-            return BackendChoice("sdpa", f"{nk} keys: {_triton_rule_text(q1, dv)}")
+            return BackendChoice("sdpa", lambda: f"{nk} keys: {_triton_rule_text(q1, dv)}")
         reason = _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
         if reason is not None:
-            return BackendChoice("sdpa", f"the fused kernel cannot run these inputs: {reason}")
-        return BackendChoice("triton", f"{nk} keys: {_triton_rule_text(q1, dv)}")
+            return BackendChoice("sdpa", lambda: f"the fused kernel cannot run these inputs: {reason}")
+        return BackendChoice("triton", lambda: f"{nk} keys: {_triton_rule_text(q1, dv)}")
     if q1.device.type == "cpu" and dropout_p == 0.0 and _decode_preferred(nq, nk):
-        return BackendChoice("decode", f"{nq} query rows against {nk} keys (≤ {DECODE_MAX_QUERIES} rows, fewer than "
-                                       f"the keys): decode_diff_attention reads K and V once at their own width")
+        return BackendChoice("decode", lambda: f"{nq} query rows against {nk} keys (≤ {DECODE_MAX_QUERIES} rows, "
+                                               f"fewer than the keys): decode_diff_attention reads K and V once at "
+                                               f"their own width")
     if _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p):
-        return BackendChoice("blockwise", f"CPU training from {BLOCKWISE_MIN_KEYS} keys on (here {nk}), value "
-                                          f"wider than the queries: A1 and A2 are combined before one product by V")
-    return BackendChoice("sdpa", "PyTorch's fused attention, one call per branch (Q and K padded to the value "
-                                 "width)" if dv > int(q1.shape[-1]) else "PyTorch's fused attention, one call per "
-                                 "branch")
+        return BackendChoice("blockwise", lambda: f"CPU training from {BLOCKWISE_MIN_KEYS} keys on (here {nk}), "
+                                                  f"value wider than the queries: A1 and A2 are combined before one "
+                                                  f"product by V")
+    padded = " (Q and K padded to the value width)" if dv > int(q1.shape[-1]) else ""
+    return BackendChoice("sdpa", lambda: f"PyTorch's fused attention, one call per branch{padded}")
 
 
 def choose_backend(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,

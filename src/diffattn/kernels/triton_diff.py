@@ -115,17 +115,20 @@ def _row_weights(W1, LAM, LQ1, LK1, LQ2, LK2, lam_init, w_off, l_off, row_ok,
 
 
 @triton.jit
-def _sub_norm(o, NW, norm_scale, eps, HEAD_DV: tl.constexpr, NORM_AFFINE: tl.constexpr):
-    """RMSNorm of each row of o (BLOCK_M, DV) times (w ⊙ s): the per-head sub-norm × (1 − λ_init) of Ye et al.
-    2024 §2.1, with s = ``norm_scale``. Returns (y, x̂ = o · rstd, rstd)."""
+def _norm_weight(NW, norm_scale, HEAD_DV: tl.constexpr, NORM_AFFINE: tl.constexpr):
+    """w ⊙ s as a (DV,) fp32 vector: the sub-norm's weight times s = ``norm_scale`` (s alone without a weight)."""
+    if NORM_AFFINE:
+        return tl.load(NW + tl.arange(0, HEAD_DV)).to(tl.float32) * norm_scale
+    return tl.full([HEAD_DV], norm_scale, tl.float32)
+
+
+@triton.jit
+def _sub_norm(o, nws, eps, HEAD_DV: tl.constexpr):
+    """RMSNorm of each row of o (BLOCK_M, DV) times ``nws`` = w ⊙ s (:func:`_norm_weight`): the per-head sub-norm ×
+    (1 − λ_init) of Ye et al. 2024 §2.1. Returns (y, x̂ = o · rstd, rstd)."""
     rstd = tl.rsqrt(tl.sum(o * o, 1) / HEAD_DV + eps)  # (BLOCK_M,)
     xh = o * rstd[:, None]
-    if NORM_AFFINE:
-        nw = tl.load(NW + tl.arange(0, HEAD_DV)).to(tl.float32) * norm_scale
-        y = xh * nw[None, :]
-    else:
-        y = xh * norm_scale
-    return y, xh, rstd
+    return xh * nws[None, :], xh, rstd
 
 
 @triton.jit
@@ -207,7 +210,7 @@ def _diff_attn_fwd_kernel(
                            b * stride_lb + h * stride_lh + offs_m * stride_lm, row_ok, HEAD_D, LAM_MODE)
     o = w1[:, None] * o1 - lam[:, None] * o2  # (BLOCK_M, DV)
     if NORM:
-        o, _xh, _rstd = _sub_norm(o, NW, norm_scale, eps, HEAD_DV, NORM_AFFINE)
+        o, _xh, _rstd = _sub_norm(o, _norm_weight(NW, norm_scale, HEAD_DV, NORM_AFFINE), eps, HEAD_DV)
 
     o_ptrs = b * stride_ob + h * stride_oh + offs_m[:, None] * stride_om + offs_dv[None, :]
     tl.store(O + o_ptrs, o.to(O.dtype.element_ty), mask=row_ok[:, None])
@@ -246,6 +249,8 @@ def _diff_attn_bwd_preprocess_kernel(
     offs_dv = tl.arange(0, HEAD_DV)
     acc_lam = tl.zeros([BLOCK_M], tl.float32)
     acc_nw = tl.zeros([HEAD_DV], tl.float32)
+    if NORM:
+        nws = _norm_weight(NW, norm_scale, HEAD_DV, NORM_AFFINE)  # (DV,), loaded once per program
     for start in range(pid * BLOCK_M, NROWS, NPROG * BLOCK_M):
         offs = (start + offs_m0).to(tl.int64)
         ok = offs < NROWS
@@ -262,14 +267,10 @@ def _diff_attn_bwd_preprocess_kernel(
                                b * stride_lb + h * stride_lh + m * stride_lm, ok, HEAD_D, LAM_MODE)
         do = dy
         if NORM:
-            _y, xh, rstd = _sub_norm(w1[:, None] * o1 - lam[:, None] * o2, NW, norm_scale, eps, HEAD_DV,
-                                     NORM_AFFINE)
+            _y, xh, rstd = _sub_norm(w1[:, None] * o1 - lam[:, None] * o2, nws, eps, HEAD_DV)
+            gw = dy * nws[None, :]
             if NORM_AFFINE:
-                nw = tl.load(NW + offs_dv).to(tl.float32) * norm_scale
-                gw = dy * nw[None, :]
                 acc_nw += tl.sum(dy * xh, 0)
-            else:
-                gw = dy * norm_scale
             do = rstd[:, None] * (gw - xh * (tl.sum(gw * xh, 1) / HEAD_DV)[:, None])
         if WRITE_DO:
             tl.store(DO + ptrs, do.to(DO.dtype.element_ty), mask=ok[:, None])
@@ -1155,16 +1156,19 @@ class _DiffLayerFunction(torch.autograd.Function):
 
 def fused_layer_reason(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, k_paired: bool, lambda_mode: str,
                        lambda_inputs: tuple[torch.Tensor, ...], norm_weight: torch.Tensor | None,
-                       norm_width: int | None, attn_mask, is_causal: bool) -> str | None:
-    """Why :func:`fused_layer_attention` cannot run these inputs, or None when it can. Never raises."""
+                       norm_width: int | None, attn_mask, is_causal: bool,
+                       operator_checked: bool = False) -> str | None:
+    """Why :func:`fused_layer_attention` cannot run these inputs, or None when it can. Never raises.
+    ``operator_checked``: the caller already had :func:`triton_unsupported_reason` accept the branches (the
+    layers do, through ``diff_attention``'s dispatch), so only what the layer path adds is checked."""
     try:
-        q1, q2 = q[:, 0::2], q[:, 1::2]
-        k1, k2 = (k[:, 0::2], k[:, 1::2]) if k_paired else (k, k)
-        reason = _check(q1, k1, q2, k2, v, 1.0, 1.0, attn_mask, is_causal, 0.0)
-        if reason is not None:
-            return reason
         if q.shape[1] % 2:
             return f"q must hold head pairs (an even head count), got {q.shape[1]} heads"
+        if not operator_checked:
+            k1, k2 = (k[:, 0::2], k[:, 1::2]) if k_paired else (k, k)
+            reason = _check(q[:, 0::2], k1, q[:, 1::2], k2, v, 1.0, 1.0, attn_mask, is_causal, 0.0)
+            if reason is not None:
+                return reason
         if lambda_mode not in LAMBDA_MODES:
             return f"lambda_mode must be one of {tuple(LAMBDA_MODES)}, got {lambda_mode!r}"
         B, H2, Nq, d = q.shape

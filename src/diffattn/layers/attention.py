@@ -281,7 +281,8 @@ class _DiffBase(_AttentionBase):
         from ..kernels.triton_diff import fused_layer_attention, fused_layer_reason
 
         if fused_layer_reason(q, k, v, k_paired=k_paired, lambda_mode=mode, lambda_inputs=lam_inputs,
-                              norm_weight=weight, norm_width=width, attn_mask=attn_mask, is_causal=causal):
+                              norm_weight=weight, norm_width=width, attn_mask=attn_mask, is_causal=causal,
+                              operator_checked=True):  # _takes_triton ran the kernel's own checks
             return None
         return fused_layer_attention(q, k, v, k_paired=k_paired, lambda_mode=mode, lambda_inputs=lam_inputs,
                                      lambda_init=lam_init, norm_width=width, norm_weight=weight,

@@ -58,8 +58,7 @@ from . import claims
 from .base import Study, StudyConfig, higher_is_better, raised_errors, register_study, require_datasets
 from .report import Control, Metric, check_control, write_study
 from .stats import mean_std, paired_test
-from .verdict import VERDICTS as _VERDICTS
-from .verdict import Verdict, derive_verdict
+from .verdict import VERDICTS, Verdict, derive_verdict
 
 __all__ = ["DiffCLIPStudy",
            "DEMO_VARIANTS", "DEMO_DEFAULT_VARIANTS", "DEMO_ROWS", "VARIANTS", "DEFAULTS", "QUESTION", "CONTROL",
@@ -256,8 +255,6 @@ QUESTION: dict[str, Any] = {
 #: the paper gives no retrieval gain in these units; +2 points, fixed before the run, is the order of its headline
 #: gains; its Table 2 at CC3M gives +1.2 image and +1.8 text retrieval R@5)
 PAPER_EFFECT = claims.DIFFCLIP_RETRIEVAL.size
-#: the fixed list of verdicts (:func:`verdict`), the one every study gives (:mod:`diffattn.studies.verdict`)
-VERDICTS = _VERDICTS
 #: the positive control, pre-registered with :data:`QUESTION`: the baseline's held-out retrieval mean recall at
 #: least twice chance (chance (1 + 5 + 10) / 3 / n averaged over the 222 pairs = 4.80 %; 2 × = 9.6 %)
 CONTROL = Control("baseline held-out retrieval mean recall (%; R@1/5/10 both directions over the 222 held-out "
