@@ -10,6 +10,9 @@ TORCH_SPEC ?= torch==2.14.1 torchvision==0.29.1
 # The exact versions that last passed `make test` (scripts/freeze_constraints.py). `make test CONSTRAINTS=` installs
 # the newest releases pyproject.toml allows instead (what CI runs, so a new release that breaks us fails CI first).
 CONSTRAINTS ?= constraints/tested.txt
+# pytest-xdist's worker processes for `make test`: auto is one per CPU core (two on CI), at most 8; TEST_WORKERS=0
+# runs the suite in this process.
+TEST_WORKERS ?= auto
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
@@ -33,7 +36,7 @@ data: $(STAMP)
 test: $(STAMP)
 	@bash scripts/fetch_data.sh || echo "data fetch failed: the tests that need data/ will skip with the reason"
 	$(PY) -m ruff check src tests benchmarks examples
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8
 	PY=$(PY) bash scripts/test_oldest.sh
 
 # The adapter, transformers, peft, timm and open_clip tests against the oldest supported releases

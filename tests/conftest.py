@@ -1,4 +1,5 @@
-"""Test configuration: offline, deterministic, few threads (CI has 2 cores)."""
+"""Test configuration: offline, deterministic, few threads (CI has 2 cores). ``make test`` runs the suite in
+pytest-xdist workers, one per core, each with one torch thread."""
 
 import os
 
@@ -13,6 +14,9 @@ import torch  # noqa: E402
 # is set here, before any test module (or a library it imports) can import Triton.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+if os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core already: a second torch thread only competes
+    torch.set_num_threads(1)
 
 
 @pytest.fixture
@@ -44,14 +48,39 @@ except ImportError:  # pragma: no cover - hypothesis is a test dependency
     pass
 
 
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    """Print the fuzz outcome counts (clean / clear error / crash / NaN / silent wrong) when fuzz tests ran."""
+#: the fuzz outcome counts of the pytest-xdist workers, summed in the controlling process
+_WORKER_OUTCOMES: dict[str, int] = {}
+
+
+def _fuzz_outcomes() -> dict[str, int]:
     import sys
 
-    mod = sys.modules.get("tests.test_fuzz")
-    if mod is None or not mod.OUTCOMES:
+    mod = sys.modules.get("tests.test_fuzz") or sys.modules.get("test_fuzz")
+    return dict(mod.OUTCOMES) if mod is not None else {}
+
+
+def pytest_sessionfinish(session):
+    """In a pytest-xdist worker: hand its fuzz outcome counts to the controlling process."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fuzz_outcomes"] = _fuzz_outcomes()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """In the controlling process: add a finished worker's fuzz outcome counts."""
+    for k, v in getattr(node, "workeroutput", {}).get("fuzz_outcomes", {}).items():
+        _WORKER_OUTCOMES[k] = _WORKER_OUTCOMES.get(k, 0) + v
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    """Print the fuzz outcome counts (clean / clear error / crash / NaN / silent wrong) when fuzz tests ran, in
+    this process or in pytest-xdist workers."""
+    counts = _fuzz_outcomes()
+    for k, v in _WORKER_OUTCOMES.items():
+        counts[k] = counts.get(k, 0) + v
+    if not counts:
         return
-    counts = mod.OUTCOMES
     total = sum(counts.values())
     parts = ", ".join(f"{k} {counts.get(k, 0)}" for k in ("clean", "clear error", "crash", "nan", "wrong"))
     terminalreporter.write_line(f"fuzz outcomes: {total} calls: {parts}")
