@@ -31,10 +31,13 @@ status is 2 (:func:`main`; :func:`diffattn.errors.is_user_error` says which erro
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import TYPE_CHECKING
 
 from .._version import __version__
+from ..errors import is_user_error, one_line
+from ..progress import library_bars
 
 if TYPE_CHECKING:
     from .commands import (
@@ -69,12 +72,39 @@ def __getattr__(name: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the ``diffattn`` command; returns the exit status. A user error (module docstring) is one line on
-    stderr and status 2; ``--debug`` anywhere in ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
+    """Run the ``diffattn`` command line ``argv`` (default: ``sys.argv[1:]``); returns the exit status. A user error
+    (module docstring) is one line on stderr and status 2; ``--debug`` anywhere in ``argv`` (or
+    ``DIFFATTN_DEBUG=1``) re-raises it instead."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--version"]:  # before the parser imports torch
         print(f"diffattn {__version__}")
         raise SystemExit(0)  # as argparse's version action
-    from .commands import run
+    from . import commands  # the parser and the handlers: torch, the studies, the training code
 
-    return run(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    debug = "--debug" in argv[:cut] or os.environ.get("DIFFATTN_DEBUG", "") not in ("", "0")
+    argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < cut)]
+    parser = commands.build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if getattr(args, "passthrough", False):  # a command that hands every argument to another program's CLI
+        args.args = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    library_bars(not getattr(args, "no_progress", False))  # transformers' bars follow diffattn's (progress.py)
+    try:
+        return int(args.func(args) or 0)
+    except Exception as e:
+        if debug or not is_user_error(e):
+            raise
+        if os.environ.get("RANK", "0") in ("", "0"):  # under torchrun only rank 0 prints
+            print(f"diffattn: error: {one_line(e)}", file=sys.stderr, flush=True)
+        _finish_distributed()
+        return 2
+
+
+def _finish_distributed() -> None:
+    if "torch.distributed" not in sys.modules:  # never started
+        return
+    dist = sys.modules["torch.distributed"]
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

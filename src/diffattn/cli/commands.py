@@ -16,12 +16,11 @@ from typing import Any
 
 from .._version import __version__
 from ..configs import parse_set
-from ..errors import UsageError, did_you_mean, is_user_error, one_line, user_input
+from ..errors import UsageError, did_you_mean, user_input
 from ..factory import register_timm
 from ..models import list_models, list_pretrained
 from ..models.registry import model_info
 from ..openclip import main as openclip_main
-from ..progress import library_bars
 from ..studies import load_study as _load_study
 from ..studies import run_study
 from ..studies.config import WALL_TIMES, budget_warnings
@@ -35,7 +34,7 @@ from ..studies.diffclip import (
     demo_table,
 )
 
-__all__ = ["run", "demo", "study", "load_study", "build_parser", "plain_text", "bounded", "ArgumentParser",
+__all__ = ["demo", "study", "load_study", "build_parser", "plain_text", "bounded", "ArgumentParser",
            "COMMAND_MODULES", "DEMO_VARIANTS", "DEMO_DATASETS", "DEMO_ROWS", "demo_pairs", "demo_table"]
 
 
@@ -235,43 +234,3 @@ def build_parser() -> argparse.ArgumentParser:
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
     return p
-
-
-def _is_main_rank() -> bool:
-    return os.environ.get("RANK", "0") in ("", "0")
-
-
-def _finish_distributed() -> None:
-    try:
-        import torch.distributed as dist
-    except ImportError:  # pragma: no cover
-        return
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-
-def run(argv: list[str]) -> int:
-    """Run the ``diffattn`` command line ``argv`` (what :func:`diffattn.cli.main` does after ``--version``); returns
-    the exit status. A user error (:mod:`diffattn.cli`) is one line on stderr and status 2; ``--debug`` anywhere in
-    ``argv`` (or ``DIFFATTN_DEBUG=1``) re-raises it instead."""
-    argv = list(argv)
-    cut = argv.index("--") if "--" in argv else len(argv)
-    debug = "--debug" in argv[:cut] or os.environ.get("DIFFATTN_DEBUG", "") not in ("", "0")
-    argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < cut)]
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if getattr(args, "passthrough", False):  # a command that hands every argument to another program's CLI
-        args.args = extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    library_bars(not getattr(args, "no_progress", False))  # transformers' bars follow diffattn's (progress.py)
-    try:
-        return int(args.func(args) or 0)
-    except Exception as e:
-        if debug or not is_user_error(e):
-            raise
-        if _is_main_rank():
-            print(f"diffattn: error: {one_line(e)}", file=sys.stderr, flush=True)
-        _finish_distributed()
-        return 2
-
