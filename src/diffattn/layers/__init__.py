@@ -1,8 +1,8 @@
 """Layers: attention (standard, differential, gated, grouped differential), rotary embedding, KV cache, MLPs,
-norms, shared blocks."""
+norms, and the shared building blocks (the attention spec, the pre-norm block)."""
 
 from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
-from .blocks import Block, DropPath, PatchEmbed
+from .blocks import AttentionSpec, Block, DropPath, LooseAttention, PatchEmbed
 from .grouped import GroupedDiffAttention
 from .kv_cache import KV_CACHES, KVCache, StaticKVCache
 from .loading import load_layer
@@ -10,7 +10,6 @@ from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
 from .polynorm import PolyNorm, PolyNormGLU
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
-from .spec import AttentionSpec, LooseAttention
 
 __all__ = [
     "ATTENTION_TYPES",

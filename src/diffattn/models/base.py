@@ -33,7 +33,7 @@ from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
 from .._version import __version__
 from ..formats import FORMAT, FORMAT_KEY, VERSION_KEY, migrate, read_format, wrong_kind
 from ..io import atomic_write_dir, recover_dir
-from ..layers.spec import AttentionSpec
+from ..layers.blocks import AttentionSpec
 
 __all__ = ["DiffattnModel", "from_pretrained", "model_class", "load_state_dict_exact", "check_state_dict",
            "WEIGHTS_NAME",

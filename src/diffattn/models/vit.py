@@ -56,7 +56,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import AttentionSpec, Block, LooseAttention, PatchEmbed
-from ..layers.spec import STANDARD
+from ..layers.blocks import STANDARD
 from .base import DiffattnModel
 from .config import check_args, check_choice, check_size, is_int
 from .registry import ModelFamily, register_family

@@ -22,7 +22,7 @@ from diffattn.layers import (
     GatedDiffAttention,
     LooseAttention,
 )
-from diffattn.layers.spec import LOOSE_KEYWORDS
+from diffattn.layers.blocks import LOOSE_KEYWORDS
 from diffattn.models.causal_lm import CausalLM, LMBlock
 from diffattn.models.clip import CLIP, TextTransformer
 from diffattn.models.registry import model_family
