@@ -50,7 +50,7 @@ def test_create_model_suggests_close_names():
         diffattn.create_model("diffclip_vit_b61")
     from diffattn.models.registry import model_family
 
-    with pytest.raises(ValueError, match=r"got 'qwerty'$"):  # nothing close: no suggestion
+    with pytest.raises(ValueError, match=r"^unknown model 'qwerty' \(diffattn"):  # nothing close: no suggestion
         model_family("qwerty")
     from diffattn.data import get_dataset
 

@@ -69,7 +69,7 @@ def test_features_are_a_family_hook():
     assert [f.shape for f in feats] == [(1, 64, 8, 8)] and fm.model_name == "vit_nano"
     with pytest.raises(ValueError, match="features_only=True needs a vision transformer, got CLIP"):
         factory.create_model("clip_tiny", features_only=True)
-    with pytest.raises(ValueError, match="name must be a registered model"):
+    with pytest.raises(ValueError, match="unknown model 'no_such_model'"):
         registry.model_family("no_such_model")
 
 

@@ -40,7 +40,7 @@ from .models.base import DiffattnModel
 from .models.base import from_pretrained as _load_saved
 from .models.motif import MotifLM
 from .models.pretrained import list_pretrained, pretrained_file, split_model_tag, timm_default_cfgs
-from .models.registry import TIMM_KWARGS, is_model, model_builder, model_family
+from .models.registry import TIMM_KWARGS, build_model, is_model, model_family
 
 __all__ = ["create_model", "from_pretrained", "load_run", "load_pretrained", "register_timm", "TIMM_NAMES",
            "find_saved_model", "is_retrofit_run", "load_retrofit_run", "RETROFIT_RUN", "RELEASED_LAYOUTS",
@@ -74,8 +74,7 @@ def create_model(name: str, **overrides) -> nn.Module:
     features = {k: overrides.pop(k) for k in dict.fromkeys((*vit.FEATURE_KWARGS, *known)) if k in overrides}
     if features and not features_only:
         raise ValueError(f"{sorted(features)} need features_only=True")
-    builder = model_builder(name)  # an unknown name fails here, with the similar names
-    family = model_family(name)
+    family = model_family(name)  # an unknown name fails here, with the similar names
     if features_only and family.features is None:
         raise ValueError(f"features_only=True needs a vision transformer, got {family.cls.__name__}")
     pretrained = overrides.pop("pretrained", False)
@@ -92,7 +91,7 @@ def create_model(name: str, **overrides) -> nn.Module:
         family.apply_overrides(name, overrides)  # unknown overrides fail before any download
         model = load_pretrained(name, pretrained, overrides, cache_dir)
     else:
-        model = builder(**overrides)
+        model = build_model(family, name, overrides)
     model.model_name = name
     if features_only:
         model = family.features(model, **features)

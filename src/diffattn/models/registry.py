@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch.nn as nn
 
 from ..errors import did_you_mean
-from ..layers.spec import AttentionSpec
+from ..layers.blocks import AttentionSpec
 from .pretrained import list_pretrained
 
 __all__ = ["ModelFamily", "register_family", "register_model", "build_model", "build", "list_models", "is_model",
@@ -170,8 +170,8 @@ def model_config(name: str) -> dict:
 def model_family(name: str) -> ModelFamily:
     """The :class:`ModelFamily` that registered model ``name``."""
     if name not in _FAMILY_OF:
-        raise ValueError(f"name must be a registered model (see diffattn.models.list_models()), got {name!r}"
-                         f"{did_you_mean(name, _FAMILY_OF)}")
+        model_builder(name)  # an unknown name: the one error, with the similar names
+        raise ValueError(f"model {name!r} was registered as a function, not by a ModelFamily (register_family)")
     return _FAMILY_OF[name]
 
 
