@@ -53,7 +53,7 @@ def test_retrofit_run_reloads_from_its_directory_and_evaluates(tmp_path, capsys)
     initial = build_base_model(cfg.task.base)  # the base as built at the start of the run
     saved = load_file(run / "base" / "model.safetensors")  # its weights before training, kept in the run
     assert saved and all(torch.equal(saved[k], initial.state_dict()[k]) for k in saved)
-    trained = RetrofitTask(cfg).build_model()
+    trained = RetrofitTask(cfg).own_model()
     trained.load_state_dict(load_checkpoint(latest_checkpoint(run))["model"])
     trained.eval()
     torch.manual_seed(12345)  # the reload must not depend on the RNG (nor on how transformers initialises)

@@ -122,7 +122,7 @@ class ToyTask(Task):
     metrics = ("loss",)
     model_name = False
 
-    def build_model(self):
+    def own_model(self):
         return torch.nn.Linear(4, 1)
 
     def dataset(self, model):
@@ -174,7 +174,7 @@ def test_the_model_is_built_once(monkeypatch, tmp_path):
     """One real build per run; the only other is the size check's on the ``meta`` device (no weights): the data
     read image sizes, tokenizers and vocabularies from the run's model."""
     import diffattn.models as M
-    from diffattn.train.tasks import base as task_base
+    from diffattn.train import loop as train_loop
 
     devices = []
     create = M.create_model
@@ -184,7 +184,7 @@ def test_the_model_is_built_once(monkeypatch, tmp_path):
         return create(*args, **kwargs)
 
     monkeypatch.setattr(M, "create_model", counting)  # the tasks that take it from diffattn.models
-    monkeypatch.setattr(task_base, "create_model", counting)  # Task.build_model's, from diffattn.factory
+    monkeypatch.setattr(train_loop, "create_model", counting)  # the trainer's build_model, from diffattn.factory
     for name, extra in (("classify", []),
                         ("clip", ["data.name=digits", "model.overrides.vision_img_size=8",
                                   "model.overrides.vision_patch_size=2", "model.overrides.vision_in_chans=1"])):

@@ -53,7 +53,7 @@ def test_lora_retrofit_saves_and_reloads_adapter(tmp_path, one_thread):
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["adapter", "base", "checkpoints", "lora",
                                                                          "tensorboard"]
     cfg = lc(tmp_path / "config.yaml")
-    trained = RetrofitTask(cfg).build_model()
+    trained = RetrofitTask(cfg).own_model()
     trained.load_state_dict(load_checkpoint(latest_checkpoint(tmp_path))["model"])
     base = build_base_model(cfg.task.base)
     x = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(0))

@@ -61,7 +61,7 @@ def test_paligemma_lora_trains_saves_and_reloads_exactly(tmp_path, method, one_t
     assert {p.name for p in tmp_path.iterdir()} >= {"adapter", "lora", "tokenizer"}
 
     task = PaliGemmaTask(cfg)  # the trained model, rebuilt from the last checkpoint
-    trained = task.build_model()
+    trained = task.own_model()
     trained.load_state_dict(load_checkpoint(latest_checkpoint(tmp_path))["model"])  # λ schedule step included
     trained.eval()
     model, tok = load_paligemma(tmp_path)
@@ -133,7 +133,7 @@ def test_paligemma_full_fine_tuning_is_the_base_of_a_lora_run(tmp_path, one_thre
     assert any("vision_tower" in n for n in changed) and any("language_model" in n for n in changed)
     base = f"task.base.path={tmp_path / 'pre' / 'model'}"
     cfg = _cfg("paligemma", base, "run.steps=2", "run.batch_size=4", "run.ckpt_every=2", "task.method=shared_qk")
-    lora = PaliGemmaTask(cfg).build_model().eval()  # retrofit (λ(0) = 0) + LoRA (B = 0): the base's function
+    lora = PaliGemmaTask(cfg).own_model().eval()  # retrofit (λ(0) = 0) + LoRA (B = 0): the base's function
     batch = paligemma_batch(tok, full.config.image_token_index, 16, ["what is this?"], ["frog"])
     x = torch.randn(1, 3, 32, 32)
     with torch.no_grad():

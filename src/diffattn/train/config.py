@@ -342,7 +342,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
             raise UsageError(f"{path}: not a UTF-8 text file ({e.reason} at byte {e.start})") from None
         if not isinstance(d, dict):
             raise UsageError(f"{path} must hold a mapping of sections {list(_SECTIONS)}, got {type(d).__name__}")
-    return config_from_dict(apply_overrides(d, overrides))
+    return config_from_dict(apply_sets(json.loads(json.dumps(d)), overrides, min_depth=2, example="section.key"))
 
 
 def val_metric(cfg: TrainConfig) -> tuple[str, bool]:

@@ -44,23 +44,26 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn as nn
 from torch.utils.data import DataLoader
 
 from ..errors import RunExistsError, UsageError, user_input
 from ..extras import require
+from ..factory import create_model, load_released
 from ..io import atomic_write_file, remove_dir
 from ..progress import progress
 from ..utils import available_memory, format_bytes
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
-from .config import BUDGET_KEYS, TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
+from .config import BUDGET_KEYS, ModelConfig, TrainConfig, config_digest, digest_hash, run_config_dict, val_metric
 from .data import StepBatchSampler, steps_for
 from .data import to_device as _to
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler, warmup_cosine
-from .tasks import build_task, mean_lambdas
+from .tasks import Task, build_task, mean_lambdas
+from .tasks.base import adapt_model
 
 __all__ = ["train", "fit", "run_steps", "Trainer", "RunLog", "optimizer_step", "seed_everything", "training_bytes",
-           "check_fits", "check_backends"]
+           "check_fits", "check_backends", "build_model"]
 
 
 def seed_everything(seed: int) -> None:
@@ -196,7 +199,23 @@ def training_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
     return sum(p.numel() for p in params), weights, weights + 3 * trained
 
 
-def check_fits(task, env: DistEnv, what: str) -> None:
+def build_model(task: Task, m: ModelConfig) -> nn.Module:
+    """The run's model: the task's own (:meth:`~diffattn.train.tasks.Task.own_model`), or else the ``model:``
+    section ``m`` through the factory: ``model.name`` with ``model.overrides`` (:func:`diffattn.factory.create_model`)
+    or the released checkpoint ``model.pretrained`` (:func:`diffattn.factory.load_released`), then cast to
+    ``model.dtype``, λ frozen (``model.freeze_lambda``) and peft LoRA (``model.lora``) on top
+    (:func:`~diffattn.train.tasks.base.adapt_model`)."""
+    model = task.own_model()
+    if model is not None:
+        return model
+    if m.pretrained:
+        model, _ = load_released(task.pretrained_dir(), **m.overrides)
+    else:
+        model = create_model(m.name, **m.overrides)
+    return adapt_model(model, m)
+
+
+def check_fits(task: Task, m: ModelConfig, env: DistEnv, what: str) -> None:
     """Refuse, before any weight is allocated, a model whose weights, gradients and AdamW states
     (:func:`training_bytes`) cannot fit in the memory available: the machine's (/proc/meminfo, the cgroup's limit;
     shared by the processes torchrun starts on it) and, on CUDA, the GPU's. The model is built on the ``meta``
@@ -207,7 +226,7 @@ def check_fits(task, env: DistEnv, what: str) -> None:
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            meta = task.build_model()
+            meta = build_model(task, m)
     except ValueError:  # what the user gave is wrong: say so now, before the real build allocates the weights
         raise
     except Exception:  # noqa: BLE001 - a model that cannot be built on the meta device is not checked
@@ -344,7 +363,7 @@ def _save_best(task, model, optimizer, cfg: TrainConfig, env: DistEnv, run_dir: 
     if cfg.run.distributed == "fsdp2" and env.distributed:
         model_sd, _ = _full_state(model, optimizer)
         if env.is_main:
-            full = task.build_model()
+            full = build_model(task, cfg.model)
             full.load_state_dict(model_sd)
             task.save_best(full, run_dir, record)
     elif env.is_main:
@@ -500,9 +519,9 @@ class Trainer:
         with user_input():
             self.amp_dtype = _precision(cfg, env)
             self.task = task = build_task(cfg)
-            check_fits(task, env, task.size_keys)
+            check_fits(task, cfg.model, env, task.size_keys)
             seed_everything(cfg.run.seed)
-            self.model = task.build_model().to(env.device)
+            self.model = build_model(task, cfg.model).to(env.device)
             check_backends(self.model, env.device, _backend_key(cfg))
             self.dataset = task.dataset(self.model)
             task.check_data(self.model, self.dataset)
@@ -667,7 +686,7 @@ class Trainer:
         final = model
         if self.cfg.run.distributed == "fsdp2" and env.distributed:
             model_sd, _ = _full_state(model, self.optimizer)
-            final = self.task.build_model() if env.is_main else None
+            final = build_model(self.task, self.cfg.model) if env.is_main else None
             if final is not None:
                 final.load_state_dict(model_sd)
         if env.is_main:

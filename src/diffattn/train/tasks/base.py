@@ -22,7 +22,7 @@ from torch.utils.data import Dataset
 from ...adapters import adapters, lambda_summary
 from ...data.catalog import DATASETS
 from ...errors import UsageError
-from ...factory import create_model, load_released, resolve_source, save_released
+from ...factory import released_layout, resolve_source, save_released
 from ...io import atomic_write_dir
 from ...layers import DiffAttention, GatedDiffAttention
 from ...models import DiffattnModel
@@ -212,8 +212,10 @@ class Task:
     """A training task. A subclass sets ``name`` (the config's ``task.name``), ``Config`` (its options: a
     :class:`TaskConfig` dataclass), optionally ``metrics`` (what :meth:`validate` reports; the first is the default
     ``eval.metric``; empty: no validation while training), ``data_kinds`` / ``data_formats`` (the ``data.name``
-    values it trains on) and ``model_name`` (whether ``model.name`` names a registered diffattn model), implements
-    :meth:`dataset` and :meth:`loss`, and is registered with :func:`register_task`."""
+    values it trains on) and ``model_name`` (whether ``model.name`` names a registered diffattn model; False: the
+    task builds its own model in :meth:`own_model`), implements :meth:`dataset` and :meth:`loss`, and is registered
+    with :func:`register_task`. The trainer builds the run's model, once (:func:`diffattn.train.loop.build_model`),
+    and hands it to the task's hooks."""
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[TaskConfig]] = TaskConfig
@@ -253,16 +255,11 @@ class Task:
 
     # -------------------------------------------------------------------------------------- model, data
 
-    def build_model(self) -> nn.Module:
-        """The run's model: ``model.name`` built with its overrides, or the released checkpoint of
-        ``model.pretrained``; then cast to ``model.dtype``, λ frozen (``model.freeze_lambda``) and peft LoRA
-        (``model.lora``) on top."""
-        m = self.cfg.model
-        if m.pretrained:
-            model, self.layout = load_released(self.pretrained_dir(), **m.overrides)
-        else:
-            model = create_model(m.name, **m.overrides)
-        return adapt_model(model, m)
+    def own_model(self) -> nn.Module | None:
+        """The task's own model, for a task whose model is not the ``model:`` section (a Hugging Face base it
+        retrofits, PaliGemma, LLaVA's stages); None (the default): the trainer builds ``model:`` through the
+        factory (:func:`diffattn.train.loop.build_model`)."""
+        return None
 
     def pretrained_dir(self) -> Path:
         """The local folder of ``model.pretrained`` (a hub id is downloaded once per run)."""
@@ -352,7 +349,8 @@ class Task:
         model = merged_model(model)
         save_model(model, folder, self.model_card())
         if self.cfg.model.pretrained:
-            save_released(model, self.layout, folder, source=self.pretrained_dir())
+            source = self.pretrained_dir()
+            save_released(model, released_layout(source), folder, source=source)
 
     def save_final(self, model: nn.Module, directory: Path) -> Path:
         """Save the trained model (:meth:`write_model`, atomically) under ``directory/model``."""

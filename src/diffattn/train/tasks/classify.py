@@ -65,19 +65,6 @@ class ClassifyTask(Task):
         check(0 <= t.label_smoothing < 1, "task.label_smoothing", t.label_smoothing, "in [0, 1)")
         check(t.mixup >= 0 and t.cutmix >= 0, "task.mixup/task.cutmix", (t.mixup, t.cutmix), ">= 0")
 
-    def build_model(self) -> nn.Module:
-        model = super().build_model()
-        t = self.cfg.task
-        if t.mixup > 0 or t.cutmix > 0:
-            if isinstance(model, TextClassifier):
-                raise ValueError(f"task.mixup / task.cutmix mix images; model {self.cfg.model.name!r} is a text "
-                                 f"classifier, got mixup={t.mixup}, cutmix={t.cutmix}; set both to 0")
-            from timm.data import Mixup
-
-            self.mixup_fn = Mixup(mixup_alpha=t.mixup, cutmix_alpha=t.cutmix, label_smoothing=t.label_smoothing,
-                                  num_classes=_num_classes(model))
-        return model
-
     def dataset(self, model: nn.Module) -> Dataset:
         d = self.cfg.data
         if isinstance(model, TextClassifier):
@@ -91,6 +78,17 @@ class ClassifyTask(Task):
         return ImageLabels(base, image_transform(size, pe.proj.in_channels, *train_split_stats(base, self.cfg)))
 
     def check_data(self, model: nn.Module, dataset: Dataset) -> None:
+        """The images and labels against the model; then timm's Mixup / CutMix for the model's classes, which
+        :meth:`loss` applies (``task.mixup`` / ``task.cutmix`` > 0; images only)."""
+        t = self.cfg.task
+        if t.mixup > 0 or t.cutmix > 0:
+            if isinstance(model, TextClassifier):
+                raise ValueError(f"task.mixup / task.cutmix mix images; model {self.cfg.model.name!r} is a text "
+                                 f"classifier, got mixup={t.mixup}, cutmix={t.cutmix}; set both to 0")
+            from timm.data import Mixup
+
+            self.mixup_fn = Mixup(mixup_alpha=t.mixup, cutmix_alpha=t.cutmix, label_smoothing=t.label_smoothing,
+                                  num_classes=_num_classes(model))
         if self.vocab is not None or not len(dataset):  # text: checked while the dataset is built
             return
         check_images(dataset[0][0], model, self.cfg.data.name)

@@ -84,7 +84,7 @@ class PaliGemmaTask(Task):
                 self._tokenizer = _pg.word_tokenizer(vlm_vocabulary(self.cfg.data.path))
         return self._tokenizer
 
-    def build_model(self) -> nn.Module:
+    def own_model(self) -> nn.Module:
         """The base model, its decoder retrofitted (``method``), with LoRA on it; ``lora_r: 0`` trains every weight
         instead (full fine-tuning, as in PaliGemma's own pretraining and transfer stages) and adds no LoRA."""
 

@@ -180,7 +180,7 @@ class RetrofitTask(Task):
         check(is_int(t.anneal_steps) and t.anneal_steps >= 1, "task.anneal_steps", t.anneal_steps,
               "an integer >= 1")
 
-    def build_model(self) -> nn.Module:
+    def own_model(self) -> nn.Module:
         t = self.cfg.task
         model = build_base_model(t.base)
         # the initial weights of a base built from a config, saved into the run by save_initial (on rank 0)
@@ -203,7 +203,7 @@ class RetrofitTask(Task):
 
     def extra_host_bytes(self, model: nn.Module) -> int:
         """Bytes the run holds besides ``model``: the copy of a base built from a config, kept for ``base/``
-        (read after :meth:`build_model`, also on the ``meta`` device)."""
+        (read after :meth:`own_model`, also on the ``meta`` device)."""
         base = getattr(self, "_initial_base", None)
         return 0 if base is None else sum(p.numel() * p.element_size() for p in base.parameters())
 

@@ -107,7 +107,7 @@ class VLMTask(Task):
         check(cfg.task.train in ("projector", "all"), "task.train", cfg.task.train,
               "'projector' (LLaVA stage 1) or 'all' (stage 2: projector + LM)")
 
-    def build_model(self) -> nn.Module:
+    def own_model(self) -> nn.Module:
         base, t = self.cfg.task.base, self.cfg.task
         unknown = sorted(set(base) - {"clip", "init", *DATA_KEYS})
         if unknown:
