@@ -19,9 +19,11 @@ Calls that receive the value but lead nowhere further (the budget warnings readi
 the saved ``config.yaml`` and ``config.json``) are not part of the walk. A call that receives the value and returns
 it changed (the spec made from a dict, the registry's overrides merged into a config) is not on the stack when the
 value is handed down; :func:`test_calls_that_return_the_value_are_in_walk_files` checks that every such call is in a
-file of the walk all the same, so the count does not leave a file out that way. A *validation* is a function that received
-the parsed value (the float) in a parameter and raises under a condition that reads that parameter (read from its
-source); the ``--set`` parser, which raises on a malformed ``key=value``, parses text and is not one.
+file of the walk all the same, so the count does not leave a file out that way.
+
+A *validation* is a function that received the parsed value (the float) in a parameter and raises under a condition
+that reads that parameter (read from its source); the ``--set`` parser, which raises on a malformed ``key=value``,
+parses text and is not one.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = ["FORMAT", "FORMAT_KEY", "VERSION_KEY", "KINDS", "FormatMigrationWarning", "FormatVersionError",
@@ -124,6 +124,18 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(0, "token_sigmoid defaults (sub-norm, bias)", _token_sigmoid_defaults),
     Migration(0, "lambda_std as a λ option", _lambda_std_option),
 )
+
+
+def check_fields(cls: type, data: Any, noun: str = "fields") -> None:
+    """Raise a ValueError unless ``data`` is a JSON object whose keys are all fields of the dataclass ``cls`` (what a
+    saved configuration's ``from_dict`` reads); the message names the unknown keys and lists the ``noun``."""
+    if not isinstance(data, Mapping):
+        article = "an" if cls.__name__[0] in "AEIOU" else "a"
+        raise ValueError(f"{article} {cls.__name__} needs a JSON object, got {type(data).__name__}")
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ValueError(f"unknown {cls.__name__} {noun} {unknown}; the {noun} are {sorted(names)}")
 
 
 def check_format(value: Any, what: str, version: Any = None) -> int:

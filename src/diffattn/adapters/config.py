@@ -4,9 +4,10 @@ peft's ``LoraConfig`` is saved with a LoRA adapter)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..formats import check_fields
 from ..lambdas import DEFAULT_LAMBDA_INIT, check_lambda_init
 from .methods import list_methods
 
@@ -76,12 +77,7 @@ class RetrofitConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RetrofitConfig:
         """Build from :meth:`to_dict` output; unknown keys are an error (ValueError naming them)."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"a RetrofitConfig needs a JSON object, got {type(data).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown RetrofitConfig fields {unknown}; the fields are {sorted(names)}")
+        check_fields(cls, data)
         if "method" not in data:
             raise ValueError("a RetrofitConfig needs 'method'")
         return cls(**dict(data))

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..formats import _caller_level
+from ..formats import _caller_level, check_fields
 from ..functional import BACKENDS
 from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, check_lambda_init
 from .attention import ATTENTION_TYPES
@@ -253,12 +253,7 @@ class AttentionSpec:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> AttentionSpec:
         """Build from :meth:`to_dict` output; unknown keys are an error naming them."""
-        if not isinstance(data, Mapping):
-            raise ValueError(f"an AttentionSpec needs a JSON object, got {type(data).__name__}")
-        names = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise ValueError(f"unknown AttentionSpec settings {unknown}; the settings are {sorted(names)}")
+        check_fields(cls, data, "settings")
         return cls(**dict(data))
 
 
