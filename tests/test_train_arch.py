@@ -184,7 +184,7 @@ def test_the_model_is_built_once(monkeypatch, tmp_path):
         return create(*args, **kwargs)
 
     monkeypatch.setattr(M, "create_model", counting)  # the tasks that take it from diffattn.models
-    monkeypatch.setattr(train_loop, "create_model", counting)  # the trainer's build_model, from diffattn.factory
+    monkeypatch.setattr(train_loop, "create_model", counting)  # the trainer's build_run_model, from diffattn.factory
     for name, extra in (("classify", []),
                         ("clip", ["data.name=digits", "model.overrides.vision_img_size=8",
                                   "model.overrides.vision_patch_size=2", "model.overrides.vision_in_chans=1"])):

@@ -118,7 +118,7 @@ def test_classify_standardises_like_eval(tmp_path):
     import numpy as np
 
     from diffattn.data import DatasetNotInstalledError, get_dataset, pixel_stats
-    from diffattn.train.loop import build_model
+    from diffattn.train.loop import build_run_model
     from diffattn.train.tasks import build_task
 
     try:
@@ -131,7 +131,7 @@ def test_classify_standardises_like_eval(tmp_path):
                                       "overrides": {"img_size": 28, "patch_size": 4, "in_chans": 1}},
                             "run": {"steps": 1, "batch_size": 8}})
     task = build_task(cfg)
-    x, y = task.dataset(build_model(task, cfg.model))[3]
+    x, y = task.dataset(build_run_model(task, cfg.model))[3]
     mean, std = pixel_stats(train.images)
     expected = (torch.tensor(np.asarray(test.images[3]), dtype=torch.float32) / 255.0 - mean) / std
     assert int(y) == int(test.labels[3])

@@ -63,7 +63,7 @@ from .tasks import Task, build_task, mean_lambdas
 from .tasks.base import adapt_model
 
 __all__ = ["train", "fit", "run_steps", "Trainer", "RunLog", "optimizer_step", "seed_everything", "training_bytes",
-           "check_fits", "check_backends", "build_model"]
+           "check_fits", "check_backends", "build_run_model"]
 
 
 def seed_everything(seed: int) -> None:
@@ -199,7 +199,7 @@ def training_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
     return sum(p.numel() for p in params), weights, weights + 3 * trained
 
 
-def build_model(task: Task, m: ModelConfig) -> nn.Module:
+def build_run_model(task: Task, m: ModelConfig) -> nn.Module:
     """The run's model: the task's own (:meth:`~diffattn.train.tasks.Task.own_model`), or else the ``model:``
     section ``m`` through the factory: ``model.name`` with ``model.overrides`` (:func:`diffattn.factory.create_model`)
     or the released checkpoint ``model.pretrained`` (:func:`diffattn.factory.load_released`), then cast to
@@ -226,7 +226,7 @@ def check_fits(task: Task, m: ModelConfig, env: DistEnv, what: str) -> None:
     try:
         with torch.device("meta"), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            meta = build_model(task, m)
+            meta = build_run_model(task, m)
     except ValueError:  # what the user gave is wrong: say so now, before the real build allocates the weights
         raise
     except Exception:  # noqa: BLE001 - a model that cannot be built on the meta device is not checked
@@ -363,7 +363,7 @@ def _save_best(task, model, optimizer, cfg: TrainConfig, env: DistEnv, run_dir: 
     if cfg.run.distributed == "fsdp2" and env.distributed:
         model_sd, _ = _full_state(model, optimizer)
         if env.is_main:
-            full = build_model(task, cfg.model)
+            full = build_run_model(task, cfg.model)
             full.load_state_dict(model_sd)
             task.save_best(full, run_dir, record)
     elif env.is_main:
@@ -521,7 +521,7 @@ class Trainer:
             self.task = task = build_task(cfg)
             check_fits(task, cfg.model, env, task.size_keys)
             seed_everything(cfg.run.seed)
-            self.model = build_model(task, cfg.model).to(env.device)
+            self.model = build_run_model(task, cfg.model).to(env.device)
             check_backends(self.model, env.device, _backend_key(cfg))
             self.dataset = task.dataset(self.model)
             task.check_data(self.model, self.dataset)
@@ -686,7 +686,7 @@ class Trainer:
         final = model
         if self.cfg.run.distributed == "fsdp2" and env.distributed:
             model_sd, _ = _full_state(model, self.optimizer)
-            final = build_model(self.task, self.cfg.model) if env.is_main else None
+            final = build_run_model(self.task, self.cfg.model) if env.is_main else None
             if final is not None:
                 final.load_state_dict(model_sd)
         if env.is_main:
