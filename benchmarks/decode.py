@@ -40,25 +40,27 @@ from diffattn.utils import cpu_name, write_markdown_section
 LMS = {"standard": "lm_small", "diff": "diff_lm_small", "diff_v2": "diff_v2_lm_small", "gated": "dg_lm_small"}
 
 
-def build_lms() -> dict[str, torch.nn.Module]:
+def build_lms(**overrides) -> dict[str, torch.nn.Module]:
+    """The LMs of :data:`LMS` (``overrides``: of their configs, e.g. a dry run's ``dim=64, depth=2``)."""
     out = {}
     for label, name in LMS.items():
         torch.manual_seed(0)
-        out[label] = diffattn.create_model(name).eval()
+        out[label] = diffattn.create_model(name, **overrides).eval()
     return out
 
 
-def build_llamas() -> dict[str, torch.nn.Module] | None:
-    """A Llama of lm_small's shape and its DAA retrofit (same weights), or None without transformers."""
+def build_llamas(dim: int = 512, depth: int = 8) -> dict[str, torch.nn.Module] | None:
+    """A Llama of lm_small's shape (``dim``, ``depth``) and its DAA retrofit (same weights), or None without
+    transformers."""
     try:
         from transformers import LlamaConfig, LlamaForCausalLM
     except ImportError:
         return None
     from diffattn.models.causal_lm import llama_mlp_hidden
 
-    cfg = LlamaConfig(vocab_size=32000, hidden_size=512, intermediate_size=llama_mlp_hidden(512), num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=8, max_position_embeddings=16384,
-                      attn_implementation="sdpa")
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=dim, intermediate_size=llama_mlp_hidden(dim),
+                      num_hidden_layers=depth, num_attention_heads=8, num_key_value_heads=8,
+                      max_position_embeddings=16384, attn_implementation="sdpa")
     torch.manual_seed(0)
     base = LlamaForCausalLM(cfg).eval()
     retro = diffattn.retrofit(copy.deepcopy(base), "daa").eval()

@@ -327,8 +327,9 @@ def run_decode(args, dev, result) -> None:
     import decode as dec
 
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
-    models = {k: m.to(dev, dtype) for k, m in dec.build_lms().items()}
-    llamas = None if args.no_hf else dec.build_llamas()
+    size = dict(dim=64, depth=2) if args.dry_run else {}  # a dry run checks the step, at a tiny width and depth
+    models = {k: m.to(dev, dtype) for k, m in dec.build_lms(**size).items()}
+    llamas = None if args.no_hf else dec.build_llamas(**size)
     if llamas:
         models.update({k: m.to(dev, dtype) for k, m in llamas.items()})
     graphs = ("standard", "diff")
