@@ -25,6 +25,7 @@ from diffattn.layers import (
 from diffattn.layers.blocks import LOOSE_KEYWORDS
 from diffattn.models.causal_lm import CausalLM, LMBlock
 from diffattn.models.clip import CLIP, TextTransformer
+from diffattn.models.motif import MotifLM
 from diffattn.models.registry import model_family
 from diffattn.models.text import TextClassifier
 from diffattn.models.vit import VisionTransformer
@@ -210,7 +211,7 @@ def test_loose_models_save_their_spec_and_flat_configs_of_before_load(tmp_path):
     _same(model, loaded, torch.randn(2, 3, 16, 16))
 
 
-FAMILIES = [Block, LMBlock, VisionTransformer, TextTransformer, TextClassifier, CausalLM]
+FAMILIES = [Block, LMBlock, VisionTransformer, TextTransformer, TextClassifier, CausalLM, MotifLM]
 
 
 @pytest.mark.parametrize("cls", FAMILIES + sorted({f.cls for f in map(model_family, diffattn.list_models())}
@@ -250,6 +251,22 @@ def test_loose_form_warns_once_and_builds_the_identical_model(kind):
         model = _seeded(lambda: CausalLM(**lm, attention=spec))
     assert loose.attention_spec == model.attention_spec
     _same(model, loose, torch.randint(0, 100, (2, 9)))
+
+
+def test_loose_keywords_without_a_kind_convert_from_the_family_default():
+    """``CausalLM(lambda_init=0.5)``, the keywords alone as 0.1.0 took them (its default kind), is the deprecated
+    spelling, not a spec given twice: one FutureWarning, the family's default spec with the setting changed. A spec
+    the caller gave, with keywords as well, stays an error."""
+    lm = dict(vocab_size=100, dim=32, depth=2, num_heads=4, max_seq_len=16)
+    with pytest.warns(FutureWarning, match="lambda_init is the loose spelling") as record:
+        loose = _seeded(lambda: CausalLM(**lm, lambda_init=0.5))
+    assert len(record) == 1
+    model = _seeded(lambda: CausalLM(**lm, attention=AttentionSpec("diff", lambda_init=0.5, qkv_bias=False,
+                                                                   out_bias=False)))
+    assert loose.attention_spec == model.attention_spec
+    _same(model, loose, torch.randint(0, 100, (2, 9)))
+    with pytest.raises(ValueError, match="holds every attention setting"):
+        CausalLM(**lm, attention=AttentionSpec("gated"), lambda_init=0.5)
 
 
 def test_loose_attention_converts_with_the_family_defaults():

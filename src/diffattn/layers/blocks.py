@@ -266,7 +266,8 @@ LOOSE_KEYWORDS: dict[str, str] = {
     "lambda_init": "lambda_init", "lambda_form": "lambda_form", "sub_norm": "sub_norm", "qkv_bias": "qkv_bias",
     "out_bias": "out_bias", "q_residual": "q_residual", "causal": "causal", "attn_drop": "attn_drop",
     "attn_drop_rate": "attn_drop", "backend": "backend", "num_kv_heads": "num_kv_heads",
-    "diff_norm_eps": "sub_norm_eps", "diff_norm_affine": "sub_norm_affine", "rope_theta": "rope_theta"}
+    "diff_norm_eps": "sub_norm_eps", "diff_norm_affine": "sub_norm_affine", "rope_theta": "rope_theta",
+    "attn_norm_eps": "sub_norm_eps", "num_noise_heads": "num_noise_heads", "head_dim": "head_dim"}
 LOOSE_REMOVED_IN = "0.3.0"
 
 
@@ -300,8 +301,12 @@ class LooseAttention:
                 args: Mapping[str, Any]) -> AttentionSpec:
         """The spec a constructor was given: ``attention`` as it is (a spec is not validated again; its dict is
         made into one), or, for a kind's name or loose keywords ``loose``, :meth:`convert`'s. ``args`` holds the
-        constructor's arguments that :attr:`fill` names. A spec with loose keywords as well is an error."""
+        constructor's arguments that :attr:`fill` names. A spec with loose keywords as well is an error, unless it is
+        the class's own default (the keywords alone, as they were passed before: ``CausalLM(lambda_init=0.5)``)."""
         self._check(loose)
+        if loose and isinstance(attention, AttentionSpec) and attention == self.forced(
+                self.convert(None, {}, args, warn=False)):
+            attention = None  # the constructor's default spec: the loose keywords are the whole spelling
         if loose or isinstance(attention, str) or attention is None:
             if isinstance(attention, (AttentionSpec, Mapping)):
                 raise ValueError(f"{self.owner}: attention is an AttentionSpec, which holds every attention setting; "
