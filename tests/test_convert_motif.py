@@ -4,6 +4,7 @@ offline: the tiny "released" folders are built here."""
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from safetensors.torch import save_file
 import diffattn
 from diffattn import convert
 from diffattn.layers import DiffAttention, GroupedDiffAttention
-from diffattn.models.motif import MotifLM
+from diffattn.models.motif import MOTIF_ATTENTION, MotifLM
 
 from .motif_reference import motif_logits
 
@@ -176,7 +177,7 @@ def test_unknown_or_missing_tensors_are_named(tmp_path):
 
 
 def test_to_motif_refuses_what_the_release_cannot_express():
-    model = MotifLM(61, 32, 2, 4, mlp_hidden=48, lambda_init="ye")
+    model = MotifLM(61, 32, 2, 4, mlp_hidden=48, attention={"kind": "diff", **MOTIF_ATTENTION, "lambda_init": "ye"})
     with pytest.raises(ValueError, match="lambda_init='motif'"):
         convert.to_motif(model)
     model = MotifLM(61, 32, 2, 4, mlp_hidden=48, mlp_bias=True)
@@ -184,6 +185,41 @@ def test_to_motif_refuses_what_the_release_cannot_express():
         convert.to_motif(model)
     cfg, sd = convert.to_motif(MotifLM(61, 32, 2, 4, mlp_hidden=48))
     assert cfg["model_type"] == "motif" and "num_noise_heads" not in cfg and "lm_head.weight" in sd
+
+
+@pytest.mark.parametrize("name", ["v1", "gda_4_1"])
+def test_motif_takes_a_spec_and_the_released_keys_of_before_warn_and_build_the_same_model(name, tmp_path):
+    """MotifLM's attention is one ``attention`` spec (what :func:`motif_kwargs` gives); the released config's keys as
+    arguments, its spelling before the spec, warn once and build the identical model, and a ``config.json`` saved
+    with them flat loads silently to it."""
+    cfg = CONFIGS[name]
+    kwargs = convert.motif_kwargs(cfg)
+    attention = kwargs.pop("attention")
+    flat = dict(lambda_init="motif", num_kv_heads=attention["num_kv_heads"], qkv_bias=attention["qkv_bias"],
+                out_bias=attention["out_bias"], attn_norm_eps=attention["sub_norm_eps"],
+                rope_theta=attention["rope_theta"], num_noise_heads=cfg.get("num_noise_heads", 2),
+                head_dim=cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"]))
+    torch.manual_seed(0)
+    spec_model = MotifLM(**kwargs, attention=attention).eval()
+    torch.manual_seed(0)
+    with pytest.warns(FutureWarning, match="loose spelling") as caught:
+        loose_model = MotifLM(**kwargs, **flat).eval()
+    assert len(caught) == 1 and loose_model.attention_spec.kind == attention["kind"]
+    assert loose_model.attention_spec == spec_model.attention_spec.__class__.from_dict(attention)
+    ids = torch.randint(0, cfg["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.equal(spec_model(ids), loose_model(ids))
+    spec_model.save_pretrained(tmp_path / "m")
+    saved = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert saved["attention"]["kind"] == attention["kind"] and "lambda_init" not in saved
+    old = {k: v for k, v in saved.items() if k != "attention"} | flat  # a config.json written before the spec
+    (tmp_path / "m" / "config.json").write_text(json.dumps(old))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = diffattn.from_pretrained(tmp_path / "m").eval()
+    assert type(loaded) is MotifLM and loaded.attention_spec == spec_model.attention_spec
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), spec_model(ids))
 
 
 #: what vLLM's Motif model code reads from config.json (``MotifDecoderLayer`` / ``MotifAttention`` / ``MotifMLP`` in

@@ -301,7 +301,7 @@ def load_released(path: str | os.PathLike, *, backend: str = "auto") -> tuple[Di
     if layout == "motif":
         if meta:
             config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
-            return MotifLM(**motif_kwargs(config), backend=backend), layout
+            return MotifLM(**motif_kwargs(config, backend)), layout
         return from_motif(path, backend=backend), layout
     if meta:  # the weights of a diffattn save are read, shapes only are not worth a second code path
         raise RuntimeError("a diffattn save is not built on the meta device")

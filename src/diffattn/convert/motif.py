@@ -39,7 +39,7 @@ from ..io import atomic_write_dir
 from ..lambdas import lambda_init_motif
 from ..layers import GroupedDiffAttention
 from ..models.base import check_state_dict
-from ..models.motif import MotifLM
+from ..models.motif import MOTIF_ATTENTION, MotifLM
 from ._common import LAMBDAS, StateDict, check_no_extra, take
 
 __all__ = ["MOTIF_ARCHITECTURE", "motif_kwargs", "motif_to_diffattn_state_dict", "diffattn_to_motif_state_dict",
@@ -78,9 +78,10 @@ def _get(cfg: dict, key: str, default=None, *, required: bool = False):
     return cfg[key]
 
 
-def motif_kwargs(config: dict) -> dict:
-    """The :class:`MotifLM` arguments of a released ``config.json`` (a dict); ValueError for a setting MotifLM
-    cannot compute exactly (another activation, scaled RoPE, partial rotary, bidirectional attention)."""
+def motif_kwargs(config: dict, backend: str = "auto") -> dict:
+    """The :class:`MotifLM` arguments of a released ``config.json`` (a dict), its ``attention`` spec dict with the
+    attention ``backend``; ValueError for a setting MotifLM cannot compute exactly (another activation, scaled RoPE,
+    partial rotary, bidirectional attention)."""
     if not isinstance(config, dict):
         raise ValueError(f"config must be the dict of a Motif config.json, got {type(config).__name__}")
     act = _get(config, "hidden_act", "poly_norm")
@@ -98,19 +99,21 @@ def motif_kwargs(config: dict) -> dict:
     h = int(_get(config, "num_attention_heads", required=True))
     dim = int(_get(config, "hidden_size", required=True))
     attention_bias = bool(_get(config, "attention_bias", False)) or bool(_get(config, "use_bias", False))
+    noise, width = int(_get(config, "num_noise_heads", h // 2)), int(_get(config, "head_dim", dim // h))
+    grouped = 2 * noise != h or width * h != dim  # else differential attention (Motif-2.6B)
+    attention = {"kind": "grouped" if grouped else "diff", **MOTIF_ATTENTION}
+    attention.update(num_kv_heads=int(_get(config, "num_key_value_heads", h)),
+                     qkv_bias=bool(_get(config, "qkv_bias", attention_bias)), out_bias=attention_bias,
+                     sub_norm_eps=float(_get(config, "attn_rms_norm_eps", required=True)),
+                     rope_theta=float(_get(config, "rope_theta", 10000.0)), causal=True, rope="half", backend=backend,
+                     **(dict(num_noise_heads=noise, head_dim=width) if grouped else {}))
     return dict(vocab_size=int(_get(config, "vocab_size", required=True)), dim=dim,
-                depth=int(_get(config, "num_hidden_layers", required=True)), num_heads=h,
-                num_noise_heads=int(_get(config, "num_noise_heads", h // 2)),
-                num_kv_heads=int(_get(config, "num_key_value_heads", h)),
-                head_dim=int(_get(config, "head_dim", dim // h)),
-                mlp_hidden=int(_get(config, "intermediate_size", required=True)), lambda_init="motif",
-                rope_theta=float(_get(config, "rope_theta", 10000.0)),
+                depth=int(_get(config, "num_hidden_layers", required=True)), num_heads=h, attention=attention,
+                mlp_hidden=int(_get(config, "intermediate_size", required=True)),
                 max_seq_len=int(_get(config, "max_position_embeddings", 8192)),
                 tie_embeddings=bool(_get(config, "tie_word_embeddings", True)),
                 norm_eps=float(_get(config, "rms_norm_eps", required=True)),
-                attn_norm_eps=float(_get(config, "attn_rms_norm_eps", required=True)),
-                poly_norm_eps=_POLY_NORM_EPS, qkv_bias=bool(_get(config, "qkv_bias", attention_bias)),
-                out_bias=attention_bias, mlp_bias=bool(_get(config, "use_bias", False)))
+                poly_norm_eps=_POLY_NORM_EPS, mlp_bias=bool(_get(config, "use_bias", False)))
 
 
 def motif_to_diffattn_state_dict(sd: StateDict, depth: int, *, tie_embeddings: bool) -> dict[str, torch.Tensor]:
@@ -181,10 +184,10 @@ def from_motif(source, *, config: dict | None = None, backend: str = "auto") -> 
     if not _is_motif(config):
         raise ValueError(f"config is not a Motif config (model_type {config.get('model_type')!r}, architectures "
                          f"{config.get('architectures')!r})")
-    kwargs = motif_kwargs(config)
+    kwargs = motif_kwargs(config, backend)
     ours = motif_to_diffattn_state_dict(sd, kwargs["depth"], tie_embeddings=kwargs["tie_embeddings"])
     with torch.device("meta"):  # shapes only: every tensor comes from the checkpoint
-        model = MotifLM(**kwargs, backend=backend)
+        model = MotifLM(**kwargs)
     check_state_dict(model, ours, "Motif checkpoint")  # ValueError naming every missing or mis-shaped tensor
     if model.tie_embeddings:
         ours["lm_head.weight"] = ours["tok_embed.weight"]

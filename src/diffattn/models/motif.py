@@ -16,15 +16,41 @@ and ``head_dim`` = dim / num_heads the layers are :class:`~diffattn.layers.DiffA
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 import torch.nn as nn
 
-from ..layers import AttentionSpec, KVCache, PolyNormGLU, RMSNorm
+from ..layers import AttentionSpec, KVCache, LooseAttention, PolyNormGLU, RMSNorm
 from .base import DiffattnModel
 from .causal_lm import CausalLM
 from .config import check_args
 
-__all__ = ["MotifLM", "MotifBlock"]
+__all__ = ["MotifLM", "MotifBlock", "MOTIF_ATTENTION"]
+
+#: the attention settings of Motif's decoders that differ from :class:`~diffattn.layers.AttentionSpec`'s defaults:
+#: the released λ_init schedule (``lambda_init="motif"``) and no q/k/v or output bias (Motif-2.6B's config)
+MOTIF_ATTENTION = {"lambda_init": "motif", "qkv_bias": False, "out_bias": False}
+_MOTIF_FORCE = {"causal": True, "rope": "half"}  # what a decoder fixes
+_MOTIF_DEFAULT = AttentionSpec("diff", **MOTIF_ATTENTION, **_MOTIF_FORCE)
+
+
+class _MotifLoose(LooseAttention):
+    """The released config's attention keys, which :class:`MotifLM` took as arguments before it took a spec:
+    ``num_noise_heads`` and ``head_dim`` make the kind ``"grouped"`` unless they are those of differential attention
+    (half the heads, dim / num_heads), which they are then dropped for."""
+
+    def convert(self, attention: str | Mapping | AttentionSpec | None, loose: Mapping[str, Any],
+                args: Mapping[str, Any], *, warn: bool = True) -> AttentionSpec:
+        self._check(loose)
+        loose = dict(loose)
+        h, dim = args["num_heads"], args["dim"]
+        noise, width = loose.pop("num_noise_heads", None), loose.pop("head_dim", None)
+        if not ((noise is None or 2 * noise == h) and (width is None or width * h == dim)):
+            attention = "grouped" if attention is None else attention
+            loose.update({k: v for k, v in (("num_noise_heads", noise), ("head_dim", width)) if v is not None})
+        return super().convert(attention, loose, args, warn=warn)
 
 
 class MotifBlock(nn.Module):
@@ -55,40 +81,37 @@ class MotifLM(CausalLM):
         num_kv_heads: key/value heads (``num_key_value_heads``, even); default num_heads.
         head_dim: default dim / num_heads.
         mlp_hidden: ``intermediate_size``.
-        lambda_init: ``"motif"`` (the released schedule), ``"ye"`` or a float.
-        norm_eps: ``rms_norm_eps`` of the block and final norms; attn_norm_eps: ``attn_rms_norm_eps`` of the
-            attention sub-norm; poly_norm_eps: the eps of PolyNorm (1e-6 in the released code).
-        qkv_bias, out_bias, mlp_bias: biases of q/k/v, o_proj and the MLP.
+        attention: an :class:`~diffattn.layers.AttentionSpec` or its dict: kind ``"diff"`` (Motif-2.6B) or
+            ``"grouped"`` with ``num_noise_heads`` and ``head_dim`` (Motif-2-12.7B); λ_init ``"motif"`` (the
+            released schedule), ``num_kv_heads`` (``num_key_value_heads``), ``sub_norm_eps``
+            (``attn_rms_norm_eps``), ``rope_theta``, the q/k/v and o_proj biases. Always causal with RoPE "half".
+            Default: Motif-2.6B's, :data:`MOTIF_ATTENTION` (``{**MOTIF_ATTENTION, "lambda_init": "ye"}`` changes
+            one setting). :func:`diffattn.convert.motif_kwargs` gives a released config's.
+        norm_eps: ``rms_norm_eps`` of the block and final norms; poly_norm_eps: the eps of PolyNorm (1e-6 in the
+            released code).
+        mlp_bias: the MLP's biases.
 
-    Its arguments are the released config's, not an ``attention`` spec: the spec is derived from them
-    (``attention_spec``: kind ``"diff"``, or ``"grouped"`` with ``num_noise_heads`` and ``head_dim``) and builds
-    every layer (:meth:`AttentionSpec.build`); saved files keep the arguments flat, so it has no loose-keyword
-    conversion.
+    The released config's attention keys as arguments (``lambda_init=``, ``num_noise_heads=``, ``attn_norm_eps=``,
+    …, the spelling before the spec) still build the same model until diffattn 0.3.0, with a FutureWarning
+    (:class:`~diffattn.layers.LooseAttention`); saved ``config.json`` files that hold them load as they did.
     """
 
-    LOOSE = None
+    #: the spelling of before: the released config's attention keys as arguments; ``drop_rate`` was ``proj_drop``
+    LOOSE = _MotifLoose("MotifLM", ("lambda_init", "num_kv_heads", "qkv_bias", "out_bias", "rope_theta", "backend",
+                                    "attn_norm_eps", "num_noise_heads", "head_dim"), kind="diff",
+                        defaults=MOTIF_ATTENTION, fill={"proj_drop": "drop_rate"}, force=_MOTIF_FORCE)
 
     def __init__(self, vocab_size: int = 32000, dim: int = 512, depth: int = 8, num_heads: int = 8, *,
-                 num_noise_heads: int | None = None, num_kv_heads: int | None = None, head_dim: int | None = None,
-                 mlp_hidden: int = 1536, lambda_init: float | str = "motif", rope_theta: float = 10000.0,
-                 max_seq_len: int = 2048, tie_embeddings: bool = False, norm_eps: float = 1e-6,
-                 attn_norm_eps: float = 1e-5, poly_norm_eps: float = 1e-6, qkv_bias: bool = False,
-                 out_bias: bool = False, mlp_bias: bool = False, drop_rate: float = 0.0, backend: str = "auto"):
+                 attention: AttentionSpec | Mapping = _MOTIF_DEFAULT, mlp_hidden: int = 1536, max_seq_len: int = 2048,
+                 tie_embeddings: bool = False, norm_eps: float = 1e-6, poly_norm_eps: float = 1e-6,
+                 mlp_bias: bool = False, drop_rate: float = 0.0, **loose):
         DiffattnModel.__init__(self)  # not CausalLM's: its blocks are SwiGLU blocks
         check_args("MotifLM", vocab_size=vocab_size, dim=dim, depth=depth, num_heads=num_heads,
-                   num_kv_heads=num_kv_heads, mlp_hidden=mlp_hidden, max_seq_len=max_seq_len, norm_eps=norm_eps,
-                   diff_norm_eps=attn_norm_eps, rope_theta=rope_theta, drop_rate=drop_rate)
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        plain = (num_noise_heads is None or 2 * num_noise_heads == num_heads) and \
-            (head_dim is None or head_dim * num_heads == dim)
-        kind = "diff" if plain else "grouped"
-        self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, kind
-        grouped = dict(num_noise_heads=num_noise_heads, head_dim=head_dim) if kind == "grouped" else {}
-        self.attention_spec = AttentionSpec(kind, lambda_init=lambda_init, num_kv_heads=num_kv_heads,
-                                            qkv_bias=qkv_bias, out_bias=out_bias, sub_norm_eps=attn_norm_eps,
-                                            causal=True, rope="half", rope_theta=rope_theta, backend=backend,
-                                            proj_drop=drop_rate, **grouped)
-        self.num_noise_heads = num_heads // 2 if num_noise_heads is None else num_noise_heads
+                   mlp_hidden=mlp_hidden, max_seq_len=max_seq_len, norm_eps=norm_eps, drop_rate=drop_rate)
+        spec = self.LOOSE.resolve(attention, loose, {"drop_rate": drop_rate, "num_heads": num_heads, "dim": dim})
+        self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, spec.kind
+        self.attention_spec = spec
+        self.num_noise_heads = num_heads // 2 if spec.num_noise_heads is None else spec.num_noise_heads
         self.max_seq_len, self.tie_embeddings, self.mlp_hidden = max_seq_len, tie_embeddings, mlp_hidden
         self.tok_embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(drop_rate)
