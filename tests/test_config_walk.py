@@ -127,11 +127,15 @@ class Walk:
         walk = {f: [fn for fn in fns if (f, fn) not in before] for f, fns in self.walk.items()}
         return {f: fns for f, fns in walk.items() if fns}
 
+    def _mark(self, frame) -> None:
+        """Add ``frame``'s call to the walk when it carries the value."""
+        hit = self.carrying.get(id(frame))
+        if hit is not None and hit[1] not in self.walk[hit[0]]:
+            self.walk[hit[0]].append(hit[1])
+
     def _add_stack(self, frame) -> None:
         while frame is not None:
-            hit = self.carrying.get(id(frame))
-            if hit is not None and hit[1] not in self.walk[hit[0]]:
-                self.walk[hit[0]].append(hit[1])
+            self._mark(frame)
             frame = frame.f_back
 
     def _add_holder_frames(self, frame) -> None:
@@ -145,9 +149,7 @@ class Walk:
                 holder = this
             elif holder is not None and this is not holder:
                 return
-            hit = self.carrying.get(id(frame))
-            if hit is not None and hit[1] not in self.walk[hit[0]]:
-                self.walk[hit[0]].append(hit[1])
+            self._mark(frame)
             frame = frame.f_back
 
     def __call__(self, frame, event, arg):

@@ -16,7 +16,7 @@ import torch
 from diffattn import cli
 from diffattn.convert import from_motif
 from diffattn.factory import load_run
-from diffattn.train.tasks.base import LAMBDA_VECTORS
+from diffattn.train.loop import LAMBDA_VECTORS
 
 from .test_convert_motif import V1, released_state_dict, write_released
 

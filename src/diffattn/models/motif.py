@@ -43,7 +43,6 @@ class _MotifLoose(LooseAttention):
 
     def convert(self, attention: str | Mapping | AttentionSpec | None, loose: Mapping[str, Any],
                 args: Mapping[str, Any], *, warn: bool = True) -> AttentionSpec:
-        self._check(loose)
         loose = dict(loose)
         h, dim = args["num_heads"], args["dim"]
         noise, width = loose.pop("num_noise_heads", None), loose.pop("head_dim", None)

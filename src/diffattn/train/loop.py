@@ -60,7 +60,6 @@ from .data import to_device as _to
 from .distributed import DistEnv, all_reduce_mean, barrier, init_distributed, reduce_ignored_grads, wrap_model
 from .optim import EMA, build_optimizer, build_scheduler, warmup_cosine
 from .tasks import Task, build_task, mean_lambdas
-from .tasks.base import adapt_model
 
 __all__ = ["train", "fit", "run_steps", "Trainer", "RunLog", "optimizer_step", "seed_everything", "training_bytes",
            "check_fits", "check_backends", "build_run_model"]
@@ -199,12 +198,36 @@ def training_bytes(model: torch.nn.Module) -> tuple[int, int, int]:
     return sum(p.numel() for p in params), weights, weights + 3 * trained
 
 
+#: the re-parameterised λ vectors of a differential attention layer (Ye et al. 2024, eq. 2)
+LAMBDA_VECTORS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
+
+
+def adapt_model(model: nn.Module, m: ModelConfig) -> nn.Module:
+    """``model`` cast to ``m.dtype`` (a :class:`~diffattn.train.config.ModelConfig`), its λ vectors frozen with
+    ``m.freeze_lambda``, and with ``m.lora`` wrapped in peft LoRA (``lora_r``, ``lora_alpha``, ``lora_targets``, no
+    dropout), which freezes every other weight: the λ vectors then train beside LoRA unless frozen."""
+    model = model.to(getattr(torch, m.dtype))
+    if m.lora:
+        from peft import LoraConfig, get_peft_model
+
+        names = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if isinstance(mod, nn.Linear)})
+        if not set(m.lora_targets) & set(names):
+            raise UsageError(f"model.lora_targets {list(m.lora_targets)} name no linear layer of the model; its "
+                             f"linear layers are {', '.join(names)}")
+        model = get_peft_model(model, LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha,
+                                                 target_modules=list(m.lora_targets), lora_dropout=0.0))
+    for name, p in model.named_parameters():
+        if name.rsplit(".", 1)[-1] in LAMBDA_VECTORS:
+            p.requires_grad_(not m.freeze_lambda)
+    return model
+
+
 def build_run_model(task: Task, m: ModelConfig) -> nn.Module:
     """The run's model: the task's own (:meth:`~diffattn.train.tasks.Task.own_model`), or else the ``model:``
     section ``m`` through the factory: ``model.name`` with ``model.overrides`` (:func:`diffattn.factory.create_model`)
     or the released checkpoint ``model.pretrained`` (:func:`diffattn.factory.load_released`), then cast to
     ``model.dtype``, λ frozen (``model.freeze_lambda``) and peft LoRA (``model.lora``) on top
-    (:func:`~diffattn.train.tasks.base.adapt_model`)."""
+    (:func:`adapt_model`)."""
     model = task.own_model()
     if model is not None:
         return model

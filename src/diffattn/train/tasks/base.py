@@ -29,7 +29,7 @@ from ...models import DiffattnModel
 from ..data import to_device
 
 __all__ = ["Task", "TaskConfig", "TASKS", "register_task", "check", "mean_lambdas", "check_tokens", "check_images",
-           "check_labels", "model_vocab_size", "eval_batches", "adapt_model", "merged_model"]
+           "check_labels", "model_vocab_size", "eval_batches", "merged_model"]
 
 
 @dataclass
@@ -163,30 +163,6 @@ def save_model(model: nn.Module, folder: Path, training: str) -> None:
         model.save_pretrained(folder, model_card_kwargs={"training": training})
     else:
         model.save_pretrained(folder)
-
-
-#: the re-parameterised λ vectors of a differential attention layer (Ye et al. 2024, eq. 2)
-LAMBDA_VECTORS = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")
-
-
-def adapt_model(model: nn.Module, m) -> nn.Module:
-    """``model`` cast to ``m.dtype`` (a :class:`~diffattn.train.config.ModelConfig`), its λ vectors frozen with
-    ``m.freeze_lambda``, and with ``m.lora`` wrapped in peft LoRA (``lora_r``, ``lora_alpha``, ``lora_targets``, no
-    dropout), which freezes every other weight: the λ vectors then train beside LoRA unless frozen."""
-    model = model.to(getattr(torch, m.dtype))
-    if m.lora:
-        from peft import LoraConfig, get_peft_model
-
-        names = sorted({n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if isinstance(mod, nn.Linear)})
-        if not set(m.lora_targets) & set(names):
-            raise UsageError(f"model.lora_targets {list(m.lora_targets)} name no linear layer of the model; its "
-                             f"linear layers are {', '.join(names)}")
-        model = get_peft_model(model, LoraConfig(r=m.lora_r, lora_alpha=m.lora_alpha,
-                                                 target_modules=list(m.lora_targets), lora_dropout=0.0))
-    for name, p in model.named_parameters():
-        if name.rsplit(".", 1)[-1] in LAMBDA_VECTORS:
-            p.requires_grad_(not m.freeze_lambda)
-    return model
 
 
 def merged_model(model: nn.Module) -> nn.Module:
