@@ -67,18 +67,19 @@ class _Reducer(list):
     """Stands in for :attr:`AttentionCapture.layers`: each captured call is reduced to its numbers as it arrives
     (so only one layer's full maps live at a time), keeping a head-averaged (or one head's) map for the figures."""
 
-    def __init__(self, *, needle: tuple[int, int], ratios: dict[str, int], head: int | None = None,
-                 save_maps: bool = False, query: int = -1):
+    def __init__(self, *, needle: tuple[int, int], head: int | None = None, save_maps: bool = False,
+                 query: int = -1):
         super().__init__()
-        self.needle, self.ratios, self.head, self.save_maps, self.query = needle, ratios, head, save_maps, query
+        self.needle, self.head, self.save_maps, self.query = needle, head, save_maps, query
         self.rows: list[dict] = []
         self.figures: list[tuple] = []
         self.tensors: dict[str, torch.Tensor] = {}
 
     def append(self, m) -> None:  # the one list method AttentionCapture calls
         i = len(self.rows)
-        r = self.ratios.get(m.name, 1)
-        a1, a2, c = m.first, m.second, m.combined  # (B, H_s, N, N); A2 per signal head (noise head i // r)
+        # A1 and A1 − λA2 (B, H_s, N, N); A2 (B, H_n, N, N), one map per noise head: signal head i reads i // r
+        a1, noise, c = m.first, m.second, m.combined
+        r = 1 if noise is None else c.shape[1] // noise.shape[1]
         n = c.shape[-1]
         s, e = self.needle
         needle_keys = torch.zeros(n, dtype=torch.bool)
@@ -89,7 +90,6 @@ class _Reducer(list):
             row = a[0, :, q].double()  # (heads, N)
             return row[:, needle_keys].sum(-1), row[:, ~needle_keys].sum(-1)
 
-        noise = None if a2 is None else a2[:, ::r]  # one map per noise head
         row = {"name": m.name, "layer": i, "kind": m.kind, "signal_heads": int(c.shape[1]),
                "noise_heads": None if noise is None else int(noise.shape[1]), "group_ratio": r}
         lam = m.lambda_
@@ -155,8 +155,7 @@ def inspect_model(model: nn.Module, ids: Sequence[int], out: str | os.PathLike, 
     out.mkdir(parents=True, exist_ok=True)
     param = next(model.parameters())
     x = torch.tensor([ids], dtype=torch.long, device=param.device)
-    ratios = {name: int(getattr(m, "group_ratio", 1)) for name, m in model.named_modules()}
-    red = _Reducer(needle=(s, e), head=head, save_maps=save_maps, ratios=ratios)
+    red = _Reducer(needle=(s, e), head=head, save_maps=save_maps)
     model.eval()
     with torch.no_grad(), capture_attention(model) as cap:
         cap.layers = red
