@@ -102,6 +102,9 @@ class _Reducer(list):
             row["lambda_mean"] = sum(lam_l) / len(lam_l)
             if lam.shape[-1] > 1:
                 row["lambda_query"] = lam[:, q].tolist()  # the λ that weighs the query row's needle mass
+        elif m.lambda_ is not None:  # a layout of λ other than per head (a retrofit's): as recorded
+            lam_l = m.lambda_.double().flatten().tolist()
+            row["lambda"], row["lambda_mean"] = lam_l, sum(lam_l) / len(lam_l)
         row["entropy"] = {"A1": branch_entropy(a1).tolist()} if a1 is not None else {}
         if noise is not None:
             row["entropy"]["A2"] = branch_entropy(noise).tolist()
@@ -142,12 +145,13 @@ class _Reducer(list):
 
 
 def _per_head_token(w: torch.Tensor | None, heads: int) -> torch.Tensor | None:
-    """λ or the gate as captured, (heads,) or broadcastable to (1, heads, N, 1), as float64 (heads, 1 | N)."""
+    """λ or the gate as captured, (heads,) or broadcastable to (1, heads, N, 1), as float64 (heads, 1 | N); None
+    for None or another layout."""
     if w is None:
         return None
     w = w.double()
     w = w.reshape(-1, 1) if w.dim() <= 1 else w.reshape(-1, *w.shape[-3:])[0, :, :, 0]
-    return w.expand(heads, w.shape[-1])
+    return w.expand(heads, w.shape[-1]) if w.shape[0] in (1, heads) else None
 
 
 def _mean(values: list[float]) -> float:
