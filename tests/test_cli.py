@@ -362,3 +362,85 @@ def test_detection_commands_without_ultralytics_are_one_line(argv, what, tmp_pat
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"diffattn: error: {what} needs ultralytics (AGPL-3.0): pip install 'diffattn[detect]'"]
     assert not (tmp_path / "runs").exists()
+
+
+class _Stop(Exception):
+    """Raised by a stand-in to end a command once it has shown what it was given."""
+
+
+def test_demo_device_reaches_the_run_config_and_eval(tmp_path, monkeypatch):
+    """``diffattn demo --device cpu``: each variant's train config has run.device cpu and ``diffattn eval`` gets
+    cpu; without the flag run.device stays null (cuda when torch sees a GPU, as for diffattn train)."""
+    from diffattn.studies import diffclip
+
+    seen = {}
+
+    def fake_train(cfg, out, overwrite):
+        seen["run.device"] = cfg.run.device
+        return {"final_loss": 1.0}
+
+    def fake_evaluate(run_dir, out_dir, **kw):
+        seen["eval"] = kw["device"]
+        raise _Stop
+
+    monkeypatch.setattr(diffclip, "_check_demo_data", lambda: None)
+    monkeypatch.setattr(diffclip, "demo_pairs", lambda folder, max_pairs=None: tmp_path / "pairs.tsv")
+    monkeypatch.setattr(diffclip, "train", fake_train)
+    monkeypatch.setattr(diffclip, "evaluate", fake_evaluate)
+    for argv, want in ((["--device", "cpu"], "cpu"), ([], None)):
+        seen.clear()
+        with pytest.raises(_Stop):
+            cli.main(["demo", "--out", str(tmp_path / "out"), "--variants", "clip", "--steps", "2", *argv])
+        assert seen == {"run.device": want, "eval": want}
+    with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"):
+        cli.demo(tmp_path / "out", ("clip",), device="gpu")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--device", "gpu"], "argument --device: must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+    (["study", "dgvit", "--device", "cuda:x"], "argument --device: must be 'cpu', 'cuda' or 'cuda:N', got 'cuda:x'"),
+])
+def test_demo_and_study_device_spelling_is_a_usage_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_study_device_reaches_the_config_and_each_run_config(tmp_path, monkeypatch, capsys):
+    """``diffattn study NAME --device cpu`` sets the config's device for the studies that train through diffattn
+    train (their run.device, or the demo's device); a study that trains in-process on the CPU takes --device cpu
+    and refuses cuda in one line naming the studies that take it."""
+    from diffattn.cli import commands
+    from diffattn.studies import dgvit, diffclip, paligemma
+
+    assert commands.device_studies() == ["dgvit", "diffclip", "paligemma"]
+    got = {}
+
+    def fake_study(cfg, progress=True):
+        got[cfg.study] = cfg
+        raise _Stop
+
+    monkeypatch.setattr(commands, "study", fake_study)
+    for name in ("dgvit", "paligemma", "diffclip"):
+        with pytest.raises(_Stop):
+            cli.main(["study", name, "--device", "cpu", "--out", str(tmp_path / name)])
+        assert got[name]["device"] == "cpu" and cli.load_study(name)["device"] is None
+    assert dgvit._train_config(got["dgvit"], "vit", 0, False).run.device == "cpu"
+    base = {"type": "paligemma", "config": got["paligemma"]["model"]}
+    assert paligemma._train_config(got["paligemma"], 0, base, ["what"], method="none", lora_r=4, steps=2, lr=1e-3,
+                                   progress=False).run.device == "cpu"
+    demos = []
+    monkeypatch.setattr(diffclip, "demo", lambda folder, variants, **kw: demos.append(kw["device"]) or {
+        "summary": {}})
+    diffclip.DiffCLIPStudy().run(got["diffclip"].replace(seeds=[0, 1]), progress=False)
+    assert demos == ["cpu", "cpu"]
+    with pytest.raises(_Stop):
+        cli.main(["study", "recall", "--device", "cpu", "--out", str(tmp_path / "recall")])
+    assert "device" not in got["recall"]
+    monkeypatch.setattr(commands, "resolve_device", lambda value, what: None)  # as if torch saw a GPU
+    assert cli.main(["study", "recall", "--device", "cuda", "--out", str(tmp_path / "recall")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--device 'cuda': study 'recall' trains in this process on the CPU" in err
+    assert "(dgvit, diffclip, paligemma)" in err
+    with pytest.raises(ValueError, match="device in .* must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"):
+        cli.load_study("dgvit", {"device": "tpu"})

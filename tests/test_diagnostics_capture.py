@@ -7,8 +7,17 @@ import torch
 import torch.nn.functional as F
 
 from diffattn.diagnostics import attention_modules, capture_attention
-from diffattn.layers import Attention, DiffAttention, GatedDiffAttention
+from diffattn.layers import (
+    ATTENTION_TYPES,
+    Attention,
+    DiffAttention,
+    DiffAttentionV2,
+    GatedDiffAttention,
+    GroupedDiffAttention,
+    attention_kind,
+)
 from diffattn.models import create_model
+from diffattn.models.motif import MOTIF_ATTENTION, MotifLM
 
 
 def _out_proj_input(layer, x):
@@ -138,3 +147,136 @@ def test_retrofitted_hf_model_combined_maps():
         lam = float(m.lambda_.mean())
         torch.testing.assert_close(m.combined.sum(-1), torch.full_like(m.combined.sum(-1), 1 - lam), atol=1e-5,
                                    rtol=1e-5)
+
+
+#: every registered kind, built in float64 with 2 K/V heads (GQA); grouped: 8 query heads of width 8, 6 signal and
+#: 2 noise heads, r = 3 signal heads per noise head (Motif Technologies 2025, arXiv 2510.06949)
+KIND_LAYERS = {
+    "standard": lambda **kw: Attention(32, 4, num_kv_heads=2, **kw),
+    "diff": lambda **kw: DiffAttention(32, 4, num_kv_heads=2, **kw),
+    "gated": lambda **kw: GatedDiffAttention(32, 4, num_kv_heads=2, **kw),
+    "diff_v2": lambda **kw: DiffAttentionV2(32, 4, num_kv_heads=2, **kw),
+    "grouped": lambda **kw: GroupedDiffAttention(32, 8, num_noise_heads=2, head_dim=8, num_kv_heads=4, **kw),
+}
+
+
+def test_the_kinds_tested_are_the_registry():
+    assert set(KIND_LAYERS) == set(ATTENTION_TYPES)
+    assert all(attention_kind(make()) == kind and type(make()) is ATTENTION_TYPES[kind]
+               for kind, make in KIND_LAYERS.items())
+
+
+def _ref_maps(layer, kind, x):
+    """A1 (or A) and A2 in float64 from the layer's projections, the head layout written out: standard one map per
+    query head; diff / gated Q/K heads (2i, 2i+1); V2 query heads (2i, 2i+1) against one K head; grouped query
+    heads in groups [signal × r, noise], signal keys K heads 2m, noise keys 2m + 1, one A2 per noise head. GQA:
+    query head h reads K head h // (heads / K heads). Causal."""
+    B, N, _ = x.shape
+    d = layer.head_dim
+    q = layer.q_proj(x).view(B, N, -1, d).transpose(1, 2).double()
+    k = layer.k_proj(x).view(B, N, -1, d).transpose(1, 2).double()
+    if kind == "standard":
+        pairs = [(q, k)]
+    elif kind == "diff_v2":
+        pairs = [(q[:, 0::2], k), (q[:, 1::2], k)]
+    elif kind == "grouped":
+        g = q.unflatten(1, (layer.num_noise_heads, -1))  # (B, H_n, r + 1, N, d)
+        pairs = [(g[:, :, :-1].flatten(1, 2), k[:, 0::2]), (g[:, :, -1], k[:, 1::2])]
+    else:
+        pairs = [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])]
+    causal = torch.ones(N, N, dtype=torch.bool).tril()
+    out = []
+    for qq, kk in pairs:
+        kk = kk.repeat_interleave(qq.shape[1] // kk.shape[1], dim=1)
+        out.append(torch.softmax((qq @ kk.transpose(-2, -1) / d**0.5).masked_fill(~causal, float("-inf")), -1))
+    return out
+
+
+@pytest.mark.parametrize("kind,lambda_options", [(k, None) for k in KIND_LAYERS] + [
+    ("diff", {"per_head": True}), ("grouped", {"per_head": True})],  # reparam λ per (noise) head
+    ids=[*KIND_LAYERS, "diff-head_lambda", "grouped-head_lambda"])
+def test_every_kind_maps_are_the_reference_and_combined_times_v_is_the_layer_output(kind, lambda_options):
+    """For every kind: A1, A2 equal a float64 reference from the layer's weights; λ is the layer's, one per head of
+    the combined map; combined = w1 ⊙ A1 − λ ⊙ A2 (a grouped signal head i with noise head i // r); and the
+    combined map times V, through the layer's sub-norm and (1 − λ_init), is what out_proj receives, in float64.
+    The maps are stored as float32 (2^-24 relative rounding), hence the 1e-6 tolerances."""
+    torch.manual_seed(0)
+    layer = KIND_LAYERS[kind](causal=True, **({} if lambda_options is None else {"lambda_options": lambda_options}))
+    layer = layer.double().eval()
+    with torch.no_grad():  # a λ away from its init, and a sub-norm weight that is not all ones
+        for p in layer.lambda_fn.parameters() if kind != "standard" else ():
+            p.add_(0.3 * torch.randn_like(p))
+        if isinstance(getattr(layer, "diff_norm", None), torch.nn.RMSNorm):
+            layer.diff_norm.weight.add_(0.5 * torch.randn_like(layer.diff_norm.weight))
+    x = torch.randn(2, 6, 32, dtype=torch.float64)
+    with torch.no_grad():
+        ref = layer(x)
+        y, o_in, layers = _out_proj_input(layer, x)
+        maps = _ref_maps(layer, kind, x)
+        w1, lam = layer.lambda_weights(x) if kind != "standard" else (1.0, None)
+    assert (y - ref).abs().max().item() <= 1e-12  # the output is the layer's
+    (m,) = layers
+    assert m.kind == kind and m.name == ""
+    assert (m.first.double() - maps[0]).abs().max().item() <= 1e-6
+    heads = maps[0].shape[1]
+    assert m.combined.shape == (2, heads, 6, 6)
+    if kind == "standard":
+        assert m.second is None and m.lambda_ is None and torch.equal(m.first, m.combined)
+        a = maps[0]
+    else:
+        assert m.second.shape == maps[1].shape  # grouped: (B, H_n, N, N), one map per noise head
+        assert (m.second.double() - maps[1]).abs().max().item() <= 1e-6
+        r = heads // maps[1].shape[1]
+        assert r == (3 if kind == "grouped" else 1)
+        lam = torch.as_tensor(lam, dtype=torch.float64)
+        lam = lam.expand(heads) if lam.dim() == 0 else lam.repeat_interleave(heads // lam.shape[-3], dim=-3)
+        got_lam = m.lambda_.double()
+        assert got_lam.shape[-3 if got_lam.dim() > 1 else 0] == heads
+        assert (got_lam - lam.reshape(got_lam.shape)).abs().max().item() <= 1e-6
+        lam = lam.reshape(heads, 1, 1) if lam.dim() == 1 else lam  # broadcast over (B, heads, Nq, Nk)
+        a = w1 * maps[0] - lam * maps[1].repeat_interleave(r, dim=1)  # signal head i, noise head i // r
+        assert (m.combined.double() - a).abs().max().item() <= 1e-6
+        if kind == "gated":
+            assert (m.gate.double() - w1).abs().max().item() <= 1e-6
+    B, N, _ = x.shape
+    v = layer.v_proj(x).view(B, N, layer.v_heads, -1).transpose(1, 2).double()
+    o = m.combined.double() @ v.repeat_interleave(heads // v.shape[1], dim=1)  # (B, heads, N, dv)
+    if kind != "standard":
+        o = layer.diff_norm(o) * layer.out_scale
+    assert (o.transpose(1, 2).reshape(B, N, -1) - o_in).abs().max().item() <= 1e-5
+
+
+def test_grouped_noise_maps_per_signal_head_under_a_per_head_mask():
+    """A mask that differs between the signal heads of a group makes their noise maps differ: A2 then holds the
+    H_s maps the layer applied, and combined = A1 − λ A2 head by head."""
+    torch.manual_seed(0)
+    layer = KIND_LAYERS["grouped"]().double().eval()
+    mask = torch.ones(1, 6, 5, 5, dtype=torch.bool)
+    mask[:, 1, :, 0] = False  # signal head 1 does not see key 0; its group's other heads do
+    x = torch.randn(1, 5, 32, dtype=torch.float64)
+    with torch.no_grad(), capture_attention(layer) as cap:
+        layer(x, mask)
+    (m,) = cap.layers
+    assert m.second.shape == (1, 6, 5, 5) and float(m.second[0, 1, :, 0].abs().max()) == 0.0
+    assert float(m.second[0, 0, :, 0].min()) > 0.0
+    torch.testing.assert_close(m.combined, m.first - m.lambda_.reshape(1, 6, 1, 1) * m.second, atol=1e-6, rtol=0)
+
+
+def test_motif_grouped_model_capture_every_layer():
+    """A Motif-2-12.7B-layout MotifLM: every layer captured as grouped, A1 per signal head, A2 per noise head, the
+    model's output unchanged and the rows of A1 − λA2 summing to 1 − λ."""
+    torch.manual_seed(0)
+    model = MotifLM(vocab_size=61, dim=40, depth=2, num_heads=10, mlp_hidden=48, attention={
+        **MOTIF_ATTENTION, "kind": "grouped", "num_noise_heads": 2, "head_dim": 4, "num_kv_heads": 4}).eval()
+    ids = torch.randint(0, 61, (2, 7))
+    with torch.no_grad():
+        ref = model(ids)
+        with capture_attention(model) as cap:
+            out = model(ids)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-4)
+    assert [(m.name, m.kind) for m in cap.layers] == [("blocks.0.attn", "grouped"), ("blocks.1.attn", "grouped")]
+    for m in cap.layers:
+        assert m.first.shape == m.combined.shape == (2, 8, 7, 7) and m.second.shape == (2, 2, 7, 7)
+        assert m.lambda_.shape == (8,)
+        want = (1 - m.lambda_).reshape(1, 8, 1).expand(2, 8, 7)
+        torch.testing.assert_close(m.combined.sum(-1), want, atol=1e-5, rtol=1e-5)

@@ -17,15 +17,35 @@ from diffattn.diagnostics import (
     quantize_absmax,
     quantized_logits,
 )
-from diffattn.layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, apply_rotary
+from diffattn.layers import (
+    ATTENTION_TYPES,
+    Attention,
+    DiffAttention,
+    DiffAttentionV2,
+    GatedDiffAttention,
+    GroupedDiffAttention,
+    apply_rotary,
+)
 from diffattn.models import CausalLM
+from diffattn.models.motif import MOTIF_ATTENTION, MotifLM
 
-KINDS = {"standard": Attention, "diff": DiffAttention, "gated": GatedDiffAttention, "diff_v2": DiffAttentionV2}
+KINDS = {"standard": Attention, "diff": DiffAttention, "gated": GatedDiffAttention, "diff_v2": DiffAttentionV2,
+         "grouped": GroupedDiffAttention}
+#: a grouped layer of 8 query heads of width 8: 6 signal heads, 2 noise heads, r = 3 signal heads per noise head
+GROUPED = dict(num_noise_heads=2, head_dim=8)
+#: the heads of each map of a CausalLM of 4 heads from _lm: standard A; diff / gated A1, A2; V2 2h query heads;
+#: grouped (1 noise head, width 8) 3 signal maps and 1 noise map
+LM_HEADS = {"standard": (4,), "diff": (2, 2), "gated": (2, 2), "diff_v2": (4, 4), "grouped": (3, 1)}
+
+
+def test_the_kinds_tested_are_the_registry():
+    assert KINDS == ATTENTION_TYPES and set(LM_HEADS) == set(ATTENTION_TYPES)
 
 
 def _layer(kind: str, *, causal: bool, rope: str | None, num_kv_heads: int | None = None):
     torch.manual_seed(0)
-    layer = KINDS[kind](32, 4, causal=causal, rope=rope, num_kv_heads=num_kv_heads).double().eval()
+    heads, extra = (8, GROUPED) if kind == "grouped" else (4, {})
+    layer = KINDS[kind](32, heads, causal=causal, rope=rope, num_kv_heads=num_kv_heads, **extra).double().eval()
     with torch.no_grad():  # larger logits than the default init, so quantisation has something to round
         layer.q_proj.weight.mul_(4.0)
     return layer
@@ -33,7 +53,9 @@ def _layer(kind: str, *, causal: bool, rope: str | None, num_kv_heads: int | Non
 
 def _ref_logits(layer, kind: str, x: torch.Tensor) -> list[torch.Tensor]:
     """S = Q Kᵀ / √d per map in float64 from the layer's projections and rotary module, the pairing written out:
-    standard one map per head; diff / gated Q/K heads (2i, 2i+1); V2 query heads (2i, 2i+1) against one K head."""
+    standard one map per head; diff / gated Q/K heads (2i, 2i+1); V2 query heads (2i, 2i+1) against one K head;
+    grouped: query heads in groups [signal × r, noise], signal keys K heads 2m, noise keys 2m + 1, one A2 per noise
+    head (Motif Technologies 2025, arXiv 2510.06949)."""
     B, N, _ = x.shape
     d = layer.head_dim
     q = layer.q_proj(x).view(B, N, -1, d).transpose(1, 2)  # (B, q_heads, N, d)
@@ -45,6 +67,9 @@ def _ref_logits(layer, kind: str, x: torch.Tensor) -> list[torch.Tensor]:
         pairs = [(q, k)]
     elif kind == "diff_v2":
         pairs = [(q[:, 0::2], k), (q[:, 1::2], k)]
+    elif kind == "grouped":
+        g = q.unflatten(1, (layer.num_noise_heads, -1))  # (B, H_n, r + 1, N, d)
+        pairs = [(g[:, :, :-1].flatten(1, 2), k[:, 0::2]), (g[:, :, -1], k[:, 1::2])]
     else:
         pairs = [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])]
     out = []
@@ -73,7 +98,8 @@ def _ref_output(layer, kind, x, maps):
         o = maps[0] @ v
     else:
         w1, lam = layer.lambda_weights(x)
-        o = (w1 * maps[0] - lam * maps[1]) @ v
+        a2 = maps[1].repeat_interleave(maps[0].shape[1] // maps[1].shape[1], dim=1)  # grouped: noise head i // r
+        o = (w1 * maps[0] - lam * a2) @ v
         o = layer.diff_norm(o) * layer.out_scale
     return layer.out_proj(o.transpose(1, 2).reshape(B, N, -1))
 
@@ -103,10 +129,15 @@ def test_captured_logits_are_the_reference_and_outputs_unchanged(kind, causal, r
     assert torch.equal(entry["mask"].expand(2, 1, 6, 6), _seen(2, 6, causal, 2))
 
 
+def _lm(kind: str) -> CausalLM:
+    attention = {"kind": kind, **({"num_noise_heads": 1, "head_dim": 8} if kind == "grouped" else {})}
+    return CausalLM(vocab_size=50, dim=32, depth=2, num_heads=4, attention=attention).eval()
+
+
 def test_causal_lm_capture_float32_and_every_block():
     torch.manual_seed(0)
     for kind in KINDS:
-        model = CausalLM(vocab_size=50, dim=32, depth=2, num_heads=4, attention=kind).eval()
+        model = _lm(kind)
         ids = torch.randint(0, 50, (2, 9))
         with torch.no_grad():
             ref = model(ids)
@@ -116,13 +147,64 @@ def test_causal_lm_capture_float32_and_every_block():
         assert [e["name"] for e in cap.layers] == ["blocks.0.attn", "blocks.1.attn"]
         assert all(e["mask"].shape == (9, 9) and torch.equal(e["mask"], torch.ones(9, 9).tril().bool())
                    for e in cap.layers)
+        assert all([s.shape for s in e["logits"]] == [(2, h, 9, 9) for h in LM_HEADS[kind]] for e in cap.layers)
         st = logit_stats(cap, per_map=True)
-        heads = 4 if kind in ("standard", "diff_v2") else 2
-        maps = 1 if kind == "standard" else 2
-        assert st["count"] == 2 * maps * 2 * heads * 45  # layers × maps × B × heads × causal entries of 9×9
+        assert st["count"] == 2 * 2 * sum(LM_HEADS[kind]) * 45  # layers × B × heads of the maps × causal of 9×9
         assert 0 < st["median"] <= st["top10"] <= st["top1"]
         assert set(st["per_map"]) == ({"A"} if kind == "standard" else {"A1", "A2"})
         assert max(s["top1"] for s in st["per_map"].values()) == st["top1"]
+
+
+def test_motif_grouped_model_every_logit_diagnostic():
+    """A Motif-2-12.7B-layout MotifLM (grouped differential attention: 8 signal and 2 noise heads of width 4, 4 K/V
+    heads): logit_layers finds its layers, each A2 logit is recorded once per noise head and equals a float64
+    reference from the layer's weights, the statistics count the maps the layer defines, the hidden states of every
+    block are recorded, and 16-bit quantised logits leave the model's output within 1e-6."""
+    torch.manual_seed(0)
+    model = MotifLM(vocab_size=61, dim=40, depth=2, num_heads=10, mlp_hidden=48, attention={
+        **MOTIF_ATTENTION, "kind": "grouped", "num_noise_heads": 2, "head_dim": 4, "num_kv_heads": 4}).double().eval()
+    found = logit_layers(model)
+    assert [(name, kind) for name, _, kind in found] == [("blocks.0.attn", "grouped"), ("blocks.1.attn", "grouped")]
+    assert all(m is blk.attn for (_, m, _), blk in zip(found, model.blocks))
+    inputs = []
+    hooks = [blk.attn.register_forward_pre_hook(lambda mod, args: inputs.append(args[0])) for blk in model.blocks]
+    ids = torch.randint(0, 61, (2, 7))
+    with torch.no_grad():
+        ref_out = model(ids)
+        inputs.clear()
+        with capture_logits(model) as cap, capture_hidden_states(model) as hs:
+            out = model(ids)
+        for h in hooks:
+            h.remove()
+        with quantized_logits(model, 16):
+            q16 = model(ids)
+        refs = [_ref_logits(blk.attn, "grouped", x) for blk, x in zip(model.blocks, inputs)]
+    assert (out - ref_out).abs().max().item() <= 1e-12 and (q16 - ref_out).abs().max().item() <= 1e-6
+    for entry, ref in zip(cap.layers, refs):
+        assert entry["kind"] == "grouped" and [s.shape for s in entry["logits"]] == [(2, 8, 7, 7), (2, 2, 7, 7)]
+        for got, want in zip(entry["logits"], ref):
+            assert (got - want).abs().max().item() <= 1e-12
+    st = logit_stats(cap, per_map=True)
+    assert st["count"] == 2 * 2 * (8 + 2) * 28  # layers × B × (signal + noise heads) × causal entries of 7×7
+    assert st["per_map"]["A2"]["count"] == 2 * 2 * 2 * 28
+    assert [e["name"] for e in hs.states] == ["blocks.0", "blocks.1"] and hidden_stats(hs)["count"] == 2 * 2 * 7 * 40
+
+
+def test_grouped_noise_logits_per_signal_head_under_a_per_head_mask():
+    """A mask that differs between the signal heads of a group: the noise map differs per signal head, so all H_s
+    copies of A2's logits are kept, each with the mask its signal head saw."""
+    layer = _layer("grouped", causal=False, rope=None)
+    x = torch.randn(1, 5, 32, dtype=torch.float64)
+    mask = torch.ones(1, 6, 5, 5, dtype=torch.bool)
+    mask[:, 1, :, 0] = False  # signal head 1 (group 0) does not see key 0
+    with torch.no_grad(), capture_logits(layer) as cap:
+        layer(x, mask)
+        a1, a2 = _ref_logits(layer, "grouped", x)
+    got1, got2 = cap.layers[0]["logits"]
+    assert got1.shape == got2.shape == (1, 6, 5, 5)
+    assert (got2 - a2.repeat_interleave(3, dim=1)).abs().max().item() <= 1e-12
+    assert torch.equal(cap.layers[0]["mask"], mask)
+    assert logit_stats(cap)["count"] == 2 * (6 * 25 - 5)
 
 
 def test_nested_contexts_capture_quantised_logits_and_unwind():
@@ -165,8 +247,8 @@ def test_quantized_maps_and_output_match_a_float64_reference(kind, causal):
             maps.append(torch.softmax(sq.masked_fill(~seen, float("-inf")), dim=-1))
         ref = _ref_output(layer, kind, x, maps)
     got = [w.first] if kind == "standard" else [w.first, w.second]
-    for g, m in zip(got, maps):
-        assert (g - m).abs().max().item() <= 1e-5
+    for g, m in zip(got, maps):  # the layer returns a grouped A2 per signal head, noise head i // r
+        assert (g - m.repeat_interleave(g.shape[1] // m.shape[1], dim=1)).abs().max().item() <= 1e-5
     assert (out - ref).abs().max().item() <= 1e-5
     assert (out - plain).abs().max().item() > 1e-3  # 4 bits changes the output
     with torch.no_grad(), quantized_logits(layer, 16):
@@ -178,7 +260,7 @@ def test_quantized_maps_and_output_match_a_float64_reference(kind, causal):
 def test_quantized_causal_lm_16_bits_is_the_model_4_bits_is_not():
     torch.manual_seed(1)
     for kind in KINDS:
-        model = CausalLM(vocab_size=50, dim=32, depth=2, num_heads=4, attention=kind).eval()
+        model = _lm(kind)
         with torch.no_grad():
             for blk in model.blocks:
                 blk.attn.q_proj.weight.mul_(20.0)

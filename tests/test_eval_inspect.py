@@ -10,6 +10,8 @@ from safetensors.torch import load_file
 from diffattn import convert
 from diffattn.cli import main
 from diffattn.eval.inspection import build_needle_input
+from diffattn.layers import ATTENTION_TYPES
+from diffattn.models import CausalLM
 
 from .test_convert_motif import GDA, V1, released_state_dict, write_released
 
@@ -86,6 +88,62 @@ def test_inspect_writes_the_summary_figures_and_maps_of_every_layer(kind, tmp_pa
     with torch.no_grad():
         logits = model(torch.tensor([summary["ids"]]))
     assert summary["next_token"] == int(logits[0, -1].argmax())
+
+
+#: (signal heads, noise heads) of a CausalLM of 4 heads of each registered kind, as ``diffattn inspect`` reports
+#: them; grouped: 1 noise head of width 8 shared by 3 signal heads (Motif Technologies 2025, arXiv 2510.06949)
+KIND_HEADS = {"standard": (4, None), "diff": (2, 2), "gated": (2, 2), "diff_v2": (4, 4), "grouped": (3, 1)}
+
+
+def test_the_kinds_inspected_are_the_registry():
+    assert set(KIND_HEADS) == set(ATTENTION_TYPES)
+
+
+@pytest.mark.parametrize("kind", list(KIND_HEADS))
+def test_inspect_every_attention_kind_of_a_diffattn_save(kind, tmp_path):
+    """``diffattn inspect`` on a saved CausalLM of each kind: the heads, λ and maps it reports are the model's. The
+    combined map equals w1 ⊙ A1 − λ ⊙ A2 with w1, λ from the layer on its own input (a grouped signal head i with
+    noise head i // r), λ per head is the layer's (mean over the tokens for a per-token λ), the signed needle mass is
+    the combined map's, and the next token is the model's."""
+    torch.manual_seed(0)
+    attention = {"kind": kind, **({"num_noise_heads": 1, "head_dim": 8} if kind == "grouped" else {})}
+    model = CausalLM(vocab_size=61, dim=32, depth=2, num_heads=4, attention=attention).eval()
+    folder, out = tmp_path / "m", tmp_path / "out"
+    model.save_pretrained(folder)
+    assert main(["inspect", str(folder), "--ids", IDS, "--needle-ids", NEEDLE, "--out", str(out), "--save-maps"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    maps = load_file(str(out / "maps.safetensors"))
+    inputs = []
+    hooks = [blk.attn.register_forward_pre_hook(lambda mod, args: inputs.append(args[0])) for blk in model.blocks]
+    with torch.no_grad():
+        logits = model(torch.tensor([summary["ids"]]))
+    for h in hooks:
+        h.remove()
+    assert summary["next_token"] == int(logits[0, -1].argmax()) and summary["needle"]["query"] == 14
+    hs, hn = KIND_HEADS[kind]
+    assert len(summary["layers"]) == 2
+    for blk, x, row in zip(model.blocks, inputs, summary["layers"]):
+        assert row["kind"] == kind and (row["signal_heads"], row["noise_heads"]) == (hs, hn)
+        a1, c = maps[f"{row['name']}.A1"].double(), maps[f"{row['name']}.combined"].double()
+        assert a1.shape == c.shape == (1, hs, 15, 15) and (a1.sum(-1) - 1).abs().max() < 1e-5
+        assert row["needle_mass"]["signed"] == pytest.approx(c[0, :, -1, 6:9].sum(-1).tolist(), abs=1e-6)
+        assert max(row["checks"].values()) < 1e-5
+        if kind == "standard":
+            assert f"{row['name']}.A2" not in maps and "lambda" not in row and torch.equal(a1, c)
+            continue
+        a2 = maps[f"{row['name']}.A2"].double()
+        assert a2.shape == (1, hn, 15, 15) and (a2.sum(-1) - 1).abs().max() < 1e-5
+        with torch.no_grad():
+            w1, lam = (torch.as_tensor(t, dtype=torch.float64) for t in blk.attn.lambda_weights(x))
+        lam = lam.expand(1, hs, 15, 1) if lam.dim() == 0 else lam.expand(1, hs, -1, 1)  # (1, H_s, 1 | N, 1)
+        want = w1 * a1 - lam * a2.repeat_interleave(hs // hn, dim=1)
+        assert (c - want).abs().max() < 1e-5
+        assert row["lambda"] == pytest.approx(lam[0, :, :, 0].mean(-1).tolist(), abs=1e-6)
+        if kind in ("gated", "diff_v2"):  # λ per token: the query row's as well
+            assert row["lambda_query"] == pytest.approx(lam[0, :, -1, 0].tolist(), abs=1e-6)
+    expected = {"summary.json", "needle_mass.png", "entropy.png", "maps.safetensors"} | (
+        set() if kind == "standard" else {"lambda.png"})
+    assert expected <= {p.name for p in out.iterdir()} and (out / "maps" / "layer_01.png").stat().st_size > 1000
 
 
 def test_inspect_takes_text_through_the_folders_tokenizer_and_one_head(tmp_path):

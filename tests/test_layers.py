@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 from diffattn import Attention, DiffAttention, GatedDiffAttention, KVCache
-from diffattn.layers import RMSNorm, SwiGLU, attention_class
+from diffattn.layers import ATTENTION_TYPES, DiffAttentionV2, RMSNorm, SwiGLU, attention_class, attention_kind
 
 from .reference import F64, TOLERANCES, ref_softmax_rows, rms_norm, rope_tables, rotate
 
@@ -297,6 +297,16 @@ def test_attention_class_switch():
     assert attention_class("diff") is DiffAttention
     with pytest.raises(ValueError, match="attention"):
         attention_class("linear")
+
+
+def test_attention_kind_is_the_registered_name_of_the_nearest_class():
+    class Mine(DiffAttentionV2):  # an unregistered subclass takes its parent's kind
+        pass
+
+    assert {attention_kind(cls(32, 4)) for cls in ATTENTION_TYPES.values()} == set(ATTENTION_TYPES)
+    assert attention_kind(GatedDiffAttention(32, 4)) == "gated"  # a subclass of DiffAttention, registered itself
+    assert attention_kind(Mine(32, 4)) == "diff_v2"
+    assert attention_kind(torch.nn.Linear(2, 2)) is None and attention_kind(torch.nn.MultiheadAttention(8, 2)) is None
 
 
 @pytest.mark.parametrize(

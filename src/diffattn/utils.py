@@ -15,7 +15,7 @@ import torch
 from .errors import UsageError
 
 __all__ = ["peak_memory_mb", "MALLOC_ENV", "cpu_name", "write_markdown_section", "check_device", "resolve_device",
-           "available_memory", "format_bytes", "DEVICE_VALUES", "device_type", "count_ops"]
+           "available_memory", "format_bytes", "DEVICE_VALUES", "device_type", "device_errors", "count_ops"]
 
 #: what ``run.device`` / ``--device`` take (null / not given: ``cuda`` when torch sees a GPU, else ``cpu``)
 DEVICE_VALUES = "'cpu', 'cuda' or 'cuda:N'"
@@ -28,6 +28,16 @@ def check_device(value: object, what: str = "--device") -> str | None:
     if value is None or (isinstance(value, str) and _DEVICE.match(value)):
         return value
     raise UsageError(f"{what} must be {DEVICE_VALUES}, got {value!r}")
+
+
+def device_errors(cfg, where: str, key: str = "device") -> list[str]:
+    """The spelling check of :func:`check_device` on ``cfg[key]`` (a study config's device) as a list of error
+    messages naming the key and ``where``: empty when it is None or a device name."""
+    try:
+        check_device(cfg[key], f"{key} in {where}")
+    except UsageError as e:
+        return [str(e)]
+    return []
 
 
 def device_type(text: str) -> str:

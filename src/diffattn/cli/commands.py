@@ -21,8 +21,8 @@ from ..factory import register_timm
 from ..models import list_models, list_pretrained
 from ..models.registry import model_info
 from ..openclip import main as openclip_main
+from ..studies import get_study, run_study, study_names
 from ..studies import load_study as _load_study
-from ..studies import run_study
 from ..studies.config import WALL_TIMES, budget_warnings
 from ..studies.diffclip import (
     DEMO_DATASETS,
@@ -33,6 +33,7 @@ from ..studies.diffclip import (
     demo_pairs,
     demo_table,
 )
+from ..utils import device_type, resolve_device
 
 __all__ = ["demo", "study", "load_study", "build_parser", "plain_text", "bounded", "ArgumentParser",
            "COMMAND_MODULES", "DEMO_VARIANTS", "DEMO_DATASETS", "DEMO_ROWS", "demo_pairs", "demo_table"]
@@ -75,10 +76,23 @@ def bounded(kind: type, minimum: float | None = None, *, strict: bool = False):
     return parse
 
 
+#: what ``--device`` says on ``demo`` and ``study``, as on ``train`` and ``eval``
+_DEVICE_HELP = ("cpu, cuda or cuda:N (default: cuda when torch sees a GPU, else cpu; CUDA_VISIBLE_DEVICES picks the "
+                "GPUs torch sees)")
+
+
+def device_studies() -> list[str]:
+    """The packaged studies with a ``device`` key (those that train through ``diffattn train``), which
+    ``diffattn study --device`` sets; the others train in this process on the CPU."""
+    return [name for name in study_names() if "device" in getattr(get_study(name), "defaults", {})]
+
+
 def _demo_command(args: argparse.Namespace) -> int:
+    if args.device is not None:
+        resolve_device(args.device, "--device")  # a GPU torch cannot see is named as the flag, before any work
     res = demo(args.out, tuple(args.variants), steps=args.steps, batch_size=args.batch_size, seed=args.seed,
                quick=args.quick, config_dir=args.config_dir, progress=not args.no_progress,
-               max_pairs=args.max_pairs)
+               max_pairs=args.max_pairs, device=args.device)
     print()
     print("\n".join(line for line in res["answer"]["lines"] if line))
     print()
@@ -99,8 +113,17 @@ def _study_command(args: argparse.Namespace) -> int:
         overrides["seeds"] = args.seeds
     if args.protocol is not None:
         overrides["protocol"] = args.protocol
+    if args.device is not None:
+        resolve_device(args.device, "--device")  # a GPU torch cannot see is named as the flag, before any work
     with user_input():  # a study config is what the user gave: its ValueErrors are usage errors
         cfg = load_study(args.config, overrides)
+    if args.device is not None:
+        if "device" in cfg.budget:
+            cfg = cfg.replace(device=args.device)
+        elif args.device != "cpu":
+            raise UsageError(f"--device {args.device!r}: study {cfg.study!r} trains in this process on the CPU; "
+                             f"--device applies to the studies that train through diffattn train "
+                             f"({', '.join(device_studies())})")
     for line in budget_warnings(cfg):
         print(f"diffattn: warning: {line}", file=sys.stderr, flush=True)
     res = study(cfg, progress=not args.no_progress)
@@ -197,6 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--max-pairs", type=bounded(int, 1), default=None, help="cap the pairs taken from each set")
     d.add_argument("--quick", action="store_true", help="small evaluation protocol (smoke test)")
     d.add_argument("--config-dir", default=None, help="folder of the recipes (default: the packaged demo/*)")
+    d.add_argument("--device", type=device_type, default=None, help=_DEVICE_HELP + "; training and diffattn eval "
+                   "run there, the demo's own measurements on the CPU")
     d.add_argument("--no-progress", action="store_true", help="no progress bars")
     d.set_defaults(func=_demo_command)
     st = sub.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired tests",
@@ -217,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--protocol", choices=("a", "b"), default=None,
                     help="a: the config's one recipe, tuned on the Transformer only; b: lr tuned per model on the "
                     "config's tuning_seeds, then its seeds (needles, recall, dgvit, noise; --set protocol=b)")
+    st.add_argument("--device", type=device_type, default=None, help=_DEVICE_HELP + "; the config's device, for "
+                    "the studies that train through diffattn train (diffclip, dgvit, paligemma); the others train "
+                    "on the CPU")
     st.add_argument("--no-progress", action="store_true", help="no progress bars")
     st.set_defaults(func=_study_command)
     m = sub.add_parser("models", help="list registered models")

@@ -7,12 +7,17 @@
 
 Which modules are captured:
 
-- the library's attention layers (:class:`~diffattn.layers.Attention`, :class:`~diffattn.layers.DiffAttention`,
-  :class:`~diffattn.layers.GatedDiffAttention`, and anything else whose ``forward`` takes ``need_weights``): a
+- the library's attention layers, every kind of :data:`~diffattn.layers.ATTENTION_TYPES` (standard, diff, gated,
+  diff_v2, grouped; anything else whose ``forward`` takes ``need_weights`` is captured as "diff" or "standard"): a
   forward pre-hook asks the layer for its weights (``need_weights=True``) and a forward hook takes them out of the
   result again, so the caller sees exactly the tensor type it asked for. λ and the gate come from the layer's
   public ``lambda_weights(x)`` (w1, λ): for Ye et al. 2024 eq. 2 λ is one scalar per layer, repeated per head;
-  for M-DGSA (2025) eq. 3 the gate is g = w1 and λ = 1 − g per token and head.
+  for M-DGSA (2025) eq. 3 the gate is g = w1 and λ = 1 − g per token and head; for the Differential Transformer
+  V2, λ = σ(x W_λ) per token and head. Grouped differential attention (Motif Technologies 2025, arXiv 2510.06949)
+  has H_s signal heads and H_n noise heads, noise head j shared by the r = H_s / H_n signal heads j·r … j·r + r − 1:
+  ``first`` and ``combined`` hold the H_s signal heads, ``second`` the H_n noise maps, each once (signal head i
+  subtracts ``second[:, i // r]``; a mask that differs between the signal heads of a group makes the noise maps
+  differ too, and then ``second`` holds the H_s maps the layer applied), λ one value per signal head (its group's).
 - attention modules converted by :func:`diffattn.retrofit` (they carry a ``diff_adapter``; every binding:
   transformers, timm, open_clip): while the context is active the adapter keeps the maps of each call
   (``keep_maps``) and a forward hook records them, the module's inputs and outputs untouched: A1, A2 and the
@@ -38,7 +43,7 @@ import torch
 import torch.nn as nn
 
 from ..adapters.bindings.ultralytics import is_standard_attention, standard_attention_weights
-from ..layers import Attention, DiffAttention, GatedDiffAttention
+from ..layers import attention_kind
 
 __all__ = ["LayerMaps", "AttentionCapture", "capture_attention", "attention_modules"]
 
@@ -47,9 +52,10 @@ __all__ = ["LayerMaps", "AttentionCapture", "capture_attention", "attention_modu
 class LayerMaps:
     """The maps of one attention module for one forward call (float32, on ``AttentionCapture.device``).
 
-    first: A1 (B, heads, Nq, Nk); second: A2 or None (standard attention; retrofits with one map); combined: the
-    signed map the layer applies to V; lambda_: λ as (heads,) or (B, heads, Nq, 1) or None; gate: g (B, heads, Nq, 1)
-    or None.
+    first: A1 (B, heads, Nq, Nk); second: A2 or None (standard attention; retrofits with one map), for a grouped
+    layer one map per noise head (B, H_n, Nq, Nk) (module docstring); combined: the signed map the layer applies to
+    V (B, heads, Nq, Nk); lambda_: λ as (heads,) or (B, heads, Nq, 1) or None; gate: g (B, heads, Nq, 1) or None;
+    kind: the layer's name in :data:`~diffattn.layers.ATTENTION_TYPES`, or "retrofit".
     """
 
     name: str
@@ -58,7 +64,7 @@ class LayerMaps:
     combined: torch.Tensor
     lambda_: torch.Tensor | None = None
     gate: torch.Tensor | None = None
-    kind: str = "standard"  # "standard" | "diff" | "gated" | "retrofit"
+    kind: str = "standard"  # "standard" | "diff" | "gated" | "diff_v2" | "grouped" | "retrofit"
 
 
 def _takes_need_weights(m: nn.Module) -> bool:
@@ -77,12 +83,26 @@ def attention_modules(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     for name, m in model.named_modules():
         if hasattr(m, "diff_adapter"):
             out.append((name, m, "retrofit"))
-        elif isinstance(m, (Attention, DiffAttention)) or (
+        elif attention_kind(m) is not None or (
                 _takes_need_weights(m) and hasattr(m, "q_proj") and not isinstance(m, nn.MultiheadAttention)):
             out.append((name, m, "layer"))
         elif callable(getattr(m, "attention_weights", None)) or is_standard_attention(m):
             out.append((name, m, "maps"))
     return out
+
+
+def _grouped_maps(module: nn.Module, second: torch.Tensor, lam: torch.Tensor | None,
+                  attn_mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A grouped layer's A2 once per noise head and λ per signal head (module docstring). The layer returns A2 per
+    signal head, noise head j repeated for its r signal heads; λ per noise head (a per-head or per-token form)
+    scales the maps of the r signal heads of its group."""
+    r, noise = module.group_ratio, module.num_noise_heads
+    per_head_mask = isinstance(attn_mask, torch.Tensor) and attn_mask.dim() >= 3 and attn_mask.shape[-3] > 1
+    if not per_head_mask:
+        second = second[:, ::r]  # (B, H_n, Nq, Nk)
+    if lam is not None and lam.dim() >= 3 and lam.shape[-3] == noise:
+        lam = lam.repeat_interleave(r, dim=-3)
+    return second, lam
 
 
 @dataclass
@@ -144,7 +164,7 @@ class AttentionCapture:
             if callable(lw):
                 with torch.no_grad():
                     w1, lam = lw(x)
-                if isinstance(module, GatedDiffAttention):
+                if attention_kind(module) == "gated":
                     gate = torch.as_tensor(w1)  # M-DGSA: w1 = g, λ = 1 − g
                 lam = torch.as_tensor(lam, dtype=torch.float32)
                 if lam.dim() == 0:  # one λ per layer: repeat it per differential head
@@ -161,8 +181,12 @@ class AttentionCapture:
         def hook(module, args, kwargs, output):
             asked, lam, gate = self._pending.pop(id(module), (False, None, None))
             out, w = output
-            kind = "gated" if gate is not None else ("diff" if w.second is not None else "standard")
-            self.layers.append(LayerMaps(name, self._store(w.first), self._store(w.second),
+            kind = attention_kind(module) or ("diff" if w.second is not None else "standard")
+            second = w.second
+            if kind == "grouped":
+                second, lam = _grouped_maps(module, second, lam, args[1] if len(args) > 1 else
+                                            kwargs.get("attn_mask"))
+            self.layers.append(LayerMaps(name, self._store(w.first), self._store(second),
                                          self._store(w.combined), self._store(lam), self._store(gate), kind))
             return output if asked else out
         return hook

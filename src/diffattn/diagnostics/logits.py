@@ -13,13 +13,18 @@ hidden states; and (Fig. 8) quantise the attention logits per head with absmax s
     with quantized_logits(model, 4):            # every map from logits rounded to 4 bits per head
         loss = model(ids)
 
-Which layers: the library's attention layers (:class:`~diffattn.layers.Attention`,
-:class:`~diffattn.layers.DiffAttention`, :class:`~diffattn.layers.GatedDiffAttention`,
-:class:`~diffattn.layers.DiffAttentionV2`). While a context is active each of them runs the ``math`` backend (the
-one that materialises the maps; the same equation as the fused ones) and a private hook of
+Which layers: the library's attention layers, every kind of :data:`~diffattn.layers.ATTENTION_TYPES`
+(:class:`~diffattn.layers.Attention`, :class:`~diffattn.layers.DiffAttention`,
+:class:`~diffattn.layers.GatedDiffAttention`, :class:`~diffattn.layers.DiffAttentionV2`,
+:class:`~diffattn.layers.GroupedDiffAttention`). While a context is active each of them runs the ``math`` backend
+(the one that materialises the maps; the same equation as the fused ones) and a private hook of
 :mod:`diffattn.functional` sees the logits S = Q Kᵀ · s of every softmax map it computes: after the rotary
 embedding (and Gemma-2's soft-capping, when the layer has it), before the mask and the softmax. Standard attention
-has one map per call ("A"); the differential layers two, A1 and A2, in that order. Without a context nothing
+has one map per call ("A"); the differential layers two, A1 and A2, in that order. Grouped differential attention
+(Motif Technologies 2025, arXiv 2510.06949) has H_s signal maps A1 and H_n < H_s noise maps A2, each noise head
+shared by r = H_s / H_n signal heads: its A2 logits are recorded once per noise head, (B, H_n, Nq, Nk), as the
+layer's parameters define them (the operator evaluates each r times; a mask that differs between the signal heads
+of a group makes the copies differ, and then all H_s are kept). Without a context nothing
 changes: the layers keep their backend and the fused kernels never see the hook. Contexts restore the layers on
 exit, also when the body raises; nested contexts compose (the inner one sees the logits the outer one produces, so
 ``capture_logits`` inside ``quantized_logits`` records the quantised logits).
@@ -36,34 +41,27 @@ import torch
 import torch.nn as nn
 
 from ..functional import _SCORE_HOOK, PreparedMask, causal_mask
-from ..layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention
+from ..layers import ATTENTION_TYPES, attention_kind
 
 __all__ = ["LogitCapture", "HiddenStateCapture", "capture_logits", "logit_stats", "capture_hidden_states",
            "hidden_stats", "quantized_logits", "quantize_absmax", "logit_layers"]
 
-#: the layer classes and their kind (the names of :data:`diffattn.layers.ATTENTION_TYPES`), most derived first
-_KINDS = ((GatedDiffAttention, "gated"), (DiffAttentionV2, "diff_v2"), (DiffAttention, "diff"), (Attention, "standard"))
-
 ScoreHook = Callable[[torch.Tensor, PreparedMask], torch.Tensor]
-
-
-def _kind(m: nn.Module) -> str | None:
-    for cls, kind in _KINDS:
-        if isinstance(m, cls):
-            return kind
-    return None
 
 
 def logit_layers(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(name, layer, kind) for every diffattn attention layer of ``model`` (``model`` itself included), in module
-    order; kind is ``"standard"``, ``"diff"``, ``"gated"`` or ``"diff_v2"``. Raises ValueError when there is none."""
+    order; kind is the layer's name in :data:`~diffattn.layers.ATTENTION_TYPES` (``"standard"``, ``"diff"``,
+    ``"gated"``, ``"diff_v2"``, ``"grouped"``; :func:`~diffattn.layers.attention_kind`). Raises ValueError when
+    there is none."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    out = [(name, m, k) for name, m in model.named_modules() if (k := _kind(m)) is not None]
+    out = [(name, m, k) for name, m in model.named_modules() if (k := attention_kind(m)) is not None]
     if not out:
-        raise ValueError(f"model ({type(model).__name__}) has no diffattn attention layer (Attention, DiffAttention, "
-                         f"GatedDiffAttention or DiffAttentionV2); the logit diagnostics need the library's layers "
-                         f"(a model converted by diffattn.retrofit keeps its own attention)")
+        classes = ", ".join(cls.__name__ for cls in ATTENTION_TYPES.values())
+        raise ValueError(f"model ({type(model).__name__}) has no diffattn attention layer (one of {classes}); the "
+                         f"logit diagnostics need the library's layers (a model converted by diffattn.retrofit "
+                         f"keeps its own attention)")
     return out
 
 
@@ -125,10 +123,11 @@ class LogitCapture:
     """Records the attention logits of every diffattn attention layer while active (module docstring).
 
     ``layers`` holds one dict per layer call, in call order: ``{"name": module name, "kind": "standard" | "diff" |
-    "gated" | "diff_v2", "logits": [S (B, H, Nq, Nk) per map: one for standard attention, A1's and A2's for the
-    differential layers], "mask": bool (Nq, Nk), or (1|B, 1|H, Nq, Nk), True where the softmax sees the entry
-    (causal mask, ``attn_mask``, sliding window)}``. Logits are detached, in the dtype the layer computes them (at
-    least float32), on ``device`` (None: where they were computed).
+    "gated" | "diff_v2" | "grouped", "logits": [S (B, H, Nq, Nk) per map: one for standard attention, A1's and
+    A2's for the differential layers; a grouped layer's A2 has its H_n noise heads (module docstring)], "mask": bool
+    (Nq, Nk), or (1|B, 1|H, Nq, Nk), True where the softmax sees the entry (causal mask, ``attn_mask``, sliding
+    window)}``. Logits are detached, in the dtype the layer computes them (at least float32), on ``device`` (None:
+    where they were computed).
     """
 
     model: nn.Module
@@ -145,9 +144,13 @@ class LogitCapture:
         def make_hook(name, m, kind):
             def hook(s, mask):
                 entry = self.layers[-1]
-                entry["logits"].append(self._store(s))
+                seen = _seen(s, mask)
+                if kind == "grouped" and entry["logits"] and (seen is None or seen.shape[1] == 1):
+                    # A2: the operator met noise head j as the query of signal heads j·r … j·r + r − 1
+                    entry["logits"].append(self._store(s[:, ::m.group_ratio]))
+                else:
+                    entry["logits"].append(self._store(s))
                 if entry["mask"] is None:
-                    seen = _seen(s, mask)
                     nq, nk = s.shape[-2:]
                     if seen is None:
                         seen = torch.ones(nq, nk, dtype=torch.bool, device=s.device)

@@ -9,13 +9,16 @@ or any diffattn model folder), builds the input ``prompt[:k] + needle + prompt[k
 ``depth`` (k = round(depth · len(prompt))), runs one forward pass while every attention layer's maps are captured
 (:func:`diffattn.diagnostics.capture_attention`), and writes:
 
-- ``summary.json`` (:func:`inspect_model`): per layer and head λ (Ye et al. 2024, eq. 2; one value per layer for
-  Motif and DiffLlama, repeated per signal head), the mean row entropy of the signal map A1 (per signal head) and of
-  the noise map A2 (per noise head: a noise head of grouped differential attention, Motif Technologies 2025,
-  arXiv 2510.06949, serves r signal heads and is counted once), and the attention mass of the last query row (the
-  token that predicts the answer) on the needle's tokens against the rest of the context (Ye et al. 2024, §3.4,
-  Table 3), signed (A1 − λA2, as the layer applies it to V) and per branch; the row-sum checks of the maps (A1 and
-  A2 rows sum to 1; A1 − λA2 rows to 1 − λ).
+- ``summary.json`` (:func:`inspect_model`): per layer its kind (every attention layer of the library: standard,
+  diff, gated, diff_v2, grouped; or a retrofitted one), per head λ (Ye et al. 2024, eq. 2; one value per layer for
+  Motif and DiffLlama, repeated per signal head; a per-token λ, M-DGSA's 1 − g or the V2's σ(x W), as its mean
+  over the tokens, and ``lambda_query`` at the query row), the mean row entropy of the signal map A1 (per signal
+  head) and of the noise map A2 (per noise head: a noise head of grouped differential attention, Motif
+  Technologies 2025, arXiv 2510.06949, serves r signal heads and is counted once), and the attention mass of the
+  last query row (the token that predicts the answer) on the needle's tokens against the rest of the context (Ye
+  et al. 2024, §3.4, Table 3), signed (w1 ⊙ A1 − λ ⊙ A2, as the layer applies it to V) and per branch; the
+  row-sum checks of the maps (A1 and A2 rows sum to 1; the combined rows to w1 − λ, w1 = g for M-DGSA, else 1).
+  Standard attention has one map: A1, which is its combined map, and no λ.
 - figures (PNG, :mod:`diffattn.diagnostics.plots`): ``lambda.png`` (λ per layer), ``needle_mass.png`` (signed mass
   on the needle per layer, min–max over heads), ``entropy.png`` (A1 entropy per layer), and per layer
   ``maps/layer_XX.png`` (A1, A2 and A1 − λA2, averaged over heads, or of one signal head and its noise head).
@@ -67,18 +70,19 @@ class _Reducer(list):
     """Stands in for :attr:`AttentionCapture.layers`: each captured call is reduced to its numbers as it arrives
     (so only one layer's full maps live at a time), keeping a head-averaged (or one head's) map for the figures."""
 
-    def __init__(self, *, needle: tuple[int, int], ratios: dict[str, int], head: int | None = None,
-                 save_maps: bool = False, query: int = -1):
+    def __init__(self, *, needle: tuple[int, int], head: int | None = None, save_maps: bool = False,
+                 query: int = -1):
         super().__init__()
-        self.needle, self.ratios, self.head, self.save_maps, self.query = needle, ratios, head, save_maps, query
+        self.needle, self.head, self.save_maps, self.query = needle, head, save_maps, query
         self.rows: list[dict] = []
         self.figures: list[tuple] = []
         self.tensors: dict[str, torch.Tensor] = {}
 
     def append(self, m) -> None:  # the one list method AttentionCapture calls
         i = len(self.rows)
-        r = self.ratios.get(m.name, 1)
-        a1, a2, c = m.first, m.second, m.combined  # (B, H_s, N, N); A2 per signal head (noise head i // r)
+        # A1 and A1 − λA2 (B, H_s, N, N); A2 (B, H_n, N, N), one map per noise head: signal head i reads i // r
+        a1, noise, c = m.first, m.second, m.combined
+        r = 1 if noise is None else c.shape[1] // noise.shape[1]
         n = c.shape[-1]
         s, e = self.needle
         needle_keys = torch.zeros(n, dtype=torch.bool)
@@ -89,14 +93,18 @@ class _Reducer(list):
             row = a[0, :, q].double()  # (heads, N)
             return row[:, needle_keys].sum(-1), row[:, ~needle_keys].sum(-1)
 
-        noise = None if a2 is None else a2[:, ::r]  # one map per noise head
         row = {"name": m.name, "layer": i, "kind": m.kind, "signal_heads": int(c.shape[1]),
                "noise_heads": None if noise is None else int(noise.shape[1]), "group_ratio": r}
-        lam = m.lambda_
+        lam = _per_head_token(m.lambda_, c.shape[1])  # (H_s, 1 | N) or None
         if lam is not None:
-            lam_l = lam.double().flatten().tolist()
+            lam_l = lam.mean(-1).tolist()  # per head; a per-token λ (M-DGSA's 1 − g, V2's σ(x W)) over the tokens
             row["lambda"] = lam_l
             row["lambda_mean"] = sum(lam_l) / len(lam_l)
+            if lam.shape[-1] > 1:
+                row["lambda_query"] = lam[:, q].tolist()  # the λ that weighs the query row's needle mass
+        elif m.lambda_ is not None:  # a layout of λ other than per head (a retrofit's): as recorded
+            lam_l = m.lambda_.double().flatten().tolist()
+            row["lambda"], row["lambda_mean"] = lam_l, sum(lam_l) / len(lam_l)
         row["entropy"] = {"A1": branch_entropy(a1).tolist()} if a1 is not None else {}
         if noise is not None:
             row["entropy"]["A2"] = branch_entropy(noise).tolist()
@@ -115,9 +123,10 @@ class _Reducer(list):
             checks["A1_row_sum_error"] = float((a1.double().sum(-1) - 1).abs().max())
         if noise is not None:
             checks["A2_row_sum_error"] = float((noise.double().sum(-1) - 1).abs().max())
-            if lam is not None and lam.numel() == c.shape[1]:
-                want = 1 - lam.double().reshape(1, -1, 1)
-                checks["combined_row_sum_error"] = float((c.double().sum(-1) - want).abs().max())
+            if lam is not None:  # rows of w1 ⊙ A1 − λ ⊙ A2 sum to w1 − λ (w1 = g for M-DGSA, else 1)
+                gate = _per_head_token(m.gate, c.shape[1])
+                want = (1.0 if gate is None else gate) - lam  # (H_s, 1 | N)
+                checks["combined_row_sum_error"] = float((c[0].double().sum(-1) - want).abs().max())
         row["checks"] = checks
         self.rows.append(row)
         h = self.head
@@ -127,11 +136,22 @@ class _Reducer(list):
                              pick(c, h).mean(dim=(0, 1))))
         if self.save_maps:
             for key, t in (("A1", a1), ("A2", noise), ("combined", c)):
-                if t is not None:
-                    self.tensors[f"{m.name}.{key}"] = t.contiguous()
+                if t is not None:  # one map (standard attention): A1 is the combined map, stored once each
+                    shared = key == "combined" and noise is None
+                    self.tensors[f"{m.name}.{key}"] = t.clone() if shared else t.contiguous()
 
     def __len__(self) -> int:
         return len(self.rows)
+
+
+def _per_head_token(w: torch.Tensor | None, heads: int) -> torch.Tensor | None:
+    """λ or the gate as captured, (heads,) or broadcastable to (1, heads, N, 1), as float64 (heads, 1 | N); None
+    for None or another layout."""
+    if w is None:
+        return None
+    w = w.double()
+    w = w.reshape(-1, 1) if w.dim() <= 1 else w.reshape(-1, *w.shape[-3:])[0, :, :, 0]
+    return w.expand(heads, w.shape[-1]) if w.shape[0] in (1, heads) else None
 
 
 def _mean(values: list[float]) -> float:
@@ -155,8 +175,7 @@ def inspect_model(model: nn.Module, ids: Sequence[int], out: str | os.PathLike, 
     out.mkdir(parents=True, exist_ok=True)
     param = next(model.parameters())
     x = torch.tensor([ids], dtype=torch.long, device=param.device)
-    ratios = {name: int(getattr(m, "group_ratio", 1)) for name, m in model.named_modules()}
-    red = _Reducer(needle=(s, e), head=head, save_maps=save_maps, ratios=ratios)
+    red = _Reducer(needle=(s, e), head=head, save_maps=save_maps)
     model.eval()
     with torch.no_grad(), capture_attention(model) as cap:
         cap.layers = red

@@ -1,7 +1,15 @@
 """Layers: attention (standard, differential, gated, grouped differential), rotary embedding, KV cache, MLPs,
 norms, and the shared building blocks (the attention spec, the pre-norm block)."""
 
-from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
+from .attention import (
+    ATTENTION_TYPES,
+    Attention,
+    DiffAttention,
+    DiffAttentionV2,
+    GatedDiffAttention,
+    attention_class,
+    attention_kind,
+)
 from .blocks import AttentionSpec, Block, DropPath, LooseAttention, PatchEmbed
 from .grouped import GroupedDiffAttention
 from .kv_cache import KV_CACHES, KVCache, StaticKVCache
@@ -21,6 +29,7 @@ __all__ = [
     "GatedDiffAttention",
     "GroupedDiffAttention",
     "attention_class",
+    "attention_kind",
     "load_layer",
     "KVCache",
     "StaticKVCache",

@@ -33,7 +33,7 @@ from .norm import RMSNorm, head_rms_norm, scaled_rms_norm
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 
 __all__ = ["Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "ATTENTION_TYPES",
-           "attention_class"]
+           "attention_class", "attention_kind"]
 
 
 def _check_int(name: str, value, minimum: int = 1) -> None:
@@ -467,7 +467,16 @@ ATTENTION_TYPES = {"standard": Attention, "diff": DiffAttention, "gated": GatedD
 
 
 def attention_class(name: str) -> type[nn.Module]:
-    """The layer class for ``attention="standard" | "diff" | "gated" | "diff_v2"``."""
+    """The layer class for ``attention="standard" | "diff" | "gated" | "diff_v2" | "grouped"`` (the names of
+    :data:`ATTENTION_TYPES`)."""
     if name not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {tuple(ATTENTION_TYPES)}, got {name!r}")
     return ATTENTION_TYPES[name]
+
+
+def attention_kind(module: nn.Module) -> str | None:
+    """The kind (a name of :data:`ATTENTION_TYPES`) of an attention layer of the library, or None for any other
+    module: the registered class nearest in ``module``'s class hierarchy, so a subclass of a registered layer gets
+    its parent's kind unless registered itself (``GatedDiffAttention`` is ``"gated"``, not ``"diff"``)."""
+    kinds = {cls: name for name, cls in ATTENTION_TYPES.items()}
+    return next((kinds[cls] for cls in type(module).__mro__ if cls in kinds), None)

@@ -34,6 +34,7 @@ from ..eval.robustness import COMMON_CORRUPTIONS, corrupt_images, mean_corruptio
 from ..factory import from_pretrained
 from ..train.config import config_from_dict
 from ..train.loop import train
+from ..utils import device_errors
 from . import claims
 from .base import module_study, require_datasets
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
@@ -55,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     "label_smoothing": 0.1, "model": {"img_size": 28, "patch_size": 4, "in_chans": 1, "num_classes": 10},
     "test_images": 500, "noise_levels": [0.1, 0.2, 0.4],
     "corruptions": ["gaussian_noise", "defocus_blur", "contrast", "jpeg_compression"],
-    "severities": [1, 3, 5], "threads": 1, **PROTOCOL_DEFAULTS,
+    "severities": [1, 3, 5], "threads": 1, "device": None, **PROTOCOL_DEFAULTS,
 }
 
 
@@ -74,7 +75,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     if bad or not cfg["corruptions"]:
         errors.append(f"corruptions in {where} must be a non-empty list from {list(COMMON_CORRUPTIONS)}, got "
                       f"{cfg['corruptions']!r}")
-    errors += protocol_errors(cfg, where)
+    errors += protocol_errors(cfg, where) + device_errors(cfg, where)
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -87,7 +88,7 @@ def _train_config(cfg: dict[str, Any], variant: str, seed: int, progress: bool):
         "optim": {"lr": cfg["lr"], "weight_decay": cfg["weight_decay"], "warmup_steps": cfg["warmup_steps"]},
         "run": {"steps": cfg["steps"], "batch_size": cfg["batch_size"], "seed": seed, "threads": cfg["threads"],
                 "log_every": max(1, cfg["steps"] // 10), "ckpt_every": cfg["steps"], "keep_last": 1,
-                "progress": progress},
+                "progress": progress, "device": cfg["device"]},
     })
 
 

@@ -54,6 +54,7 @@ from ..train.checkpoint import load_checkpoint
 from ..train.config import load_config
 from ..train.loop import train
 from ..train.tasks import mean_lambdas
+from ..utils import check_device, device_errors
 from . import claims
 from .base import Study, StudyConfig, higher_is_better, raised_errors, register_study, require_datasets
 from .report import Control, Metric, check_control, write_study
@@ -554,7 +555,8 @@ def demo_table(summary: dict[str, dict]) -> str:
 def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = DEMO_DEFAULT_VARIANTS, *,
          steps: int | None = None, batch_size: int | None = None, seed: int = 0, quick: bool = False,
          config_dir: str | os.PathLike | None = None, progress: bool = True,
-         max_pairs: int | None = None, curve_points: int | None = None) -> dict[str, Any]:
+         max_pairs: int | None = None, curve_points: int | None = None,
+         device: str | None = None) -> dict[str, Any]:
     """The DiffCLIP-vs-CLIP study end to end (module docstring): train every variant in ``variants`` with
     the packaged recipe ``demo/<variant>`` (``steps`` / ``batch_size`` / ``seed`` override it), evaluate it, answer
     :data:`QUESTION` (:func:`compare_to_baseline`: the control on the first variant, a verdict for each other), write
@@ -562,6 +564,9 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = D
     …}``.
     ``quick`` shrinks the evaluation (:data:`QUICK_PROTOCOL`); ``max_pairs`` caps the pairs taken from each set;
     ``curve_points`` adds each variant's :func:`learning_curve` at that many evenly spaced steps (``"curve"``).
+    ``device`` (``cpu``, ``cuda`` or ``cuda:N``; None: ``cuda`` when torch sees a GPU, else ``cpu``) is where every
+    variant trains (its ``run.device``) and ``diffattn eval`` runs; the demo's own measurements (held-out
+    retrieval, the extra suites, the maps) run on the CPU, a few seconds for these tiny models.
 
     Raises:
         DatasetNotInstalledError: Tux Paint, emoji or Fashion-MNIST is not prepared (the message names
@@ -571,6 +576,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = D
     bad = [v for v in variants if v not in DEMO_VARIANTS]
     if bad or not variants:
         raise ValueError(f"variants must be a non-empty subset of {list(DEMO_VARIANTS)}, got {list(variants)}")
+    check_device(device, "device")
     _check_demo_data()
     t_start = time.perf_counter()
     out = Path(out_dir)
@@ -588,6 +594,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = D
         sets += [f"run.steps={steps}", f"run.ckpt_every={steps}", "optim.warmup_steps=" + str(max(1, steps // 10))] \
             if steps else []
         sets += [f"run.batch_size={batch_size}"] if batch_size else []
+        sets += [f"run.device={device}"] if device is not None else []
         cfg = load_config(configs / f"{v}.yaml", sets)
         if curve_points:  # a checkpoint every steps / curve_points steps, all kept until measured
             every = max(1, cfg.run.steps // curve_points)
@@ -602,7 +609,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = D
         print(f"[demo] {label}: trained in {train_s:.0f} s, final loss {result['final_loss']:.3f}; diffattn eval",
               flush=True)
         res = evaluate(run_dir, run_dir / "eval", dataset="tuxpaint_captions", quick=True, seed=seed,
-                       progress=progress, protocol=protocol["eval"])
+                       progress=progress, protocol=protocol["eval"], device=device)
         if res.get("skipped"):
             raise RuntimeError(f"diffattn eval skipped suites of {run_dir}: {res['skipped']}")
         model = from_pretrained(run_dir / "model").eval()
@@ -690,7 +697,7 @@ def _demo_report(summary: dict, table: str, plots: list[str], seconds: float, cf
 VARIANTS = tuple(DEMO_VARIANTS)
 #: the budget keys of diffattn/configs/studies/diffclip.yaml (None: the demo recipe's value)
 DEFAULTS: dict[str, Any] = {"steps": None, "batch_size": None, "quick": False, "max_pairs": None,
-                            "curve_points": None}
+                            "curve_points": None, "device": None}
 
 
 def check_config(cfg: dict[str, Any], where: str) -> None:
@@ -701,6 +708,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
         v = cfg[key]
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             errors.append(f"{key} in {where} must be null (the demo recipe's value) or an int >= 1, got {v!r}")
+    errors += device_errors(cfg, where)
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -764,7 +772,7 @@ class DiffCLIPStudy(Study):
                 print(f"[study] seed {seed}: diffattn demo -> {folder}", flush=True)
                 summary = demo(folder, tuple(cfg["variants"]), steps=cfg["steps"], batch_size=cfg["batch_size"],
                                seed=seed, quick=cfg["quick"], progress=progress, max_pairs=cfg["max_pairs"],
-                               curve_points=cfg["curve_points"])["summary"]
+                               curve_points=cfg["curve_points"], device=cfg["device"])["summary"]
             else:
                 print(f"[study] seed {seed}: reusing the finished demo in {folder}", flush=True)
             per_seed[seed] = summary

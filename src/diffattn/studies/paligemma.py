@@ -42,6 +42,7 @@ from ..io import atomic_write_file
 from ..models.paligemma import paligemma_transform
 from ..train.config import config_from_dict
 from ..train.loop import train
+from ..utils import device_errors
 from . import claims
 from .base import module_study, require_datasets
 from .report import Control, Metric, run_seeds, write_study
@@ -67,7 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "finetune_kinds": ["what", "category", "pope", "needle"], "pope_splits": ["random"], "needle_count": 400,
     "finetune_steps": 300, "finetune_lr": 4.0e-4, "lora_r": 32, "lora_alpha": 64, "lambda_init": 0.8,
     "anneal_steps": 150, "batch_size": 16, "warmup_steps": 10, "test_needle_count": 100, "max_new_tokens": 6,
-    "attention_questions": 64, "threads": 1,
+    "attention_questions": 64, "threads": 1, "device": None,
 }
 
 
@@ -85,6 +86,7 @@ def check_config(cfg: dict[str, Any], where: str) -> None:
     if not cfg["pope_splits"] or any(s not in POPE_SPLITS for s in cfg["pope_splits"]):
         errors.append(f"pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
                       f"{cfg['pope_splits']!r}")
+    errors += device_errors(cfg, where)
     if errors:
         raise ValueError("; ".join(errors))
 
@@ -99,7 +101,8 @@ def _train_config(cfg: dict[str, Any], seed: int, base: dict, kinds: list[str], 
                           "pope_splits": list(cfg["pope_splits"])}},
         "optim": {"lr": lr, "weight_decay": 1.0e-9, "warmup_steps": cfg["warmup_steps"], "min_lr_ratio": 0.1},
         "run": {"steps": steps, "batch_size": cfg["batch_size"], "seed": seed, "threads": cfg["threads"],
-                "log_every": max(1, steps // 10), "ckpt_every": steps, "keep_last": 1, "progress": progress},
+                "log_every": max(1, steps // 10), "ckpt_every": steps, "keep_last": 1, "progress": progress,
+                "device": cfg["device"]},
     })
 
 
