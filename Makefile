@@ -18,11 +18,15 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: install data test test-oldest lint demo bench constraints docs clean
 
+# pip says what it collects, downloads and installs (a fresh install takes minutes): with a progress bar on a
+# terminal; where CI is set (GitHub Actions), one line per file and no bar redrawn into the log.
+PIP_PROGRESS ?= $(if $(CI),--progress-bar off)
+
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	@$(PY) -c "import torch, torchvision" 2>/dev/null || $(PY) -m pip install -q $(TORCH_SPEC)
-	$(PY) -m pip install -q $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[test,detect]"
+	$(PY) -m pip install $(PIP_PROGRESS) --upgrade pip
+	@$(PY) -c "import torch, torchvision" 2>/dev/null || $(PY) -m pip install $(PIP_PROGRESS) $(TORCH_SPEC)
+	$(PY) -m pip install $(PIP_PROGRESS) $(if $(CONSTRAINTS),-c $(CONSTRAINTS)) -e ".[test,detect]"
 	@touch $@
 
 install: $(STAMP)

@@ -1,5 +1,9 @@
 """Test configuration: offline, deterministic, few threads (CI has 2 cores). ``make test`` runs the suite in
-pytest-xdist workers, one per core, each with one torch thread."""
+pytest-xdist workers, one per core, each with one torch thread; ``DIFFATTN_TEST_THREADS=N`` gives every worker (or
+the one process without xdist) N torch threads instead, to check that no test depends on the thread count:
+
+    DIFFATTN_TEST_THREADS=2 make test
+"""
 
 import os
 
@@ -15,7 +19,13 @@ import torch  # noqa: E402
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core already: a second torch thread only competes
+_threads = os.environ.get("DIFFATTN_TEST_THREADS", "").strip()
+if _threads:
+    if not _threads.isdigit() or int(_threads) < 1:
+        raise pytest.UsageError(f"DIFFATTN_TEST_THREADS must be an integer >= 1 (torch threads per test process), "
+                                f"got {_threads!r}")
+    torch.set_num_threads(int(_threads))
+elif os.environ.get("PYTEST_XDIST_WORKER"):  # one process per core already: a second torch thread only competes
     torch.set_num_threads(1)
 
 

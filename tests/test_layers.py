@@ -485,3 +485,26 @@ def test_rms_norm_of_half_input_with_float_weight_takes_one_dtype():
     assert ((out.double() - ref).norm() / ref.norm()).item() < 1e-2
     out.float().sum().backward()
     assert norm.weight.grad is not None and norm.weight.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("kind", sorted(ATTENTION_TYPES))
+def test_need_weights_leaves_the_output_bit_for_bit(kind, one_thread):
+    """The maps are computed on the side: with two threads (where SDPA and math sum in another order) the output
+    and its gradient equal those without need_weights bit for bit, and a KV cache is appended to once."""
+    torch.set_num_threads(2)
+    layer = attention_class(kind)(64, 4, causal=True, rope="half").eval()
+    x = torch.randn(2, 64, 64, requires_grad=True)
+    ref = layer(x)
+    out, maps = layer(x, need_weights=True)
+    assert torch.equal(out, ref)
+    g_ref, g = (torch.autograd.grad(y.square().sum(), x)[0] for y in (ref, out))
+    assert torch.equal(g, g_ref)
+    torch.testing.assert_close(maps.first.sum(-1), torch.ones_like(maps.first.sum(-1)))
+    assert float(maps.first.detach().triu(1).abs().max()) == 0.0  # causal
+    with torch.no_grad():
+        plain, asked = KVCache(), KVCache()
+        for part in (x[:, :60], x[:, 60:]):  # prefill, then 4 tokens against the cache
+            y_ref = layer(part, kv_cache=plain)
+            y, _ = layer(part, need_weights=True, kv_cache=asked)
+            assert torch.equal(y, y_ref)
+    assert plain.length == asked.length == 64

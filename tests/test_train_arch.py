@@ -201,13 +201,21 @@ def test_the_model_is_built_once(monkeypatch, tmp_path):
 
 # ------------------------------------------------------------------------------- same-seed losses, pinned
 
-#: the losses of a 3-step run of each recipe (seed 0, CPU, float32), recorded before the training package was
-#: split into the Trainer's parts and registered tasks; float.hex, so equality is bit for bit
+#: the losses of a 3-step run of each recipe (seed 0, CPU, float32, one thread), recorded before the training
+#: package was split into the Trainer's parts and registered tasks
 PINNED = {
-    "lm": ["0x1.64fe6a0000000p+2", "0x1.60da2e0000000p+2", "0x1.5b84100000000p+2"],
-    "clip": ["0x1.e791d40000000p+1", "0x1.cb2f960000000p+1", "0x1.d9ada60000000p+1"],
-    "classify": ["0x1.284ec40000000p+1", "0x1.23ea600000000p+1", "0x1.2a5d6e0000000p+1"],
+    "lm": [float.fromhex(h) for h in ("0x1.64fe6ap+2", "0x1.60da2ep+2", "0x1.5b8410p+2")],
+    "clip": [float.fromhex(h) for h in ("0x1.e791d4p+1", "0x1.cb2f96p+1", "0x1.d9ada6p+1")],
+    "classify": [float.fromhex(h) for h in ("0x1.284ec4p+1", "0x1.23ea60p+1", "0x1.2a5d6ep+1")],
 }
+
+#: The pins hold on every CPU up to float32 reassociation, not bit for bit: the matmul and reduction kernels of
+#: another CPU (AVX-512 against AVX2) or another thread count sum in another order, which moves a loss by a few
+#: float32 ulps (one ulp of the first clip loss between an Intel Xeon and an AMD EPYC; 2 ulps, 3e-7, at the later
+#: steps), and three AdamW steps carry that along without amplifying it. 1e-5 leaves a wide margin above that and
+#: still fails on a real change of the run: 1 % more learning rate moves the third loss by 2.6e-4 (clip) to 1.4e-2
+#: (lm). Bit identity between two commits on one machine is scripts/same_seed_losses.py's check.
+PINNED_RTOL = 1e-5
 
 
 @pytest.mark.data
@@ -220,4 +228,4 @@ def test_same_seed_losses_are_pinned(name, tmp_path):
         res = train(cfg, out=tmp_path / "run")
     except DatasetNotInstalledError as e:
         pytest.skip(f"tiny/{name} needs its dataset: {e}")
-    assert [float.hex(v) for v in res["losses"]] == PINNED[name]
+    torch.testing.assert_close(res["losses"], PINNED[name], rtol=PINNED_RTOL, atol=0.0)

@@ -30,8 +30,9 @@ Which modules are captured:
   Ultralytics binding): a forward pre-hook computes the maps from the module's input; the forward itself is
   untouched. λ comes from the module's ``lambda_value()``.
 
-Outputs are unchanged up to floating-point rounding: asking for the weights routes the layer through the ``math``
-backend (it materialises the maps) instead of the fused SDPA kernel; both compute the same equation.
+Outputs are unchanged bit for bit, on any CPU and thread count: a layer asked for its weights and a retrofit that
+keeps its maps compute the maps on the side (``math`` backend, no dropout) while the output takes the path it takes
+without them (the fused or SDPA kernels, which sum in another order than ``math``).
 """
 
 from __future__ import annotations

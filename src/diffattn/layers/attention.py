@@ -141,7 +141,9 @@ class _AttentionBase(nn.Module):
             layer's attention-head count (num_heads for :class:`Attention` and :class:`DiffAttentionV2`,
             num_heads/2 for :class:`DiffAttention`).
         need_weights: also return :class:`~diffattn.functional.AttentionWeights` (A1, A2, combined; for standard
-            attention A1 = combined = A and A2 is None).
+            attention A1 = combined = A and A2 is None), the maps before attention dropout. They are computed on
+            the side, by the ``math`` backend from the same q, k and λ: the output is the one the layer gives
+            without ``need_weights``, bit for bit (the fused and SDPA kernels sum in another order than math).
         position_ids: (N,) or (B, N) positions for the rotary embedding; default continues ``kv_cache``.
         kv_cache: a :class:`KVCache` to append to and attend over (incremental decoding).
         is_causal: overrides the layer's ``causal`` flag; the causal mask is aligned to the end of the cache.
@@ -153,7 +155,9 @@ class _AttentionBase(nn.Module):
         if self.sliding_window is not None:
             attn_mask = restrict_mask(attn_mask, sliding_window_mask(N, k.shape[2], self.sliding_window, x.device))
         drop = self.attn_drop if self.training else 0.0
-        out, weights = self._attend(x, q, k, v, attn_mask, causal, drop, need_weights)  # (B, heads, N, dv)
+        out, _ = self._attend(x, q, k, v, attn_mask, causal, drop, False)  # (B, heads, N, dv)
+        # the maps on the side (no dropout, so no random numbers drawn): the output keeps its own path
+        weights = self._attend(x, q, k, v, attn_mask, causal, 0.0, True)[1] if need_weights else None
         out = out.transpose(1, 2).reshape(B, N, self.inner_dim)
         out = self._output(out, q_lin)
         return (out, weights) if need_weights else out

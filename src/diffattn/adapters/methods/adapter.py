@@ -170,7 +170,9 @@ def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: to
     it (:func:`branch_maps`): A1 and A2 (DAA, DiffQ, DiffK: A2 = A(Q2, K) or A(Q, K2)), A and None (DiffV, DEX: one
     map), A1 and A1 (shared-QK), A1 and A2 of the channel halves (split-heads, not blended). When
     ``adapter.keep_maps`` is True, the maps are also computed without ``need_weights`` and kept, detached, as
-    ``adapter.last_maps`` (:class:`~diffattn.functional.AttentionWeights`; what ``capture_attention`` reads).
+    ``adapter.last_maps`` (:class:`~diffattn.functional.AttentionWeights`; what ``capture_attention`` reads): on
+    the side, without dropout and without gradients, so the output is the one the layer gives without them, bit
+    for bit.
     """
     if masked_rows not in MASKED_ROWS:
         raise ValueError(f"masked_rows must be one of {MASKED_ROWS}, got {masked_rows!r}")
@@ -179,7 +181,11 @@ def run_method(adapter: RetrofitAdapter, q: torch.Tensor, k: torch.Tensor, v: to
     keep = bool(getattr(adapter, "keep_maps", False))
     lam = adapter.lambda_value()  # 0-d, float32 (float64 for a float64 model)
     out, first, second, p = adapter.method_impl.attend(adapter, q, k, v, q2=q2, k2=k2, v2=v2, lam=lam,
-                                                       weights=need_weights or keep, kw=kw)
+                                                       weights=need_weights, kw=kw)
+    if keep and not need_weights:  # the maps on the side: the output keeps the path it takes without them
+        with torch.no_grad():
+            _, first, second, p = adapter.method_impl.attend(adapter, q, k, v, q2=q2, k2=k2, v2=v2, lam=lam,
+                                                             weights=True, kw=dict(kw, dropout_p=0.0))
     if p is None:
         return out, None
     if keep:
