@@ -50,16 +50,16 @@ def test_default_lambda_init_is_defined_once():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(kind="linear"),
-     "attention must be one of \\('standard', 'diff', 'gated', 'diff_v2', 'grouped'\\), got 'linear'"),
+     "attention kind must be one of \\('standard', 'diff', 'gated', 'diff_v2', 'grouped'\\), got 'linear'"),
     (dict(kind="diff", lambda_init="depth"), "lambda_init must be a finite float or 'ye', got 'depth'"),
     (dict(kind="diff", lambda_init=float("nan")), "lambda_init must be a finite float"),
     (dict(kind="diff", lambda_form="cosine"), "lambda_form must be None or one of \\('reparam'"),
     (dict(kind="diff", lambda_options=[1]), "lambda_options must be a dict or None, got list"),
     (dict(kind="standard", backend="triton"), "backend='triton' is for differential attention"),
     (dict(kind="diff", backend="flash"), "backend must be one of \\('auto', 'math', 'sdpa', 'triton'\\)"),
-    (dict(kind="diff", q_residual=True), "q_residual .* needs attention='gated', got attention='diff'"),
-    (dict(kind="diff", gate_bias=False), "gate_bias .* needs attention='gated'"),
-    (dict(kind="diff", head_dim=16), "head_dim is the head width of attention 'diff_v2'"),
+    (dict(kind="diff", q_residual=True), "q_residual .* needs kind 'gated', got kind 'diff'"),
+    (dict(kind="diff", gate_bias=False), "gate_bias .* needs kind 'gated'"),
+    (dict(kind="diff", head_dim=16), "head_dim is the head width of kinds 'diff_v2'"),
     (dict(kind="diff", attn_drop=1.0), "attention attn_drop must be a float in \\[0, 1\\), got 1.0"),
     (dict(kind="diff", sub_norm="yes"), "attention sub_norm must be a bool, got 'yes'"),
     (dict(kind="diff", rope="full"), "rope must be None or one of \\('half', 'interleaved'\\), got 'full'"),
@@ -166,9 +166,15 @@ def test_registered_models_take_a_spec_and_set_loose_overrides_in_theirs():
     spec = AttentionSpec("gated", q_residual=True, lambda_init="ye")
     model = diffattn.create_model("dg_vit_tiny_patch16_224", attention=spec, img_size=32, depth=2)
     assert model.attention_spec == spec and model.blocks[1].attn.q_residual
-    with pytest.warns(FutureWarning, match="VisionTransformer: lambda_init is the loose spelling"):
+    with pytest.warns(FutureWarning) as record:
         model = diffattn.create_model("dg_vit_tiny_patch16_224", lambda_init="ye", img_size=32, depth=2)
     assert model.attention_spec == spec  # the registered spec, with the override in it
+    assert [str(w.message) for w in record] == [  # one warning, naming the partial dict that now does the same
+        "create_model('dg_vit_tiny_patch16_224'): lambda_init='ye' is the loose spelling of the attention settings, "
+        "deprecated and removed in diffattn 0.3.0; pass attention={'lambda_init': 'ye'} (a partial dict updates the "
+        "registered attention) instead"]
+    assert diffattn.create_model("dg_vit_tiny_patch16_224", attention={"lambda_init": "ye"}, img_size=32,
+                                 depth=2).attention_spec == spec
 
 
 def test_spec_models_save_and_load(tmp_path):
