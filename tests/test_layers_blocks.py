@@ -22,7 +22,7 @@ from diffattn.layers import (
     GatedDiffAttention,
     LooseAttention,
 )
-from diffattn.layers.blocks import LOOSE_KEYWORDS
+from diffattn.layers.blocks import KIND_SETTINGS, LOOSE_KEYWORDS
 from diffattn.models.causal_lm import CausalLM, LMBlock
 from diffattn.models.clip import CLIP, TextTransformer
 from diffattn.models.motif import MotifLM
@@ -292,3 +292,27 @@ def test_loose_attention_converts_with_the_family_defaults():
     assert loose.upgrade({"attention": "gated", "lambda_init": "ye", "drop_rate": 0.1}, {}) == {
         "drop_rate": 0.1, "attention": AttentionSpec("gated", lambda_init="ye", qkv_bias=False, proj_drop=0.1,
                                                      causal=True).to_dict()}
+
+
+def test_updated_changes_the_settings_given_and_keeps_the_rest():
+    """AttentionSpec.updated: a partial dict sets its settings only; a new kind resets the kind-only settings
+    (KIND_SETTINGS) to their defaults unless given, so the result validates; a spec replaces; bad input names it."""
+    replace, fields = dataclasses.replace, dataclasses.fields
+    dg = AttentionSpec("gated", lambda_init=0.3, q_residual=True, gate_bias=False, lambda_form="constant",
+                       sub_norm=False, proj_drop=0.1, backend="math", num_kv_heads=2)
+    assert dg.updated({"lambda_init": 0.5}) == replace(dg, lambda_init=0.5)
+    assert dg.updated({}) == dg and dg.updated({"kind": "gated"}) == dg  # the same kind: nothing resets
+    diff = dg.updated({"kind": "diff"})
+    assert diff == AttentionSpec("diff", lambda_init=0.3, proj_drop=0.1, backend="math", num_kv_heads=2)
+    assert dg.updated({"kind": "diff", "sub_norm": False}).sub_norm is False
+    assert AttentionSpec("diff_v2", head_dim=8).updated({"kind": "standard"}) == AttentionSpec("standard")
+    assert dg.updated(AttentionSpec("diff")) == AttentionSpec("diff")
+    with pytest.raises(ValueError, match=r"unknown AttentionSpec settings \['lamda_init'\]"):
+        dg.updated({"lamda_init": 0.5})
+    with pytest.raises(ValueError, match="q_residual .* needs kind 'gated', got kind 'diff'"):
+        AttentionSpec("diff").updated({"q_residual": True})
+    with pytest.raises(ValueError, match="attention must be an AttentionSpec or a dict of its settings, got str"):
+        dg.updated("diff")
+    assert set(AttentionSpec.settings_of("standard")) == {f.name for f in fields(AttentionSpec)} - {
+        "kind", *KIND_SETTINGS}
+    assert "q_residual" in AttentionSpec.settings_of("gated") and "head_dim" not in AttentionSpec.settings_of("gated")

@@ -53,9 +53,10 @@ class ModelConfig:
     Or ``pretrained``: a released differential model to start from (a folder or a Hugging Face Hub id holding a
     DiffLlama checkpoint, a Motif checkpoint, a diffattn ``save_pretrained`` folder or a diffattn run; for the
     tasks that take one, :attr:`~diffattn.train.tasks.Task.pretrained`), trained in ``dtype`` (its weights are cast
-    to it; ``overrides`` may then set only ``attention.backend``). ``lora`` trains peft LoRA (``lora_r``, ``lora_alpha``,
-    ``lora_targets``: the spelling of the retrofit task's) instead of every weight; ``freeze_lambda`` keeps the
-    re-parameterised λ vectors (Ye et al. 2024, eq. 2) as loaded (else they train, with LoRA too)."""
+    to it; ``overrides`` may then set only ``attention.backend``). ``lora`` trains peft LoRA (``lora_r``,
+    ``lora_alpha``, ``lora_targets``: the spelling of the retrofit task's) instead of every weight;
+    ``freeze_lambda`` keeps the re-parameterised λ vectors (Ye et al. 2024, eq. 2) as loaded (else they train, with
+    LoRA too)."""
 
     name: str = ""
     overrides: dict = field(default_factory=dict)
