@@ -2,13 +2,17 @@
 keyword arguments of before build the same models through one deprecation path, and config.json files of before
 load as they did; λ_init's default is defined once."""
 
+import ast
 import dataclasses
 import inspect
 import json
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import diffattn
 import diffattn.adapters as A
@@ -316,3 +320,71 @@ def test_updated_changes_the_settings_given_and_keeps_the_rest():
     assert set(AttentionSpec.settings_of("standard")) == {f.name for f in fields(AttentionSpec)} - {
         "kind", *KIND_SETTINGS}
     assert "q_residual" in AttentionSpec.settings_of("gated") and "head_dim" not in AttentionSpec.settings_of("gated")
+
+
+# ------------------------------------------------------------- nothing the project prints recommends the loose spelling
+
+_ROOT = Path(__file__).resolve().parents[1]
+_LOOSE = "|".join(sorted(LOOSE_KEYWORDS, key=len, reverse=True))
+_KINDS = "|".join(sorted(("standard", "diff", "gated", "diff_v2", "grouped"), key=len, reverse=True))
+_TOWER = r"(?:(?:vision|text|lm)_)?"
+_MODELS = (r"(?:create_model|build|VisionTransformer|TextTransformer|TextClassifier|CausalLM|CLIP|MotifLM|"
+           r"VisionLanguageModel|LMBlock|Block)")
+#: the loose spellings: a config key beside the model's arguments, a kind's name as the attention, a loose keyword
+#: of a model (or one tower's)
+_DEPRECATED = [re.compile(rf"model\.overrides\.{_TOWER}(?:{_LOOSE})\b"),
+               re.compile(rf"""\b{_TOWER}attention\s*=\s*["'](?:{_KINDS})["']"""),
+               re.compile(rf"\b{_MODELS}\([^()]*\b{_TOWER}(?:{_LOOSE})\s*="),
+               re.compile(rf"(?<![.\w])(?:vision|text|lm)_(?:{_LOOSE})\s*=")]
+#: words of a text that describes the loose spelling as what it is
+_DESCRIBED = re.compile(r"deprecated|of before|loose|0\.1\.0|FutureWarning", re.I)
+
+
+def _loose_spellings(text: str) -> list[str]:
+    return [m.group(0) for p in _DEPRECATED for m in p.finditer(text)]
+
+
+def _src_strings(path: Path) -> list[tuple[int, str]]:
+    """Every string of a source file (messages, ``--help``, docstrings) with its line, but the arguments of
+    :func:`~diffattn.layers.blocks.warn_loose`, the deprecation warning that names what the user wrote."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = {id(n) for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "warn_loose"
+            for n in ast.walk(c)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            out.append((node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.append((node.lineno, node.value))
+    return out
+
+
+def test_nothing_the_project_prints_recommends_the_loose_spelling():
+    """README.md, docs/, the recipes (configs/, comments included) and every string of src/ (error messages,
+    ``--help``, docstrings) name ``model.overrides.attention.<field>`` and ``attention={...}``: a loose spelling
+    appears only in a paragraph (a docs paragraph, a string) that calls it deprecated, and in the warning itself."""
+    assert _loose_spellings("--set model.overrides.backend=triton; --set model.overrides.text_lambda_init=0.5") == [
+        "model.overrides.backend", "model.overrides.text_lambda_init"]
+    assert _loose_spellings("""create_model("diff_vit_nano", depth=2, lambda_init=0.5); attention='diff'""") == [
+        "attention='diff'", 'create_model("diff_vit_nano", depth=2, lambda_init=']
+    assert _loose_spellings("vision_lambda_form='constant'") == ["vision_lambda_form="]
+    assert not _loose_spellings("--set model.overrides.attention.backend=triton; attention={'lambda_init': 0.5}; "
+                                "DiffAttention(dim=64, num_heads=4, lambda_init=0.8); retrofit(m, 'daa', "
+                                "lambda_init=0.8)")
+    found = []
+    for path in [_ROOT / "README.md", *sorted((_ROOT / "docs").rglob("*.md"))]:
+        found += [(path.name, s) for para in re.split(r"\n\s*\n", path.read_text(encoding="utf-8"))
+                  if not _DESCRIBED.search(para) for s in _loose_spellings(para)]
+    configs = _ROOT / "src" / "diffattn" / "configs"
+    for path in sorted(configs.rglob("*.yaml")):
+        found += [(path.name, s) for s in _loose_spellings(path.read_text(encoding="utf-8"))]
+        overrides = ((yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("model") or {}).get("overrides")
+        found += [(path.name, f"model.overrides.{k}") for k in overrides or {}
+                  if re.fullmatch(rf"{_TOWER}(?:{_LOOSE})", k)]
+    assert len(list(configs.rglob("*.yaml"))) > 20
+    for path in sorted((_ROOT / "src" / "diffattn").rglob("*.py")):
+        found += [(f"{path.name}:{line}", s) for line, text in _src_strings(path) if not _DESCRIBED.search(text)
+                  for s in _loose_spellings(text)]
+    assert not found
