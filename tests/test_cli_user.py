@@ -610,6 +610,7 @@ def test_triton_backend_on_the_cpu_is_refused_and_the_retry_needs_no_overwrite(t
         assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, "--device", "cpu",
                          "--set", "model.overrides.backend=triton"]) == 2
     assert len(record) == 1 and "attention={'backend': 'triton'}" in str(record[0].message)
+    assert "--set model.overrides.attention.backend=triton" in str(record[0].message)
     assert "model.overrides.backend" not in one_error(capsys, "model.overrides.attention.backend 'triton'")
     assert cli.main(["train", CLASSIFY, "--out", str(out), *FAST, "--set", "run.steps=1"]) == 0
 

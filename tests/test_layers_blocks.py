@@ -176,7 +176,7 @@ def test_registered_models_take_a_spec_and_set_loose_overrides_in_theirs():
     assert [str(w.message) for w in record] == [  # one warning, naming the partial dict that now does the same
         "create_model('dg_vit_tiny_patch16_224'): lambda_init='ye' is the loose spelling of the attention settings, "
         "deprecated and removed in diffattn 0.3.0; pass attention={'lambda_init': 'ye'} (a partial dict updates the "
-        "registered attention) instead"]
+        "registered attention; in a recipe: --set model.overrides.attention.lambda_init=ye) instead"]
     assert diffattn.create_model("dg_vit_tiny_patch16_224", attention={"lambda_init": "ye"}, img_size=32,
                                  depth=2).attention_spec == spec
 

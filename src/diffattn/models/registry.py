@@ -28,6 +28,7 @@ from __future__ import annotations
 import copy
 import fnmatch
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -123,8 +124,10 @@ class ModelFamily:
                     where[k] = value
         if given:  # the deprecated spelling, converted, with one warning per call
             instead = " and ".join(f"{arg}={d!r}" for arg, d in deprecated.items())
+            keys = " ".join(f"--set model.overrides.{arg}.{k}={v if isinstance(v, str) else json.dumps(v)}"
+                            for arg, d in deprecated.items() for k, v in d.items())
             warn_loose(f"create_model({name!r})", given, f"{instead} (a partial dict updates the registered "
-                                                              f"attention)")
+                                                          f"attention; in a recipe: {keys})")
         return cfg
 
 
