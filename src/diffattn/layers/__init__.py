@@ -2,7 +2,7 @@
 norms, and the shared building blocks (the attention spec, the pre-norm block)."""
 
 from .attention import ATTENTION_TYPES, Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, attention_class
-from .blocks import AttentionSpec, Block, DropPath, LooseAttention, PatchEmbed
+from .blocks import KIND_SETTINGS, AttentionSpec, Block, DropPath, LooseAttention, PatchEmbed
 from .grouped import GroupedDiffAttention
 from .kv_cache import KV_CACHES, KVCache, StaticKVCache
 from .loading import load_layer
@@ -14,6 +14,7 @@ from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 __all__ = [
     "ATTENTION_TYPES",
     "AttentionSpec",
+    "KIND_SETTINGS",
     "LooseAttention",
     "Attention",
     "DiffAttention",
