@@ -14,7 +14,7 @@ family is built by the same :func:`build_model`, which applies overrides one way
   DiffViT with λ_init 0.5). A ``"kind"`` in the dict changes the kind, the settings only some kinds take starting
   afresh at their defaults; an :class:`~diffattn.layers.AttentionSpec` instance is a full replacement. The loose
   keywords of before (``lambda_init="ye"``, ``text_lambda_form=...``, a kind's name ``attention="diff"``) update the
-  spec the same way, with one FutureWarning that names the dict to pass (:func:`~diffattn.layers.warn_loose`);
+  spec the same way, with one FutureWarning that names the dict to pass (:func:`~diffattn.layers.blocks.warn_loose`);
 - anything else is a ValueError that lists what is accepted.
 
 The registry only builds: it imports no family (each family module registers itself, and importing

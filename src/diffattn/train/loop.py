@@ -232,7 +232,8 @@ def _released_overrides(m: ModelConfig) -> dict:
         warn_loose("model.pretrained", [f"model.overrides.backend={o['backend']!r}"],
                    f"model.overrides.attention.backend={o['backend']!r}")
         return {"backend": o["backend"]}
-    return {"backend": o["attention"]["backend"]} if "attention" in o else {}
+    attention = o.get("attention") or {}
+    return {"backend": attention["backend"]} if "backend" in attention else {}
 
 
 def build_run_model(task: Task, m: ModelConfig) -> nn.Module:
