@@ -178,7 +178,7 @@ def test_unknown_or_missing_tensors_are_named(tmp_path):
 
 def test_to_motif_refuses_what_the_release_cannot_express():
     model = MotifLM(61, 32, 2, 4, mlp_hidden=48, attention={"kind": "diff", **MOTIF_ATTENTION, "lambda_init": "ye"})
-    with pytest.raises(ValueError, match="lambda_init='motif'"):
+    with pytest.raises(ValueError, match="MOTIF_ATTENTION: 'lambda_init': 'motif'"):
         convert.to_motif(model)
     model = MotifLM(61, 32, 2, 4, mlp_hidden=48, mlp_bias=True)
     with pytest.raises(ValueError, match="use_bias"):

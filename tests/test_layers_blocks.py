@@ -2,13 +2,17 @@
 keyword arguments of before build the same models through one deprecation path, and config.json files of before
 load as they did; λ_init's default is defined once."""
 
+import ast
 import dataclasses
 import inspect
 import json
+import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import diffattn
 import diffattn.adapters as A
@@ -22,7 +26,7 @@ from diffattn.layers import (
     GatedDiffAttention,
     LooseAttention,
 )
-from diffattn.layers.blocks import LOOSE_KEYWORDS
+from diffattn.layers.blocks import KIND_SETTINGS, LOOSE_KEYWORDS
 from diffattn.models.causal_lm import CausalLM, LMBlock
 from diffattn.models.clip import CLIP, TextTransformer
 from diffattn.models.motif import MotifLM
@@ -50,16 +54,16 @@ def test_default_lambda_init_is_defined_once():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(kind="linear"),
-     "attention must be one of \\('standard', 'diff', 'gated', 'diff_v2', 'grouped'\\), got 'linear'"),
+     "attention kind must be one of \\('standard', 'diff', 'gated', 'diff_v2', 'grouped'\\), got 'linear'"),
     (dict(kind="diff", lambda_init="depth"), "lambda_init must be a finite float or 'ye', got 'depth'"),
     (dict(kind="diff", lambda_init=float("nan")), "lambda_init must be a finite float"),
     (dict(kind="diff", lambda_form="cosine"), "lambda_form must be None or one of \\('reparam'"),
     (dict(kind="diff", lambda_options=[1]), "lambda_options must be a dict or None, got list"),
     (dict(kind="standard", backend="triton"), "backend='triton' is for differential attention"),
     (dict(kind="diff", backend="flash"), "backend must be one of \\('auto', 'math', 'sdpa', 'triton'\\)"),
-    (dict(kind="diff", q_residual=True), "q_residual .* needs attention='gated', got attention='diff'"),
-    (dict(kind="diff", gate_bias=False), "gate_bias .* needs attention='gated'"),
-    (dict(kind="diff", head_dim=16), "head_dim is the head width of attention 'diff_v2'"),
+    (dict(kind="diff", q_residual=True), "q_residual .* needs kind 'gated', got kind 'diff'"),
+    (dict(kind="diff", gate_bias=False), "gate_bias .* needs kind 'gated'"),
+    (dict(kind="diff", head_dim=16), "head_dim is the head width of kinds 'diff_v2'"),
     (dict(kind="diff", attn_drop=1.0), "attention attn_drop must be a float in \\[0, 1\\), got 1.0"),
     (dict(kind="diff", sub_norm="yes"), "attention sub_norm must be a bool, got 'yes'"),
     (dict(kind="diff", rope="full"), "rope must be None or one of \\('half', 'interleaved'\\), got 'full'"),
@@ -166,9 +170,15 @@ def test_registered_models_take_a_spec_and_set_loose_overrides_in_theirs():
     spec = AttentionSpec("gated", q_residual=True, lambda_init="ye")
     model = diffattn.create_model("dg_vit_tiny_patch16_224", attention=spec, img_size=32, depth=2)
     assert model.attention_spec == spec and model.blocks[1].attn.q_residual
-    with pytest.warns(FutureWarning, match="VisionTransformer: lambda_init is the loose spelling"):
+    with pytest.warns(FutureWarning) as record:
         model = diffattn.create_model("dg_vit_tiny_patch16_224", lambda_init="ye", img_size=32, depth=2)
     assert model.attention_spec == spec  # the registered spec, with the override in it
+    assert [str(w.message) for w in record] == [  # one warning, naming the partial dict that now does the same
+        "create_model('dg_vit_tiny_patch16_224'): lambda_init='ye' is the loose spelling of the attention settings, "
+        "deprecated and removed in diffattn 0.3.0; pass attention={'lambda_init': 'ye'} (a partial dict updates the "
+        "registered attention; in a recipe: --set model.overrides.attention.lambda_init=ye) instead"]
+    assert diffattn.create_model("dg_vit_tiny_patch16_224", attention={"lambda_init": "ye"}, img_size=32,
+                                 depth=2).attention_spec == spec
 
 
 def test_spec_models_save_and_load(tmp_path):
@@ -286,3 +296,95 @@ def test_loose_attention_converts_with_the_family_defaults():
     assert loose.upgrade({"attention": "gated", "lambda_init": "ye", "drop_rate": 0.1}, {}) == {
         "drop_rate": 0.1, "attention": AttentionSpec("gated", lambda_init="ye", qkv_bias=False, proj_drop=0.1,
                                                      causal=True).to_dict()}
+
+
+def test_updated_changes_the_settings_given_and_keeps_the_rest():
+    """AttentionSpec.updated: a partial dict sets its settings only; a new kind resets the kind-only settings
+    (KIND_SETTINGS) to their defaults unless given, so the result validates; a spec replaces; bad input names it."""
+    replace, fields = dataclasses.replace, dataclasses.fields
+    dg = AttentionSpec("gated", lambda_init=0.3, q_residual=True, gate_bias=False, lambda_form="constant",
+                       sub_norm=False, proj_drop=0.1, backend="math", num_kv_heads=2)
+    assert dg.updated({"lambda_init": 0.5}) == replace(dg, lambda_init=0.5)
+    assert dg.updated({}) == dg and dg.updated({"kind": "gated"}) == dg  # the same kind: nothing resets
+    diff = dg.updated({"kind": "diff"})
+    assert diff == AttentionSpec("diff", lambda_init=0.3, proj_drop=0.1, backend="math", num_kv_heads=2)
+    assert dg.updated({"kind": "diff", "sub_norm": False}).sub_norm is False
+    assert AttentionSpec("diff_v2", head_dim=8).updated({"kind": "standard"}) == AttentionSpec("standard")
+    assert dg.updated(AttentionSpec("diff")) == AttentionSpec("diff")
+    with pytest.raises(ValueError, match=r"unknown AttentionSpec settings \['lamda_init'\]"):
+        dg.updated({"lamda_init": 0.5})
+    with pytest.raises(ValueError, match="q_residual .* needs kind 'gated', got kind 'diff'"):
+        AttentionSpec("diff").updated({"q_residual": True})
+    with pytest.raises(ValueError, match="attention must be an AttentionSpec or a dict of its settings, got str"):
+        dg.updated("diff")
+    assert set(AttentionSpec.settings_of("standard")) == {f.name for f in fields(AttentionSpec)} - {
+        "kind", *KIND_SETTINGS}
+    assert "q_residual" in AttentionSpec.settings_of("gated") and "head_dim" not in AttentionSpec.settings_of("gated")
+
+
+# ------------------------------------------------------------- nothing the project prints recommends the loose spelling
+
+_ROOT = Path(__file__).resolve().parents[1]
+_LOOSE = "|".join(sorted(LOOSE_KEYWORDS, key=len, reverse=True))
+_KINDS = "|".join(sorted(("standard", "diff", "gated", "diff_v2", "grouped"), key=len, reverse=True))
+_TOWER = r"(?:(?:vision|text|lm)_)?"
+_MODELS = (r"(?:create_model|build|VisionTransformer|TextTransformer|TextClassifier|CausalLM|CLIP|MotifLM|"
+           r"VisionLanguageModel|LMBlock|Block)")
+#: the loose spellings: a config key beside the model's arguments, a kind's name as the attention, a loose keyword
+#: of a model (or one tower's)
+_DEPRECATED = [re.compile(rf"model\.overrides\.{_TOWER}(?:{_LOOSE})\b"),
+               re.compile(rf"""\b{_TOWER}attention\s*=\s*["'](?:{_KINDS})["']"""),
+               re.compile(rf"\b{_MODELS}\([^()]*\b{_TOWER}(?:{_LOOSE})\s*="),
+               re.compile(rf"(?<![.\w])(?:vision|text|lm)_(?:{_LOOSE})\s*=")]
+#: words of a text that describes the loose spelling as what it is
+_DESCRIBED = re.compile(r"deprecated|of before|loose|0\.1\.0|FutureWarning", re.I)
+
+
+def _loose_spellings(text: str) -> list[str]:
+    return [m.group(0) for p in _DEPRECATED for m in p.finditer(text)]
+
+
+def _src_strings(path: Path) -> list[tuple[int, str]]:
+    """Every string of a source file (messages, ``--help``, docstrings) with its line, but the arguments of
+    :func:`~diffattn.layers.blocks.warn_loose`, the deprecation warning that names what the user wrote."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = {id(n) for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "warn_loose"
+            for n in ast.walk(c)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.JoinedStr):
+            out.append((node.lineno, "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            out.append((node.lineno, node.value))
+    return out
+
+
+def test_nothing_the_project_prints_recommends_the_loose_spelling():
+    """README.md, docs/, the recipes (configs/, comments included) and every string of src/ (error messages,
+    ``--help``, docstrings) name ``model.overrides.attention.<field>`` and ``attention={...}``: a loose spelling
+    appears only in a paragraph (a docs paragraph, a string) that calls it deprecated, and in the warning itself."""
+    assert _loose_spellings("--set model.overrides.backend=triton; --set model.overrides.text_lambda_init=0.5") == [
+        "model.overrides.backend", "model.overrides.text_lambda_init"]
+    assert _loose_spellings("""create_model("diff_vit_nano", depth=2, lambda_init=0.5); attention='diff'""") == [
+        "attention='diff'", 'create_model("diff_vit_nano", depth=2, lambda_init=']
+    assert _loose_spellings("vision_lambda_form='constant'") == ["vision_lambda_form="]
+    assert not _loose_spellings("--set model.overrides.attention.backend=triton; attention={'lambda_init': 0.5}; "
+                                "DiffAttention(dim=64, num_heads=4, lambda_init=0.8); retrofit(m, 'daa', "
+                                "lambda_init=0.8)")
+    found = []
+    for path in [_ROOT / "README.md", *sorted((_ROOT / "docs").rglob("*.md"))]:
+        found += [(path.name, s) for para in re.split(r"\n\s*\n", path.read_text(encoding="utf-8"))
+                  if not _DESCRIBED.search(para) for s in _loose_spellings(para)]
+    configs = _ROOT / "src" / "diffattn" / "configs"
+    for path in sorted(configs.rglob("*.yaml")):
+        found += [(path.name, s) for s in _loose_spellings(path.read_text(encoding="utf-8"))]
+        overrides = ((yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("model") or {}).get("overrides")
+        found += [(path.name, f"model.overrides.{k}") for k in overrides or {}
+                  if re.fullmatch(rf"{_TOWER}(?:{_LOOSE})", k)]
+    assert len(list(configs.rglob("*.yaml"))) > 20
+    for path in sorted((_ROOT / "src" / "diffattn").rglob("*.py")):
+        found += [(f"{path.name}:{line}", s) for line, text in _src_strings(path) if not _DESCRIBED.search(text)
+                  for s in _loose_spellings(text)]
+    assert not found

@@ -215,8 +215,8 @@ def test_spec_builds_any_ratio_and_round_trips_through_its_dict(heads, noise, kv
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(kind="diff", num_noise_heads=2), "num_noise_heads is the number of noise heads of attention 'grouped'"),
-    (dict(kind="gated", head_dim=8), "head_dim is the head width of attention 'diff_v2' .* and 'grouped'"),
+    (dict(kind="diff", num_noise_heads=2), "num_noise_heads is the number of noise heads of kind 'grouped'"),
+    (dict(kind="gated", head_dim=8), "head_dim is the head width of kinds 'diff_v2' .* and 'grouped'"),
     (dict(kind="grouped", num_noise_heads=0), "num_noise_heads must be None or an integer >= 1, got 0"),
     (dict(kind="grouped", num_noise_heads=2, num_kv_heads=3), "num_kv_heads=3 must be even"),
     (dict(kind="grouped", num_noise_heads=3, num_kv_heads=4), "num_noise_heads=3 a multiple of num_kv_heads/2"),

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from diffattn.layers import AttentionSpec
 from diffattn.models import create_model, list_models, model_config
 from diffattn.models.config import SIZE_BOUNDS, check_args
+from diffattn.models.registry import model_family
 from diffattn.models.summary import parameter_count
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,3 +117,106 @@ def test_every_family_takes_lambda_form(tmp_path):
     back = from_pretrained(tmp_path / "v")
     assert back.blocks[0].attn.lambda_form == "dual_scalar"
     assert all(torch.equal(a, b) for a, b in zip(vit.state_dict().values(), back.state_dict().values()))
+
+
+# ------------------------------------------------------------------------ attention overrides update the spec
+
+#: another valid value of each AttentionSpec setting than ``base``'s, for a model with ``heads`` query heads
+def _other(field: str, base: AttentionSpec, heads: int):
+    if field == "num_kv_heads":  # as many K/V heads as query heads: valid for every kind and size
+        return heads if base.num_kv_heads != heads else None
+    if field == "lambda_options":  # an option of the kind's own λ form
+        return {"diff": {"std": 0.05}, "gated": {"bias": False}, "diff_v2": {"bias": True}}[base.kind]
+    options = {"lambda_init": (0.5, 0.3), "lambda_form": ("constant", "dual_scalar"), "qkv_bias": (False, True),
+               "out_bias": (False, True), "sub_norm": (False, True), "sub_norm_eps": (1e-6, 1e-4),
+               "sub_norm_affine": (False, True), "causal": (True, False), "attn_drop": (0.1, 0.2),
+               "proj_drop": (0.2, 0.1), "backend": ("math", "sdpa"), "rope": ("interleaved", "half"),
+               "rope_theta": (500.0, 1000.0), "softcap": (30.0, 20.0), "sliding_window": (4, 8),
+               "q_residual": (True, False), "gate_bias": (False, True), "head_dim": (8, 16),
+               "num_noise_heads": (1, 2)}[field]
+    return next(v for v in options if v != getattr(base, field))
+
+
+def _targets(name: str) -> list[tuple[str | None, type]]:
+    family = model_family(name)
+    return list(family.towers.items()) or [(None, family.cls)]
+
+
+def _spec_in(name: str, cfg: dict, tower: str | None, cls: type) -> AttentionSpec:
+    """The spec ``cls`` builds from configuration ``cfg`` of ``name`` (what its constructor makes of it)."""
+    args = cfg if tower is None else cfg.get(tower, {})
+    attention = args.get("attention", inspect.signature(cls).parameters["attention"].default)
+    return cls.LOOSE.resolve(attention, {}, args)
+
+
+def _heads(cfg: dict, tower: str | None, cls: type) -> int:
+    args = cfg if tower is None else cfg.get(tower, {})
+    return args.get("num_heads", inspect.signature(cls).parameters["num_heads"].default)
+
+
+def _cases(name: str) -> list[tuple[str | None, str, object]]:
+    """(tower, setting, value) for every setting that applies to each tower's kind, but those the class fixes (a
+    text tower is causal)."""
+    family, cfg = model_family(name), model_config(name)
+    cases = []
+    for tower, cls in _targets(name):
+        base = _spec_in(name, cfg, tower, cls)
+        cases += [(tower, f, _other(f, base, _heads(cfg, tower, cls))) for f in AttentionSpec.settings_of(base.kind)
+                  if f not in cls.LOOSE.force]
+    assert family is model_family(name) and cases
+    return cases
+
+
+def test_an_attention_override_changes_that_setting_only_in_every_model():
+    """Every registered model, every AttentionSpec setting its kind (each tower's) takes: ``attention={field:
+    value}`` (``<tower>_attention=`` for a tower) gives the registered spec with that one setting changed; the kind
+    and every other setting (and the other towers) stay. What the constructor makes of the configuration, for
+    every pair; the built models agree (next test)."""
+    count = 0
+    for name in list_models():
+        family, registered = model_family(name), model_config(name)
+        for tower, field, value in _cases(name):
+            arg = "attention" if tower is None else f"{tower}_attention"
+            cfg = family.apply_overrides(name, {arg: {field: value}})
+            for t, cls in _targets(name):
+                base = _spec_in(name, registered, t, cls)
+                want = replace(base, **{field: value}) if t == tower else base
+                assert _spec_in(name, cfg, t, cls) == want, (name, t, field, value)
+            count += 1
+    assert count > 1500  # 77 models × about 20 settings (CLIP and the VLMs twice)
+
+
+def test_built_models_keep_their_spec_under_an_attention_override():
+    """Each registered model built (meta device, one block) with one setting overridden, the settings taken in turn
+    over the models so that each kind builds each of its settings: the built spec of every tower is the registered
+    one with that setting changed."""
+    for i, name in enumerate(list_models()):
+        cases = _cases(name)
+        tower, field, value = cases[i % len(cases)]
+        arg = "attention" if tower is None else f"{tower}_attention"
+        with torch.device("meta"):
+            model = create_model(name, depth=1, **{arg: {field: value}})
+        registered = model_config(name)
+        for t, cls in _targets(name):
+            built = (model if t is None else getattr(model, {"vision": "visual"}.get(t, t))).attention_spec
+            base = _spec_in(name, registered, t, cls)
+            assert built == (replace(base, **{field: value}) if t == tower else base), (name, t, field)
+
+
+def test_an_attention_override_keeps_the_kind_and_a_kind_change_is_explicit():
+    """The examples of the docs: a partial dict keeps DiffViT a DiffViT; ``"kind"`` changes the kind, the settings
+    only the old kind took (M-DGSA's q_residual) reset, the rest kept; a spec instance replaces; a CLIP tower's own
+    dict leaves the other tower alone."""
+    assert create_model("diff_vit_nano", attention={"lambda_init": 0.5}).attention_spec == AttentionSpec(
+        "diff", lambda_init=0.5)
+    dg = model_config("dg_vit_cifar_x2")["attention"]
+    assert dg == {"kind": "gated", "q_residual": True, "proj_drop": 0.05}
+    with torch.device("meta"):
+        assert create_model("dg_vit_cifar_x2", attention={"kind": "diff"}).attention_spec == AttentionSpec(
+            "diff", proj_drop=0.05)
+        assert create_model("dg_vit_cifar_x2", attention=AttentionSpec("diff")).attention_spec == AttentionSpec("diff")
+        clip = create_model("diffclip_dagger_tiny", text_attention={"backend": "math"})
+    assert clip.visual.attention_spec == AttentionSpec("diff")
+    assert clip.text.attention_spec == AttentionSpec("standard", causal=True, backend="math")
+    with pytest.raises(ValueError, match=r"unknown AttentionSpec settings \['lamda_init'\]"):
+        create_model("diff_vit_nano", attention={"lamda_init": 0.5})

@@ -120,7 +120,7 @@ def test_bad_input_raises_value_error():
         create_model("vit_nano", mlp="relu")
     with pytest.raises(ValueError, match="num_heads"):
         create_model("diff_vit_nano", num_heads=3, embed_dim=48)
-    with pytest.raises(ValueError, match="attention must be one of"):
+    with pytest.raises(ValueError, match="attention kind must be one of"):
         create_model("vit_nano", attention="linear")
     with pytest.raises(ValueError, match="lambda_init"):
         create_model("diff_vit_nano", lambda_init="linear")

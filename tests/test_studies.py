@@ -3,6 +3,7 @@ end to end at a tiny size (two seeds, a few steps) writing results.json with mea
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -686,6 +687,7 @@ def test_recall_ablation_selection_rule_and_variants():
     """The pre-registered lr rule (highest mean AUC over the tuning seeds, then accuracy, then the smaller lr) and
     the variants: heads, sub-norm, λ_init and the gate bias each set as the config says."""
     from diffattn.studies.recall_ablation import select_lr, variant_model
+    from diffattn.studies.synthetic import attention_for
 
     def runs(*pairs):
         return [{"auc": a, "accuracy": b} for a, b in pairs]
@@ -703,6 +705,10 @@ def test_recall_ablation_selection_rule_and_variants():
     assert attn("diff").lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3))  # "ye" at the 0-based layer 1
     assert attn("diff_lambda0.5").lambda_init == 0.5 and attn("diff_lambda0").out_scale == 1.0
     assert isinstance(attn("diff_no_subnorm").diff_norm, torch.nn.Identity)
+    # an ablation's settings update the recall study's spec of its kind: λ_init by depth stays with the sub-norm off
+    spec, diff = (variant_model(v, vocab_size=40, dim=64, depth=2, max_seq_len=32, seed=0).attention_spec
+                  for v in ("diff_no_subnorm", "diff"))
+    assert spec == dataclasses.replace(diff, sub_norm=False) and spec.lambda_init == attention_for("diff").lambda_init
     assert isinstance(attn("diff_v2").diff_norm, torch.nn.Identity)
     assert not isinstance(attn("diff_v2_subnorm").diff_norm, torch.nn.Identity)
     x = torch.zeros(1, 3, 64)  # x W_g = 0: the gate is σ(b_g)

@@ -129,7 +129,7 @@ def test_another_layout_is_one_line_and_exit_2(tmp_path, capsys):
 
 def test_config_checks(diffllama_dir, tmp_path, capsys):
     for sets, msg in ((["model.name=diff_lm_tiny"], "model.name must be empty with model.pretrained"),
-                      (["model.overrides.lambda_init=0.5"], "model.overrides must be only {backend"),
+                      (["model.overrides.lambda_init=0.5"], "model.overrides must be only {attention: {backend"),
                       (["model.dtype=float16"], "model.dtype must be one of"),
                       (["task.name=classify", "data.name=digits"], "model.pretrained must be null for task")):
         capsys.readouterr()
@@ -137,6 +137,19 @@ def test_config_checks(diffllama_dir, tmp_path, capsys):
         assert cli.main(["train", "tiny/finetune", "--out", str(tmp_path / "run"), "--set",
                          f"model.pretrained={diffllama_dir}", *FAST, *args]) == 2
         assert msg in capsys.readouterr().err, sets
+
+
+def test_the_backend_of_a_released_checkpoint_is_an_attention_setting(diffllama_dir, tmp_path):
+    """``model.overrides.attention.backend`` sets the backend of a released checkpoint's model; the loose
+    ``model.overrides.backend`` of before does the same with one FutureWarning naming today's key."""
+    _train(diffllama_dir, tmp_path / "a", "--set", "model.overrides.attention.backend=math", "--set", "run.steps=1")
+    assert load_run(tmp_path / "a").attention_spec.backend == "math"
+    with pytest.warns(FutureWarning) as record:
+        _train(diffllama_dir, tmp_path / "b", "--set", "model.overrides.backend=math", "--set", "run.steps=1")
+    assert [str(w.message) for w in record] == [
+        "model.pretrained: model.overrides.backend='math' is the loose spelling of the attention settings, deprecated "
+        "and removed in diffattn 0.3.0; pass model.overrides.attention.backend='math' instead"]
+    assert load_run(tmp_path / "b").attention_spec.backend == "math"
 
 
 def test_the_recipes_load_and_name_what_they_need(diffllama_dir):

@@ -30,7 +30,7 @@ import torch.nn as nn
 from ..adapters import read_adapter, retrofit, retrofit_config
 from ..models.base import load_state_dict_exact
 from ..models.clip import CLIP
-from ..models.registry import build, model_config
+from ..models.registry import build
 from ..models.vit import VisionTransformer
 from ._common import StateDict, block_count, heads_of, take, vision_args
 from .checkpoint import source_state_dict
@@ -153,10 +153,8 @@ def _clip_from(sd: dict, name: str, fixed: dict, overrides: dict, what: str) -> 
     args.update({f"vision_{k}": v for k, v in vision_args(sd, "visual.", what).items()})
     args.update({f"text_{k}": v for k, v in _text_args(sd, what).items()})
     args.update(fixed)
-    registered = model_config(name)
-    for tower in ("vision", "text"):  # the kind the weights show, with the rest of the registered spec (λ_init)
-        spec = dict(registered.get(tower, {}).get("attention") or {})
-        args[f"{tower}_attention"] = {**spec, **args[f"{tower}_attention"]}
+    # {"kind": …} of each tower, the kind the weights show, updates the registered spec (its λ_init kept), as does a
+    # partial attention override of the caller (attention={"backend": "math"})
     args.update(overrides)
     return load_state_dict_exact(build(name, **args), sd, what)
 

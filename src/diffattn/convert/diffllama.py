@@ -276,11 +276,11 @@ def _diffllama_config(model: CausalLM):
 
 
 def to_diffllama_state_dict(model: CausalLM, *, fold_norm: bool = False) -> tuple[object, dict]:
-    """(``DiffLlamaConfig``, ``DiffLlamaForCausalLM`` state dict) for ``model`` (``attention="diff"``).
+    """(``DiffLlamaConfig``, ``DiffLlamaForCausalLM`` state dict) for ``model`` (attention of kind ``"diff"``).
 
-    Needs λ_init = 0.8 − 0.6·exp(−0.3·l) in block l (``lambda_init="ye"``), one eps for all norms and no MLP
-    bias. Sub-norm weights that are not ones raise unless ``fold_norm=True`` (folded into ``o_proj``; see
-    :func:`diffattn_to_diffllama_state_dict`).
+    Needs λ_init = 0.8 − 0.6·exp(−0.3·l) in block l (the attention's ``"lambda_init": "ye"``), one eps for all
+    norms and no MLP bias. Sub-norm weights that are not ones raise unless ``fold_norm=True`` (folded into
+    ``o_proj``; see :func:`diffattn_to_diffllama_state_dict`).
     """
     from transformers.models.diffllama.modeling_diffllama import lambda_init_fn
 
@@ -291,7 +291,8 @@ def to_diffllama_state_dict(model: CausalLM, *, fold_norm: bool = False) -> tupl
     for i, blk in enumerate(model.blocks):
         if not math.isclose(blk.attn.lambda_init, lambda_init_fn(i), rel_tol=0.0, abs_tol=1e-12):
             raise ValueError(f"block {i} has lambda_init={blk.attn.lambda_init}, DiffLlama fixes "
-                             f"{lambda_init_fn(i)} (build the model with lambda_init='ye')")
+                             f"{lambda_init_fn(i)} (build the model with attention={{'kind': 'diff', "
+                             f"'lambda_init': 'ye'}})")
         attn_sd = diffattn_to_diffllama_state_dict(
             {k: v.detach() for k, v in blk.attn.state_dict().items()}, num_heads=cfg.num_attention_heads,
             num_kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, fold_norm=fold_norm,
@@ -320,7 +321,7 @@ def to_diffllama(model: CausalLM, *, fold_norm: bool = False) -> nn.Module:
 
 def from_diffllama(hf_model, *, diff_norm_affine: bool = False, backend: str = "auto") -> CausalLM:
     """A ``transformers.DiffLlamaForCausalLM`` (or a folder/repo id to load one from) → an equivalent
-    :class:`CausalLM` with ``attention="diff", lambda_init="ye"``, sub-norm eps = ``rms_norm_eps`` and no
+    :class:`CausalLM` with ``attention={"kind": "diff", "lambda_init": "ye"}``, sub-norm eps = ``rms_norm_eps`` and no
     sub-norm weight (``diff_norm_affine=True``: a weight of ones, to train it). The result has the source's dtype
     and device (float64 stays float64, bf16 stays bf16)."""
     from transformers import DiffLlamaForCausalLM

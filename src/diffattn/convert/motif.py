@@ -214,7 +214,8 @@ def motif_config(model: MotifLM, base: dict | None = None) -> dict:
         a = b.attn
         if not math.isclose(a.lambda_init, lambda_init_motif(i), rel_tol=0.0, abs_tol=1e-12):
             raise ValueError(f"block {i} has lambda_init={a.lambda_init}; Motif derives λ_init from the layer index "
-                             f"({lambda_init_motif(i)}): build the model with lambda_init='motif'")
+                             f"({lambda_init_motif(i)}): build the model with its default attention (MOTIF_ATTENTION: "
+                             f"'lambda_init': 'motif')")
         if a.lambda_form != "reparam" or a.lambda_q1.dim() != 1:
             raise ValueError(f"block {i}: Motif has one reparam λ per layer, got lambda_form={a.lambda_form!r}")
         if getattr(a.diff_norm, "weight", None) is None:

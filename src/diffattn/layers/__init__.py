@@ -10,7 +10,7 @@ from .attention import (
     attention_class,
     attention_kind,
 )
-from .blocks import AttentionSpec, Block, DropPath, LooseAttention, PatchEmbed
+from .blocks import KIND_SETTINGS, AttentionSpec, Block, DropPath, LooseAttention, PatchEmbed
 from .grouped import GroupedDiffAttention
 from .kv_cache import KV_CACHES, KVCache, StaticKVCache
 from .loading import load_layer
@@ -22,6 +22,7 @@ from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 __all__ = [
     "ATTENTION_TYPES",
     "AttentionSpec",
+    "KIND_SETTINGS",
     "LooseAttention",
     "Attention",
     "DiffAttention",

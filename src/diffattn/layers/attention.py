@@ -471,8 +471,8 @@ ATTENTION_TYPES = {"standard": Attention, "diff": DiffAttention, "gated": GatedD
 
 
 def attention_class(name: str) -> type[nn.Module]:
-    """The layer class for ``attention="standard" | "diff" | "gated" | "diff_v2" | "grouped"`` (the names of
-    :data:`ATTENTION_TYPES`)."""
+    """The layer class of attention kind ``name`` (the names of :data:`ATTENTION_TYPES`: ``"standard"``, ``"diff"``,
+    ``"gated"``, ``"diff_v2"``, ``"grouped"``)."""
     if name not in ATTENTION_TYPES:
         raise ValueError(f"attention must be one of {tuple(ATTENTION_TYPES)}, got {name!r}")
     return ATTENTION_TYPES[name]

@@ -4,7 +4,9 @@ depth.
 **One value says which attention a block uses**: :class:`AttentionSpec`. A model family takes
 ``attention=AttentionSpec(...)`` (or its dict, as a config file gives it) and hands it to every block, which builds
 its layer with :meth:`AttentionSpec.build` (``depth``: the block's index, for λ_init by depth); the settings are
-validated once, here, when the spec is made. The spelling of before, a kind's name with loose keyword arguments
+validated once, here, when the spec is made. A partial setting (``create_model(name, attention={"lambda_init": 0.5})``,
+``--set model.overrides.attention.lambda_init=0.5``) updates a model's spec with :meth:`AttentionSpec.updated`, which
+keeps every other setting, the kind included. The spelling of before, a kind's name with loose keyword arguments
 (``attention="diff", lambda_init=…, lambda_form=…, sub_norm=…``), is converted by :meth:`LooseAttention.convert`
 alone, with a FutureWarning, until diffattn 0.3.0; ``config.json`` files that hold it load as they did
 (:meth:`LooseAttention.upgrade`).
@@ -40,12 +42,19 @@ from .attention import ATTENTION_TYPES
 from .mlp import build_mlp
 from .rope import ROPE_STYLES
 
-__all__ = ["AttentionSpec", "STANDARD", "LooseAttention", "LOOSE_KEYWORDS", "LOOSE_REMOVED_IN", "Block", "PatchEmbed",
-           "DropPath"]
+__all__ = ["AttentionSpec", "STANDARD", "KIND_SETTINGS", "LooseAttention", "LOOSE_KEYWORDS", "LOOSE_REMOVED_IN",
+           "warn_loose", "Block", "PatchEmbed", "DropPath"]
 
 
 #: the kinds whose head width may differ from dim / num_heads (``head_dim``)
 _HEAD_DIM_KINDS = ("diff_v2", "grouped")
+#: the kinds that subtract a second attention map (λ, its form and the sub-norm are theirs)
+_DIFF_KINDS = ("diff", "gated", "diff_v2", "grouped")
+#: the settings only some kinds take, each with those kinds; every other setting applies to every kind. A change of
+#: kind (:meth:`AttentionSpec.updated`) starts these afresh, at their defaults.
+KIND_SETTINGS: dict[str, tuple[str, ...]] = {
+    "lambda_form": _DIFF_KINDS, "lambda_options": _DIFF_KINDS, "sub_norm": _DIFF_KINDS, "q_residual": ("gated",),
+    "gate_bias": ("gated",), "head_dim": _HEAD_DIM_KINDS, "num_noise_heads": ("grouped",)}
 
 
 def _flag(name: str, value) -> None:
@@ -132,7 +141,7 @@ class AttentionSpec:
 
     def __post_init__(self) -> None:
         if self.kind not in ATTENTION_TYPES:
-            raise ValueError(f"attention must be one of {tuple(ATTENTION_TYPES)}, got {self.kind!r}")
+            raise ValueError(f"attention kind must be one of {tuple(ATTENTION_TYPES)}, got {self.kind!r}")
         object.__setattr__(self, "lambda_init", check_lambda_init(self.lambda_init))  # a finite float or "ye"
         if self.lambda_form is not None and self.lambda_form not in available_lambdas():
             raise ValueError(f"lambda_form must be None or one of {available_lambdas()}, got {self.lambda_form!r}")
@@ -153,7 +162,7 @@ class AttentionSpec:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "triton" and self.kind == "standard":
-            raise ValueError("backend='triton' is for differential attention; attention 'standard' takes 'auto', "
+            raise ValueError("backend='triton' is for differential attention; kind 'standard' takes 'auto', "
                              "'math' or 'sdpa'")
         if self.rope is not None and self.rope not in ROPE_STYLES:
             raise ValueError(f"rope must be None or one of {ROPE_STYLES}, got {self.rope!r}")
@@ -161,20 +170,20 @@ class AttentionSpec:
         _positive_float("softcap", self.softcap, optional=True)
         _positive_int("sliding_window", self.sliding_window)
         if self.q_residual and self.kind != "gated":
-            raise ValueError(f"q_residual is the [Q⁺; Q⁻] residual of M-DGSA and needs attention='gated', "
-                             f"got attention={self.kind!r}")
+            raise ValueError(f"q_residual is the [Q⁺; Q⁻] residual of M-DGSA and needs kind 'gated', "
+                             f"got kind {self.kind!r}")
         if not self.gate_bias and self.kind != "gated":
-            raise ValueError(f"gate_bias is the bias of M-DGSA's gate and needs attention='gated', "
-                             f"got attention={self.kind!r}")
+            raise ValueError(f"gate_bias is the bias of M-DGSA's gate and needs kind 'gated', "
+                             f"got kind {self.kind!r}")
         _positive_int("head_dim", self.head_dim)
         if self.head_dim is not None and self.kind not in _HEAD_DIM_KINDS:
-            raise ValueError(f"head_dim is the head width of attention 'diff_v2' (Ye et al. 2026) and 'grouped' "
-                             f"(arXiv 2510.06949); attention {self.kind!r} uses dim / num_heads, got "
+            raise ValueError(f"head_dim is the head width of kinds 'diff_v2' (Ye et al. 2026) and 'grouped' "
+                             f"(arXiv 2510.06949); kind {self.kind!r} uses dim / num_heads, got "
                              f"head_dim={self.head_dim!r}")
         _positive_int("num_noise_heads", self.num_noise_heads)
         if self.num_noise_heads is not None and self.kind != "grouped":
-            raise ValueError(f"num_noise_heads is the number of noise heads of attention 'grouped' (grouped "
-                             f"differential attention, arXiv 2510.06949); attention {self.kind!r} has none, got "
+            raise ValueError(f"num_noise_heads is the number of noise heads of kind 'grouped' (grouped "
+                             f"differential attention, arXiv 2510.06949); kind {self.kind!r} has none, got "
                              f"num_noise_heads={self.num_noise_heads!r}")
         if self.num_noise_heads is not None and self.num_kv_heads is not None and (
                 self.num_kv_heads % 2 or self.num_noise_heads % (self.num_kv_heads // 2)):
@@ -256,6 +265,41 @@ class AttentionSpec:
         check_fields(cls, data, "settings")
         return cls(**dict(data))
 
+    @classmethod
+    def settings_of(cls, kind: str) -> tuple[str, ...]:
+        """The settings (field names, ``kind`` aside) that attention ``kind`` takes: every one but the
+        :data:`KIND_SETTINGS` of other kinds."""
+        return tuple(f.name for f in fields(cls) if f.name != "kind" and kind in KIND_SETTINGS.get(f.name, (kind,)))
+
+    # ------------------------------------------------------------------------------------------ update
+
+    def updated(self, changes: Mapping[str, Any] | AttentionSpec) -> AttentionSpec:
+        """This spec with ``changes`` set and every other setting kept: how a partial attention setting updates a
+        model's spec (``create_model(name, attention={"lambda_init": 0.5})``, ``--set
+        model.overrides.attention.lambda_init=0.5``, a recipe's ``attention:`` block, a CLIP tower's
+        ``text_attention={...}``).
+
+        - ``changes`` a dict of settings (:meth:`to_dict`'s keys, any subset): those settings, the rest kept;
+        - with a ``"kind"`` other than this spec's: the kind changes, and the settings only some kinds take
+          (:data:`KIND_SETTINGS`: ``lambda_form``, ``lambda_options``, ``sub_norm``, ``q_residual``,
+          ``gate_bias``, ``head_dim``, ``num_noise_heads``) start afresh at their defaults unless ``changes`` sets
+          them too, so a gated spec with ``q_residual`` updated with ``{"kind": "diff"}`` is a valid diff spec that
+          keeps λ_init, biases, dropout, backend and the rest;
+        - ``changes`` an :class:`AttentionSpec`: a full replacement, returned as it is.
+
+        Unknown settings are a ValueError naming them; the result is validated as any spec."""
+        if isinstance(changes, AttentionSpec):
+            return changes
+        if not isinstance(changes, Mapping):
+            raise ValueError(f"attention must be an AttentionSpec or a dict of its settings, got "
+                             f"{type(changes).__name__} {changes!r}")
+        check_fields(type(self), changes, "settings")
+        data = self.to_dict()
+        if changes.get("kind", self.kind) != self.kind:
+            data.update({f.name: f.default for f in fields(self) if f.name in KIND_SETTINGS})
+        data.update(changes)
+        return type(self).from_dict(data)
+
 
 #: the default spec: standard attention with every default
 STANDARD = AttentionSpec()
@@ -269,6 +313,14 @@ LOOSE_KEYWORDS: dict[str, str] = {
     "diff_norm_eps": "sub_norm_eps", "diff_norm_affine": "sub_norm_affine", "rope_theta": "rope_theta",
     "attn_norm_eps": "sub_norm_eps", "num_noise_heads": "num_noise_heads", "head_dim": "head_dim"}
 LOOSE_REMOVED_IN = "0.3.0"
+
+
+def warn_loose(owner: str, given: list[str], instead: str) -> None:
+    """The one FutureWarning of the loose attention spelling: ``owner`` (a class or a registered model) was given
+    ``given`` (the loose keywords, as the user wrote them); ``instead`` is the current spelling to pass."""
+    warnings.warn(FutureWarning(
+        f"{owner}: {', '.join(given)} is the loose spelling of the attention settings, deprecated and removed in "
+        f"diffattn {LOOSE_REMOVED_IN}; pass {instead} instead"), stacklevel=_caller_level())
 
 
 @dataclass(frozen=True)
@@ -349,10 +401,7 @@ class LooseAttention:
         spec = AttentionSpec.from_dict({**base, **settings})
         if warn:
             given = ([f"attention={attention!r}"] if isinstance(attention, str) else []) + sorted(loose)
-            warnings.warn(FutureWarning(
-                f"{self.owner}: {', '.join(given)} is the loose spelling of the attention settings, deprecated and "
-                f"removed in diffattn {LOOSE_REMOVED_IN}; pass attention={spec.to_dict(changed=True)!r} (an "
-                f"AttentionSpec or its dict) instead"), stacklevel=_caller_level())
+            warn_loose(self.owner, given, f"attention={spec.to_dict(changed=True)!r} (an AttentionSpec or its dict)")
         return spec
 
     def upgrade(self, config: dict[str, Any], args: Mapping[str, Any]) -> dict[str, Any]:

@@ -3,9 +3,9 @@
     ids (B, N) ─ tok_embed ─ blocks ─ norm ─ lm_head ─ logits (B, N, V)
     block:  x = x + attn(norm1(x));   x = x + mlp(norm2(x))        (pre-norm, RMSNorm, SwiGLU, RoPE "half")
 
-One class, :class:`CausalLM`, serves the three families: ``attention="standard"`` (a Llama), ``"diff"`` (the
-Diff Transformer, Ye et al. 2024 §2–3: differential attention, λ_init = 0.8 − 0.6·exp(−0.3·l) with the 0-based
-layer index l, per-head RMSNorm) and ``"gated"`` (M-DGSA 2025, §4, in a decoder). All three keep
+One class, :class:`CausalLM`, serves the three families by its attention's kind: ``"standard"`` (a Llama),
+``"diff"`` (the Diff Transformer, Ye et al. 2024 §2–3: differential attention, λ_init = 0.8 − 0.6·exp(−0.3·l)
+with the 0-based layer index l, per-head RMSNorm) and ``"gated"`` (M-DGSA 2025, §4, in a decoder). All three keep
 ``num_heads`` = the standard head count h, so the differential model has h/2 heads of width 2d and the same
 parameter count as the standard one plus 4d λ values and 2d norm weights per layer (Ye et al. 2024 §3.1 matches
 sizes the same way). Everything outside ``blocks.*.attn`` is shared, so the switch changes only attention.
@@ -21,7 +21,7 @@ index) is exactly ``attention=dict(kind="diff", lambda_init="ye", sub_norm_affin
 (no q/k/v or output bias) with no MLP bias: :func:`diffattn.convert.to_diffllama` and
 :func:`diffattn.convert.from_diffllama` convert exactly.
 
-``attention="diff_v2"`` is the Diff Transformer V2 layer (Ye et al. 2026; :class:`~diffattn.layers.DiffAttentionV2`):
+The kind ``"diff_v2"`` is the Diff Transformer V2 layer (Ye et al. 2026; :class:`~diffattn.layers.DiffAttentionV2`):
 ``num_heads`` = h differential heads of width d = dim / h, 2h query heads, one K and V per group shared by both
 branches, λ = σ(x W_λ) per token and head, no sub-norm.
 
@@ -99,7 +99,7 @@ class LMBlock(nn.Module):
 
 
 class CausalLM(DiffattnModel):
-    """Llama-style causal LM with ``attention="standard" | "diff" | "gated" | "diff_v2"`` (module docstring).
+    """Llama-style causal LM with attention of kind ``"standard" | "diff" | "gated" | "diff_v2"`` (module docstring).
 
     Args:
         vocab_size, dim, depth, num_heads: sizes; ``num_heads`` is the standard head count h (even for the

@@ -16,17 +16,17 @@ Registered: the literal table :data:`CLIP_CONFIGS` (``{size}`` is ``vit_b16``, `
 - ``diffclip_star_{size}``: DiffCLIP*, λ_init = 0.8 − 0.6·exp(−0.3·l), l the 0-based layer (§4.5).
 - ``diffclip_dagger_{size}``: DiffCLIP†, differential attention in the vision tower only (§4.6).
 - ``dgclip_{size}``: gated differential attention (M-DGSA 2025) in both towers, λ_init 0.8, no
-  [Q⁺; Q⁻] residual (``vision_q_residual=True`` adds DGViT's).
+  [Q⁺; Q⁻] residual (``vision_attention={"q_residual": True}`` adds DGViT's).
 
 ViT-S/16 and ViT-Ti/16 change the image tower only (text 512/12/8, embedding 512). ViT-Ti's 3 heads cannot
 pair, so its differential and gated towers use 6 standard heads (3 differential heads of value width 64).
 ``tiny`` (32×32 images, patch 4, width 64, 2 layers; text width 64, 2 layers, context 32) trains on a CPU
 in minutes.
 
-Overrides (:mod:`diffattn.models.registry`): ``attention=`` sets both towers;
+Overrides (:mod:`diffattn.models.registry`): ``attention={...}`` updates both towers' specs;
 ``vision_<arg>=`` / ``text_<arg>=`` set one argument of one tower (``vision_depth=2``, ``text_embed_dim=64``,
-``vision_attention=dict(kind="diff")``); ``embed_dim`` is the shared space. Vision LayerNorms use eps 1e-5 as the
-DiffCLIP release, OpenAI CLIP and open_clip do.
+``vision_attention={"kind": "diff"}`` updates the vision tower's spec); ``embed_dim`` is the shared space. Vision
+LayerNorms use eps 1e-5 as the DiffCLIP release, OpenAI CLIP and open_clip do.
 """
 
 from __future__ import annotations

@@ -8,9 +8,13 @@ family is built by the same :func:`build_model`, which applies overrides one way
 - for families with towers (CLIP: ``vision`` and ``text`` are dicts of tower arguments), ``<tower>_<arg>=value``
   sets one argument of one tower (``vision_depth=2``) and ``<arg>=value`` that every tower takes but the class
   does not (``attention``) sets it in all towers;
-- ``attention=`` replaces the registered spec (an :class:`~diffattn.layers.AttentionSpec` or its dict); the loose
-  keywords of before (``lambda_init="ye"``, ``text_lambda_form=...``) are set in the registered spec, with the
-  deprecation warning of :meth:`~diffattn.layers.LooseAttention.convert`;
+- ``attention=`` (``<tower>_attention=`` for one tower) with a dict of settings UPDATES the registered spec: the
+  settings given change, every other one is kept, the kind included (:meth:`AttentionSpec.updated
+  <diffattn.layers.AttentionSpec.updated>`; ``create_model("diff_vit_nano", attention={"lambda_init": 0.5})`` is a
+  DiffViT with λ_init 0.5). A ``"kind"`` in the dict changes the kind, the settings only some kinds take starting
+  afresh at their defaults; an :class:`~diffattn.layers.AttentionSpec` instance is a full replacement. The loose
+  keywords of before (``lambda_init="ye"``, ``text_lambda_form=...``, a kind's name ``attention="diff"``) update the
+  spec the same way, with one FutureWarning that names the dict to pass (:func:`~diffattn.layers.blocks.warn_loose`);
 - anything else is a ValueError that lists what is accepted.
 
 The registry only builds: it imports no family (each family module registers itself, and importing
@@ -24,13 +28,14 @@ from __future__ import annotations
 import copy
 import fnmatch
 import inspect
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import torch.nn as nn
 
 from ..errors import did_you_mean
-from ..layers.blocks import AttentionSpec
+from ..layers.blocks import LOOSE_KEYWORDS, AttentionSpec, warn_loose
 from .pretrained import list_pretrained
 
 __all__ = ["ModelFamily", "register_family", "register_model", "build_model", "build", "list_models", "is_model",
@@ -85,7 +90,8 @@ class ModelFamily:
 
         shared = [k for k in overrides if not takes(None, k) and self.towers and all(takes(t, k) for t in self.towers)]
         ordered = shared + [k for k in overrides if k not in shared]  # "all towers" first, one tower's after
-        pending: dict[str | None, dict] = {}  # loose attention keywords of each target, converted at the end
+        deprecated: dict[str, dict] = {}  # loose keywords given: the dict to pass instead, by argument
+        given: list[str] = []
         for key in ordered:
             value = overrides[key]
             tower = next((t for t in self.towers if key.startswith(t + "_") and takes(t, key[len(t) + 1:])), None)
@@ -99,16 +105,29 @@ class ModelFamily:
                 towers = "".join(f", {t}_<arg> (arg in {list(args[t])})" for t in self.towers)
                 raise ValueError(f"override {key!r} is not an argument of {self.cls.__name__} ({name!r}); it "
                                  f"takes {list(args[None])}{towers}")
+            (t0, k0), change = targets[0], None
+            if k0 not in args[t0]:  # a loose keyword: the spelling of before
+                change = {LOOSE_KEYWORDS[k0]: value}
+            elif k0 == "attention" and isinstance(value, str):  # a kind's name: the spelling of before too
+                change = {"kind": value}
+            if change is not None:
+                given.append(f"{key}={value!r}")
+                arg = f"{t0}_attention" if t0 is not None and len(targets) == 1 else "attention"
+                deprecated.setdefault(arg, {}).update(change)
             for t, k in targets:
                 where = cfg if t is None else cfg.setdefault(t, {})
-                if k in args[t]:
-                    where[k] = value
+                if change is not None:
+                    where["attention"] = _spec(_with_defaults(classes[t], where)).updated(change)
+                elif k == "attention" and isinstance(value, Mapping):
+                    where["attention"] = _spec(_with_defaults(classes[t], where)).updated(value)
                 else:
-                    pending.setdefault(t, {})[k] = value
-        for t, keywords in pending.items():  # the deprecated spelling, converted (and warned about) once per target
-            where = cfg if t is None else cfg[t]
-            where["attention"] = classes[t].LOOSE.convert(where.get("attention"), keywords,
-                                                          _with_defaults(classes[t], where))
+                    where[k] = value
+        if given:  # the deprecated spelling, converted, with one warning per call
+            instead = " and ".join(f"{arg}={d!r}" for arg, d in deprecated.items())
+            keys = " ".join(f"--set model.overrides.{arg}.{k}={v if isinstance(v, str) else json.dumps(v)}"
+                            for arg, d in deprecated.items() for k, v in d.items())
+            warn_loose(f"create_model({name!r})", given, f"{instead} (a partial dict updates the registered "
+                                                          f"attention; in a recipe: {keys})")
         return cfg
 
 

@@ -3,8 +3,9 @@
     ids (B, N) ─ tok_embed ─ [CLS; tokens] + pos_embed ─ blocks ─ norm ─ pool ─ head ─ logits (B, C)
     block:  x = x + attn(norm1(x), padding mask);   x = x + mlp(norm2(x))          (pre-norm, LayerNorm)
 
-One class, :class:`TextClassifier`; ``attention="standard" | "diff" | "gated"`` picks the layer and everything
-else is shared (the blocks are :class:`diffattn.layers.Block`), so the switch changes only ``blocks.*.attn``.
+One class, :class:`TextClassifier`; the attention's kind (``attention={"kind": "standard" | "diff" | "gated"}``)
+picks the layer and everything else is shared (the blocks are :class:`diffattn.layers.Block`), so the switch
+changes only ``blocks.*.attn``.
 Padding never leaks: the padding mask (B, 1, 1, N) is passed to every attention layer and mean pooling averages
 real tokens only. Words come from a :class:`Vocabulary` built from the training texts (M-DGSA 2025, Tables 5–6:
 minimum frequency 2, at most 60,000 words; 30,000 for MNLI; sequences truncated to 256 tokens).
@@ -170,7 +171,7 @@ class Vocabulary:
 
 
 class TextClassifier(DiffattnModel):
-    """Transformer encoder classifier with ``attention="standard" | "diff" | "gated"`` (module docstring).
+    """Transformer encoder classifier with attention of kind ``"standard" | "diff" | "gated"`` (module docstring).
 
     ``forward(input_ids (B, N), attention_mask (B, N) | None) → logits (B, num_classes)``; the mask defaults to
     ``input_ids != pad_id``. N ≤ ``max_len``.

@@ -92,7 +92,7 @@ def take_indices(num_blocks: int, indices: int | Sequence[int] | None) -> tuple[
 
 
 class VisionTransformer(DiffattnModel):
-    """ViT (Dosovitskiy et al. 2021) with ``attention="standard" | "diff" | "gated"``: ViT, DiffViT, DGViT.
+    """ViT (Dosovitskiy et al. 2021) with attention of kind ``"standard" | "diff" | "gated"``: ViT, DiffViT, DGViT.
 
     Pre-norm blocks, a CLS token and learned position embeddings; ``global_pool="token"`` classifies from the
     CLS token (M-DGSA 2025, §4.3: DGViT "retains the learnable class token"), ``"avg"`` from the mean patch token.

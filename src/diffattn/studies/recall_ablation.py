@@ -36,35 +36,35 @@ import torch
 
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from ..io import atomic_write_file
-from ..layers import AttentionSpec, GatedDiffAttention
+from ..layers import GatedDiffAttention
 from .base import Study, StudyConfig, raised_errors, register_study
 from .claims import SUBNORM_HELPS
 from .protocol import PROTOCOLS, select_lr, tuning_errors
 from .recall import _train_batches
 from .report import Control, check_control, control_table
 from .stats import holm, mean_std, paired_test
-from .synthetic import answer_accuracy, attention_for, build_model, param_count, train_model
+from .synthetic import answer_accuracy, build_model, param_count, train_model
 from .verdict import verdict_of_test
 
 __all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "run", "control", "variant_model", "select_lr",
            "check_config"]
 
-#: variant → (label, kind, standard heads, AttentionSpec or None for the recall study's, gate bias or None)
-_TABLE: dict[str, tuple[str, str, int, AttentionSpec | None, float | None]] = {
+#: variant → (label, kind, standard heads, the settings that update the recall study's spec of the kind
+#: (:func:`.synthetic.attention_for`) or None, gate bias or None)
+_TABLE: dict[str, tuple[str, str, int, dict | None, float | None]] = {
     "standard": ("Transformer, 4 heads", "standard", 4, None, None),
     "standard_h8": ("Transformer, 8 heads", "standard", 8, None, None),
     "standard_h16": ("Transformer, 16 heads", "standard", 16, None, None),
     "diff": ("Diff V1, 4 heads (2 diff.), sub-norm, λ_init ye", "diff", 4, None, None),
     "diff_h8": ("Diff V1, 8 heads (4 diff.)", "diff", 8, None, None),
     "diff_h16": ("Diff V1, 16 heads (8 diff.)", "diff", 16, None, None),
-    "diff_no_subnorm": ("Diff V1, no sub-norm", "diff", 4, AttentionSpec("diff", lambda_init="ye", sub_norm=False),
-                        None),
-    "diff_lambda0": ("Diff V1, λ_init 0", "diff", 4, AttentionSpec("diff", lambda_init=0.0), None),
-    "diff_lambda0.2": ("Diff V1, λ_init 0.2", "diff", 4, AttentionSpec("diff", lambda_init=0.2), None),
-    "diff_lambda0.5": ("Diff V1, λ_init 0.5", "diff", 4, AttentionSpec("diff", lambda_init=0.5), None),
-    "diff_lambda0.8": ("Diff V1, λ_init 0.8", "diff", 4, AttentionSpec("diff", lambda_init=0.8), None),
+    "diff_no_subnorm": ("Diff V1, no sub-norm", "diff", 4, {"sub_norm": False}, None),
+    "diff_lambda0": ("Diff V1, λ_init 0", "diff", 4, {"lambda_init": 0.0}, None),
+    "diff_lambda0.2": ("Diff V1, λ_init 0.2", "diff", 4, {"lambda_init": 0.2}, None),
+    "diff_lambda0.5": ("Diff V1, λ_init 0.5", "diff", 4, {"lambda_init": 0.5}, None),
+    "diff_lambda0.8": ("Diff V1, λ_init 0.8", "diff", 4, {"lambda_init": 0.8}, None),
     "diff_v2": ("Diff V2, 4 heads, no sub-norm", "diff_v2", 4, None, None),
-    "diff_v2_subnorm": ("Diff V2, sub-norm", "diff_v2", 4, AttentionSpec("diff_v2", sub_norm=True), None),
+    "diff_v2_subnorm": ("Diff V2, sub-norm", "diff_v2", 4, {"sub_norm": True}, None),
     "gated": ("DG, gate bias 0 (g = 0.5)", "gated", 4, None, 0.0),
     "gated_bias2": ("DG, gate bias +2 (g ≈ 0.88)", "gated", 4, None, 2.0),
 }
@@ -137,9 +137,9 @@ def variant_model(variant: str, *, vocab_size: int, dim: int, depth: int, max_se
                   seed: int) -> torch.nn.Module:
     """The ablation's ``variant`` (module table) at width ``dim``, initialised from ``seed``, parameter-matched to
     the Transformer with the same heads (:func:`.synthetic.build_model`)."""
-    _, kind, heads, spec, gate_bias = _TABLE[variant]
+    _, kind, heads, settings, gate_bias = _TABLE[variant]
     model = build_model(kind, vocab_size=vocab_size, dim=dim, depth=depth, num_heads=heads, max_seq_len=max_seq_len,
-                        seed=seed, attention=spec if spec is not None else attention_for(kind))
+                        seed=seed, attention=settings)
     if gate_bias is not None:
         with torch.no_grad():
             for m in model.modules():

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -79,12 +79,12 @@ def _lm(spec: AttentionSpec, vocab_size: int, dim: int, depth: int, num_heads: i
 
 
 def build_model(kind: str, *, vocab_size: int, dim: int, depth: int, num_heads: int, max_seq_len: int,
-                seed: int, attention: AttentionSpec | None = None) -> CausalLM:
+                seed: int, attention: AttentionSpec | Mapping[str, Any] | None = None) -> CausalLM:
     """The ``kind`` model (module docstring) initialised from ``seed``, its SwiGLU width chosen so that its
-    parameter count is the closest to the standard model's of the same sizes. ``attention``: another spec than
-    the variant's (:func:`attention_for`), e.g. a λ_init or sub-norm setting of an ablation; ``kind`` then only
-    names it."""
-    spec = attention_for(kind) if attention is None else attention
+    parameter count is the closest to the standard model's of the same sizes. ``attention``: the settings of an
+    ablation, a dict that updates the variant's spec (:func:`attention_for`; ``{"sub_norm": False}`` keeps the rest,
+    :meth:`~diffattn.layers.AttentionSpec.updated`), or a whole other spec, which ``kind`` then only names."""
+    spec = attention_for(kind) if attention is None else attention_for(kind).updated(attention)
     with torch.device("meta"):  # counts only: no memory, no initialisation
         target = param_count(_lm(attention_for("standard"), vocab_size, dim, depth, num_heads, max_seq_len, None))
         probe = _lm(spec, vocab_size, dim, depth, num_heads, max_seq_len, None)

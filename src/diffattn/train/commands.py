@@ -57,7 +57,9 @@ def register(subparsers) -> None:
     p.add_argument("config", help="a YAML file, or a packaged recipe's name: tiny/clip, tiny/classify, … "
                    "(diffattn.configs.config_names)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (repeatable), e.g. --set optim.lr=3e-4")
+                   help="override a config value (repeatable), e.g. --set optim.lr=3e-4; an attention setting "
+                   "updates the model's own and keeps the rest, its kind included: --set "
+                   "model.overrides.attention.lambda_init=0.5")
     p.add_argument("--out", default=None, help="run directory (default: the config's run.out)")
     p.add_argument("--device", type=device_type, default=None, help="cpu, cuda or cuda:N (run.device; default: "
                    "cuda when torch sees a GPU, else cpu; under torchrun cuda is each process's LOCAL_RANK GPU). "

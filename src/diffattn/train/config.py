@@ -53,9 +53,10 @@ class ModelConfig:
     Or ``pretrained``: a released differential model to start from (a folder or a Hugging Face Hub id holding a
     DiffLlama checkpoint, a Motif checkpoint, a diffattn ``save_pretrained`` folder or a diffattn run; for the
     tasks that take one, :attr:`~diffattn.train.tasks.Task.pretrained`), trained in ``dtype`` (its weights are cast
-    to it; ``overrides`` may then set only ``backend``). ``lora`` trains peft LoRA (``lora_r``, ``lora_alpha``,
-    ``lora_targets``: the spelling of the retrofit task's) instead of every weight; ``freeze_lambda`` keeps the
-    re-parameterised λ vectors (Ye et al. 2024, eq. 2) as loaded (else they train, with LoRA too)."""
+    to it; ``overrides`` may then set only ``attention.backend``). ``lora`` trains peft LoRA (``lora_r``,
+    ``lora_alpha``, ``lora_targets``: the spelling of the retrofit task's) instead of every weight;
+    ``freeze_lambda`` keeps the re-parameterised λ vectors (Ye et al. 2024, eq. 2) as loaded (else they train, with
+    LoRA too)."""
 
     name: str = ""
     overrides: dict = field(default_factory=dict)
@@ -269,9 +270,11 @@ def _check_model_start(cfg: TrainConfig, task) -> None:
                f"null for task {task.name!r} (a released differential model starts the tasks "
                f"{', '.join(n for n, c in TASKS.items() if c.pretrained)})")
         _check(not m.name, "model.name", m.name, "empty with model.pretrained (the checkpoint names the model)")
-        extra = sorted(set(m.overrides) - {"backend"})
-        _check(not extra, "model.overrides", m.overrides,
-               "only {backend: ...} with model.pretrained (the checkpoint fixes its sizes and λ_init)")
+        attention = m.overrides.get("attention", {})
+        _check(set(m.overrides) <= {"attention", "backend"} and isinstance(attention, dict)
+               and set(attention) <= {"backend"}, "model.overrides", m.overrides,
+               "only {attention: {backend: ...}} with model.pretrained (the checkpoint fixes its sizes and λ_init; "
+               "--set model.overrides.attention.backend=sdpa)")
     elif start:
         _check(task.model_name, f"model.{next(iter(start))}", next(iter(start.values())),
                f"unset for task {task.name!r}, which builds its own model")

@@ -51,6 +51,7 @@ from ..errors import RunExistsError, UsageError, user_input
 from ..extras import require
 from ..factory import create_model, load_released
 from ..io import atomic_write_file, remove_dir
+from ..layers.blocks import warn_loose
 from ..progress import progress
 from ..utils import available_memory, format_bytes
 from .checkpoint import find_resume, rng_state, save_checkpoint, set_rng_state
@@ -222,6 +223,19 @@ def adapt_model(model: nn.Module, m: ModelConfig) -> nn.Module:
     return model
 
 
+def _released_overrides(m: ModelConfig) -> dict:
+    """The keyword arguments of :func:`~diffattn.factory.load_released` that ``model.overrides`` sets for a released
+    checkpoint: ``backend`` from ``model.overrides.attention.backend`` (or the loose ``model.overrides.backend`` of
+    before, with its FutureWarning); validation (:func:`~diffattn.train.config.validate`) allows nothing else."""
+    o = m.overrides
+    if "backend" in o:
+        warn_loose("model.pretrained", [f"model.overrides.backend={o['backend']!r}"],
+                   f"model.overrides.attention.backend={o['backend']!r}")
+        return {"backend": o["backend"]}
+    attention = o.get("attention") or {}
+    return {"backend": attention["backend"]} if "backend" in attention else {}
+
+
 def build_run_model(task: Task, m: ModelConfig) -> nn.Module:
     """The run's model: the task's own (:meth:`~diffattn.train.tasks.Task.own_model`), or else the ``model:``
     section ``m`` through the factory: ``model.name`` with ``model.overrides`` (:func:`diffattn.factory.create_model`)
@@ -232,7 +246,7 @@ def build_run_model(task: Task, m: ModelConfig) -> nn.Module:
     if model is not None:
         return model
     if m.pretrained:
-        model, _ = load_released(task.pretrained_dir(), **m.overrides)
+        model, _ = load_released(task.pretrained_dir(), **_released_overrides(m))
     else:
         model = create_model(m.name, **m.overrides)
     return adapt_model(model, m)
@@ -404,13 +418,12 @@ def _last_logged_loss(path: Path) -> float:
 
 
 def _backend_key(cfg: TrainConfig) -> str:
-    """The config key that set the model's attention backend, for messages."""
+    """The config key that sets the model's attention backend, for messages: ``model.overrides.attention.backend``
+    whichever spelling set it (the loose ``model.overrides.backend`` of before warns where it is converted)."""
     o = cfg.model.overrides
-    if "backend" in o:
-        return "model.overrides.backend"
-    if isinstance(o.get("attention"), dict) and "backend" in o["attention"]:
+    if "backend" in o or (isinstance(o.get("attention"), dict) and "backend" in o["attention"]):
         return "model.overrides.attention.backend"
-    return f"the attention backend of model {cfg.model.name!r}"
+    return f"the attention backend of model {cfg.model.name!r} (model.overrides.attention.backend)"
 
 
 def check_run_dir(run_dir: Path, resume: str | None, overwrite: bool) -> None:

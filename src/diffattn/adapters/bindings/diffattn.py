@@ -1,5 +1,5 @@
 """Binding for diffattn's own standard attention (:class:`diffattn.layers.Attention`, the layer of every
-``attention="standard"`` model: ViT, CLIP towers, text encoders, causal LMs).
+model with attention of kind ``"standard"``: ViT, CLIP towers, text encoders, causal LMs).
 
 Each module is converted in place to a subclass whose forward runs the retrofit; its parameters (``q_proj``,
 ``k_proj``, ``v_proj``, ``out_proj``) and their state-dict names stay, so a CLIP converted from open_clip or OpenAI
@@ -75,7 +75,7 @@ class DiffattnBinding:
                                        ("sliding_window", m.sliding_window is not None)) if on]
         if unsupported:
             raise ValueError(f"retrofit of diffattn.layers.Attention does not support {', '.join(unsupported)}; "
-                             "build the model with attention='diff' instead")
+                             "build the model with attention={'kind': 'diff'} instead")
         return int(m.dim), int(m.num_heads), int(m.head_dim)
 
     def extra_trainable(self, c: Candidate) -> list[nn.Module]:
