@@ -34,7 +34,7 @@ from .convert.diffllama import from_diffllama, to_diffllama
 from .convert.motif import motif_kwargs, to_motif
 from .errors import UsageError, one_line
 from .formats import saved_kind, wrong_kind
-from .io import atomic_write_dir, from_hub, local_path, looks_local, missing_path
+from .io import atomic_write_dir, from_hub, local_path, looks_local, missing_path, recover_dir
 from .models import causal_lm, clip, text, vit, vlm  # noqa: F401  (each family registers itself on import)
 from .models.base import DiffattnModel
 from .models.base import from_pretrained as _load_saved
@@ -134,6 +134,8 @@ def run_source(path: str | os.PathLike, what: str = "path") -> tuple[str, Path]:
         raise TypeError(f"{what} must be a run folder or a saved model folder (str or os.PathLike), got "
                         f"{type(path).__name__}")
     p = Path(path).expanduser()
+    if not p.exists() and p.with_name(p.name + ".old").is_dir():
+        recover_dir(p)  # finish a swap that a killed save left half done
     if not p.exists():
         raise missing_path(path, what, _RUN_NEEDS)
     if is_retrofit_run(p):
