@@ -32,7 +32,7 @@ TEXT = ("Call me Ishmael. Some years ago, never mind how long precisely, having 
         "of the world. It is a way I have of driving off the spleen and regulating the circulation. ")
 #: one perplexity window (100 tokens < every model's context): the eval's loss is the reference's mean loss
 EVAL = {"noise_levels": (0.0,), "corruptions": (), "severities": (1,), "episodes": 1, "max_images": 1,
-        "ppl_tokens": 100, "lambada": 2, "needle_lengths": (64,), "needle_depths": (0.5,), "needle_trials": 1,
+        "ppl_tokens": 100, "lambada": 2, "needle_lengths": (120,), "needle_depths": (0.5,), "needle_trials": 1,
         "probe_max_iter": 1, "probe_fine_steps": 1}
 IDS = "5,9,11,3,7,2,8,13,21,4,6,10"
 
