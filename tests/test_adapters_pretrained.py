@@ -103,7 +103,7 @@ def test_from_pretrained_retrofit_refuses_what_it_cannot_restore(tmp_path):
         diffattn.from_pretrained_retrofit(tmp_path / "stale")
     with pytest.raises(ValueError, match="recorded retrofit does not apply to BertModel: trainable names"):
         diffattn.from_pretrained_retrofit(tmp_path / "ret", model_class=T.BertModel)
-    with pytest.raises(FileNotFoundError, match="not a folder"):
+    with pytest.raises(FileNotFoundError, match="missing' does not exist; it takes a checkpoint folder"):
         diffattn.from_pretrained_retrofit(tmp_path / "missing")
     with pytest.raises(TypeError, match="model_class must be a transformers model class"):
         diffattn.from_pretrained_retrofit(tmp_path / "ret", model_class="BertModel")

@@ -84,3 +84,42 @@ def test_from_pretrained_round_trip(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         assert torch.equal(model(x), loaded(x))
+
+
+def test_no_loader_sends_a_local_looking_path_to_the_hub(tmp_path, monkeypatch, capsys):
+    """``runs/diffclip_tiyn`` beside ``runs/diffclip_tiny``: every loader and command says at once, in one line, that
+    the folder does not exist and names the close one; nothing asks the Hub (whose five retries took 27 s
+    offline)."""
+    import huggingface_hub
+
+    from diffattn import cli
+    from diffattn.adapters import from_pretrained_retrofit
+    from diffattn.eval.text_models import get_text_tokenizer, load_language_model
+    from diffattn.models import CausalLM
+    from diffattn.models.base import from_pretrained as load_saved
+
+    def hub(*args, **kwargs):
+        raise AssertionError(f"the Hub was asked: {args}")
+
+    for name in ("snapshot_download", "hf_hub_download"):
+        monkeypatch.setattr(huggingface_hub, name, hub)
+    monkeypatch.setattr("diffattn.io.hub_reachable", hub)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "diffclip_tiny").mkdir(parents=True)
+    typo, want = "runs/diffclip_tiyn", "'runs/diffclip_tiyn' does not exist; did you mean 'runs/diffclip_tiny'?"
+    loaders = {"from_pretrained": factory.from_pretrained, "load_run": factory.load_run, "models.base": load_saved,
+               "CausalLM.from_pretrained": CausalLM.from_pretrained,
+               "create_model": lambda p: factory.create_model("diff_vit_nano", pretrained=p),
+               "resolve_source": factory.resolve_source, "get_text_tokenizer": get_text_tokenizer,
+               "load_language_model": lambda p: load_language_model(p),
+               "base of load_language_model": lambda p: load_language_model(base=p),
+               "from_pretrained_retrofit": from_pretrained_retrofit}
+    for name, load in loaders.items():
+        with pytest.raises(FileNotFoundError) as e:
+            load(typo)
+        assert want in str(e.value) and "\n" not in str(e.value), (name, str(e.value))
+    for argv in (["eval", typo], ["inspect", typo, "--ids", "1,2", "--needle-ids", "3", "--out", "o"],
+                 ["train", "tiny/finetune", "--set", f"model.pretrained={typo}", "--out", "r"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("diffattn: error:") and err.count("\n") == 1 and want in err, (argv, err)

@@ -248,12 +248,14 @@ def test_missing_local_folder_is_a_clear_error(tmp_path, path):
     from diffattn.models import VisionTransformer
 
     for load in (from_pretrained, VisionTransformer.from_pretrained):
-        with pytest.raises(FileNotFoundError, match=r"is not a folder .* hub repo id"):
+        with pytest.raises(FileNotFoundError, match=f"path '{path}' does not exist; .*Hub id|does not exist; give"):
             load(path)
     weights_file = tmp_path / "model.safetensors"
     weights_file.write_bytes(b"")
-    with pytest.raises(FileNotFoundError, match="is not a folder"):
+    with pytest.raises(ValueError, match="model.safetensors is a checkpoint file, not a run or a saved model"):
         from_pretrained(str(weights_file))
+    with pytest.raises(FileNotFoundError, match="is a file, not a folder"):
+        VisionTransformer.from_pretrained(str(weights_file))
 
 
 # ------------------------------------------------------------------- leftovers of killed saves, permissions
@@ -350,3 +352,75 @@ def test_load_torch_file_names_the_file_and_the_damage(tmp_path):
             dio.load_torch_file(tmp_path / name)
     with pytest.raises(FileNotFoundError, match="missing.pt"):
         dio.load_torch_file(tmp_path / "missing.pt")
+
+
+# ---------------------------------------------------------------------------- local paths never go to the Hub
+
+
+def test_looks_local_leaves_only_repo_ids_to_the_hub(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    local = ["runs/diffclip_tiyn", "./x", "../x", "~/x", "/abs/x", "a/b/c", "a\\b", "org/na me", Path("org/name"), "",
+             "org/..", "org/name-"]
+    hub = ["org/name", "gpt2", "Org-1/model.v2_x"]
+    assert [s for s in local if not dio.looks_local(s)] == []
+    assert [s for s in hub if dio.looks_local(s)] == []
+    (tmp_path / "org").mkdir()
+    assert dio.looks_local("org/name")  # beside a folder org/, org/name is a path here
+
+
+def test_a_missing_path_is_one_line_with_the_closest_names_beside_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("diffclip_tiny", "lm_small", "vit"):
+        (tmp_path / "runs" / name / "model").mkdir(parents=True)
+    msg = str(dio.missing_path("runs/diffclip_tiyn", "path", "give a run folder"))
+    assert msg == "path 'runs/diffclip_tiyn' does not exist; did you mean 'runs/diffclip_tiny'?; give a run folder"
+    # the first missing part is matched, the rest kept
+    assert "did you mean 'runs/diffclip_tiny/model'?" in str(dio.missing_path("runs/difclip_tiny/model", "path"))
+    assert str(dio.missing_path("runs/zzz", "path")) == "path 'runs/zzz' does not exist"
+    with pytest.raises(FileNotFoundError, match="'runs/vti' does not exist; did you mean 'runs/vit'"):
+        dio.local_path("runs/vti", "path")
+    assert dio.local_path("runs/vit", "path") == Path("runs/vit") and dio.local_path("org/name", "path") is None
+
+
+def _no_network_call(*args, **kwargs):
+    raise AssertionError(f"the Hub was asked: {args} {kwargs}")
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_hub_miss_offline_is_one_line_at_once(tmp_path, monkeypatch, offline):
+    """Offline (HF_HUB_OFFLINE, or an endpoint that refuses the one probe) the cache answers: no retries."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    monkeypatch.setattr(constants, "ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9 (discard)
+    calls = []
+
+    def cache_only(repo_id, **kwargs):  # the real download, told to stay in the cache
+        calls.append(kwargs.get("local_files_only"))
+        return huggingface_hub.snapshot_download(repo_id, **kwargs)
+
+    t0 = time.perf_counter()
+    with pytest.raises(FileNotFoundError) as e:
+        dio.from_hub(cache_only, "org/tiny-model", "path", cache_dir=str(tmp_path / "cache"))
+    assert time.perf_counter() - t0 < 5.0 and calls == [True]  # the hub's retries alone wait 1 + 2 + 4 + 8 + 8 s
+    reason = "HF_HUB_OFFLINE is set" if offline else "http://127.0.0.1:9 cannot be reached"
+    assert str(e.value) == (f"path 'org/tiny-model' is neither a local path nor in the Hugging Face Hub's cache, and "
+                            f"the Hub was not asked ({reason})")
+
+
+def test_a_hub_error_online_is_one_line(monkeypatch):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(dio, "hub_reachable", lambda timeout=3.0: True)
+
+    def not_found(repo_id, **kwargs):
+        assert not kwargs.get("local_files_only")
+        raise OSError(f"404 Client Error.\n\nRepository Not Found for url: https://huggingface.co/{repo_id}")
+
+    with pytest.raises(dio.UsageError) as e:
+        dio.from_hub(not_found, "org/none", "model.pretrained")
+    assert str(e.value) == ("model.pretrained 'org/none' is not a local path, and the Hugging Face Hub did not give it "
+                            "(OSError: 404 Client Error.)")

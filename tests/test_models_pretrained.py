@@ -131,7 +131,8 @@ def test_errors_name_the_tags_and_the_release(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"pretrained='laion' is neither a tag of 'clip_vit_b16' \(its tags are "
                                          r"\['openai'\]\)"):
         create_model("clip_vit_b16", pretrained="laion")
-    with pytest.raises(FileNotFoundError, match="is not an existing file"):
+    with pytest.raises(FileNotFoundError, match=r"missing.pt' does not exist; it takes a checkpoint file or a tag "
+                                                r"of 'clip_vit_b16': \['openai'\]"):
         create_model("clip_vit_b16", pretrained=str(tmp_path / "missing.pt"))
     with pytest.raises(TypeError, match="pretrained must be a tag, a file path or False, got int"):
         create_model("clip_tiny", pretrained=3)
@@ -142,6 +143,8 @@ def test_errors_name_the_tags_and_the_release(tmp_path, monkeypatch):
         raise OSError("network unreachable")
 
     monkeypatch.setattr("huggingface_hub.hf_hub_download", down)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)  # as online, the download itself fails
+    monkeypatch.setattr("diffattn.io.hub_reachable", lambda timeout=3.0: True)
     with pytest.raises(FileNotFoundError, match=r"huggingface.co/hammh0a/DiffCLIP_ViTB16_CC12M .*network unreachable"
                                                 r".*github.com/hammoudhasan/DiffCLIP"):
         create_model("diffclip_vit_b16", pretrained="cc12m", cache_dir=tmp_path)

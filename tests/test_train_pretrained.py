@@ -168,7 +168,6 @@ def test_a_hub_id_goes_through_snapshot_download(diffllama_dir, monkeypatch, tmp
     """Offline: the hub call is replaced by one that returns the local folder (real users have internet)."""
     import huggingface_hub
 
-    from diffattn.errors import UsageError
     from diffattn.factory import released_layout, resolve_source
 
     calls = []
@@ -181,5 +180,6 @@ def test_a_hub_id_goes_through_snapshot_download(diffllama_dir, monkeypatch, tmp
     path = resolve_source("org/tiny-diffllama")
     assert path == diffllama_dir and released_layout(path) == "diffllama"
     assert calls[0][0] == "org/tiny-diffllama" and "*.safetensors" in calls[0][1]["allow_patterns"]
-    with pytest.raises(UsageError, match="not a folder nor a Hugging Face Hub id"):
-        resolve_source(str(tmp_path / "missing" / "folder"))
+    with pytest.raises(FileNotFoundError, match="missing/folder' does not exist; it takes a released model folder"):
+        resolve_source(str(tmp_path / "missing" / "folder"))  # a local path: never sent to the Hub
+    assert len(calls) == 1

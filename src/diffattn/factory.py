@@ -32,9 +32,9 @@ from .adapters.saving import load_adapter
 from .convert import from_motif, load_diffclip, load_diffclip_image_tower, load_openai_clip, load_timm_vit
 from .convert.diffllama import from_diffllama, to_diffllama
 from .convert.motif import motif_kwargs, to_motif
-from .errors import UsageError
+from .errors import UsageError, one_line
 from .formats import saved_kind, wrong_kind
-from .io import atomic_write_dir
+from .io import atomic_write_dir, from_hub, local_path, looks_local, missing_path, recover_dir
 from .models import causal_lm, clip, text, vit, vlm  # noqa: F401  (each family registers itself on import)
 from .models.base import DiffattnModel
 from .models.base import from_pretrained as _load_saved
@@ -44,7 +44,7 @@ from .models.registry import TIMM_KWARGS, build_model, is_model, model_family
 
 __all__ = ["create_model", "from_pretrained", "load_run", "load_pretrained", "register_timm", "TIMM_NAMES",
            "find_saved_model", "is_retrofit_run", "load_retrofit_run", "RETROFIT_RUN", "RELEASED_LAYOUTS",
-           "resolve_source", "released_layout", "load_released", "save_released"]
+           "resolve_source", "released_layout", "load_released", "save_released", "run_source"]
 
 #: the file a retrofit training run writes to say how it is rebuilt (:func:`load_retrofit_run`)
 RETROFIT_RUN = "retrofit.json"
@@ -113,58 +113,93 @@ def load_pretrained(name: str, pretrained: str | os.PathLike, overrides: dict,
     return model
 
 
-def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
-    """Load a model saved with ``save_pretrained`` from a folder, a training run folder (its final model, as
-    ``diffattn eval RUN`` finds it: :func:`find_saved_model`) or a hub repo id; the config names the class.
-
-    Strict (:mod:`diffattn.models.base`): a config with unknown entries, a weights file with missing, unexpected or
-    mis-shaped tensors, or sizes beyond the bounds raise ValueError and no model is returned. A path of another
-    kind (a retrofit run, an adapter, a transformers checkpoint, …) is a ValueError naming the loader it needs.
-    """
-    path = Path(str(path_or_repo_id)).expanduser()
-    kind = saved_kind(path) if path.is_dir() else None
-    if kind is not None and kind[1] == "diffattn.convert.from_motif(path)":  # a released Motif folder
-        return from_motif(path, **kwargs)
-    if path.is_dir() and not (path / "config.json").is_file():
-        if is_retrofit_run(path):
-            raise ValueError(wrong_kind(path, "a diffattn model"))
-        kind = saved_kind(path)
-        if kind is not None and kind[1].startswith("diffattn.load_run"):  # a training run: its final model
-            return _load_saved(find_saved_model(path), **kwargs)
-    return _load_saved(path_or_repo_id, **kwargs)
+#: what :func:`load_run` (and ``diffattn eval`` / ``inspect``) take, in the one-line error for a path that is not there
+_RUN_NEEDS = ("give a run folder (diffattn train --out), a folder written by save_pretrained, or a released "
+              "DiffLlama (transformers) or Motif folder")
 
 
-def load_run(path: str | os.PathLike) -> nn.Module:
-    """The model of any run folder or save, in eval mode: the one call that loads what ``diffattn eval`` takes.
+def run_source(path: str | os.PathLike, what: str = "path") -> tuple[str, Path]:
+    """(layout, folder) of anything :func:`load_run` takes, from its marker files alone (no weights read):
 
-    - a ``diffattn train`` run folder: its final model (``model/``; else ``final/``, ``best/``:
-      :func:`find_saved_model`);
-    - a retrofit run (``retrofit.json``): the retrofitted base model (:func:`load_retrofit_run`), a transformers
-      model with the run's adapters (and LoRA);
-    - a ``save_pretrained`` folder: :func:`from_pretrained`;
-    - a transformers checkpoint saved from a retrofitted model: :func:`diffattn.from_pretrained_retrofit`.
+    - ``"retrofit"``: a retrofit run (``retrofit.json``), the run folder;
+    - ``"retrofit_checkpoint"``: a transformers checkpoint saved from a retrofitted model;
+    - ``"diffllama"``, ``"motif"``: a released checkpoint folder (what ``diffattn train``'s ``model.pretrained``
+      takes), converted by :func:`load_released`;
+    - ``"diffattn"``: the ``save_pretrained`` folder of a save or a run (:func:`find_saved_model`).
 
-    Anything else (an adapter folder without its base, a DiffLlama or plain transformers checkpoint, a checkpoint
-    file, a training checkpoint) is a ValueError naming the loader it needs; a path that holds nothing loadable, a
-    FileNotFoundError."""
+    A path that does not exist is one line naming it (``what``) and the closest names beside it
+    (:func:`diffattn.io.missing_path`); a path of another kind (an adapter, a training checkpoint, a plain
+    transformers model, a file) is a ValueError naming the loader it needs."""
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"path must be a run folder or a saved model folder (str or os.PathLike), got "
+        raise TypeError(f"{what} must be a run folder or a saved model folder (str or os.PathLike), got "
                         f"{type(path).__name__}")
     p = Path(path).expanduser()
+    if not p.exists() and p.with_name(p.name + ".old").is_dir():
+        recover_dir(p)  # finish a swap that a killed save left half done
     if not p.exists():
-        raise FileNotFoundError(f"path {str(p)!r} does not exist; give a run folder (diffattn train --out) or a "
-                                f"folder written by save_pretrained")
-    kind = saved_kind(p)
+        raise missing_path(path, what, _RUN_NEEDS)
     if is_retrofit_run(p):
-        return load_retrofit_run(p)
-    if kind is not None and "from_pretrained_retrofit" in kind[1]:
-        return from_pretrained_retrofit(p).eval()
-    if kind is not None and not kind[1].startswith(("diffattn.load_run", "diffattn.from_pretrained(")):
-        raise ValueError(wrong_kind(p, "a run or a saved diffattn model"))
+        return "retrofit", p
+    kind = saved_kind(p)
+    if kind is not None:
+        if "from_pretrained_retrofit" in kind[1]:
+            return "retrofit_checkpoint", p
+        for layout in ("diffllama", "motif"):
+            if RELEASED_LAYOUTS[layout][0] in kind[1]:
+                return layout, p
+        if not kind[1].startswith(("diffattn.load_run", "diffattn.from_pretrained(")):
+            raise ValueError(wrong_kind(p, "a run or a saved model"))
     if p.is_file():
-        raise ValueError(f"path {str(p)!r} is a file; load_run takes a run folder (diffattn train --out) or a "
-                         f"folder written by save_pretrained")
-    return _load_saved(find_saved_model(p)).eval()
+        raise ValueError(f"{what} {str(p)!r} is a file; it takes a folder: {_RUN_NEEDS.removeprefix('give ')}")
+    return "diffattn", find_saved_model(p)
+
+
+def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> nn.Module:
+    """Load a saved model, in eval mode (as transformers returns it): a ``save_pretrained`` folder, a training run
+    folder (its final model, as ``diffattn eval RUN`` finds it: :func:`find_saved_model`), a released DiffLlama or
+    Motif folder (converted: :func:`load_released`, ``backend=``), a retrofit run (:func:`load_retrofit_run`), or a
+    Hub repo id of a diffattn save; the config names the class.
+
+    A path that looks local (:func:`diffattn.io.looks_local`) is never sent to the Hub: a missing one is one line
+    naming it and the closest names beside it. Strict (:mod:`diffattn.models.base`): a config with unknown entries,
+    a weights file with missing, unexpected or mis-shaped tensors, or sizes beyond the bounds raise ValueError and
+    no model is returned. A path of another kind (an adapter, a plain transformers checkpoint, …) is a ValueError
+    naming the loader it needs.
+    """
+    if not looks_local(path_or_repo_id):  # a Hub id: diffattn saves only
+        return _load_saved(path_or_repo_id, **kwargs)
+    layout, folder = run_source(path_or_repo_id)
+    if layout == "diffattn":
+        return _load_saved(folder, **kwargs)
+    extra = sorted(set(kwargs) - {"backend"}) if layout in ("diffllama", "motif") else sorted(kwargs)
+    if extra:
+        raise TypeError(f"from_pretrained of {str(folder)!r} ({layout}) takes no {extra}")
+    return load_run(folder, **kwargs)
+
+
+def load_run(path: str | os.PathLike, *, backend: str = "auto") -> nn.Module:
+    """The model of any run folder or save, in eval mode: the one call that loads what ``diffattn eval``,
+    ``diffattn inspect`` and ``diffattn train``'s ``model.pretrained`` take (:func:`run_source`).
+
+    - a ``diffattn train`` run folder: its final model (``model/``; else ``final/``, ``best/``:
+      :func:`find_saved_model`); a ``save_pretrained`` folder: that model;
+    - a released DiffLlama (transformers) or Motif folder: converted to diffattn's model through the registered
+      converter (:func:`load_released`; ``backend`` of the converted layers);
+    - a retrofit run (``retrofit.json``): the retrofitted base model (:func:`load_retrofit_run`), a transformers
+      model with the run's adapters (and LoRA);
+    - a transformers checkpoint saved from a retrofitted model: :func:`diffattn.from_pretrained_retrofit`.
+
+    Anything else (an adapter folder without its base, a plain transformers checkpoint, a checkpoint file, a
+    training checkpoint) is a ValueError naming the loader it needs; a path that does not exist, one line naming it
+    and the closest names beside it (FileNotFoundError)."""
+    layout, folder = run_source(path)
+    if layout == "retrofit":
+        return load_retrofit_run(folder)
+    if layout == "retrofit_checkpoint":
+        return from_pretrained_retrofit(folder).eval()
+    if layout in ("diffllama", "motif"):
+        return load_released(folder, backend=backend)[0].eval()
+    return _load_saved(folder).eval()
 
 
 def _is_saved_model(p: Path) -> bool:
@@ -184,7 +219,9 @@ def find_saved_model(path: str | Path) -> Path:
     """The folder holding a diffattn ``save_pretrained`` model (config.json with ``architecture`` and
     model.safetensors): ``path`` itself, else ``path/model``, ``path/final``, ``path/best``, else the most recently
     written such folder below ``path``."""
-    path = Path(path)
+    if not Path(path).expanduser().exists():
+        raise missing_path(path, "path", _RUN_NEEDS)
+    path = Path(path).expanduser()
     if not path.is_dir():
         raise FileNotFoundError(f"path must be a folder holding a saved model or a run directory, got {str(path)!r}")
     for p in (path, path / "model", path / "final", path / "best"):
@@ -245,22 +282,21 @@ _HUB_FILES = ["*.json", "*.safetensors", "*.model", "*.txt", "*.tiktoken", "*.py
 
 
 def resolve_source(source: str | os.PathLike, cache_dir: str | os.PathLike | None = None) -> Path:
-    """The local folder of ``source``: a folder as it is, else a Hugging Face Hub id (``org/name``) fetched with
-    ``huggingface_hub.snapshot_download`` (config, safetensors and tokenizer files; ``cache_dir`` as the hub's).
-    A path that is neither is a :class:`~diffattn.errors.UsageError`."""
-    path = Path(str(source)).expanduser()
-    if path.is_dir():
-        return path
-    name = str(source)
-    if path.exists() or name.count("/") != 1 or name.startswith((".", "/", "~")):
-        raise UsageError(f"model.pretrained {name!r} is not a folder nor a Hugging Face Hub id (org/name)")
-    from huggingface_hub import snapshot_download
+    """The local folder of ``source``: a path that looks local (:func:`diffattn.io.looks_local`) as it is (a
+    missing one is one line naming it and the closest names beside it, never a Hub request), else a Hugging Face Hub
+    id (``org/name``) fetched with ``huggingface_hub.snapshot_download`` (config, safetensors and tokenizer files;
+    ``cache_dir`` as the hub's; offline, the cache at once: :func:`diffattn.io.from_hub`)."""
+    path = local_path(source, "model.pretrained", "it takes a released model folder or a Hugging Face Hub id "
+                      "(org/name)")
+    if path is None:
+        from huggingface_hub import snapshot_download
 
-    try:
-        return Path(snapshot_download(name, allow_patterns=_HUB_FILES, cache_dir=cache_dir))
-    except Exception as e:  # noqa: BLE001 - offline, unknown repo, no access: one line naming the id
-        raise UsageError(f"model.pretrained {name!r}: could not fetch it from the Hugging Face Hub "
-                         f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no message'})") from None
+        path = from_hub(snapshot_download, str(source), "model.pretrained", allow_patterns=_HUB_FILES,
+                        cache_dir=cache_dir)
+    if not path.is_dir():
+        raise UsageError(f"model.pretrained {str(source)!r} is a file; it takes a released model folder or a Hugging "
+                         f"Face Hub id (org/name)")
+    return path
 
 
 def released_layout(path: str | os.PathLike) -> str:
@@ -296,8 +332,7 @@ def load_released(path: str | os.PathLike, *, backend: str = "auto") -> tuple[Di
         if meta:
             return from_diffllama(DiffLlamaForCausalLM(DiffLlamaConfig.from_pretrained(str(path))),
                                   backend=backend), layout
-        install_load_warning()
-        return from_diffllama(str(path), backend=backend), layout
+        return from_diffllama(_read_diffllama(path), backend=backend), layout
     if layout == "motif":
         if meta:
             config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
@@ -306,6 +341,27 @@ def load_released(path: str | os.PathLike, *, backend: str = "auto") -> tuple[Di
     if meta:  # the weights of a diffattn save are read, shapes only are not worth a second code path
         raise RuntimeError("a diffattn save is not built on the meta device")
     return (_load_saved(find_saved_model(path)) if layout == "run" else from_pretrained(path)), layout
+
+
+def _read_diffllama(path: str | os.PathLike) -> nn.Module:
+    """``DiffLlamaForCausalLM.from_pretrained(path)``, strictly: transformers fills missing or mis-shaped weights
+    with random ones and says so in a log; here any such key, or a folder transformers cannot read, is one line
+    naming the folder (a :class:`~diffattn.errors.UsageError`), so no converted model is ever partly random."""
+    from transformers import DiffLlamaForCausalLM
+
+    kind = saved_kind(path)
+    what = f"{path} is {kind[0] if kind else 'a DiffLlama checkpoint'}"
+    install_load_warning()
+    try:
+        model, info = DiffLlamaForCausalLM.from_pretrained(str(path), output_loading_info=True)
+    except (OSError, ValueError, RuntimeError) as e:  # no weights, a damaged file, a config it cannot read
+        raise UsageError(f"{what} that transformers cannot load ({type(e).__name__}: "
+                         f"{one_line(e).split('; ')[0]})") from None
+    bad = {k: sorted(map(str, info.get(k) or ())) for k in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(bad.values()):
+        found = "; ".join(f"{k.replace('_', ' ')} {len(v)}: {v[:4]}" for k, v in bad.items() if v)
+        raise UsageError(f"{what} whose weights do not match its config.json ({found})")
+    return model
 
 
 def save_released(model: nn.Module, layout: str, folder: str | os.PathLike, *, source: str | os.PathLike | None

@@ -11,6 +11,11 @@ Files and directories follow the process's umask (``0644`` / ``0755`` under umas
 would give them. A temporary path is named ``.<target>.<pid>.<random>.tmp`` after the process writing it; a process
 killed mid-save leaves it behind, and the next save or load of the same target removes it once that process is gone
 (:func:`remove_stale_temporaries`).
+
+Where a load reads from: a path that looks local (:func:`looks_local`) is read from disk and never sent to the
+Hugging Face Hub; a missing one is one line naming it, with the closest names beside it (:func:`missing_path`). Only
+a Hub id (``org/name``) goes to the Hub, through :func:`from_hub`: when the Hub cannot be reached the cache answers
+at once, without huggingface_hub's five retries with back-off.
 """
 
 from __future__ import annotations
@@ -18,15 +23,19 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import difflib
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from .errors import UsageError, did_you_mean, one_line
+
 __all__ = ["atomic_write_file", "atomic_write_dir", "recover_dir", "remove_stale_temporaries", "remove_dir",
-           "umask", "check_torch_file", "load_torch_file"]
+           "umask", "check_torch_file", "load_torch_file", "looks_local", "missing_path", "local_path", "hub_reachable",
+           "from_hub"]
 
 _RENAME_EXCHANGE = 2
 _AT_FDCWD = -100
@@ -267,3 +276,97 @@ def remove_dir(path: str | os.PathLike) -> None:
         shutil.rmtree(doomed)
     finally:
         _ACTIVE.discard(doomed.name)
+
+
+# ------------------------------------------------------------------------------------ local paths and Hub ids
+
+#: a Hugging Face Hub repo id: ``name`` or ``org/name`` (letters, digits, ``_``, ``-``, ``.``)
+_REPO_ID = re.compile(r"[\w][\w.-]{0,95}(/[\w][\w.-]{0,95})?")
+
+
+def looks_local(source: str | os.PathLike) -> bool:
+    """Whether ``source`` names a path on this machine rather than a Hugging Face Hub repo id: a ``pathlib.Path``,
+    anything that exists, starts with ``.``, ``~`` or a separator, is not a repo id's ``name`` or ``org/name``
+    (more than one ``/``, a backslash, other characters), or whose first folder exists (``runs/x`` where ``runs/``
+    is a folder here). Only an ``org/name`` (or bare ``name``) that names nothing here may be a Hub id."""
+    if isinstance(source, os.PathLike):
+        return True
+    s = str(source)
+    if not s or s.startswith((".", "~", "/", os.sep)) or os.path.exists(s):
+        return True
+    if not _REPO_ID.fullmatch(s) or ".." in s or "--" in s or s.endswith((".", "-")):
+        return True
+    return "/" in s and os.path.isdir(s.split("/")[0])
+
+
+def _nearest(path: str | os.PathLike) -> str:
+    """``"; did you mean …?"`` with the closest existing names for the first missing part of ``path``, looked up in
+    the deepest folder above it that exists (the rest of ``path`` kept), else ``""``."""
+    shown = Path(os.fspath(path))
+    real = shown.expanduser()
+    tail: list[str] = []
+    while not real.exists() and real != real.parent and shown != shown.parent:
+        tail.append(real.name)
+        real, shown = real.parent, shown.parent
+    if not tail or not real.is_dir():
+        return ""
+    try:
+        names = [c.name for _, c in zip(range(10000), real.iterdir()) if not c.name.startswith(".")]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(tail[-1], names, n=3, cutoff=0.6)
+    return did_you_mean(os.fspath(path), [str(shown.joinpath(c, *reversed(tail[:-1]))) for c in close])
+
+
+def missing_path(path: str | os.PathLike, what: str, needs: str = "") -> FileNotFoundError:
+    """The one-line error for a local ``path`` that does not exist: ``"{what} 'path' does not exist; did you mean
+    …?; {needs}"``, the suggestions taken from the names beside it."""
+    return FileNotFoundError(f"{what} {os.fspath(path)!r} does not exist{_nearest(path)}" + (f"; {needs}" if needs
+                                                                                              else ""))
+
+
+def local_path(source: str | os.PathLike, what: str, needs: str = "") -> Path | None:
+    """The existing local path ``source`` names (``~`` expanded); None for a Hub id (:func:`looks_local`); a
+    local-looking path that does not exist raises :func:`missing_path`'s error."""
+    if not looks_local(source):
+        return None
+    path = Path(os.fspath(source)).expanduser()
+    if not path.exists():
+        raise missing_path(source, what, needs)
+    return path
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """Whether the Hugging Face Hub's endpoint answers one request (``HF_ENDPOINT``; no retries, ``timeout``
+    seconds at most): a machine without a network says no at once instead of after huggingface_hub's back-off."""
+    from huggingface_hub import constants
+    from huggingface_hub.utils import get_session
+
+    try:
+        get_session().request("HEAD", constants.ENDPOINT, timeout=timeout)
+    except Exception:  # noqa: BLE001 - no route, no name, refused, timed out: all mean unreachable
+        return False
+    return True
+
+
+def from_hub(download: Callable[..., str], repo_id: str, what: str, **kwargs) -> Path:
+    """``download(repo_id, **kwargs)`` (huggingface_hub's ``hf_hub_download`` or ``snapshot_download``) as a Path.
+
+    Offline (``HF_HUB_OFFLINE``, ``local_files_only=True``, or an endpoint that does not answer one request,
+    :func:`hub_reachable`) the hub's cache answers at once; a miss there is a one-line ``FileNotFoundError``, and
+    any other failure of the Hub (no such repo, no access, no such file) a one-line
+    :class:`~diffattn.errors.UsageError`, both naming ``what`` and ``repo_id``."""
+    from huggingface_hub import constants
+
+    reason = ("HF_HUB_OFFLINE is set" if constants.HF_HUB_OFFLINE else "local_files_only=True"
+              if kwargs.get("local_files_only") else None)
+    if reason is None and not hub_reachable():
+        reason = f"{constants.ENDPOINT} cannot be reached"
+    try:
+        return Path(download(repo_id, **({**kwargs, "local_files_only": True} if reason else kwargs)))
+    except Exception as e:  # noqa: BLE001 - the hub's many error types: one line naming the id
+        if reason is not None:
+            raise FileNotFoundError(f"{what} {repo_id!r} is neither a local path nor in the Hugging Face Hub's cache, "
+                                    f"and the Hub was not asked ({reason}){_nearest(repo_id)}") from None
+        raise UsageError(f"{what} {repo_id!r} is not a local path, and the Hugging Face Hub did not give it "
+                         f"({type(e).__name__}: {one_line(e).split('; ')[0]}){_nearest(repo_id)}") from None

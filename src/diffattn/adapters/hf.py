@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from ..formats import FORMAT_KEY, read_format, saved_kind, wrong_kind
-from ..io import check_torch_file, load_torch_file
+from ..io import check_torch_file, from_hub, load_torch_file, local_path
 from .binding import ADAPTER_ATTR
 from .config import RetrofitConfig
 from .core import HF_CONFIG_KEY, HF_FORMAT_VERSION, apply_plan, plan_retrofit
@@ -176,17 +175,18 @@ def _read_tensors(directory: Path, wanted: set[str]) -> dict[str, torch.Tensor]:
 
 
 def _resolve(path: str | os.PathLike, kwargs: dict[str, Any]) -> Path:
-    """A local checkpoint folder, or a hub repo id downloaded (or found in the cache) by huggingface_hub."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        return p
-    if p.exists() or not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", str(path)):
+    """A local checkpoint folder (a path that looks local is never sent to the hub: :func:`diffattn.io.local_path`),
+    or a hub repo id downloaded (or found in the cache, at once when offline: :func:`diffattn.io.from_hub`)."""
+    p = local_path(path, "path", "it takes a checkpoint folder (config.json + weights) or a hub repo id")
+    if p is None:
+        from huggingface_hub import snapshot_download
+
+        p = from_hub(snapshot_download, str(path), "path", revision=kwargs.get("revision"),
+                     cache_dir=kwargs.get("cache_dir"), allow_patterns=["*.json", "*.safetensors", "*.bin"])
+    if not p.is_dir():
         raise FileNotFoundError(f"path must be a checkpoint folder (config.json + weights) or a hub repo id, got "
                                 f"{str(path)!r}, which is not a folder")
-    from huggingface_hub import snapshot_download
-
-    return Path(snapshot_download(str(path), revision=kwargs.get("revision"), cache_dir=kwargs.get("cache_dir"),
-                                  allow_patterns=["*.json", "*.safetensors", "*.bin"]))
+    return p
 
 
 def from_pretrained_retrofit(path: str | os.PathLike, *, model_class: type | None = None,

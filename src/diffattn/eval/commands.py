@@ -149,7 +149,8 @@ def register(subparsers) -> None:
     i.add_argument("--question-ids", type=_ids, default=None, help="the question as token ids (with --ids)")
     i.add_argument("--depth", type=float, default=0.5, help="where the needle goes, as a fraction of the prompt "
                    "(default 0.5)")
-    i.add_argument("--tokenizer", default=None, help="a tokenizer folder when the model folder has none")
+    i.add_argument("--tokenizer", default=None, help="bytes, gpt2, a tokenizer folder or a Hub id (default: the one "
+                   "the run's config.yaml records, else the folder's own tokenizer files)")
     i.add_argument("--device", type=device_type, default=None, help="cpu (default), cuda or cuda:N")
     i.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16", "float64"],
                    help="compute dtype (default: the checkpoint's)")

@@ -3,7 +3,7 @@
     diffattn inspect path/to/Motif-2-12.7B --prompt "…long context…" --needle "The code is 4711." \\
         --question "The code is" --out inspect/
 
-loads the model (:func:`diffattn.factory.load_released`: a released Motif folder through
+loads the model (:func:`diffattn.factory.load_run`: a released Motif folder through
 :func:`diffattn.convert.from_motif`, a transformers DiffLlama folder through :func:`diffattn.convert.from_diffllama`,
 or any diffattn model folder), builds the input ``prompt[:k] + needle + prompt[k:] + question`` with the needle at
 ``depth`` (k = round(depth · len(prompt))), runs one forward pass while every attention layer's maps are captured
@@ -41,10 +41,10 @@ import torch.nn as nn
 
 from ..diagnostics import branch_entropy, capture_attention
 from ..diagnostics.plots import plot_lambdas, plot_maps
-from ..errors import UsageError
-from ..factory import load_released, load_run
+from ..factory import load_run, run_source
 from ..io import atomic_write_file
 from ..utils import resolve_device
+from .text_models import Tokenizer, get_text_tokenizer, recorded_tokenizer
 
 __all__ = ["inspect_model", "inspect_folder", "build_needle_input", "DTYPES"]
 
@@ -236,16 +236,16 @@ def inspect_model(model: nn.Module, ids: Sequence[int], out: str | os.PathLike, 
     return summary
 
 
-def _tokenizer(path: Path, tokenizer: str | None):
-    src = tokenizer or str(path)
-    p = Path(src)
-    if p.is_dir() and not any((p / n).is_file() for n in ("tokenizer.json", "tokenizer_config.json",
-                                                              "tokenizer.model")):
-        raise ValueError(f"{src} has no tokenizer (tokenizer.json / tokenizer_config.json): give --tokenizer PATH, "
-                         f"or token ids with --ids and --needle-ids")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(src, local_files_only=True)
+def _tokenizer(path: Path, tokenizer: str | None) -> Tokenizer:
+    """``tokenizer`` (``bytes``, ``gpt2``, a folder or a Hub id), else the one the folder records
+    (:func:`~diffattn.eval.text_models.recorded_tokenizer`: its run's ``config.yaml``, or the folder's own tokenizer
+    files); one line when there is none or it fails to load."""
+    spec = tokenizer or recorded_tokenizer(path)
+    if spec is None:
+        raise ValueError(f"{path} has no tokenizer (tokenizer.json / tokenizer_config.json, or a run's config.yaml "
+                         f"naming one): give --tokenizer (bytes, gpt2, a folder), or token ids with --ids and "
+                         f"--needle-ids")
+    return get_text_tokenizer(spec)
 
 
 def _family(model: nn.Module, path: Path) -> str:
@@ -262,11 +262,11 @@ def inspect_folder(path: str | os.PathLike, out: str | os.PathLike, *, prompt: s
                    tokenizer: str | None = None, device: str | None = None, dtype: str = "auto",
                    backend: str = "auto", head: int | None = None, save_maps: bool = False,
                    plots: bool = True) -> dict:
-    """Load ``path`` (:func:`~diffattn.factory.load_released`), build the needle input from text (the folder's
-    tokenizer, or ``tokenizer``) or from token ids, and run :func:`inspect_model`; writes under ``out``."""
+    """Load ``path`` (:func:`~diffattn.factory.load_run`), build the needle input from text (``tokenizer``, else the
+    one the folder records: its run's ``config.yaml`` or its tokenizer files) or from token ids, and run
+    :func:`inspect_model`; writes under ``out``."""
+    run_source(path)  # a missing path is one line naming it and the closest names beside it, before any work
     path = Path(path).expanduser()
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist; give a released model folder (config.json + safetensors)")
     if (prompt is None) == (ids is None):
         raise ValueError("give the context either as text (--prompt, with --needle) or as token ids (--ids, with "
                          "--needle-ids)")
@@ -277,26 +277,23 @@ def inspect_folder(path: str | os.PathLike, out: str | os.PathLike, *, prompt: s
         if needle is None:
             raise ValueError("--prompt needs --needle, the text placed in it whose attention mass is measured")
         tok = _tokenizer(path, tokenizer)
-        p_ids = tok(prompt, add_special_tokens=True)["input_ids"]
-        n_ids = tok(needle, add_special_tokens=False)["input_ids"]
-        q_ids = tok(question, add_special_tokens=False)["input_ids"] if question else []
-        prefix = 1 if getattr(tok, "bos_token_id", None) is not None and p_ids[:1] == [tok.bos_token_id] else 0
+        hf = tok.hf  # a transformers tokenizer adds its BOS to the prompt, as the model saw text in training
+        p_ids = hf(prompt, add_special_tokens=True)["input_ids"] if hf is not None else tok.encode(prompt)
+        n_ids, q_ids = tok.encode(needle), tok.encode(question) if question else []
+        prefix = 1 if getattr(hf, "bos_token_id", None) is not None and p_ids[:1] == [hf.bos_token_id] else 0
     else:
         if not needle_ids:
             raise ValueError("--ids needs --needle-ids, the token ids placed in it whose attention mass is measured")
         p_ids, n_ids, q_ids, prefix = list(ids), list(needle_ids), list(question_ids), 0
     seq, span = build_needle_input(p_ids, n_ids, q_ids, depth=depth, keep_prefix=prefix)
-    try:  # a released Motif / DiffLlama folder, a diffattn save or run
-        model = load_released(path, backend=backend)[0].eval()
-    except UsageError:  # anything else load_run takes (a retrofit run), or its one-line error
-        model = load_run(path)
+    model = load_run(path, backend=backend)  # released Motif / DiffLlama, a diffattn save or run, a retrofit run
     vocab = getattr(model, "vocab_size", None)
     if vocab is not None and max(seq) >= vocab:
         raise ValueError(f"token id {max(seq)} is outside the model's vocabulary ({vocab} tokens)")
     if DTYPES[dtype] is not None:
         model = model.to(DTYPES[dtype])
     model = model.to(resolve_device(device, "--device") if device is not None else "cpu")
-    tokens = tok.convert_ids_to_tokens(seq) if tok is not None else None
+    tokens = tok.pieces(seq) if tok is not None else None
     meta = {"path": str(path), "family": _family(model, path), "depth": depth}
     return inspect_model(model, seq, out, needle=span, tokens=tokens, head=head, save_maps=save_maps, plots=plots,
                          meta=meta)

@@ -41,7 +41,7 @@ from ..diagnostics import answer_attention, branch_entropy, capture_attention, f
 from ..diagnostics.plots import plot_cls_maps, plot_corruption_curves, plot_lambdas, plot_maps, plot_needle_grid
 from ..directions import better
 from ..errors import UsageError, did_you_mean, user_input, yaml_error
-from ..factory import from_pretrained
+from ..factory import load_run, run_source
 from ..io import atomic_write_dir, atomic_write_file
 from ..utils import resolve_device
 from .classification import classification_metrics, zero_shot_classifier, zero_shot_logits
@@ -50,7 +50,7 @@ from .mmvp import mmvp_eval
 from .probe import few_shot, linear_probe
 from .retrieval import recall_at_k
 from .robustness import COMMON_CORRUPTIONS, corruption_table, noise_robustness
-from .text_models import find_saved_model, get_text_tokenizer, is_retrofit_run, load_retrofit_run
+from .text_models import get_text_tokenizer
 
 __all__ = ["evaluate", "write_report", "summary_table", "recorded_chance", "compare", "load_results", "flatten",
            "EVAL_DATASETS", "KIND_NAMES", "check_eval_dataset"]
@@ -464,17 +464,15 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
             raise UsageError(f"--text {str(text)!r} is not a file")
         out = Path(out_dir) if out_dir else (Path(model_path) / "eval")
         previous = _check_output_dir(out)
-        retrofit = is_retrofit_run(model_path)
-        model_dir = Path(model_path) if retrofit else find_saved_model(model_path)
+        layout, model_dir = run_source(model_path, "target")  # any folder load_run takes, released ones included
         run_cfg = _run_config(model_dir)
         dataset = dataset or _dataset_name(run_cfg)
         torch.manual_seed(seed)
-        if retrofit:  # a transformers causal LM with the run's adapters (and LoRA): a language model
-            model, kind = load_retrofit_run(model_dir), "lm"
-            name, arch = _retrofit_name(run_cfg), type(_bare_model(model)).__name__
+        model = load_run(model_dir)
+        if layout.startswith("retrofit"):  # a transformers causal LM with the run's adapters (and LoRA)
+            kind, name, arch = "lm", _retrofit_name(run_cfg), type(_bare_model(model)).__name__
         else:
-            model = from_pretrained(model_dir).eval()
-            kind, name, arch = _kind(model), getattr(model, "model_name", None), type(model).__name__
+            kind, name, arch = _kind(model), getattr(model, "model_name", None) or layout, type(model).__name__
 
         if dataset in DATASETS:  # a built-in set of another kind (a name it does not know: get_dataset's error)
             check_eval_dataset(dataset, kind, what="dataset")

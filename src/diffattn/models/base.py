@@ -17,7 +17,8 @@ no model name is needed; ``SomeModel.from_pretrained(dir)`` works too. Both load
   mismatched keys are all named in one ``ValueError``, raised before any model is returned. Weights are read with
   safetensors only (no pickle).
 
-A hub repo id works wherever a hub is reachable.
+A hub repo id works wherever a hub is reachable; a path that looks local (:func:`diffattn.io.looks_local`) is never
+sent to the hub. A loaded model is in eval mode, as transformers returns it.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from huggingface_hub import PyTorchModelHubMixin, hf_hub_download
+from huggingface_hub import PyTorchModelHubMixin
 
 from .._version import __version__
 from ..formats import FORMAT, FORMAT_KEY, VERSION_KEY, migrate, read_format, wrong_kind
-from ..io import atomic_write_dir, recover_dir
+from ..io import atomic_write_dir, from_hub, local_path, recover_dir
 from ..layers.blocks import AttentionSpec
 
 __all__ = ["DiffattnModel", "from_pretrained", "model_class", "load_state_dict_exact", "check_state_dict",
@@ -158,16 +159,9 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | Path, **kwargs):
         """Load a checkpoint of this class saved with :meth:`save_pretrained` (strict; module docstring)."""
-        path = str(pretrained_model_name_or_path)
-        if os.path.exists(path) or os.path.exists(path.rstrip("/") + ".old"):
-            recover_dir(path)
-        _local_or_repo(path)
-        if os.path.isdir(path):
-            cfg_file = os.path.join(path, CONFIG_NAME)
-            if not os.path.isfile(cfg_file):
-                raise _no_config(path)
-            _read_config(cfg_file, cls)
-        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+        path = _saved_folder(pretrained_model_name_or_path, kwargs)
+        _read_config(os.path.join(path, CONFIG_NAME), cls)
+        return super().from_pretrained(path, **kwargs)  # a local folder by now: the hub keywords are not used
 
     @classmethod
     def _from_pretrained(cls, *, model_id: str, revision, cache_dir, force_download: bool, local_files_only: bool,
@@ -181,12 +175,8 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
             model_kwargs.pop(k, None)
         hub = dict(revision=revision, cache_dir=cache_dir, force_download=force_download, token=token,
                    local_files_only=local_files_only)
-        if os.path.isdir(model_id):
-            directory = recover_dir(model_id)
-            cfg_file, weights = os.path.join(directory, CONFIG_NAME), os.path.join(directory, WEIGHTS_NAME)
-        else:
-            cfg_file = hf_hub_download(repo_id=model_id, filename=CONFIG_NAME, **hub)
-            weights = hf_hub_download(repo_id=model_id, filename=WEIGHTS_NAME, **hub)
+        directory = _saved_folder(model_id, hub)
+        cfg_file, weights = os.path.join(directory, CONFIG_NAME), os.path.join(directory, WEIGHTS_NAME)
         what = f"checkpoint {model_id}"
         source = _read_format(cfg_file)
         sd = _read_weights(weights, what)
@@ -197,6 +187,7 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         check_state_dict(probe, sd, what)  # raises before any real model exists
         model = cls(**model_kwargs)
         load_state_dict_exact(model, sd, what)
+        model.eval()  # as transformers' from_pretrained: a loaded model is for inference until trained
         return model.to(map_location) if map_location not in (None, "cpu") else model
 
 
@@ -285,43 +276,43 @@ def model_class(name: str) -> type[DiffattnModel]:
     return _CLASSES[name]
 
 
-def _local_or_repo(path: str) -> str:
-    """``path`` unchanged if it is an existing folder or a valid hub repo id; otherwise a FileNotFoundError that says
-    the local folder does not exist (instead of the hub's repo-id validation error)."""
-    if os.path.isdir(path):
-        return path
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
+#: the keywords of ``from_pretrained`` that say where and how a Hub id is fetched
+_HUB_KWARGS = ("revision", "cache_dir", "force_download", "token", "local_files_only")
+#: what a missing local save needs, in the one-line error (:func:`diffattn.io.missing_path`)
+_NEEDS = "give a folder written by save_pretrained, a run folder (diffattn train --out) or a Hub id 'org/name'"
 
-    looks_local = path.startswith((os.sep, ".", "~")) or os.path.exists(path)
-    try:
-        validate_repo_id(path)
-    except HFValidationError:
-        looks_local = True
-    if looks_local:
-        raise FileNotFoundError(f"pretrained_model_name_or_path {path!r} is not a folder (it does not exist, or it is "
-                                "a file); pass a folder written by save_pretrained, or a hub repo id 'namespace/name'")
-    return path
+
+def _saved_folder(path_or_repo_id: str | os.PathLike, hub: dict) -> str:
+    """The local folder of a save: ``path_or_repo_id`` itself when it looks local (:func:`diffattn.io.looks_local`;
+    a missing one is one line with the closest names beside it, never a Hub request), else the Hub id's
+    ``config.json`` and ``model.safetensors`` from the hub or its cache (:func:`diffattn.io.from_hub`: offline, one
+    line at once). A folder without ``config.json`` is an error naming what it holds (:func:`_no_config`)."""
+    path = os.fspath(path_or_repo_id)
+    if os.path.exists(path) or os.path.exists(path.rstrip("/") + ".old"):
+        recover_dir(path)  # finish a swap that a killed save left half done
+    local = local_path(path_or_repo_id, "path", _NEEDS)
+    if local is None:
+        from huggingface_hub import snapshot_download
+
+        hub = {k: v for k, v in hub.items() if k in _HUB_KWARGS and v is not None}
+        local = from_hub(snapshot_download, path, "path", allow_patterns=[CONFIG_NAME, WEIGHTS_NAME], **hub)
+    if not local.is_dir():
+        raise FileNotFoundError(f"path {path!r} is a file, not a folder; pass a folder written by save_pretrained "
+                                f"(config.json + model.safetensors), or a Hub id 'org/name'")
+    if not (local / CONFIG_NAME).is_file():
+        raise _no_config(path)
+    return str(local)
 
 
 def from_pretrained(path_or_repo_id: str | Path, **kwargs) -> DiffattnModel:
-    """Load a model saved with ``save_pretrained`` from a folder or a hub repo id; the config names the class.
+    """Load a model saved with ``save_pretrained`` from a folder or a hub repo id; the config names the class. The
+    model is in eval mode, as transformers returns it.
 
     Strict (module docstring): a config with unknown entries, a weights file with missing, unexpected or
     mis-shaped tensors, or sizes beyond the bounds raise ValueError and no model is returned.
     """
-    path = str(path_or_repo_id)
-    if os.path.exists(path) or os.path.exists(path.rstrip("/") + ".old"):
-        recover_dir(path)  # finish a swap that a killed save left half done
-    _local_or_repo(path)
-    if os.path.isdir(path):
-        cfg_file = os.path.join(path, CONFIG_NAME)
-        if not os.path.exists(cfg_file):
-            raise _no_config(path)
-    else:
-        cfg_file = hf_hub_download(path, CONFIG_NAME, **{k: v for k, v in kwargs.items()
-                                                         if k in ("revision", "cache_dir", "token",
-                                                                  "local_files_only")})
-    cfg = _read_config(cfg_file)
+    path = _saved_folder(path_or_repo_id, kwargs)
+    cfg = _read_config(os.path.join(path, CONFIG_NAME))
     cls = model_class(cfg["architecture"])
     model = cls.from_pretrained(path, **kwargs)
     model.model_name = cfg.get("model_name")

@@ -30,7 +30,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..io import atomic_write_file
+from ..io import atomic_write_file, from_hub, missing_path
 
 __all__ = ["PretrainedTag", "PRETRAINED", "HASH_RECORD", "list_pretrained", "pretrained_tag", "pretrained_cache_dir",
            "file_sha256", "pretrained_file", "split_model_tag", "timm_default_cfgs"]
@@ -229,7 +229,8 @@ def _fetch(entry: PretrainedTag, cache: Path) -> Path:
         if entry.hf_hub is not None:
             from huggingface_hub import hf_hub_download
 
-            return Path(hf_hub_download(entry.hf_hub, entry.filename, cache_dir=cache / "hub"))
+            return from_hub(lambda repo, **kw: hf_hub_download(repo, entry.filename, **kw), entry.hf_hub,
+                            f"pretrained {entry.key}", cache_dir=cache / "hub")
         from torch.hub import download_url_to_file
 
         cache.mkdir(parents=True, exist_ok=True)
@@ -268,10 +269,16 @@ def pretrained_file(name: str, pretrained: str | os.PathLike,
     """The entry and the hash-verified file of tag or file ``pretrained`` of model ``name`` (module docstring):
     what :func:`diffattn.factory.load_pretrained` reads with the entry's :mod:`diffattn.convert` loader."""
     cache = pretrained_cache_dir(cache_dir)
-    path = Path(pretrained)
-    if isinstance(pretrained, os.PathLike) or path.is_file() or os.sep in str(pretrained):
+    path = Path(pretrained).expanduser()
+    text = os.fspath(pretrained)
+    if isinstance(pretrained, os.PathLike) or path.is_file() or "/" in text or os.sep in text or \
+            text.startswith((".", "~")):  # a file: never a download
+        if not path.exists():
+            raise missing_path(pretrained, "pretrained", f"it takes a checkpoint file or a tag of {name!r}: "
+                               f"{[t for _, t in list_pretrained(name)]}")
         if not path.is_file():
-            raise FileNotFoundError(f"pretrained={str(pretrained)!r} is not an existing file")
+            raise FileNotFoundError(f"pretrained={text!r} is a folder, not a checkpoint file; a folder written by "
+                                    f"save_pretrained (or a run) loads with diffattn.from_pretrained(path)")
         entry = _entry_for_file(name, path, cache)
     else:
         entry = pretrained_tag(name, str(pretrained))
