@@ -388,12 +388,18 @@ def _plot_lambdas(lams: dict[str, dict[str, list[float]]], path: Path) -> Path:
     return diag_plots.save_figure(fig, path)
 
 
+#: how the attention figure names each layer kind (:attr:`diffattn.diagnostics.AttentionMaps.kind`) in a row's title
+KIND_TITLES = {"standard": "softmax", "diff": "A1 − λA2, signed", "gated": "gated, signed", "retrofit": "retrofit"}
+
+
 def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[str, torch.Tensor], grid, path: Path,
-                    rgb: np.ndarray) -> Path:
+                    rgb: np.ndarray, kinds: dict[str, str] | None = None) -> Path:
     """Row 0: the images with their foreground outline; one row per model: the last layer's CLS attention (mean over
     heads) over the patch grid, one colour scale per model, stated in the row's title because the rows' ranges
-    differ by an order of magnitude (a softmax map reaches 0.3, a differential one ±0.01): diverging and centred on
-    0 where the map has negative entries (differential maps are signed), else from 0. A uniform map says so."""
+    differ by an order of magnitude (a softmax map reaches 0.3, a differential one ±0.01). A row is titled by its
+    layer's kind (``kinds[label]``, :data:`KIND_TITLES`), never by its values' sign: a differential map without a
+    negative entry is still differential. Its colour scale is diverging and centred on 0 for a map that can be
+    signed (any kind but standard softmax) or has negative entries, else from 0. A uniform map says so."""
     plt = diag_plots.pyplot()
     n, rows = len(images), 1 + len(cls_maps)
     fig, axes = plt.subplots(rows, n, figsize=(1.9 * n, 1.9 * rows), squeeze=False)
@@ -406,7 +412,8 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
     axes[0, 0].set_title("image", fontsize=8, loc="left")
     for i, (label, maps) in enumerate(cls_maps.items(), start=1):
         v = float(maps.abs().max()) or 1.0
-        signed = bool((maps < 0).any())  # signed maps: diverging scale centred on 0; else viridis from 0
+        kind = (kinds or {}).get(label)
+        signed = kind not in (None, "standard") or bool((maps < 0).any())  # diverging, centred on 0; else from 0
         style = dict(cmap="RdBu_r", vmin=-v, vmax=v) if signed else dict(cmap="viridis", vmin=0, vmax=v)
         for j in range(n):
             ax = axes[i, j]
@@ -417,9 +424,9 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
                         color="white", bbox=dict(facecolor="black", alpha=0.6, lw=0))
             ax.set_xticks([])
             ax.set_yticks([])
-        kind = "A1 − λA2, signed" if signed else "softmax"
+        name = KIND_TITLES.get(kind, kind) if kind is not None else ("signed" if signed else "non-negative")
         scale = f"±{v:.2g}" if signed else f"0 to {v:.2g}"
-        axes[i, 0].set_title(f"{label} ({kind}): own colour scale, {scale}", fontsize=8, loc="left")
+        axes[i, 0].set_title(f"{label} ({name}): own colour scale, {scale}", fontsize=8, loc="left")
         axes[i, 0].set_ylabel(f"{label}\npatch row", fontsize=9)
         fig.colorbar(im, ax=list(axes[i]), fraction=0.02)
     for j in range(n):
@@ -432,9 +439,10 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
 
 @torch.no_grad()
 def _attention_maps(models: dict[str, Any], n: int = 6, dataset: str = "tuxpaint_captions"
-                    ) -> tuple[torch.Tensor, torch.Tensor, dict, tuple, np.ndarray]:
+                    ) -> tuple[torch.Tensor, torch.Tensor, dict, tuple, np.ndarray, dict[str, str]]:
     """The same ``n`` test images of ``dataset`` (an image–caption set with foreground masks: ``tuxpaint_captions``
-    or ``emoji``) through every model: last-layer CLS rows (n, P), mean over heads."""
+    or ``emoji``) through every model: last-layer CLS rows (n, P), mean over heads, and each model's last-layer
+    kind."""
     data = get_dataset(dataset, split="test")
     first = next(iter(models.values()))
     idx = list(range(0, len(data), max(1, len(data) // n)))[:n]
@@ -442,12 +450,13 @@ def _attention_maps(models: dict[str, Any], n: int = 6, dataset: str = "tuxpaint
     masks = torch.stack([data.load_mask(i) for i in idx])
     rgb = np.stack([np.asarray(data.load_image(i)) for i in idx])
     grid = (first.img_size // first.visual.patch_embed.patch_size,) * 2
-    out = {}
+    out, kinds = {}, {}
     for label, model in models.items():
         with capture_attention(model.visual) as cap:
             model.encode_image(images)
         out[label] = cap.layers[-1].combined.mean(dim=1)[:, 0, 1:]  # (n, P): CLS row over the patches
-    return images, masks, out, grid, rgb
+        kinds[label] = cap.layers[-1].kind
+    return images, masks, out, grid, rgb, kinds
 
 
 def attention_figure(run_dir: str | os.PathLike, path: str | os.PathLike, *, dataset: str = "emoji",
@@ -463,8 +472,8 @@ def attention_figure(run_dir: str | os.PathLike, path: str | os.PathLike, *, dat
     if not models:
         raise FileNotFoundError(f"run_dir {str(run_dir)!r} holds no <variant>/model folder of "
                                 f"{', '.join(DEMO_VARIANTS)}; run `diffattn demo --out {run_dir}` first")
-    images, masks, cls_maps, grid, rgb = _attention_maps(models, n=n, dataset=dataset)
-    return _plot_attention(images, masks, cls_maps, grid, Path(path), rgb)
+    images, masks, cls_maps, grid, rgb, kinds = _attention_maps(models, n=n, dataset=dataset)
+    return _plot_attention(images, masks, cls_maps, grid, Path(path), rgb, kinds)
 
 
 # ------------------------------------------------------------------------------------------------- table
@@ -624,10 +633,10 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = D
     plots = [_plot_learning_curves(curves, out / "learning_curves.png").name]
     if any(v for t in lams.values() for v in t.values()):
         plots.append(_plot_lambdas(lams, out / "lambda_per_layer.png").name)
-    images, masks, cls_maps, grid, rgb = _attention_maps(models)
-    plots.insert(0, _plot_attention(images, masks, cls_maps, grid, out / "attention_maps.png", rgb).name)
+    images, masks, cls_maps, grid, rgb, kinds = _attention_maps(models)
+    plots.insert(0, _plot_attention(images, masks, cls_maps, grid, out / "attention_maps.png", rgb, kinds).name)
     emoji = _attention_maps(models, dataset="emoji")  # Noto emoji: free to publish, unlike the GPL-2 stamps
-    plots.insert(1, _plot_attention(*emoji[:4], out / "attention_maps_emoji.png", emoji[4]).name)
+    plots.insert(1, _plot_attention(*emoji[:4], out / "attention_maps_emoji.png", emoji[4], emoji[5]).name)
     seconds = time.perf_counter() - t_start
     table = demo_table(summary)
     answer = compare_to_baseline(summary, seed)
