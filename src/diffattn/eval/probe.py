@@ -102,6 +102,7 @@ def linear_probe(train_features, train_labels, test_features, test_labels, *, va
     c_coarse = best([float(c) for c in coarse_c])
     e = np.log10(c_coarse)
     fine = [float(10.0 ** (e + d)) for d in np.linspace(-fine_decades, fine_decades, fine_steps)]
+    bar.total = len(sweep) + len(set(fine) - set(sweep)) + 1  # the fine sweep reuses the coarse fits it meets
     c_best = best(sorted(set(fine) | {c_coarse}))
     if val_features is None:
         x_all, y_all = x_tr, y_tr
