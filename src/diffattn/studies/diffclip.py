@@ -46,7 +46,7 @@ from ..diagnostics import plots as diag_plots
 from ..eval import classification_metrics, corruption_table, evaluate, recall_at_k, zero_shot_classifier
 from ..eval.classification import zero_shot_logits
 from ..eval.retrieval import hits_at_k
-from ..eval.runner import classification_chance
+from ..eval.runner import classification_chance, stratified_subset
 from ..factory import from_pretrained
 from ..io import atomic_write_file
 from ..models.clip import IMAGENET_MEAN, IMAGENET_STD
@@ -88,7 +88,7 @@ DEMO_PROTOCOL: dict[str, Any] = {
     "severities": (1, 3, 5), "eval": {"episodes": 600}}
 QUICK_PROTOCOL: dict[str, Any] = {
     "fashion_images": 64, "corruptions": ("gaussian_noise",), "severities": (3,),
-    "eval": {"episodes": 20, "probe_max_iter": 20, "probe_fine_steps": 2, "max_images": 48}}
+    "eval": {"episodes": 20, "probe_max_iter": 20, "probe_fine_steps": 2, "max_images": 48, "max_train_images": 192}}
 
 
 # --------------------------------------------------------------------------------------------------- data
@@ -173,11 +173,12 @@ def demo_extra_suites(model, protocol: dict, seed: int = 0, progress: bool = Tru
 
     out: dict[str, Any] = {}
     fm = get_dataset("fashion_mnist", split="test")
-    n = min(len(fm), protocol["fashion_images"])
-    x = _to_input(255 - np.asarray(fm.images[:n]), size)  # (n, 3, S, S): dark products on white
+    idx = stratified_subset(fm.labels, protocol["fashion_images"], seed)  # every class, its share
+    x = _to_input(255 - np.asarray(fm.images)[idx], size)  # (n, 3, S, S): dark products on white
     w = zero_shot_classifier(model, FASHION_PROMPT_NAMES)
     out["zero_shot_fashion_mnist"] = classification_metrics(zero_shot_logits(encode(x), w),
-                                                            torch.as_tensor(fm.labels[:n]), num_classes=10)
+                                                            torch.as_tensor(np.asarray(fm.labels)[idx]),
+                                                            num_classes=10)
     em = get_dataset("emoji", split="test")
     imgs = torch.stack([model.eval_transform(em.load_image(i)) for i in range(len(em))])
     txt = torch.cat([model.encode_text(model.tokenizer(em.captions[i:i + 256])).float()
@@ -325,16 +326,19 @@ def compare_to_baseline(summary: dict[str, dict], seed: int) -> dict[str, Any]:
 @torch.no_grad()
 def curve_point(model, max_images: int | None = None) -> dict[str, float]:
     """``{"zero_shot_top1", "image_to_text@1", "text_to_image@1"}`` (fractions) of ``model`` on the Tux Paint test
-    split (its first ``max_images`` images, all when None), measured as ``diffattn eval``'s CLIP suite does: zero-shot
-    with the prompt ensemble over the 16 categories, recall@1 between each image and its caption."""
+    split (a stratified sample of ``max_images`` images, seeded, as ``diffattn eval`` takes; all when None), measured
+    as ``diffattn eval``'s CLIP suite does: zero-shot with the prompt ensemble over the 16 categories, recall@1
+    between each image and its caption."""
     model.eval()
     te = get_dataset("tuxpaint_captions", split="test")
-    n = len(te) if not max_images else min(len(te), max_images)
-    imgs = torch.stack([model.eval_transform(te.load_image(i)) for i in range(n)])  # (n, 3, S, S)
+    idx = stratified_subset(te.labels, max_images or None)
+    n = len(idx)
+    imgs = torch.stack([model.eval_transform(te.load_image(int(i))) for i in idx])  # (n, 3, S, S)
     f = torch.cat([model.encode_image(imgs[i:i + 128]).float() for i in range(0, n, 128)])  # (n, E)
     w = zero_shot_classifier(model, [c.replace("_", " ") for c in te.categories])
-    top1 = (zero_shot_logits(f, w).argmax(-1) == torch.as_tensor(te.labels[:n])).double().mean().item()
-    t = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256])).float() for i in range(0, n, 256)])[:n]
+    top1 = (zero_shot_logits(f, w).argmax(-1) == torch.as_tensor(np.asarray(te.labels)[idx])).double().mean().item()
+    captions = [te.captions[int(i)] for i in idx]
+    t = torch.cat([model.encode_text(model.tokenizer(captions[i:i + 256])).float() for i in range(0, n, 256)])
     r = recall_at_k(f, t, torch.arange(n), ks=(1,))
     return {"zero_shot_top1": top1, "image_to_text@1": r["image_to_text@1"], "text_to_image@1": r["text_to_image@1"]}
 
