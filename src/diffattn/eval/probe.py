@@ -4,10 +4,11 @@ Linear probe (El Banani et al. 2023 §4, after Radford et al. 2021 App. A.3; the
 follow): L-BFGS logistic regression on frozen features. The inverse regularisation C is chosen by a coarse sweep
 over C ∈ {10⁻⁶, 10⁻⁵, …, 10⁶} and then a fine sweep over 10^(c* + δ), δ ∈ {−2, −1.75, …, 2} around the best coarse
 exponent c*, both scored by accuracy on a validation split (the given one, or a stratified 20% of the training
-set); the model is then refit on train + validation with the chosen C and tested once. Each sweep runs in
-increasing C, every fit starting from the previous one's weights (a warm start: the regularisation path), and the
-fits run on one BLAS thread: these are small dense problems (thousands × tens), where a pool of BLAS threads spends
-most of its time waiting on a busy machine (100× slower measured on 2 shared cores).
+set, a random 20% where a class has a single row); the model is then refit on train + validation with the
+chosen C and tested once. Each sweep runs in increasing C, every fit starting from the previous one's weights (a
+warm start: the regularisation path), and the fits run on one BLAS thread: these are small dense problems
+(thousands × tens), where a pool of BLAS threads spends most of its time waiting on a busy machine (100× slower
+measured on 2 shared cores).
 
 Few-shot (El Banani et al. 2023 §4; SimpleShot, Wang et al. 2019): N-way K-shot episodes with Q queries per class
 (default 5-way 5-shot, 6 queries, 5000 episodes). Features are centred (minus the mean of all features given) and
@@ -79,7 +80,9 @@ def linear_probe(train_features, train_labels, test_features, test_labels, *, va
             raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
         from sklearn.model_selection import train_test_split
 
-        x_fit, x_val, y_fit, y_val = train_test_split(x_tr, y_tr, test_size=val_fraction, stratify=y_tr,
+        # stratified where every class has two rows to split (a sample of a long-tailed set may hold one)
+        stratify = y_tr if np.unique(y_tr, return_counts=True)[1].min() >= 2 else None
+        x_fit, x_val, y_fit, y_val = train_test_split(x_tr, y_tr, test_size=val_fraction, stratify=stratify,
                                                       random_state=seed)
     else:
         x_fit, y_fit = x_tr, y_tr

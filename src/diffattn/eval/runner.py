@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from ..data import DATASETS, get_dataset
 from ..data.transforms import pixel_stats
-from ..diagnostics import answer_attention, branch_entropy, capture_attention, foreground_attention, rollout
+from ..diagnostics import answer_attention, branch_entropy, capture_attention, foreground_attention, patch_mask, rollout
 from ..diagnostics.plots import plot_cls_maps, plot_corruption_curves, plot_lambdas, plot_maps, plot_needle_grid
 from ..directions import better
 from ..errors import UsageError, did_you_mean, user_input, yaml_error
@@ -347,7 +347,7 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
                       leave=False) as bar:
         f_te = _encode_split(model, te, idx_te, chans, device, bar)
         f_tr = _encode_split(model, tr, idx_tr, chans, device, bar)
-    imgs_te = _clip_images(te, idx_te[:16], model.eval_transform, chans)  # masks and diagnostics
+    imgs_te = _clip_images(te, idx_te[:8], model.eval_transform, chans)  # the diagnostics' batch
     classes = [c.replace("_", " ") for c in te.categories] if captioned else list(te.prompt_names)
     # one class count for every row: the classes of the test set's label space, whichever a subset holds
     res: dict[str, Any] = {"dataset": dataset, "images": n_te, "train_images": len(idx_tr),
@@ -388,9 +388,13 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
         res["mmvp"] = mmvp_eval(model, mmvp, progress=progress)
     grid = (model.img_size // model.visual.patch_embed.patch_size,) * 2
     if hasattr(te, "load_mask"):  # CLS attention inside vs outside the foreground masks, last layer and all layers
-        masks = torch.stack([te.load_mask(int(i)) for i in idx_te[:16]])
+        # the first 16 images of the sample whose mask leaves a foreground and a background patch on the grid
+        keep = [int(i) for i in idx_te
+                if 0 < int(patch_mask(te.load_mask(int(i))[None], grid).sum()) < grid[0] * grid[1]]
+        keep = keep[:16] or [int(i) for i in idx_te[:16]]
+        masks = torch.stack([te.load_mask(i) for i in keep])
         with torch.no_grad(), capture_attention(model.visual) as cap:
-            model.encode_image(imgs_te[:len(masks)].to(device))
+            model.encode_image(_clip_images(te, keep, model.eval_transform, chans).to(device))
         maps = [m.combined for m in cap.layers]
         try:  # a coarse patch grid can leave an image without a background (or foreground) patch
             res["foreground_attention"] = {mode: foreground_attention(maps, masks, grid, mode=mode)

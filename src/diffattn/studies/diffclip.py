@@ -324,14 +324,14 @@ def compare_to_baseline(summary: dict[str, dict], seed: int) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def curve_point(model, max_images: int | None = None) -> dict[str, float]:
+def curve_point(model, max_images: int | None = None, seed: int = 0) -> dict[str, float]:
     """``{"zero_shot_top1", "image_to_text@1", "text_to_image@1"}`` (fractions) of ``model`` on the Tux Paint test
     split (a stratified sample of ``max_images`` images, seeded, as ``diffattn eval`` takes; all when None), measured
     as ``diffattn eval``'s CLIP suite does: zero-shot with the prompt ensemble over the 16 categories, recall@1
     between each image and its caption."""
     model.eval()
     te = get_dataset("tuxpaint_captions", split="test")
-    idx = stratified_subset(te.labels, max_images or None)
+    idx = stratified_subset(te.labels, max_images or None, seed)
     n = len(idx)
     imgs = torch.stack([model.eval_transform(te.load_image(int(i))) for i in idx])  # (n, 3, S, S)
     f = torch.cat([model.encode_image(imgs[i:i + 128]).float() for i in range(0, n, 128)])  # (n, E)
@@ -343,7 +343,8 @@ def curve_point(model, max_images: int | None = None) -> dict[str, float]:
     return {"zero_shot_top1": top1, "image_to_text@1": r["image_to_text@1"], "text_to_image@1": r["text_to_image@1"]}
 
 
-def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = None) -> dict[str, list]:
+def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = None,
+                   seed: int = 0) -> dict[str, list]:
     """:func:`curve_point` of every checkpoint in ``<run_dir>/checkpoints`` (``model``: the run's architecture,
     whose weights are replaced by each checkpoint's), ``{"steps": [...], metric: [...]}`` in step order; the
     checkpoints but the last are deleted once measured."""
@@ -355,7 +356,7 @@ def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = N
         state = load_checkpoint(d)
         model.load_state_dict(state["model"])
         curve["steps"].append(int(state["step"]))
-        for k, v in curve_point(model, max_images).items():
+        for k, v in curve_point(model, max_images, seed).items():
             curve.setdefault(k, []).append(v)
         if i < len(dirs) - 1:
             shutil.rmtree(d)
@@ -630,7 +631,7 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = D
                           "eval_report": str(Path(v) / "eval" / "report.md")}
         if curve_points:
             summary[label]["curve"] = learning_curve(run_dir, from_pretrained(run_dir / "model"),
-                                                     protocol["eval"].get("max_images"))
+                                                     protocol["eval"].get("max_images"), seed)
         curves[label] = [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
                                                               .splitlines()) if "loss" in r]  # not eval rows
         models[label] = model
