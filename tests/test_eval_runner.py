@@ -263,6 +263,8 @@ def test_eval_clip_reports_a_bar_per_stage_one_class_count_and_names_every_figur
     res = evaluate(tmp_path / "tiny_run", quick=True, protocol=dict(TINY, max_images=None, max_train_images=48),
                    dataset="colours", progress=True)
     err = capsys.readouterr().err
+    assert "evaluating diffclip_tiny (CLIP model): quick protocol, every image (the default protocol without --quick" \
+        in err
     for stage, done in (("features", "108/108 images (100%)"), ("zero-shot", "6/6 class names (100%)"),
                         ("linear probe", "fits (100%)"), ("few-shot", "20/20 episodes (100%)")):
         line = next((x for x in err.splitlines() if x.startswith(f"{stage}: ")), "")

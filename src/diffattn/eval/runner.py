@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -541,6 +542,14 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
         if dataset in DATASETS:  # a built-in set of another kind (a name it does not know: get_dataset's error)
             check_eval_dataset(dataset, kind, what="dataset")
         model = model.to(dev)
+    if progress:  # what is about to run, and the other protocols, before the first bar
+        sizes = (f"{p['ppl_tokens']:,} perplexity tokens" if kind == "lm" else "every image" if p["max_images"] is None
+                 else f"at most {p['max_images']:,} test images")
+        other = {"quick": "the default protocol without --quick, --full for every image",
+                 "default": "--quick for a smoke test, --full for every image",
+                 "full": "without --full a stratified sample"}[protocol_name]
+        print(f"evaluating {name or arch} ({KIND_NAMES[kind]}): {protocol_name} protocol, {sizes} ({other})",
+              file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     results: dict[str, Any] = {
         "model": {"path": str(model_dir), "name": name, "architecture": arch, "kind": kind,
