@@ -30,13 +30,33 @@ def _png(path):
     return path.read_bytes()[:4] == b"\x89PNG"
 
 
+def _figure_titles(monkeypatch) -> list[str]:
+    """The titles (suptitle and every axes' title) of each figure the evaluation saves, in order."""
+    import diffattn.diagnostics.plots as plots
+
+    titles = []
+    save = plots.save_figure
+
+    def keep(fig, path):
+        titles.append(" ".join([fig._suptitle.get_text() if fig._suptitle else ""]
+                               + [ax.get_title(loc=loc) for ax in fig.axes for loc in ("left", "center")]))
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    return titles
+
+
 @pytest.mark.slow
-def test_eval_vit_run_on_digits(tmp_path):
+def test_eval_vit_run_on_digits(tmp_path, monkeypatch):
     from diffattn.models import create_model
 
+    titles = _figure_titles(monkeypatch)
     model = create_model("dg_vit_nano", img_size=8, patch_size=2, in_chans=1, num_classes=10, depth=2)
     model.save_pretrained(tmp_path / "run" / "model")
     res = evaluate(tmp_path / "run", quick=True, protocol=TINY, progress=False)
+    # every figure names the model, the run and the dataset
+    assert len(titles) == len(res["vision"]["plots"])
+    assert all("dg_vit_nano" in t and "run run" in t and "digits" in t for t in titles), titles
     out = tmp_path / "run" / "eval"
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["vision"]["classification"]["top1"] == pytest.approx(res["vision"]["classification"]["top1"])
@@ -54,8 +74,10 @@ def test_eval_vit_run_on_digits(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_lm_with_text_file_and_yaml_config(tmp_path):
+def test_eval_lm_with_text_file_and_yaml_config(tmp_path, monkeypatch):
     from diffattn.models import create_model
+
+    titles = _figure_titles(monkeypatch)
 
     create_model("diff_lm_tiny", vocab_size=256, dim=32, depth=2, num_heads=4, max_seq_len=128).save_pretrained(
         tmp_path / "lm")
@@ -70,6 +92,8 @@ def test_eval_lm_with_text_file_and_yaml_config(tmp_path):
     assert len(lang["diagnostics"]["lambda_per_layer"]) == 2
     out = tmp_path / "report"
     assert (out / "report.md").is_file() and _png(out / "needle_grid.png")
+    # every figure names the model, the run (its folder) and the text
+    assert titles and all("diff_lm_tiny, run lm on " in t and "prose.txt" in t for t in titles), titles
 
 
 class _Captions:
@@ -243,21 +267,12 @@ class _MissingClass(_Captions):
 
 @pytest.mark.slow
 def test_eval_clip_reports_a_bar_per_stage_one_class_count_and_names_every_figure(tmp_path, monkeypatch, capsys):
-    import diffattn.diagnostics.plots as plots
     import diffattn.eval.runner
     from diffattn.models import create_model
 
     monkeypatch.setattr(diffattn.eval.runner, "get_dataset", lambda name, split="train", **kw: _MissingClass(split))
     monkeypatch.setenv("DIFFATTN_PROGRESS_EVERY", "1000")  # not a terminal: one closing line per stage
-    titles = []
-    save = plots.save_figure
-
-    def keep(fig, path):
-        titles.append(" ".join([fig._suptitle.get_text() if fig._suptitle else ""]
-                               + [ax.get_title(loc=loc) for ax in fig.axes for loc in ("left", "center")]))
-        return save(fig, path)
-
-    monkeypatch.setattr(plots, "save_figure", keep)
+    titles = _figure_titles(monkeypatch)
     create_model("diffclip_tiny").save_pretrained(tmp_path / "tiny_run" / "model")
     (tmp_path / "tiny_run" / "config.yaml").write_text("run: {seed: 0}\n")
     res = evaluate(tmp_path / "tiny_run", quick=True, protocol=dict(TINY, max_images=None, max_train_images=48),

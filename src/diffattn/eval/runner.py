@@ -582,13 +582,14 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
 
 
 def _run_label(model_dir: Path) -> str:
-    """The run a model belongs to, as figures name it: the run folder (``runs/tiny_clip`` for
-    ``runs/tiny_clip/model``), else the model folder."""
+    """The run a model belongs to, as figures name it: the run folder (``tiny_clip`` for ``runs/tiny_clip/model``:
+    the folder holding ``config.yaml``, else the one holding a ``model``, ``final`` or ``best`` folder), else the
+    model folder."""
     model_dir = Path(model_dir).resolve()
     for d in (model_dir, *list(model_dir.parents)[:2]):
         if (d / "config.yaml").is_file():
             return d.name
-    return model_dir.name
+    return model_dir.parent.name if model_dir.name in ("model", "final", "best") else model_dir.name
 
 
 class _KeepPrevious(Exception):
