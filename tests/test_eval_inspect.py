@@ -186,3 +186,30 @@ def test_inspect_errors_are_one_line_usage_errors(argv, match, tmp_path, capsys)
     err = capsys.readouterr().err
     assert err.startswith("diffattn: error:") and err.count("\n") == 1
     assert pytest.importorskip("re").search(match, err), err
+
+
+def test_inspect_entropy_and_needle_axes_have_no_offset_and_reach_their_baseline(tmp_path, monkeypatch):
+    """The per-layer figures: ticks are the values (no offset above the axis), the y range reaches 0 and the
+    uniform value drawn as a reference, so a 0.0002-nat spread is drawn at its true size."""
+    import diffattn.diagnostics.plots as plots
+
+    seen = {}
+    save = plots.save_figure
+
+    def keep(fig, path):
+        fig.canvas.draw()
+        seen[path.name] = fig.axes[0]
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    out = tmp_path / "out"
+    assert main(["inspect", str(_folder("motif_1_1", tmp_path)), "--ids", IDS, "--needle-ids", NEEDLE,
+                 "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    uniform = summary["layers"][0]["entropy"]["uniform_causal"]
+    for name, ref in (("entropy.png", uniform), ("needle_mass.png", 3 / 15)):
+        ax = seen[name]
+        assert ax.yaxis.get_offset_text().get_text() == "", name
+        lo, hi = ax.get_ylim()
+        assert lo <= 0.0 <= hi and lo <= ref <= hi, (name, lo, hi, ref)
+        assert any(abs(line.get_ydata()[0] - ref) < 1e-9 for line in ax.get_lines() if line.get_linestyle() == "--")

@@ -132,6 +132,7 @@ def test_few_shot_separable_and_chance():
     feats = centres[labels] + 0.1 * torch.randn(len(labels), 8, generator=g)
     r = few_shot(feats, labels, episodes=50)
     assert r["mean"] == 1.0 and r["std"] == 0.0 and r["episodes"] == 50
+    assert (r["way"], r["shot"], r["queries"]) == (5, 5, 6)  # what the tables name and chance 1/way needs
     noise = torch.randn(len(labels), 8, generator=g)  # no class signal → near chance 1/5
     r = few_shot(noise, labels, episodes=400)
     assert 0.12 < r["mean"] < 0.28 and r["std"] > 0.05

@@ -30,13 +30,33 @@ def _png(path):
     return path.read_bytes()[:4] == b"\x89PNG"
 
 
+def _figure_titles(monkeypatch) -> list[str]:
+    """The titles (suptitle and every axes' title) of each figure the evaluation saves, in order."""
+    import diffattn.diagnostics.plots as plots
+
+    titles = []
+    save = plots.save_figure
+
+    def keep(fig, path):
+        titles.append(" ".join([fig._suptitle.get_text() if fig._suptitle else ""]
+                               + [ax.get_title(loc=loc) for ax in fig.axes for loc in ("left", "center")]))
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    return titles
+
+
 @pytest.mark.slow
-def test_eval_vit_run_on_digits(tmp_path):
+def test_eval_vit_run_on_digits(tmp_path, monkeypatch):
     from diffattn.models import create_model
 
+    titles = _figure_titles(monkeypatch)
     model = create_model("dg_vit_nano", img_size=8, patch_size=2, in_chans=1, num_classes=10, depth=2)
     model.save_pretrained(tmp_path / "run" / "model")
     res = evaluate(tmp_path / "run", quick=True, protocol=TINY, progress=False)
+    # every figure names the model, the run and the dataset
+    assert len(titles) == len(res["vision"]["plots"])
+    assert all("dg_vit_nano" in t and "run run" in t and "digits" in t for t in titles), titles
     out = tmp_path / "run" / "eval"
     on_disk = json.loads((out / "results.json").read_text())
     assert on_disk["vision"]["classification"]["top1"] == pytest.approx(res["vision"]["classification"]["top1"])
@@ -54,8 +74,10 @@ def test_eval_vit_run_on_digits(tmp_path):
 
 
 @pytest.mark.slow
-def test_eval_lm_with_text_file_and_yaml_config(tmp_path):
+def test_eval_lm_with_text_file_and_yaml_config(tmp_path, monkeypatch):
     from diffattn.models import create_model
+
+    titles = _figure_titles(monkeypatch)
 
     create_model("diff_lm_tiny", vocab_size=256, dim=32, depth=2, num_heads=4, max_seq_len=128).save_pretrained(
         tmp_path / "lm")
@@ -70,6 +92,8 @@ def test_eval_lm_with_text_file_and_yaml_config(tmp_path):
     assert len(lang["diagnostics"]["lambda_per_layer"]) == 2
     out = tmp_path / "report"
     assert (out / "report.md").is_file() and _png(out / "needle_grid.png")
+    # every figure names the model, the run (its folder) and the text
+    assert titles and all("diff_lm_tiny, run lm on " in t and "prose.txt" in t for t in titles), titles
 
 
 class _Captions:
@@ -190,3 +214,120 @@ def test_cli_eval_command(tmp_path, capsys):
                "--out", str(tmp_path / "o")])
     assert rc == 0 and (tmp_path / "o" / "results.json").is_file()
     assert "wrote results.json and report.md to" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------- protocol, progress, chance and compare rows
+
+
+def test_stratified_subset_keeps_every_class_share_and_is_seeded():
+    from diffattn.eval.runner import stratified_subset
+
+    labels = np.repeat(np.arange(10), [100] * 9 + [50])  # sorted by class, as test splits often are
+    idx = stratified_subset(labels, 95, seed=0)
+    counts = np.bincount(labels[idx], minlength=10)
+    # 95 of 950 rows: each class its tenth (10, the last 5), none left out as the first 95 rows would leave 9
+    assert len(idx) == 95 and counts.tolist() == [10] * 9 + [5]
+    assert np.array_equal(idx, np.sort(idx)) and len(set(idx.tolist())) == 95
+    assert np.array_equal(idx, stratified_subset(labels, 95, seed=0))
+    assert not np.array_equal(idx, stratified_subset(labels, 95, seed=1))
+    # rounding: 7 rows over 3 equal classes give 3, 2, 2 (the largest remainders, ties to the first class)
+    assert np.bincount(labels[stratified_subset(labels[:300], 7)]).tolist() == [3, 2, 2]
+    assert np.array_equal(stratified_subset(labels, None), np.arange(950))
+    assert np.array_equal(stratified_subset(labels, 5000), np.arange(950))
+
+
+def test_default_protocol_is_a_stratified_sample_with_full_for_everything():
+    from diffattn.cli import build_parser
+    from diffattn.eval.runner import PROTOCOLS
+
+    assert PROTOCOLS["default"]["max_images"] == 2000 and PROTOCOLS["default"]["max_train_images"] == 5000
+    assert PROTOCOLS["full"]["max_images"] is None and PROTOCOLS["full"]["max_train_images"] is None
+    assert PROTOCOLS["quick"]["max_images"] == 256 and PROTOCOLS["quick"]["episodes"] == 200
+    assert PROTOCOLS["default"]["episodes"] == PROTOCOLS["full"]["episodes"] == 5000
+    args = build_parser().parse_args(["eval", "run"])
+    assert args.full is False and args.quick is False
+    assert build_parser().parse_args(["eval", "run", "--full"]).full is True
+    # the documented numbers are the code's
+    from pathlib import Path
+
+    doc = (Path(__file__).parent.parent / "docs" / "evaluation.md").read_text(encoding="utf-8")
+    assert "2,000 test images and 5,000 training images" in doc and "`--full`" in doc
+
+
+class _MissingClass(_Captions):
+    """The colour set and a sixth class with no test image (as the emoji test split holds 8 of its 9 categories)."""
+
+    COLOURS = {**_Captions.COLOURS, "orange": (240, 140, 20)}
+
+    def __init__(self, split):
+        super().__init__(split)
+        if split == "test":
+            self.rows = [(c, k) for c, k in self.rows if c != "orange"]
+
+
+@pytest.mark.slow
+def test_eval_clip_reports_a_bar_per_stage_one_class_count_and_names_every_figure(tmp_path, monkeypatch, capsys):
+    import diffattn.eval.runner
+    from diffattn.models import create_model
+
+    monkeypatch.setattr(diffattn.eval.runner, "get_dataset", lambda name, split="train", **kw: _MissingClass(split))
+    monkeypatch.setenv("DIFFATTN_PROGRESS_EVERY", "1000")  # not a terminal: one closing line per stage
+    titles = _figure_titles(monkeypatch)
+    create_model("diffclip_tiny").save_pretrained(tmp_path / "tiny_run" / "model")
+    (tmp_path / "tiny_run" / "config.yaml").write_text("run: {seed: 0}\n")
+    res = evaluate(tmp_path / "tiny_run", quick=True, protocol=dict(TINY, max_images=None, max_train_images=48),
+                   dataset="colours", progress=True)
+    err = capsys.readouterr().err
+    assert "evaluating diffclip_tiny (CLIP model): quick protocol, every image (the default protocol without --quick" \
+        in err
+    for stage, done in (("features", "108/108 images (100%)"), ("zero-shot", "6/6 class names (100%)"),
+                        ("linear probe", "fits (100%)"), ("few-shot", "20/20 episodes (100%)")):
+        line = next((x for x in err.splitlines() if x.startswith(f"{stage}: ")), "")
+        assert done in line and "ETA" in line, (stage, err)
+    c = res["clip"]
+    # 48 of the 72 training images, stratified: 8 of each of the 6 classes
+    assert c["images"] == 60 and c["train_images"] == 48 and res["protocol"] == "quick"
+    # one class count for every row: the 6 classes the model chooses among, though the test split holds 5
+    assert c["num_classes"] == 6 and not c["skipped"].get("few_shot")
+    assert c["chance"]["zero_shot.top1"] == c["chance"]["linear_probe.accuracy"] == 1 / 6
+    assert c["chance"]["zero_shot.mean_per_class_recall"] == c["chance"]["linear_probe.mean_per_class_recall"]
+    assert (c["few_shot"]["way"], c["few_shot"]["shot"], c["few_shot"]["queries"]) == (5, 5, 6)
+    assert c["chance"]["few_shot.mean"] == 1 / 5
+    assert titles and all("diffclip_tiny" in t and "tiny_run" in t and "colours" in t for t in titles), titles
+
+
+def test_summary_and_report_state_few_shot_way_shot_and_chance(tmp_path):
+    from diffattn.eval.runner import summary_table, write_report
+
+    res = {"model": {"name": "m", "architecture": "CLIP", "params": 10, "path": "p", "kind": "clip"},
+           "protocol": "default", "seconds": 1.0,
+           "clip": {"few_shot": {"mean": 0.43, "std": 0.1, "episodes": 5000, "way": 5, "shot": 5, "queries": 6},
+                    "zero_shot": {"top1": 0.16}, "chance": {"few_shot.mean": 0.2, "zero_shot.top1": 0.1}}}
+    table = summary_table(res)
+    assert "| few_shot.mean (5-way 5-shot) | 0.4300 | 0.2000 |" in table
+    assert "few_shot.way" not in table and "few_shot.episodes" not in table
+    report = write_report(res, tmp_path / "r.md").read_text()
+    assert "### few shot (5-way 5-shot, 6 queries per class, 5000 episodes; chance 1/5)" in report
+
+
+def test_compare_shows_the_eval_tables_rows_with_the_direction_tables_arrows(tmp_path):
+    from diffattn.eval.runner import headline_metrics
+
+    clip = {"zero_shot": {"top1": 0.5}, "few_shot": {"mean": 0.4, "std": 0.1, "episodes": 50, "way": 5, "shot": 5,
+                                                     "queries": 6},
+            "linear_probe": {"accuracy": 0.6, "C": 1.0, "val_accuracy": 0.6},
+            "foreground_attention": {"signed": {"inside": 0.2, "outside": 0.1}},
+            "corruptions": {"clean": 0.5, "mce": 1.0, "mean_accuracy": 0.4, "table": {"contrast": {"1": 0.3}}},
+            "chance": {"zero_shot.top1": 0.2, "few_shot.mean": 0.2}, "images": 40}
+    path = tmp_path / "a"
+    path.mkdir()
+    (path / "results.json").write_text(json.dumps({"model": {}, "clip": clip}))
+    lines = compare([path]).splitlines()
+    shown = [line.split(" | ")[0].lstrip("| ") for line in lines[2:] if line.startswith("| clip.")]
+    assert shown == [f"clip.{metric_label}" for metric_label in
+                     ("zero_shot.top1", "few_shot.mean (5-way 5-shot)", "few_shot.std (5-way 5-shot)",
+                      "linear_probe.accuracy", "corruptions.clean", "corruptions.mean_accuracy", "corruptions.mce")]
+    assert [f"clip.{k}" for k in headline_metrics(clip)] == [s.split(" (")[0] for s in shown]
+    row = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[1] for line in lines[2:] if line.startswith("| ")}
+    assert row["clip.few_shot.std (5-way 5-shot)"] == "" and row["clip.few_shot.mean (5-way 5-shot)"] == "↑"
+    assert row["clip.corruptions.mce"] == "↓" and row["clip.zero_shot.top1"] == "↑"

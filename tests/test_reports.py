@@ -218,7 +218,8 @@ def test_readme_attention_figure_states_each_rows_scale(figures, tmp_path):
     cls_maps = {"CLIP": torch.rand(n, 16).softmax(-1) * 0.3, "DiffCLIP": (torch.rand(n, 16) - 0.5) * 0.02,
                 "flat": torch.full((n, 16), 1 / 16)}
     _plot_attention(torch.zeros(n, 3, 16, 16), masks, cls_maps, grid, tmp_path / "f.png",
-                    np.zeros((n, 16, 16, 3), dtype=np.uint8))
+                    np.zeros((n, 16, 16, 3), dtype=np.uint8),
+                    {"CLIP": "standard", "DiffCLIP": "diff", "flat": "standard"})
     (fig,) = figures
     rows = [ax.get_title(loc="left") for ax in fig["axes"] if ax.get_title(loc="left")][1:]  # after "image"
     assert rows[0].startswith("CLIP (softmax): own colour scale, 0 to 0.")
@@ -228,3 +229,46 @@ def test_readme_attention_figure_states_each_rows_scale(figures, tmp_path):
     flat_row = fig["axes"][-n:]
     assert all([t.get_text() for t in ax.texts] == ["uniform"] for ax in flat_row)
     assert all(ax.get_xlabel() == "patch column" for ax in flat_row)
+
+
+def test_attention_figure_titles_a_row_by_its_layers_kind_never_its_sign(figures, tmp_path):
+    """A differential map that happens to have no negative entry is still titled differential (and drawn on the
+    signed scale); a softmax map is titled softmax whatever its values."""
+    import numpy as np
+
+    from diffattn.studies.diffclip import _plot_attention
+
+    n, grid = 2, (4, 4)
+    masks = torch.zeros(n, 16, 16, dtype=torch.bool)
+    cls_maps = {"DiffCLIP": torch.rand(n, 16) * 0.01, "CLIP": torch.rand(n, 16).softmax(-1),
+                "Gated": torch.rand(n, 16) * 0.02}
+    _plot_attention(torch.zeros(n, 3, 16, 16), masks, cls_maps, grid, tmp_path / "f.png",
+                    np.zeros((n, 16, 16, 3), dtype=np.uint8),
+                    {"DiffCLIP": "diff", "CLIP": "standard", "Gated": "gated"})
+    (fig,) = figures
+    rows = [ax.get_title(loc="left") for ax in fig["axes"] if ax.get_title(loc="left")][1:]
+    assert bool((cls_maps["DiffCLIP"] >= 0).all())
+    assert rows[0].startswith("DiffCLIP (A1 − λA2, signed): own colour scale, ±")
+    assert rows[1].startswith("CLIP (softmax): own colour scale, 0 to ")
+    assert rows[2].startswith("Gated (gated, signed): own colour scale, ±")
+    diff_im = fig["axes"][n].images[0]  # the first map of the DiffCLIP row: centred on 0
+    lo, hi = diff_im.get_clim()
+    assert lo == -hi < 0
+
+
+def test_per_layer_plot_has_no_offset_and_keeps_its_baseline_and_reference(figures, tmp_path):
+    """Entropies of 1.0986 ± 0.0002 nats: ticks are the values (no "+1.0986" offset) and the y range reaches the
+    baseline 0 and the uniform value, so the spread is drawn at its true size."""
+    values = [torch.tensor([1.0985, 1.0987]), torch.tensor([1.0986, 1.0988]), torch.tensor([1.0984, 1.0986])]
+    plots.plot_lambdas(values, tmp_path / "e.png", label="A1 row entropy (nats)", baseline=0.0,
+                       reference=(1.2, "uniform causal map"))
+    plots.plot_lambdas(values, tmp_path / "plain.png")
+    (fig, plain) = figures
+    (ax,) = fig["axes"]
+    assert ax.yaxis.get_offset_text().get_text() == "" and ax.yaxis.get_major_formatter().get_useOffset() is False
+    lo, hi = ax.get_ylim()
+    assert lo <= 0.0 and 1.2 <= hi < 1.4
+    assert [t.get_text() for t in ax.get_legend().get_texts()][-1] == "uniform causal map"
+    assert ax.get_ylabel() == "A1 row entropy (nats)"
+    (pax,) = plain["axes"]  # without a baseline the range is the data's, still without an offset
+    assert pax.yaxis.get_offset_text().get_text() == "" and pax.get_ylim()[0] > 1.09

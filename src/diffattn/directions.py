@@ -6,8 +6,9 @@ from __future__ import annotations
 
 __all__ = ["LOWER_IS_BETTER", "HIGHER_IS_BETTER", "better", "higher_is_better"]
 
-#: the last part of a metric key where lower is better
-LOWER_IS_BETTER = frozenset({"ppl", "nll", "mce", "loss", "perplexity", "std", "final_loss", "answer_nll",
+#: the last part of a metric key where lower is better (not ``std``: the spread of a metric over episodes or
+#: seeds says how much it varies, not how good a model is, so it has no direction)
+LOWER_IS_BETTER = frozenset({"ppl", "nll", "mce", "loss", "perplexity", "final_loss", "answer_nll",
                              "needle_nll"})
 #: the last part of a metric key where higher is better (besides recall@k and the accuracy tables)
 HIGHER_IS_BETTER = frozenset({"top1", "top5", "mean_per_class_recall", "accuracy", "mean_accuracy", "clean", "mean",

@@ -30,7 +30,8 @@ def _eval_command(args: argparse.Namespace) -> int:
     if args.device is not None:
         resolve_device(args.device, "--device")  # a GPU torch cannot see is named as the flag, before any work
     res = runner.evaluate(args.target, args.out, dataset=args.dataset, text=args.text, mmvp=args.mmvp,
-                          quick=args.quick, seed=args.seed, progress=not args.no_progress, device=args.device)
+                          quick=args.quick, full=args.full, seed=args.seed, progress=not args.no_progress,
+                          device=args.device)
     if res["skipped"]:
         kind, why = next(iter(res["skipped"].items()))
         raise UsageError(f"the {kind} suite was skipped ({why}); {res['output_dir']}/results.json records it")
@@ -113,7 +114,10 @@ def register(subparsers) -> None:
                    "torch sees a GPU, else cpu; CUDA_VISIBLE_DEVICES picks the GPUs it sees)")
     e.add_argument("--text", default=None, help="a text file for the language-model evaluations")
     e.add_argument("--mmvp", default=None, help="an MMVP-VLM folder (Questions.csv + 'MLLM_VLM Images/')")
-    e.add_argument("--quick", action="store_true", help="small protocol (subsets, fewer episodes and trials)")
+    e.add_argument("--quick", action="store_true", help="smoke-test protocol (256 test images, fewer episodes and "
+                   "trials)")
+    e.add_argument("--full", action="store_true", help="every test and training image (default: a seeded "
+                   "stratified sample of 2,000 test and 5,000 training images; minutes on 2 CPU cores)")
     e.add_argument("--seed", type=int, default=0)
     e.add_argument("--no-progress", action="store_true", help="no progress bars")
     e.add_argument("--json", action="store_true", help="print the results as JSON (what results.json holds) instead "

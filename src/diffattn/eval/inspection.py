@@ -210,12 +210,16 @@ def inspect_model(model: nn.Module, ids: Sequence[int], out: str | os.PathLike, 
         if lam_layers:
             plot_lambdas(lam_layers, out / "lambda.png", title="λ per layer")
             summary["files"]["lambda"] = "lambda.png"
+        n_keys = len(ids)
         plot_lambdas([r["needle_mass"]["signed"] for r in rows], out / "needle_mass.png",
-                     label="signed mass on the needle", title=f"last query → needle tokens {s}..{e - 1} (A1 − λA2)")
+                     label="signed mass on the needle", title=f"last query → needle tokens {s}..{e - 1} (A1 − λA2)",
+                     baseline=0.0, reference=((e - s) / n_keys, f"uniform: {e - s}/{n_keys} of the keys"))
         summary["files"]["needle_mass"] = "needle_mass.png"
         if all("A1" in r["entropy"] for r in rows):
+            uniform = rows[0]["entropy"]["uniform_causal"]
             plot_lambdas([r["entropy"]["A1"] for r in rows], out / "entropy.png", label="A1 row entropy (nats)",
-                         title="signal-map entropy per layer")
+                         title="signal-map entropy per layer", baseline=0.0,
+                         reference=(uniform, f"uniform causal map ({uniform:.3f} nats)"))
             summary["files"]["entropy"] = "entropy.png"
         (out / "maps").mkdir(exist_ok=True)
         names = []

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,12 +38,13 @@ import torch.nn.functional as F
 
 from ..data import DATASETS, get_dataset
 from ..data.transforms import pixel_stats
-from ..diagnostics import answer_attention, branch_entropy, capture_attention, foreground_attention, rollout
+from ..diagnostics import answer_attention, branch_entropy, capture_attention, foreground_attention, patch_mask, rollout
 from ..diagnostics.plots import plot_cls_maps, plot_corruption_curves, plot_lambdas, plot_maps, plot_needle_grid
 from ..directions import better
 from ..errors import UsageError, did_you_mean, user_input, yaml_error
 from ..factory import load_run, run_source
 from ..io import atomic_write_dir, atomic_write_file
+from ..progress import progress as progress_bar
 from ..utils import resolve_device
 from .classification import classification_metrics, zero_shot_classifier, zero_shot_logits
 from .language import lambada_accuracy, needle_grid, needle_prompt, perplexity
@@ -53,7 +55,8 @@ from .robustness import COMMON_CORRUPTIONS, corruption_table, noise_robustness
 from .text_models import get_text_tokenizer
 
 __all__ = ["evaluate", "write_report", "summary_table", "recorded_chance", "compare", "load_results", "flatten",
-           "EVAL_DATASETS", "KIND_NAMES", "check_eval_dataset"]
+           "headline_metrics", "metric_label", "stratified_subset", "EVAL_DATASETS", "KIND_NAMES", "PROTOCOLS",
+           "check_eval_dataset"]
 
 #: the built-in datasets each kind of model is evaluated on (``--dataset``): classification sets for vision
 #: transformers; caption sets (zero-shot, retrieval, foreground attention) and classification sets (zero-shot,
@@ -86,14 +89,19 @@ def check_eval_dataset(dataset: str | None, kind: str | None = None, what: str =
         raise UsageError(f"{what} {dataset!r} is for a {' or '.join(fits)}, but this run is a {KIND_NAMES[kind]}; "
                          f"a {KIND_NAMES[kind]} is evaluated on {', '.join(EVAL_DATASETS[kind])}")
 
+#: the protocols: ``--quick`` (a smoke test), the default, ``--full`` (every test and train image). ``max_images``
+#: caps the test images and ``max_train_images`` the training images a CLIP model's linear probe is fitted on, each
+#: a seeded stratified sample (:func:`stratified_subset`; None: all)
 QUICK = {"noise_levels": (0.0, 0.25, 0.5, 1.0), "corruptions": ("gaussian_noise", "motion_blur", "contrast"),
-         "severities": (1, 3, 5), "episodes": 200, "max_images": 256, "ppl_tokens": 2048, "lambada": 20,
-         "needle_lengths": (128, 256), "needle_depths": (0.0, 0.5, 1.0), "needle_trials": 2,
+         "severities": (1, 3, 5), "episodes": 200, "max_images": 256, "max_train_images": 1024, "ppl_tokens": 2048,
+         "lambada": 20, "needle_lengths": (128, 256), "needle_depths": (0.0, 0.5, 1.0), "needle_trials": 2,
          "probe_max_iter": 200, "probe_fine_steps": 5}
 FULL = {"noise_levels": (0.0, 0.1, 0.25, 0.5, 1.0), "corruptions": None, "severities": (1, 2, 3, 4, 5),
-        "episodes": 5000, "max_images": None, "ppl_tokens": 65536, "lambada": 500,
+        "episodes": 5000, "max_images": None, "max_train_images": None, "ppl_tokens": 65536, "lambada": 500,
         "needle_lengths": (256, 512, 1024, 2048), "needle_depths": (0.0, 0.25, 0.5, 0.75, 1.0), "needle_trials": 10,
         "probe_max_iter": 1000, "probe_fine_steps": 17}
+DEFAULT = dict(FULL, max_images=2000, max_train_images=5000)
+PROTOCOLS = {"quick": QUICK, "default": DEFAULT, "full": FULL}
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -179,9 +187,10 @@ def _params(model) -> int:
 
 
 def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=None,
-                 device: torch.device | None = None) -> tuple[dict, list]:
+                 device: torch.device | None = None, who: str = "") -> tuple[dict, list]:
     """Capture maps for one batch (run on ``device``, the maps kept on the CPU); λ / gate per layer, entropy per
-    branch, plots, CLS rollout (images)."""
+    branch, plots, CLS rollout (images). ``who`` (the model, run and dataset) ends every figure's title."""
+    sub = f"\n{who}" if who else ""
 
     with torch.no_grad(), capture_attention(model) as cap:
         run(inputs.to(device) if device is not None else inputs)
@@ -196,18 +205,18 @@ def _diagnostics(model, run, inputs, out: Path, tag: str, *, grid=None, tokens=N
     for i in sorted({0, len(layers) - 1}):
         m = layers[i]
         plots.append(plot_maps(m.first, m.second, m.combined, out / f"{tag}_maps_layer{i}.png",
-                               title=f"{tag}: layer {i} ({m.kind})", tokens=tokens, cls=grid is not None).name)
+                               title=f"{tag}: layer {i} ({m.kind}){sub}", tokens=tokens, cls=grid is not None).name)
     if any(v is not None for v in lam):
         vals = [(m.gate if m.gate is not None else m.lambda_) for m in layers if
                 (m.gate is not None or m.lambda_ is not None)]
         plots.append(plot_lambdas(vals, out / f"{tag}_lambda.png", label="gate g" if layers[0].gate is not None
-                                  else "λ", title=f"{tag}: per layer").name)
+                                  else "λ", title=f"{tag}: per layer{sub}").name)
     if grid is not None:
         maps = [m.combined for m in layers]
         r = rollout(maps)  # (B, N, N)
         plots.append(plot_cls_maps({"A1 (last layer)": layers[-1].first, "combined (last layer)": maps[-1][:1],
                                     "rollout": r[:1, None]}, grid, out / f"{tag}_cls.png",
-                                   image=inputs[0], title=f"{tag}: CLS attention").name)
+                                   image=inputs[0], title=f"{tag}: CLS attention{sub}").name)
     res["plots"] = plots
     return res, layers
 
@@ -222,6 +231,23 @@ def classification_chance(group: str, metrics: dict, classes: int) -> dict[str, 
         elif key == "mean_per_class_recall":
             out[f"{group}.{key}"] = 1 / classes
     return out
+
+
+def stratified_subset(labels, n: int | None, seed: int = 0) -> np.ndarray:
+    """Sorted indices of a seeded stratified sample of ``n`` rows (all rows when ``n`` is None or covers them): each
+    class keeps its share of the rows (largest remainders get the rows rounding leaves), its rows drawn at random,
+    so a subset of a test split sorted by class still holds every class."""
+    y = np.asarray(labels)
+    if n is None or n >= len(y):
+        return np.arange(len(y))
+    classes, inverse, counts = np.unique(y, return_inverse=True, return_counts=True)
+    share = n * counts / len(y)
+    quota = np.floor(share).astype(int)
+    left = n - int(quota.sum())
+    quota[np.argsort(-(share - quota), kind="stable")[:left]] += 1
+    rng = np.random.default_rng(seed)
+    picked = [rng.permutation(np.flatnonzero(inverse == c))[:q] for c, q in enumerate(quota)]
+    return np.sort(np.concatenate(picked))
 
 
 def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torch.Tensor:
@@ -243,16 +269,16 @@ def _standardise(x_tr: np.ndarray, x: np.ndarray, size: int, chans: int) -> torc
 
 
 def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progress: bool,
-               device: torch.device) -> dict:
+               device: torch.device, name: str = "") -> dict:
     size, chans = model.patch_embed.img_size, model.patch_embed.proj.in_channels
     if dataset is None:
         dataset = {(1, 8): "digits", (1, 28): "fashion_mnist"}.get((chans, size))
         if dataset is None:
             raise UsageError(f"no default dataset for {chans}-channel {size}×{size} images: pass --dataset")
     tr, te = get_dataset(dataset, split="train"), get_dataset(dataset, split="test")
-    x_tr, x_te, y_te = np.asarray(tr.images), np.asarray(te.images), torch.as_tensor(np.asarray(te.labels))
-    if p["max_images"]:
-        x_te, y_te = x_te[:p["max_images"]], y_te[:p["max_images"]]
+    idx = stratified_subset(te.labels, p["max_images"], seed)
+    x_tr, x_te = np.asarray(tr.images), np.asarray(te.images)[idx]
+    y_te = torch.as_tensor(np.asarray(te.labels)[idx])
 
     def transform(imgs):
         return _standardise(x_tr, imgs, size, chans)
@@ -263,18 +289,21 @@ def _vit_suite(model, dataset: str | None, p: dict, out: Path, seed: int, progre
     x = transform(x_te)
     with torch.no_grad():
         logits = torch.cat([predict(x[i:i + 256]) for i in range(0, len(x), 256)])
+    who = f"{name} on {dataset}"
     res: dict[str, Any] = {"dataset": dataset, "split": "test", "images": len(y_te),
                            "preprocessing": "pixels/255, standardised with the train split's mean and std"}
     res["classification"] = classification_metrics(logits, y_te)
-    res["chance"] = classification_chance("classification", res["classification"], len(np.unique(y_te.numpy())))
+    res["num_classes"] = int(logits.shape[1])  # the classes the model chooses among, whichever the subset holds
+    res["chance"] = classification_chance("classification", res["classification"], res["num_classes"])
     res["noise"] = {str(k): v for k, v in noise_robustness(predict, x, y_te, p["noise_levels"], seed=seed).items()}
     table = corruption_table(predict, x_te, y_te, transform, corruptions=p["corruptions"] or COMMON_CORRUPTIONS,
                              severities=p["severities"], seed=seed, progress=progress)
     res["corruptions"] = {"clean": table["clean"], "mce": table["mce"], "mean_accuracy": table["mean_accuracy"],
                           "table": {c: {str(s): a for s, a in row.items()} for c, row in table["table"].items()}}
-    plots = [plot_corruption_curves(table["table"], out / "corruptions.png", clean=table["clean"]).name]
+    plots = [plot_corruption_curves(table["table"], out / "corruptions.png", clean=table["clean"],
+                                    title=f"accuracy under corruption\n{who}").name]
     grid = (size // model.patch_embed.patch_size,) * 2
-    diag, _ = _diagnostics(model, model, x[:8], out, "vision", grid=grid, device=device)
+    diag, _ = _diagnostics(model, model, x[:8], out, "vision", grid=grid, device=device, who=who)
     res["diagnostics"] = diag
     res["plots"] = plots + diag.pop("plots")
     return res
@@ -288,37 +317,53 @@ def _clip_features(model, images: torch.Tensor, device: torch.device | None = No
                           for i in range(0, len(images), 128)])
 
 
-def _clip_images(ds, n: int, transform, chans: int = 3) -> torch.Tensor:
-    """The first ``n`` images of ``ds`` (a caption set's RGB images, or a classification set's grey ones) through
-    the model's eval transform (which gives RGB); for a ``chans == 1`` image tower, the mean of the three channels."""
+def _clip_images(ds, idx: Sequence[int], transform, chans: int = 3) -> torch.Tensor:
+    """Images ``idx`` of ``ds`` (a caption set's RGB images, or a classification set's grey ones) through the
+    model's eval transform (which gives RGB); for a ``chans == 1`` image tower, the mean of the three channels."""
     load = ds.load_image if hasattr(ds, "load_image") else (lambda i: ds[i][0])
-    x = torch.stack([transform(load(i)) for i in range(n)])
+    x = torch.stack([transform(load(int(i))) for i in idx])
     return x.mean(1, keepdim=True) if chans == 1 else x
 
 
+def _encode_split(model, ds, idx: np.ndarray, chans: int, device: torch.device, bar) -> torch.Tensor:
+    """(N, E) embeddings of images ``idx`` of ``ds``, loaded and encoded 128 at a time (the bar counts images)."""
+    out = []
+    for i in range(0, len(idx), 128):
+        out.append(_clip_features(model, _clip_images(ds, idx[i:i + 128], model.eval_transform, chans), device))
+        bar.update(len(idx[i:i + 128]))
+    return torch.cat(out)
+
+
 def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp: str | None,
-                progress: bool, device: torch.device) -> dict:
+                progress: bool, device: torch.device, name: str = "") -> dict:
     dataset = dataset or "tuxpaint_captions"
-    tf = model.eval_transform
     tr, te = get_dataset(dataset, split="train"), get_dataset(dataset, split="test")
-    n_te = len(te) if not p["max_images"] else min(len(te), p["max_images"])
-    n_tr = len(tr) if not p["max_images"] else min(len(tr), 4 * p["max_images"])
+    idx_te = stratified_subset(te.labels, p["max_images"], seed)
+    idx_tr = stratified_subset(tr.labels, p["max_train_images"], seed)
+    n_te = len(idx_te)
     captioned = hasattr(te, "captions")  # a caption set; else a classification set (no retrieval, no masks)
     chans = model.visual.patch_embed.proj.in_channels
-    imgs_te, imgs_tr = _clip_images(te, n_te, tf, chans), _clip_images(tr, n_tr, tf, chans)
-    y_te, y_tr = torch.as_tensor(te.labels[:n_te]), torch.as_tensor(tr.labels[:n_tr])
-    f_te, f_tr = _clip_features(model, imgs_te, device), _clip_features(model, imgs_tr, device)
-    res: dict[str, Any] = {"dataset": dataset, "images": n_te, "skipped": {}}
+    y_te, y_tr = torch.as_tensor(np.asarray(te.labels)[idx_te]), torch.as_tensor(np.asarray(tr.labels)[idx_tr])
+    with progress_bar(total=n_te + len(idx_tr), desc="features", unit="image", disable=not progress,
+                      leave=False) as bar:
+        f_te = _encode_split(model, te, idx_te, chans, device, bar)
+        f_tr = _encode_split(model, tr, idx_tr, chans, device, bar)
+    imgs_te = _clip_images(te, idx_te[:8], model.eval_transform, chans)  # the diagnostics' batch
+    classes = [c.replace("_", " ") for c in te.categories] if captioned else list(te.prompt_names)
+    # one class count for every row: the classes of the test set's label space, whichever a subset holds
+    res: dict[str, Any] = {"dataset": dataset, "images": n_te, "train_images": len(idx_tr),
+                           "num_classes": len(classes), "skipped": {}}
     if not captioned:
         res["preprocessing"] = "grey images through the model's eval transform (not inverted)"
-    classes = [c.replace("_", " ") for c in te.categories] if captioned else list(te.prompt_names)
-    w = zero_shot_classifier(model, classes).float().cpu()
+    with progress_bar(classes, desc="zero-shot", unit="class name", disable=not progress, leave=False) as bar:
+        w = torch.cat([zero_shot_classifier(model, [c]).float().cpu() for c in bar])
     res["zero_shot"] = classification_metrics(zero_shot_logits(f_te, w), y_te, num_classes=len(classes))
     res["chance"] = classification_chance("zero_shot", res["zero_shot"], len(classes))
     if captioned:
+        captions = [te.captions[int(i)] for i in idx_te]
         with torch.no_grad():
-            t_emb = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256]).to(device)).float().cpu()
-                               for i in range(0, n_te, 256)])[:n_te]
+            t_emb = torch.cat([model.encode_text(model.tokenizer(captions[i:i + 256]).to(device)).float().cpu()
+                               for i in range(0, n_te, 256)])
         res["retrieval"] = recall_at_k(f_te, t_emb, torch.arange(n_te))
         for key in res["retrieval"]:  # one correct item among n_te: a random ranking puts it in the top k with k/n
             res["chance"][f"retrieval.{key}"] = min(int(key.rsplit("@", 1)[1]), n_te) / n_te
@@ -327,23 +372,30 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
     try:
         res["linear_probe"] = {k: v for k, v in linear_probe(f_tr, y_tr, f_te, y_te, seed=seed,
                                                                 max_iter=p["probe_max_iter"],
-                                                                fine_steps=p["probe_fine_steps"]).items()
+                                                                fine_steps=p["probe_fine_steps"],
+                                                                progress=progress).items()
                                if k != "sweep"}
     except ValueError as e:
         res["skipped"]["linear_probe"] = str(e)
     if "linear_probe" in res:
-        res["chance"]["linear_probe.accuracy"] = 1 / len(np.unique(y_te.numpy()))
+        res["chance"].update({f"linear_probe.{k}": 1 / len(classes) for k in ("accuracy", "mean_per_class_recall")})
     try:
-        res["few_shot"] = few_shot(F.normalize(f_te, dim=-1), y_te, episodes=p["episodes"], seed=seed)
+        res["few_shot"] = few_shot(F.normalize(f_te, dim=-1), y_te, episodes=p["episodes"], seed=seed,
+                                   progress=progress)
+        res["chance"]["few_shot.mean"] = 1 / res["few_shot"]["way"]  # an episode's N classes
     except ValueError as e:
         res["skipped"]["few_shot"] = str(e)
     if mmvp:
         res["mmvp"] = mmvp_eval(model, mmvp, progress=progress)
     grid = (model.img_size // model.visual.patch_embed.patch_size,) * 2
     if hasattr(te, "load_mask"):  # CLS attention inside vs outside the foreground masks, last layer and all layers
-        masks = torch.stack([te.load_mask(i) for i in range(min(16, n_te))])
+        # the first 16 images of the sample whose mask leaves a foreground and a background patch on the grid
+        keep = [int(i) for i in idx_te
+                if 0 < int(patch_mask(te.load_mask(int(i))[None], grid).sum()) < grid[0] * grid[1]]
+        keep = keep[:16] or [int(i) for i in idx_te[:16]]
+        masks = torch.stack([te.load_mask(i) for i in keep])
         with torch.no_grad(), capture_attention(model.visual) as cap:
-            model.encode_image(imgs_te[:len(masks)].to(device))
+            model.encode_image(_clip_images(te, keep, model.eval_transform, chans).to(device))
         maps = [m.combined for m in cap.layers]
         try:  # a coarse patch grid can leave an image without a background (or foreground) patch
             res["foreground_attention"] = {mode: foreground_attention(maps, masks, grid, mode=mode)
@@ -352,7 +404,8 @@ def _clip_suite(model, dataset: str | None, p: dict, out: Path, seed: int, mmvp:
             res["skipped"]["foreground_attention"] = f"{e} (patch grid {grid[0]}×{grid[1]})"
     else:
         res["skipped"]["foreground_attention"] = f"{dataset} has no foreground masks"
-    diag, _ = _diagnostics(model.visual, model.encode_image, imgs_te[:8], out, "vision", grid=grid, device=device)
+    diag, _ = _diagnostics(model.visual, model.encode_image, imgs_te[:8], out, "vision", grid=grid, device=device,
+                           who=f"{name} on {dataset}")
     res["diagnostics"] = diag
     res["plots"] = diag.pop("plots")
     return res
@@ -368,7 +421,7 @@ def _lm_text(text: str | None, dataset: str | None) -> tuple[str, str]:
 
 
 def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: dict, out: Path, seed: int,
-              progress: bool, device: torch.device) -> dict:
+              progress: bool, device: torch.device, name: str = "") -> dict:
     vocab, max_len = _lm_sizes(model)
     tok = get_text_tokenizer(None, model_dir=model_dir, vocab_size=vocab)
     corpus, source = _lm_text(text, dataset)
@@ -387,7 +440,8 @@ def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: 
     grid = needle_grid(model, tok, corpus[:20000], lengths=lengths, depths=p["needle_depths"],
                        trials=p["needle_trials"], seed=seed, progress=progress)
     res["needle"] = {str(n): {str(d): a for d, a in row.items()} for n, row in grid.items()}
-    plots = [plot_needle_grid(grid, out / "needle_grid.png").name]
+    who = f"{name} on {source}"
+    plots = [plot_needle_grid(grid, out / "needle_grid.png", title=f"needle retrieval\n{who}").name]
     # attention on the needle's number vs the rest of the context (Ye et al. 2024 Table 3), signed and ReLU
     filler = tok.encode(corpus[:20000])
     noise = {"signed": [], "relu": []}
@@ -407,7 +461,7 @@ def _lm_suite(model, model_dir: Path, dataset: str | None, text: str | None, p: 
     for v in res["attention_noise"].values():
         v["ratio"] = v["answer"] / v["noise"] if v["noise"] else math.inf
     sample = torch.tensor([tok.encode(corpus[:200])[:32]])
-    diag, _ = _diagnostics(model, model, sample, out, "lm", tokens=None, device=device)
+    diag, _ = _diagnostics(model, model, sample, out, "lm", tokens=None, device=device, who=who)
     res["diagnostics"] = diag
     res["plots"] = plots + diag.pop("plots")
     return res
@@ -426,16 +480,21 @@ def _find(seq: list[int], sub: list[int]) -> int:
 
 def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: str | None = None,
              text: str | None = None, mmvp: str | None = None, quick: bool = False, seed: int = 0,
-             progress: bool = True, protocol: dict | None = None, device: str | None = None) -> dict:
+             progress: bool = True, protocol: dict | None = None, device: str | None = None,
+             full: bool = False) -> dict:
     """Evaluate the model in ``target``: a saved model, a run directory, or a YAML file with ``model:`` and any
-    of ``dataset``, ``text``, ``mmvp``, ``quick``, ``seed``, ``out``, ``device`` (paths relative to the YAML file).
+    of ``dataset``, ``text``, ``mmvp``, ``quick``, ``full``, ``seed``, ``out``, ``device`` (paths relative to the
+    YAML file).
+
+    The protocol (:data:`PROTOCOLS`): ``quick`` a smoke test; by default a seeded stratified sample of the test
+    images (2,000) and, for a CLIP model's linear probe, of the training images (5,000), with the papers' episode
+    and corruption counts; ``full`` every image.
 
     ``dataset`` must fit the kind of model (:data:`EVAL_DATASETS`); ``device`` is ``cpu``, ``cuda`` or ``cuda:N``
     (None: ``cuda`` when torch sees a GPU, else ``cpu``; :func:`diffattn.utils.resolve_device`).
 
     Writes ``results.json`` and ``report.md`` with the plots into ``out_dir`` (default ``<run>/eval``) and returns
-    the results. ``protocol`` overrides entries of :data:`QUICK` / :data:`FULL` (sizes, corruption list,
-    episodes, needle grid)."""
+    the results. ``protocol`` overrides entries of the protocol (sizes, corruption list, episodes, needle grid)."""
 
     target = Path(target)
     with user_input():  # what the user gave: the target, a YAML file, the protocol, the dataset, the folder
@@ -451,10 +510,14 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
             dataset, text, mmvp = dataset or cfg.get("dataset"), text or rel("text"), mmvp or rel("mmvp")
             device = device or cfg.get("device")
             quick, seed = quick or bool(cfg.get("quick", False)), int(cfg.get("seed", seed))
+            full = full or bool(cfg.get("full", False))
             out_dir = out_dir or rel("out")
         else:
             model_path = target
-        p = dict(QUICK if quick else FULL)
+        if quick and full:
+            raise UsageError("--quick and --full pick opposite protocols: give one of them")
+        protocol_name = "quick" if quick else ("full" if full else "default")
+        p = dict(PROTOCOLS[protocol_name])
         unknown = set(protocol or {}) - set(p)
         if unknown:
             raise ValueError(f"protocol keys must be among {sorted(p)}, got {sorted(unknown)}")
@@ -477,20 +540,30 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
         if dataset in DATASETS:  # a built-in set of another kind (a name it does not know: get_dataset's error)
             check_eval_dataset(dataset, kind, what="dataset")
         model = model.to(dev)
+    if progress:  # what is about to run, and the other protocols, before the first bar
+        sizes = (f"{p['ppl_tokens']:,} perplexity tokens" if kind == "lm" else "every image" if p["max_images"] is None
+                 else f"at most {p['max_images']:,} test images")
+        other = {"quick": "the default protocol without --quick, --full for every image",
+                 "default": "--quick for a smoke test, --full for every image",
+                 "full": "without --full a stratified sample"}[protocol_name]
+        print(f"evaluating {name or arch} ({KIND_NAMES[kind]}): {protocol_name} protocol, {sizes} ({other})",
+              file=sys.stderr, flush=True)
     t0 = time.perf_counter()
     results: dict[str, Any] = {
         "model": {"path": str(model_dir), "name": name, "architecture": arch, "kind": kind,
                   "params": _params(model), "seed": _run_seed(run_cfg)},
-        "protocol": "quick" if quick else "full", "eval_seed": seed, "device": str(dev), "skipped": {}}
+        "protocol": protocol_name, "eval_seed": seed, "device": str(dev), "skipped": {}}
     try:
         with atomic_write_dir(out) as tmp:  # the whole folder at once: results, report and plots agree
+            label = f"{name or arch}, run {_run_label(model_dir)}"  # every figure names model, run and dataset
             try:
                 if kind == "vit":
-                    results["vision"] = _vit_suite(model, dataset, p, tmp, seed, progress, dev)
+                    results["vision"] = _vit_suite(model, dataset, p, tmp, seed, progress, dev, label)
                 elif kind == "clip":
-                    results["clip"] = _clip_suite(model, dataset, p, tmp, seed, mmvp, progress, dev)
+                    results["clip"] = _clip_suite(model, dataset, p, tmp, seed, mmvp, progress, dev, label)
                 else:
-                    results["language"] = _lm_suite(model, model_dir, dataset, text, p, tmp, seed, progress, dev)
+                    results["language"] = _lm_suite(model, model_dir, dataset, text, p, tmp, seed, progress, dev,
+                                                    label)
             except (FileNotFoundError, ImportError) as e:  # missing data (or extra): recorded, never silent
                 results["skipped"][kind] = f"{type(e).__name__}: {e}"
                 if previous is not None:
@@ -504,6 +577,17 @@ def evaluate(target: str | Path, out_dir: str | Path | None = None, *, dataset: 
         raise UsageError(f"the {kind} suite of {model_dir} was skipped ({e}); the finished results in {out} are kept "
                          f"unchanged") from None
     return results
+
+
+def _run_label(model_dir: Path) -> str:
+    """The run a model belongs to, as figures name it: the run folder (``tiny_clip`` for ``runs/tiny_clip/model``:
+    the folder holding ``config.yaml``, else the one holding a ``model``, ``final`` or ``best`` folder), else the
+    model folder."""
+    model_dir = Path(model_dir).resolve()
+    for d in (model_dir, *list(model_dir.parents)[:2]):
+        if (d / "config.yaml").is_file():
+            return d.name
+    return model_dir.parent.name if model_dir.name in ("model", "final", "best") else model_dir.name
 
 
 class _KeepPrevious(Exception):
@@ -553,25 +637,51 @@ def _table(rows: dict, head=("metric", "value"), chance: dict | None = None, pre
     return lines + [""]
 
 
+#: the suites of a results dict, in the order tables show them
+SUITES = ("vision", "clip", "language")
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def headline_metrics(suite: dict) -> dict[str, float]:
+    """The headline metrics of one suite's results, ``{"group.metric": value}``: every group of plain numbers less
+    the protocol's own numbers (:data:`BOOKKEEPING`), and the corruptions' clean / mean accuracy / mCE. The rows of
+    ``diffattn eval``'s table, and the only rows ``diffattn compare`` shows."""
+    rows = {f"{group}.{k}": v for group, val in suite.items() if isinstance(val, dict)
+            and group not in ("diagnostics", "chance", "skipped", "plots") and val
+            and all(_number(x) for x in val.values())
+            for k, v in val.items() if k not in BOOKKEEPING}
+    if isinstance(suite.get("corruptions"), dict):
+        rows.update({f"corruptions.{k}": suite["corruptions"][k] for k in ("clean", "mean_accuracy", "mce")
+                     if _number(suite["corruptions"].get(k))})
+    return rows
+
+
+def metric_label(suite: dict, key: str) -> str:
+    """How tables name metric ``key`` (``group.metric``) of ``suite``: few-shot with its way and shot
+    (``few_shot.mean (5-way 5-shot)``)."""
+    group = suite.get(key.split(".", 1)[0])
+    if key.startswith("few_shot.") and isinstance(group, dict) and "way" in group and "shot" in group:
+        return f"{key} ({group['way']}-way {group['shot']}-shot)"
+    return key
+
+
 def summary_table(results: dict) -> str:
     """What ``diffattn eval`` prints: the model in one line, then per suite the report's table of its headline
-    metrics (every group of plain numbers, ``group.metric``), with the chance column and the results at or below
-    chance marked where the suite records chance levels; ``report.md`` has every table and the plots."""
+    metrics (:func:`headline_metrics`), with the chance column and the results at or below chance marked where the
+    suite records chance levels; ``report.md`` has every table and the plots."""
     m = results["model"]
     lines = [f"{m.get('name') or m['architecture']} ({m['architecture']}, {m['params']:,} parameters): "
              f"{results.get('protocol', '?')} protocol, {results.get('seconds', '?')} s", ""]
-    for suite in ("vision", "clip", "language"):
+    for suite in SUITES:
         r = results.get(suite)
         if r is None:
             continue
-        rows = {f"{group}.{k}": v for group, val in r.items() if isinstance(val, dict)
-                and group not in ("diagnostics", "chance", "skipped", "plots") and val
-                and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in val.values())
-                for k, v in val.items()}
-        if "corruptions" in r:
-            rows.update({f"corruptions.{k}": r["corruptions"][k] for k in ("clean", "mean_accuracy", "mce")
-                         if k in r["corruptions"]})
-        lines += [suite, ""] + _table(rows, chance=r.get("chance"))
+        rows = headline_metrics(r)
+        chance = {metric_label(r, k): v for k, v in (r.get("chance") or {}).items()}
+        lines += [suite, ""] + _table({metric_label(r, k): v for k, v in rows.items()}, chance=chance)
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -616,6 +726,10 @@ def write_report(results: dict, path: str | Path) -> Path:
                           "| depth | " + " | ".join(lengths) + " |", "|---|" + "---:|" * len(lengths)]
                 lines += [f"| {d} | " + " | ".join(_fmt(val[n].get(d)) for n in lengths) + " |" for d in depths]
                 lines += [""]
+            elif key == "few_shot" and "way" in val:
+                lines += ["", f"### few shot ({val['way']}-way {val['shot']}-shot, {val.get('queries', '?')} queries "
+                          f"per class, {val.get('episodes', '?')} episodes; chance 1/{val['way']})", ""]
+                lines += _table(val, chance=chance, prefix=f"{key}.")
             elif isinstance(val, dict) and all(not isinstance(v, dict) for v in val.values()):
                 lines += ["", f"### {key.replace('_', ' ')}", ""] + _table(val, chance=chance, prefix=f"{key}.")
             elif isinstance(val, dict):
@@ -652,7 +766,8 @@ def write_report(results: dict, path: str | Path) -> Path:
 
 #: numbers in results that describe the protocol, not how good the model is (left out of ``compare``)
 BOOKKEEPING = frozenset({"seconds", "eval_seed", "images", "episodes", "tokens", "examples", "C", "val_accuracy",
-                         "layers", "params", "trials", "chance", "num_classes"})
+                         "layers", "params", "trials", "chance", "num_classes", "train_images", "way", "shot",
+                         "queries"})
 def flatten(d: dict, prefix: str = "") -> dict[str, float]:
     """Numeric leaves of nested results as ``{"suite.group.metric": value}`` in the order of the results (plots,
     paths, lists and the protocol's own numbers, :data:`BOOKKEEPING`, left out)."""
@@ -696,6 +811,13 @@ def _read_results(path: Path) -> dict:
     return data
 
 
+def _compared(results: dict) -> dict[str, float]:
+    """The metrics ``compare`` shows for one results dict: the eval table's rows (:func:`headline_metrics`) of every
+    suite, ``suite.group.metric``."""
+    return {f"{suite}.{k}": float(v) for suite in SUITES if isinstance(results.get(suite), dict)
+            for k, v in headline_metrics(results[suite]).items()}
+
+
 def recorded_chance(results: dict) -> dict[str, float]:
     """The chance levels a results dict records, keyed as :func:`flatten` keys its metrics (``suite.group.metric``)."""
     return {f"{suite}.{k}": float(v) for suite, r in results.items() if isinstance(r, dict)
@@ -709,21 +831,25 @@ def compare(runs: Sequence[str | Path], out: str | Path | None = None,
     of every metric the runs share, in the order of the first run's results, with the direction of better (↑/↓),
     the chance level where the results record one (:func:`recorded_chance`; "varies" where the runs' levels
     differ) and one Δ column per further run (its mean minus the first run's); a note below the table where a
-    column holds one run (n = 1); written to ``out`` (and ``out`` with ``.json``) when given. Runs that share no
-    metric are a :class:`~diffattn.errors.UsageError`."""
+    column holds one run (n = 1). The rows are those of ``diffattn eval``'s table (:func:`headline_metrics`),
+    the directions those of :mod:`diffattn.directions`; written to ``out`` (and ``out`` with ``.json``) when
+    given. Runs that share no metric are a :class:`~diffattn.errors.UsageError`."""
     if len(runs) < 1:
         raise UsageError("compare needs at least one run")
     labels = list(labels) if labels else [Path(r).name for r in runs]
     if len(labels) != len(runs):
         raise UsageError(f"--labels must give one name per run ({len(runs)}), got {len(labels)}")
     cols = []
+    names: dict[str, str] = {}  # row labels: few-shot with its way and shot
     levels: dict[str, set[float]] = {}
     for r in runs:
         found = load_results(r)
         for res in found:
+            names.update({f"{suite}.{k}": f"{suite}.{metric_label(res[suite], k)}" for suite in SUITES
+                          if isinstance(res.get(suite), dict) for k in headline_metrics(res[suite])})
             for k, v in recorded_chance(res).items():
                 levels.setdefault(k, set()).add(v)
-        flat = [flatten(x) for x in found]
+        flat = [_compared(x) for x in found]
         shared = set.intersection(*(set(f) for f in flat))
         cols.append({k: (float(np.mean([f[k] for f in flat])), float(np.std([f[k] for f in flat])), len(flat))
                      for k in flat[0] if k in shared})
@@ -744,7 +870,7 @@ def compare(runs: Sequence[str | Path], out: str | Path | None = None,
             mean, std, count = c[k]
             cells.append(f"{mean:.4f} ± {std:.4f}" if count > 1 else f"{mean:.4f}")
         deltas = [f"{c[k][0] - cols[0][k][0]:+.4f}" for c in cols[1:]]
-        lines.append(f"| {k} | {better(k)} | " + " | ".join(cells + deltas) + " |")
+        lines.append(f"| {names.get(k, k)} | {better(k)} | " + " | ".join(cells + deltas) + " |")
     single = [lab for lab, k in zip(labels, n) if k == 1]
     if single:
         lines += ["", f"n = 1 for {', '.join(single)}: one evaluated run (one seed) per column. At this size single "

@@ -46,7 +46,7 @@ from ..diagnostics import plots as diag_plots
 from ..eval import classification_metrics, corruption_table, evaluate, recall_at_k, zero_shot_classifier
 from ..eval.classification import zero_shot_logits
 from ..eval.retrieval import hits_at_k
-from ..eval.runner import classification_chance
+from ..eval.runner import classification_chance, stratified_subset
 from ..factory import from_pretrained
 from ..io import atomic_write_file
 from ..models.clip import IMAGENET_MEAN, IMAGENET_STD
@@ -89,7 +89,7 @@ DEMO_PROTOCOL: dict[str, Any] = {
     "severities": (1, 3, 5), "eval": {"episodes": 600}}
 QUICK_PROTOCOL: dict[str, Any] = {
     "fashion_images": 64, "corruptions": ("gaussian_noise",), "severities": (3,),
-    "eval": {"episodes": 20, "probe_max_iter": 20, "probe_fine_steps": 2, "max_images": 48}}
+    "eval": {"episodes": 20, "probe_max_iter": 20, "probe_fine_steps": 2, "max_images": 48, "max_train_images": 192}}
 
 
 # --------------------------------------------------------------------------------------------------- data
@@ -174,11 +174,12 @@ def demo_extra_suites(model, protocol: dict, seed: int = 0, progress: bool = Tru
 
     out: dict[str, Any] = {}
     fm = get_dataset("fashion_mnist", split="test")
-    n = min(len(fm), protocol["fashion_images"])
-    x = _to_input(255 - np.asarray(fm.images[:n]), size)  # (n, 3, S, S): dark products on white
+    idx = stratified_subset(fm.labels, protocol["fashion_images"], seed)  # every class, its share
+    x = _to_input(255 - np.asarray(fm.images)[idx], size)  # (n, 3, S, S): dark products on white
     w = zero_shot_classifier(model, FASHION_PROMPT_NAMES)
     out["zero_shot_fashion_mnist"] = classification_metrics(zero_shot_logits(encode(x), w),
-                                                            torch.as_tensor(fm.labels[:n]), num_classes=10)
+                                                            torch.as_tensor(np.asarray(fm.labels)[idx]),
+                                                            num_classes=10)
     em = get_dataset("emoji", split="test")
     imgs = torch.stack([model.eval_transform(em.load_image(i)) for i in range(len(em))])
     txt = torch.cat([model.encode_text(model.tokenizer(em.captions[i:i + 256])).float()
@@ -324,23 +325,27 @@ def compare_to_baseline(summary: dict[str, dict], seed: int) -> dict[str, Any]:
 
 
 @torch.no_grad()
-def curve_point(model, max_images: int | None = None) -> dict[str, float]:
+def curve_point(model, max_images: int | None = None, seed: int = 0) -> dict[str, float]:
     """``{"zero_shot_top1", "image_to_text@1", "text_to_image@1"}`` (fractions) of ``model`` on the Tux Paint test
-    split (its first ``max_images`` images, all when None), measured as ``diffattn eval``'s CLIP suite does: zero-shot
-    with the prompt ensemble over the 16 categories, recall@1 between each image and its caption."""
+    split (a stratified sample of ``max_images`` images, seeded, as ``diffattn eval`` takes; all when None), measured
+    as ``diffattn eval``'s CLIP suite does: zero-shot with the prompt ensemble over the 16 categories, recall@1
+    between each image and its caption."""
     model.eval()
     te = get_dataset("tuxpaint_captions", split="test")
-    n = len(te) if not max_images else min(len(te), max_images)
-    imgs = torch.stack([model.eval_transform(te.load_image(i)) for i in range(n)])  # (n, 3, S, S)
+    idx = stratified_subset(te.labels, max_images or None, seed)
+    n = len(idx)
+    imgs = torch.stack([model.eval_transform(te.load_image(int(i))) for i in idx])  # (n, 3, S, S)
     f = torch.cat([model.encode_image(imgs[i:i + 128]).float() for i in range(0, n, 128)])  # (n, E)
     w = zero_shot_classifier(model, [c.replace("_", " ") for c in te.categories])
-    top1 = (zero_shot_logits(f, w).argmax(-1) == torch.as_tensor(te.labels[:n])).double().mean().item()
-    t = torch.cat([model.encode_text(model.tokenizer(te.captions[i:i + 256])).float() for i in range(0, n, 256)])[:n]
+    top1 = (zero_shot_logits(f, w).argmax(-1) == torch.as_tensor(np.asarray(te.labels)[idx])).double().mean().item()
+    captions = [te.captions[int(i)] for i in idx]
+    t = torch.cat([model.encode_text(model.tokenizer(captions[i:i + 256])).float() for i in range(0, n, 256)])
     r = recall_at_k(f, t, torch.arange(n), ks=(1,))
     return {"zero_shot_top1": top1, "image_to_text@1": r["image_to_text@1"], "text_to_image@1": r["text_to_image@1"]}
 
 
-def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = None) -> dict[str, list]:
+def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = None,
+                   seed: int = 0) -> dict[str, list]:
     """:func:`curve_point` of every checkpoint in ``<run_dir>/checkpoints`` (``model``: the run's architecture,
     whose weights are replaced by each checkpoint's), ``{"steps": [...], metric: [...]}`` in step order; the
     checkpoints but the last are deleted once measured."""
@@ -352,7 +357,7 @@ def learning_curve(run_dir: str | os.PathLike, model, max_images: int | None = N
         state = load_checkpoint(d)
         model.load_state_dict(state["model"])
         curve["steps"].append(int(state["step"]))
-        for k, v in curve_point(model, max_images).items():
+        for k, v in curve_point(model, max_images, seed).items():
             curve.setdefault(k, []).append(v)
         if i < len(dirs) - 1:
             shutil.rmtree(d)
@@ -389,12 +394,18 @@ def _plot_lambdas(lams: dict[str, dict[str, list[float]]], path: Path) -> Path:
     return diag_plots.save_figure(fig, path)
 
 
+#: how the attention figure names each layer kind (:attr:`diffattn.diagnostics.AttentionMaps.kind`) in a row's title
+KIND_TITLES = {"standard": "softmax", "diff": "A1 − λA2, signed", "gated": "gated, signed", "retrofit": "retrofit"}
+
+
 def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[str, torch.Tensor], grid, path: Path,
-                    rgb: np.ndarray) -> Path:
+                    rgb: np.ndarray, kinds: dict[str, str] | None = None) -> Path:
     """Row 0: the images with their foreground outline; one row per model: the last layer's CLS attention (mean over
     heads) over the patch grid, one colour scale per model, stated in the row's title because the rows' ranges
-    differ by an order of magnitude (a softmax map reaches 0.3, a differential one ±0.01): diverging and centred on
-    0 where the map has negative entries (differential maps are signed), else from 0. A uniform map says so."""
+    differ by an order of magnitude (a softmax map reaches 0.3, a differential one ±0.01). A row is titled by its
+    layer's kind (``kinds[label]``, :data:`KIND_TITLES`), never by its values' sign: a differential map without a
+    negative entry is still differential. Its colour scale is diverging and centred on 0 for a map that can be
+    signed (any kind but standard softmax) or has negative entries, else from 0. A uniform map says so."""
     plt = diag_plots.pyplot()
     n, rows = len(images), 1 + len(cls_maps)
     fig, axes = plt.subplots(rows, n, figsize=(1.9 * n, 1.9 * rows), squeeze=False)
@@ -407,7 +418,8 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
     axes[0, 0].set_title("image", fontsize=8, loc="left")
     for i, (label, maps) in enumerate(cls_maps.items(), start=1):
         v = float(maps.abs().max()) or 1.0
-        signed = bool((maps < 0).any())  # signed maps: diverging scale centred on 0; else viridis from 0
+        kind = (kinds or {}).get(label)
+        signed = kind not in (None, "standard") or bool((maps < 0).any())  # diverging, centred on 0; else from 0
         style = dict(cmap="RdBu_r", vmin=-v, vmax=v) if signed else dict(cmap="viridis", vmin=0, vmax=v)
         for j in range(n):
             ax = axes[i, j]
@@ -418,9 +430,9 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
                         color="white", bbox=dict(facecolor="black", alpha=0.6, lw=0))
             ax.set_xticks([])
             ax.set_yticks([])
-        kind = "A1 − λA2, signed" if signed else "softmax"
+        name = KIND_TITLES.get(kind, kind) if kind is not None else ("signed" if signed else "non-negative")
         scale = f"±{v:.2g}" if signed else f"0 to {v:.2g}"
-        axes[i, 0].set_title(f"{label} ({kind}): own colour scale, {scale}", fontsize=8, loc="left")
+        axes[i, 0].set_title(f"{label} ({name}): own colour scale, {scale}", fontsize=8, loc="left")
         axes[i, 0].set_ylabel(f"{label}\npatch row", fontsize=9)
         fig.colorbar(im, ax=list(axes[i]), fraction=0.02)
     for j in range(n):
@@ -433,9 +445,10 @@ def _plot_attention(images: torch.Tensor, masks: torch.Tensor, cls_maps: dict[st
 
 @torch.no_grad()
 def _attention_maps(models: dict[str, Any], n: int = 6, dataset: str = "tuxpaint_captions"
-                    ) -> tuple[torch.Tensor, torch.Tensor, dict, tuple, np.ndarray]:
+                    ) -> tuple[torch.Tensor, torch.Tensor, dict, tuple, np.ndarray, dict[str, str]]:
     """The same ``n`` test images of ``dataset`` (an image–caption set with foreground masks: ``tuxpaint_captions``
-    or ``emoji``) through every model: last-layer CLS rows (n, P), mean over heads."""
+    or ``emoji``) through every model: last-layer CLS rows (n, P), mean over heads, and each model's last-layer
+    kind."""
     data = get_dataset(dataset, split="test")
     first = next(iter(models.values()))
     idx = list(range(0, len(data), max(1, len(data) // n)))[:n]
@@ -443,12 +456,13 @@ def _attention_maps(models: dict[str, Any], n: int = 6, dataset: str = "tuxpaint
     masks = torch.stack([data.load_mask(i) for i in idx])
     rgb = np.stack([np.asarray(data.load_image(i)) for i in idx])
     grid = (first.img_size // first.visual.patch_embed.patch_size,) * 2
-    out = {}
+    out, kinds = {}, {}
     for label, model in models.items():
         with capture_attention(model.visual) as cap:
             model.encode_image(images)
         out[label] = cap.layers[-1].combined.mean(dim=1)[:, 0, 1:]  # (n, P): CLS row over the patches
-    return images, masks, out, grid, rgb
+        kinds[label] = cap.layers[-1].kind
+    return images, masks, out, grid, rgb, kinds
 
 
 def attention_figure(run_dir: str | os.PathLike, path: str | os.PathLike, *, dataset: str = "emoji",
@@ -464,8 +478,8 @@ def attention_figure(run_dir: str | os.PathLike, path: str | os.PathLike, *, dat
     if not models:
         raise FileNotFoundError(f"run_dir {str(run_dir)!r} holds no <variant>/model folder of "
                                 f"{', '.join(DEMO_VARIANTS)}; run `diffattn demo --out {run_dir}` first")
-    images, masks, cls_maps, grid, rgb = _attention_maps(models, n=n, dataset=dataset)
-    return _plot_attention(images, masks, cls_maps, grid, Path(path), rgb)
+    images, masks, cls_maps, grid, rgb, kinds = _attention_maps(models, n=n, dataset=dataset)
+    return _plot_attention(images, masks, cls_maps, grid, Path(path), rgb, kinds)
 
 
 # ------------------------------------------------------------------------------------------------- table
@@ -624,17 +638,17 @@ def demo(out_dir: str | os.PathLike = "runs/demo", variants: tuple[str, ...] = D
                           "eval_report": str(Path(v) / "eval" / "report.md")}
         if curve_points:
             summary[label]["curve"] = learning_curve(run_dir, from_pretrained(run_dir / "model"),
-                                                     protocol["eval"].get("max_images"))
+                                                     protocol["eval"].get("max_images"), seed)
         curves[label] = [(r["step"], r["loss"]) for r in map(json.loads, (run_dir / "metrics.jsonl").read_text()
                                                               .splitlines()) if "loss" in r]  # not eval rows
         models[label] = model
     plots = [_plot_learning_curves(curves, out / "learning_curves.png").name]
     if any(v for t in lams.values() for v in t.values()):
         plots.append(_plot_lambdas(lams, out / "lambda_per_layer.png").name)
-    images, masks, cls_maps, grid, rgb = _attention_maps(models)
-    plots.insert(0, _plot_attention(images, masks, cls_maps, grid, out / "attention_maps.png", rgb).name)
+    images, masks, cls_maps, grid, rgb, kinds = _attention_maps(models)
+    plots.insert(0, _plot_attention(images, masks, cls_maps, grid, out / "attention_maps.png", rgb, kinds).name)
     emoji = _attention_maps(models, dataset="emoji")  # Noto emoji: free to publish, unlike the GPL-2 stamps
-    plots.insert(1, _plot_attention(*emoji[:4], out / "attention_maps_emoji.png", emoji[4]).name)
+    plots.insert(1, _plot_attention(*emoji[:4], out / "attention_maps_emoji.png", emoji[4], emoji[5]).name)
     seconds = time.perf_counter() - t_start
     table = demo_table(summary)
     answer = compare_to_baseline(summary, seed)
