@@ -125,3 +125,18 @@ def ref_diff_v2(x, wq, wk, wv, wl, wo, num_heads, num_kv_heads, bq=None, bk=None
         a2 = ref_softmax_rows(q[:, :, 2 * i + 1] @ k[:, :, j2].transpose(1, 2) / math.sqrt(d), ok)
         heads.append(a1 @ v[:, :, j1] - lam[:, :, i:i + 1] * (a2 @ v[:, :, j2]))
     return lin(torch.cat(heads, -1), wo, bo)
+
+
+def kind_head_pairs(kind: str, q: torch.Tensor, k: torch.Tensor, num_noise_heads: int | None = None) -> list:
+    """The (queries, keys) of each map of attention ``kind``, the head layout written out: standard one map per query
+    head; diff / gated Q/K heads (2i, 2i+1); V2 query heads (2i, 2i+1) against one K head; grouped query heads in
+    groups [signal × r, noise], signal keys K heads 2m, noise keys 2m + 1, one A2 per noise head (Motif Technologies
+    2025, arXiv 2510.06949). q: (B, q_heads, N, d), k: (B, kv_heads, N, d); GQA repeats are the caller's."""
+    if kind == "standard":
+        return [(q, k)]
+    if kind == "diff_v2":
+        return [(q[:, 0::2], k), (q[:, 1::2], k)]
+    if kind == "grouped":
+        g = q.unflatten(1, (num_noise_heads, -1))  # (B, H_n, r + 1, N, d)
+        return [(g[:, :, :-1].flatten(1, 2), k[:, 0::2]), (g[:, :, -1], k[:, 1::2])]
+    return [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])]

@@ -19,6 +19,8 @@ from diffattn.layers import (
 from diffattn.models import create_model
 from diffattn.models.motif import MOTIF_ATTENTION, MotifLM
 
+from .reference import kind_head_pairs
+
 
 def _out_proj_input(layer, x):
     seen = {}
@@ -128,27 +130,6 @@ def test_capture_rejects_models_without_attention():
             pass
 
 
-def test_retrofitted_hf_model_combined_maps():
-    T = pytest.importorskip("transformers")
-    import diffattn
-
-    cfg = T.GPT2Config(n_embd=32, n_layer=2, n_head=4, vocab_size=64, n_positions=32, bos_token_id=0,
-                       eos_token_id=0)
-    model = T.GPT2LMHeadModel._from_config(cfg, attn_implementation="sdpa").eval()
-    diffattn.retrofit(model, "daa", lambda_init=0.5)
-    ids = torch.randint(0, 64, (1, 8))
-    with torch.no_grad():
-        ref = model(ids).logits
-        with capture_attention(model) as cap:
-            out = model(ids).logits
-    assert torch.equal(out, ref)
-    assert len(cap.layers) == 2 and all(m.kind == "retrofit" for m in cap.layers)
-    for m in cap.layers:  # rows of A1 − λA2 sum to 1 − λ
-        lam = float(m.lambda_.mean())
-        torch.testing.assert_close(m.combined.sum(-1), torch.full_like(m.combined.sum(-1), 1 - lam), atol=1e-5,
-                                   rtol=1e-5)
-
-
 #: every registered kind, built in float64 with 2 K/V heads (GQA); grouped: 8 query heads of width 8, 6 signal and
 #: 2 noise heads, r = 3 signal heads per noise head (Motif Technologies 2025, arXiv 2510.06949)
 KIND_LAYERS = {
@@ -175,15 +156,7 @@ def _ref_maps(layer, kind, x):
     d = layer.head_dim
     q = layer.q_proj(x).view(B, N, -1, d).transpose(1, 2).double()
     k = layer.k_proj(x).view(B, N, -1, d).transpose(1, 2).double()
-    if kind == "standard":
-        pairs = [(q, k)]
-    elif kind == "diff_v2":
-        pairs = [(q[:, 0::2], k), (q[:, 1::2], k)]
-    elif kind == "grouped":
-        g = q.unflatten(1, (layer.num_noise_heads, -1))  # (B, H_n, r + 1, N, d)
-        pairs = [(g[:, :, :-1].flatten(1, 2), k[:, 0::2]), (g[:, :, -1], k[:, 1::2])]
-    else:
-        pairs = [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])]
+    pairs = kind_head_pairs(kind, q, k, getattr(layer, "num_noise_heads", None))
     causal = torch.ones(N, N, dtype=torch.bool).tril()
     out = []
     for qq, kk in pairs:
@@ -312,7 +285,8 @@ def test_capture_leaves_every_kind_bit_for_bit_with_two_threads(kind, training, 
 
 
 def test_capture_leaves_a_retrofit_bit_for_bit_with_two_threads(two_threads):
-    """A retrofit keeps its maps on the side: the logits with and without the capture are equal bit for bit."""
+    """A retrofit keeps its maps on the side: the logits with and without the capture are equal bit for bit; the
+    captured maps are the retrofit's, rows of A1 summing to 1."""
     T = pytest.importorskip("transformers")
     import diffattn
 
@@ -325,4 +299,7 @@ def test_capture_leaves_a_retrofit_bit_for_bit_with_two_threads(two_threads):
         ref = model(ids).logits
         with capture_attention(model) as cap:
             out = model(ids).logits
-    assert torch.equal(out, ref) and len(cap.layers) == 2
+    assert torch.equal(out, ref)
+    assert len(cap.layers) == 2 and all(m.kind == "retrofit" for m in cap.layers)
+    for m in cap.layers:
+        torch.testing.assert_close(m.first.sum(-1), torch.ones_like(m.first.sum(-1)))

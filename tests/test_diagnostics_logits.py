@@ -29,6 +29,8 @@ from diffattn.layers import (
 from diffattn.models import CausalLM
 from diffattn.models.motif import MOTIF_ATTENTION, MotifLM
 
+from .reference import kind_head_pairs
+
 KINDS = {"standard": Attention, "diff": DiffAttention, "gated": GatedDiffAttention, "diff_v2": DiffAttentionV2,
          "grouped": GroupedDiffAttention}
 #: a grouped layer of 8 query heads of width 8: 6 signal heads, 2 noise heads, r = 3 signal heads per noise head
@@ -63,15 +65,7 @@ def _ref_logits(layer, kind: str, x: torch.Tensor) -> list[torch.Tensor]:
     if layer.rotary is not None:
         cos, sin = layer.rotary(torch.arange(N), dtype=torch.float64)
         q, k = apply_rotary(q, cos, sin, layer.rotary.style), apply_rotary(k, cos, sin, layer.rotary.style)
-    if kind == "standard":
-        pairs = [(q, k)]
-    elif kind == "diff_v2":
-        pairs = [(q[:, 0::2], k), (q[:, 1::2], k)]
-    elif kind == "grouped":
-        g = q.unflatten(1, (layer.num_noise_heads, -1))  # (B, H_n, r + 1, N, d)
-        pairs = [(g[:, :, :-1].flatten(1, 2), k[:, 0::2]), (g[:, :, -1], k[:, 1::2])]
-    else:
-        pairs = [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])]
+    pairs = kind_head_pairs(kind, q, k, getattr(layer, "num_noise_heads", None))
     out = []
     for qq, kk in pairs:
         kk = kk.repeat_interleave(qq.shape[1] // kk.shape[1], dim=1)  # GQA: query head h reads key head h // G
