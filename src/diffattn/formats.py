@@ -40,7 +40,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = ["FORMAT", "FORMAT_KEY", "VERSION_KEY", "KINDS", "FormatMigrationWarning", "FormatVersionError",
-           "Migration", "MIGRATIONS", "read_format", "check_format", "migrate", "saved_kind", "wrong_kind"]
+           "Migration", "MIGRATIONS", "read_format", "check_format", "migrate", "saved_kind", "wrong_kind",
+           "SERVE_MODEL_TYPE", "is_diffattn_config"]
 
 FORMAT = 1
 FORMAT_KEY = "diffattn_format"
@@ -245,7 +246,7 @@ def saved_kind(path) -> tuple[str, str] | None:
     if cfg is None:
         return None
     arch = cfg.get("architecture")
-    if isinstance(arch, str) and "architectures" not in cfg:
+    if is_diffattn_config(cfg):
         return "a diffattn save_pretrained folder", "diffattn.from_pretrained(path) or diffattn.load_run(path)"
     names = cfg.get("architectures") if "architectures" in cfg else arch
     names = names if isinstance(names, list) else [names]
@@ -261,6 +262,19 @@ def saved_kind(path) -> tuple[str, str] | None:
         return (f"a transformers checkpoint ({shown})", "transformers' AutoModelForCausalLM.from_pretrained(path) "
                 "(or the Auto class of its task), then diffattn.retrofit(model, method)")
     return None
+
+
+#: the ``model_type`` of a diffattn ``config.json`` that also names a vLLM architecture (``architectures``): causal
+#: LMs write both, so that vLLM with diffattn's plugin (:mod:`diffattn.serve`) serves the folder as it is
+SERVE_MODEL_TYPE = "diffattn"
+
+
+def is_diffattn_config(cfg: Mapping[str, Any]) -> bool:
+    """Whether a ``config.json`` object was written by diffattn's ``save_pretrained``: it names a diffattn class in
+    ``architecture`` and has no transformers ``architectures`` list, unless its ``model_type`` is
+    :data:`SERVE_MODEL_TYPE` (a causal LM, which lists its vLLM architecture there too)."""
+    return isinstance(cfg.get("architecture"), str) and (
+        "architectures" not in cfg or cfg.get("model_type") == SERVE_MODEL_TYPE)
 
 
 def wrong_kind(path, want: str) -> str | None:

@@ -42,8 +42,8 @@ from ..models.base import check_state_dict
 from ..models.motif import MOTIF_ATTENTION, MotifLM
 from ._common import LAMBDAS, StateDict, check_no_extra, take
 
-__all__ = ["MOTIF_ARCHITECTURE", "motif_kwargs", "motif_to_diffattn_state_dict", "diffattn_to_motif_state_dict",
-           "motif_config", "from_motif", "to_motif", "read_motif"]
+__all__ = ["MOTIF_ARCHITECTURE", "motif_kwargs", "motif_name_map", "motif_to_diffattn_state_dict",
+           "diffattn_to_motif_state_dict", "motif_config", "from_motif", "to_motif", "read_motif"]
 
 MOTIF_ARCHITECTURE = "MotifForCausalLM"
 _POLY_NORM_EPS = 1e-6  # PolyNorm's eps in the released code (not in config.json)
@@ -58,8 +58,9 @@ _TOP_NAMES = [("model.embed_tokens.weight", "tok_embed.weight"), ("model.norm.we
               ("lm_head.weight", "lm_head.weight")]
 
 
-def _name_map(depth: int) -> dict[str, str]:
-    """released name → diffattn name, every tensor a Motif model can hold (biases included)."""
+def motif_name_map(depth: int) -> dict[str, str]:
+    """Released tensor name → diffattn name (:class:`MotifLM`'s), every tensor a Motif model of ``depth`` layers can
+    hold (biases included); what a server reading the released files streams them through (:mod:`diffattn.serve`)."""
     out = dict(_TOP_NAMES)
     for i in range(depth):
         p, q = f"model.layers.{i}.", f"blocks.{i}."
@@ -119,7 +120,7 @@ def motif_kwargs(config: dict, backend: str = "auto") -> dict:
 def motif_to_diffattn_state_dict(sd: StateDict, depth: int, *, tie_embeddings: bool) -> dict[str, torch.Tensor]:
     """Released tensor names → :class:`MotifLM` names (tensors shared, not copied). ``rotary_emb.inv_freq`` buffers
     are dropped; a tied ``lm_head.weight`` may be absent or equal to the embedding; any other key is an error."""
-    names = _name_map(depth)
+    names = motif_name_map(depth)
     src = {k: v for k, v in sd.items() if not k.endswith("rotary_emb.inv_freq")}
     if tie_embeddings and "lm_head.weight" in src:
         if not torch.equal(src["lm_head.weight"], src["model.embed_tokens.weight"]):
@@ -239,7 +240,7 @@ def motif_config(model: MotifLM, base: dict | None = None) -> dict:
 
 def diffattn_to_motif_state_dict(model: MotifLM) -> dict[str, torch.Tensor]:
     """:class:`MotifLM` tensors under their released names (detached clones; ``lm_head.weight`` left out when tied)."""
-    inverse = {ours: theirs for theirs, ours in _name_map(model.depth).items()}
+    inverse = {ours: theirs for theirs, ours in motif_name_map(model.depth).items()}
     sd = model.state_dict()
     if model.tie_embeddings:
         sd.pop("lm_head.weight", None)

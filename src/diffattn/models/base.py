@@ -32,7 +32,16 @@ import torch.nn as nn
 from huggingface_hub import PyTorchModelHubMixin
 
 from .._version import __version__
-from ..formats import FORMAT, FORMAT_KEY, VERSION_KEY, migrate, read_format, wrong_kind
+from ..formats import (
+    FORMAT,
+    FORMAT_KEY,
+    SERVE_MODEL_TYPE,
+    VERSION_KEY,
+    is_diffattn_config,
+    migrate,
+    read_format,
+    wrong_kind,
+)
 from ..io import atomic_write_dir, from_hub, local_path, recover_dir
 from ..layers.blocks import AttentionSpec
 
@@ -43,7 +52,7 @@ __all__ = ["DiffattnModel", "from_pretrained", "model_class", "load_state_dict_e
 WEIGHTS_NAME = "model.safetensors"
 CONFIG_NAME = "config.json"
 # written by save_pretrained beside the constructor's arguments
-_META_KEYS = ("architecture", "model_name", FORMAT_KEY, VERSION_KEY)
+_META_KEYS = ("architecture", "model_name", FORMAT_KEY, VERSION_KEY, "model_type", "architectures")
 _CLASSES: dict[str, type[DiffattnModel]] = {}
 #: the attention layer classes a model card names
 _ATTENTION_CLASSES = ("Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "GroupedDiffAttention")
@@ -95,6 +104,9 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
     """Base class of saveable models. Subclasses take only JSON-serialisable constructor arguments."""
 
     model_name: str | None = None
+    #: the vLLM architecture that serves this class (:mod:`diffattn.serve`), written with ``model_type`` "diffattn"
+    #: into ``config.json`` by :meth:`save_pretrained`; None: not servable
+    serve_architecture: str | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -125,6 +137,8 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
         cfg = dict(self._hub_mixin_config or {}) if config is None else dict(config)
         cfg = self.upgrade_config(cfg)  # a model built with the loose attention keywords saves its spec's dict
         cfg["architecture"] = type(self).__name__
+        if self.serve_architecture is not None:  # vLLM dispatches on these two (diffattn.serve)
+            cfg["model_type"], cfg["architectures"] = SERVE_MODEL_TYPE, [self.serve_architecture]
         if self.model_name is not None:
             cfg["model_name"] = self.model_name
         cfg[FORMAT_KEY], cfg[VERSION_KEY] = FORMAT, __version__
@@ -230,7 +244,7 @@ def _load_json(cfg_file: str) -> dict:
             cfg = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError(f"{cfg_file} is not valid JSON: {e}") from e
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("architecture"), str) or "architectures" in cfg:
+    if not isinstance(cfg, dict) or not is_diffattn_config(cfg):
         hint = wrong_kind(os.path.dirname(cfg_file), "a diffattn save_pretrained folder") if isinstance(cfg, dict) \
             else None
         if hint is not None:

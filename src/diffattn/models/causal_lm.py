@@ -115,6 +115,9 @@ class CausalLM(DiffattnModel):
         max_seq_len: recorded for exports (``max_position_embeddings``); RoPE itself has no limit.
     """
 
+    #: vLLM serves every diffattn causal LM, whatever its attention kind, through diffattn's plugin (diffattn.serve)
+    serve_architecture = "DiffattnForCausalLM"
+
     #: the spelling of before: ``attention="diff", lambda_init=…`` with a Llama's defaults, where ``drop_rate`` was
     #: ``proj_drop`` too
     LOOSE = LooseAttention("CausalLM", _LM_LOOSE, kind="diff", defaults=LLAMA_ATTENTION,
