@@ -2,7 +2,8 @@
 registers, greedy tokens of ``vllm.LLM.generate`` equal diffattn's cached ``generate`` (and transformers' for
 DiffLlama) for a batch of prompts of different lengths submitted together, one longer than a KV block, two sharing a
 prefix (prefix caching on, chunked prefill forced by a small token budget); prompt logprobs within 1e-4 of diffattn's.
-Then ``vllm serve`` on 127.0.0.1 answers ``/v1/completions`` for a Motif-2-12.7B-layout folder.
+Tensor parallelism over the CPU's two cores gives the same tokens. Then vLLM's OpenAI server on 127.0.0.1 answers
+``/v1/completions`` for a Motif-2-12.7B-layout folder.
 
 These tests need vLLM, which pins its own torch: ``make test-serving`` builds ``.venv-serve`` and runs them there
 (``DIFFATTN_REQUIRE_VLLM=1``, so a missing vLLM fails instead of skipping). In the main environment they skip.
@@ -153,9 +154,38 @@ def test_greedy_tokens_and_prompt_logprobs_equal_diffattn(name, tmp_path, monkey
     for o, p, lp in zip(outs, PROMPTS, want_lp):
         served = [o.prompt_logprobs[t][p[t]].logprob for t in range(1, len(p))]
         worst = max(worst, max(abs(a - b) for a, b in zip(served, lp)))
-    assert worst <= 1e-4, f"prompt logprobs differ by {worst:.3g}"
     hits = metrics.get("vllm:prefix_cache_hits")
+    report = os.environ.get("DIFFATTN_SERVE_REPORT")  # scripts/serve_report.py renders docs/serving.md's table
+    if report:
+        with open(report, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"case": name, "tokens": sum(map(len, got)), "prompt_logprob_max_diff": worst,
+                                "prefix_cache_hits": hits.value if hits is not None else None}) + "\n")
+    assert worst <= 1e-4, f"prompt logprobs differ by {worst:.3g}"
     assert hits is not None and hits.value >= BLOCK, "the later prompt did not reuse the cached prefix"
+
+
+def test_tensor_parallel_2_shards_the_groups_and_gives_the_same_tokens(tmp_path, monkeypatch):
+    """Two ranks on the CPU's two cores: grouped differential attention at 4:1 with 2 key/value groups (one per
+    rank), a λ per noise head and PolyNorm (its sums of squares all-reduced)."""
+    from diffattn.models.motif import MotifLM
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank
+    torch.manual_seed(11)
+    attention = dict(kind="grouped", num_noise_heads=2, head_dim=32, num_kv_heads=4, lambda_init="motif",
+                     qkv_bias=False, out_bias=False, lambda_options={"per_head": True})
+    model = MotifLM(VOCAB, DIM, 2, 10, attention=attention, mlp_hidden=256, max_seq_len=256).eval()
+    _perturb(model)
+    model.save_pretrained(tmp_path / "tp")
+    want = [model.generate(torch.tensor([p]), NEW)[0, len(p):].tolist() for p in PROMPTS]
+    llm = vllm.LLM(model=str(tmp_path / "tp"), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
+                   gpu_memory_utilization=0.1, max_model_len=256, tensor_parallel_size=2, seed=0)
+    try:
+        params = vllm.SamplingParams(max_tokens=NEW, min_tokens=NEW, temperature=0.0, detokenize=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    finally:
+        _shutdown(llm)
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
 
 
 def _free_port() -> int:

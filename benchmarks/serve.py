@@ -1,0 +1,174 @@
+"""vLLM serving throughput: each differential architecture through diffattn's plugin against the same-size standard
+Llama served by vLLM's own ``LlamaForCausalLM``, in one run.
+
+Every model has width 512, 4 layers, a SwiGLU MLP of 1408, vocabulary 8192, random weights. ``llama`` is a
+transformers ``LlamaForCausalLM`` folder (vLLM's native model class, the baseline; measured first and last, the
+ratios take the mean of both), ``standard`` the same model saved by diffattn (the plugin with standard attention),
+``diff`` (Ye et al. 2024; 8 heads of 64 = 4 differential heads of width 128), ``gated`` (M-DGSA), ``diff_v2``
+(Ye et al. 2026; 8 differential heads, 16 query heads of 64) and ``grouped_4to1`` (grouped differential attention as
+Motif-2-12.7B, arXiv 2510.06949: 4 signal heads and 1 noise head of 64 per key/value group, 1 group). For each:
+``vllm.LLM`` (prefix caching off, eager), a batch of 1 and of 16 random prompts of 512 tokens submitted together,
+128 greedy new tokens each (EOS ignored); output tokens/s = new tokens / wall time of the ``generate`` call (prefill
+included), median of ``--rounds`` rounds after a warm-up. Runs in the serving environment (``make test-serving``
+builds it); on a CUDA machine with the CUDA ``vllm`` the same command measures the GPU (``--dtype bfloat16``).
+
+    .venv-serve/bin/python benchmarks/serve.py --markdown docs/benchmarks.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+DIM, DEPTH, HEADS, MLP, VOCAB, MAX_LEN = 512, 4, 8, 1408, 8192, 1024
+PROMPT, NEW = 512, 128
+ATTENTION = {
+    "standard": dict(kind="standard"),
+    "diff": dict(kind="diff", lambda_init="ye"),
+    "gated": dict(kind="gated"),
+    "diff_v2": dict(kind="diff_v2", lambda_init="ye"),
+    "grouped_4to1": dict(kind="grouped", num_noise_heads=1, head_dim=64, num_kv_heads=2, lambda_init="ye"),
+}
+
+
+def write_models(root: Path) -> dict[str, Path]:
+    """The model folders: ``llama`` by transformers, the others by diffattn's ``save_pretrained``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from diffattn.models import CausalLM
+
+    torch.manual_seed(0)
+    folders = {}
+    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=DIM, intermediate_size=MLP, num_hidden_layers=DEPTH,
+                      num_attention_heads=HEADS, num_key_value_heads=HEADS, max_position_embeddings=MAX_LEN,
+                      tie_word_embeddings=False)
+    folders["llama"] = root / "llama"
+    LlamaForCausalLM(cfg).save_pretrained(folders["llama"])
+    for name, att in ATTENTION.items():
+        heads = 5 if att["kind"] == "grouped" else HEADS
+        model = CausalLM(VOCAB, DIM, DEPTH, heads, mlp_hidden=MLP, max_seq_len=MAX_LEN,
+                         attention=dict(att, qkv_bias=False, out_bias=False))
+        folders[name] = root / name
+        model.save_pretrained(folders[name])
+    return folders
+
+
+def params_m(folder: Path) -> float:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        return sum(_numel(f.get_slice(k).get_shape()) for k in f.keys()) / 1e6
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def measure(folder: Path, batches: list[int], rounds: int, dtype: str) -> dict[int, list[float]]:
+    """Output tokens/s of each batch size, ``rounds`` times, in one engine."""
+    import vllm
+
+    llm = vllm.LLM(model=str(folder), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
+                   gpu_memory_utilization=0.1 if not torch.cuda.is_available() else 0.5, max_model_len=MAX_LEN,
+                   enable_prefix_caching=False, max_num_seqs=max(batches), seed=0)
+    params = vllm.SamplingParams(max_tokens=NEW, min_tokens=NEW, ignore_eos=True, temperature=0.0, detokenize=False)
+    g = torch.Generator().manual_seed(1)
+    prompts = [{"prompt_token_ids": torch.randint(0, VOCAB, (PROMPT,), generator=g).tolist()}
+               for _ in range(max(batches))]
+    llm.generate(prompts[:2], vllm.SamplingParams(max_tokens=8, ignore_eos=True, detokenize=False), use_tqdm=False)
+    out: dict[int, list[float]] = {b: [] for b in batches}
+    for _ in range(rounds):
+        for b in batches:
+            t = time.perf_counter()
+            res = llm.generate(prompts[:b], params, use_tqdm=False)
+            dt = time.perf_counter() - t
+            n = sum(len(r.outputs[0].token_ids) for r in res)
+            assert n == b * NEW, f"generated {n} tokens, expected {b * NEW}"
+            out[b].append(n / dt)
+    core = getattr(llm.llm_engine, "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
+    del llm
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--models", nargs="+", default=["llama", *ATTENTION, "llama"],
+                    help="in measuring order; llama twice brackets the run")
+    ap.add_argument("--json", default="benchmarks/results/serve_cpu.json")
+    ap.add_argument("--markdown", default=None, help="write the table into this file's 'serve' section")
+    args = ap.parse_args()
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    import vllm
+
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = write_models(Path(tmp))
+        for name in args.models:
+            tps = measure(folders[name], args.batches, args.rounds, args.dtype)
+            entry = results.setdefault(name, {"params_m": round(params_m(folders[name]), 2), "tokens_s": {}})
+            for b, v in tps.items():
+                entry["tokens_s"].setdefault(str(b), []).extend(v)
+            print(name, {b: round(statistics.median(v), 1) for b, v in tps.items()}, flush=True)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu()
+    record = {"device": device, "vllm": vllm.__version__, "torch": torch.__version__, "dtype": args.dtype,
+              "prompt": PROMPT, "new_tokens": NEW, "rounds": args.rounds, "order": args.models, "results": results,
+              "command": "python benchmarks/serve.py" + (f" --markdown {args.markdown}" if args.markdown else "")}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    table = render(record)
+    print(table)
+    if args.markdown:
+        from diffattn.utils import write_markdown_section
+
+        write_markdown_section(args.markdown, "serve", table)
+
+
+def _cpu() -> str:
+    try:
+        from diffattn.utils import cpu_name
+
+        return f"{cpu_name()}, {os.cpu_count()} cores"
+    except ImportError:  # pragma: no cover
+        return platform.processor()
+
+
+def render(record: dict) -> str:
+    """The markdown section: each model's median tokens/s and its ratio to the bracketing llama runs' mean."""
+    res = record["results"]
+    base = {b: statistics.mean(res["llama"]["tokens_s"][b]) for b in res["llama"]["tokens_s"]}
+    lines = [f"## Serving with vLLM, {record['device']}", "",
+             f"vLLM {record['vllm']}, torch {record['torch']}, {record['dtype']}, eager; prompts of {record['prompt']} "
+             f"tokens, {record['new_tokens']} greedy new tokens each, a batch submitted at once; output tokens/s = new "
+             f"tokens / wall time of `LLM.generate` (prefill included), median of {record['rounds']} rounds. "
+             f"`llama` is vLLM's own LlamaForCausalLM (measured first and last; the ratio's base is the mean of all "
+             f"its rounds); the others are diffattn folders served by diffattn's plugin. Goal on the CPU: every "
+             f"differential architecture ≥ 0.9× llama.", "", "Command:", "", "```",
+             ".venv-serve/bin/python benchmarks/serve.py --markdown docs/benchmarks.md", "```", "",
+             "| model | params M | batch | tokens/s | × llama | goal ≥ 0.9 |", "|---|---:|---:|---:|---:|---|"]
+    for name, e in res.items():
+        for b, v in e["tokens_s"].items():
+            med = statistics.median(v)
+            ratio = med / base[b]
+            goal = "" if name in ("llama", "standard") else ("met" if ratio >= 0.9 else "**not met**")
+            lines.append(f"| {name} | {e['params_m']:.1f} | {b} | {med:.1f} | {ratio:.2f} | {goal} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
