@@ -248,9 +248,11 @@ def saved_kind(path) -> tuple[str, str] | None:
     arch = cfg.get("architecture")
     if is_diffattn_config(cfg):
         return "a diffattn save_pretrained folder", "diffattn.from_pretrained(path) or diffattn.load_run(path)"
-    names = cfg.get("architectures") if "architectures" in cfg else arch
+    serve = cfg.get("model_type") == SERVE_MODEL_TYPE  # a diffattn causal LM's config, its architecture malformed
+    ours = serve or "architectures" not in cfg
+    names = arch if ours else cfg.get("architectures")
     names = names if isinstance(names, list) else [names]
-    shown = f"{'architectures' if 'architectures' in cfg else 'architecture'} {names!r}"
+    shown = f"{'architecture' if ours else 'architectures'} {names!r}"
     if "diffattn_retrofit" in cfg:
         return (f"a transformers checkpoint of a retrofitted model ({shown})",
                 "diffattn.from_pretrained_retrofit(path) or diffattn.load_run(path)")
@@ -258,7 +260,7 @@ def saved_kind(path) -> tuple[str, str] | None:
         return f"a transformers DiffLlama checkpoint ({shown})", "diffattn.convert.from_diffllama(path)"
     if cfg.get("model_type") == "motif" or any(isinstance(n, str) and n.startswith("Motif") for n in names):
         return f"a Motif checkpoint ({shown})", "diffattn.convert.from_motif(path)"
-    if "model_type" in cfg or "architectures" in cfg:
+    if not serve and ("model_type" in cfg or "architectures" in cfg):
         return (f"a transformers checkpoint ({shown})", "transformers' AutoModelForCausalLM.from_pretrained(path) "
                 "(or the Auto class of its task), then diffattn.retrofit(model, method)")
     return None

@@ -42,6 +42,7 @@ import torch.nn as nn
 from ..diagnostics import branch_entropy, capture_attention
 from ..diagnostics.plots import plot_lambdas, plot_maps
 from ..factory import load_run, run_source
+from ..formats import is_diffattn_config
 from ..io import atomic_write_file
 from ..utils import resolve_device
 from .text_models import Tokenizer, get_text_tokenizer, recorded_tokenizer
@@ -257,6 +258,8 @@ def _family(model: nn.Module, path: Path) -> str:
         cfg = json.loads((path / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         cfg = {}
+    if is_diffattn_config(cfg):  # a diffattn save (a causal LM's also has model_type "diffattn"): its class
+        return type(model).__name__
     return str(cfg.get("model_type") or type(model).__name__)
 
 

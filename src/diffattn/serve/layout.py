@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["ServedLayer", "served_attention", "PAIRED_KINDS", "SERVED_KINDS"]
+__all__ = ["ServedLayer", "served_attention", "static_lambda", "PAIRED_KINDS", "SERVED_KINDS"]
 
 #: the kinds whose layer holds one signal and one noise key per key/value group and a value of width 2d
 PAIRED_KINDS = ("diff", "gated", "grouped")
@@ -134,6 +134,18 @@ class ServedLayer:
         return order
 
 
+def static_lambda(lambda_fn: nn.Module) -> tuple | None:
+    """(weight1, λ) of a λ form that does not read the input (``reparam``, ``dual_scalar``, ``constant``, ``annealed``
+    at inference), with 0-d tensors as Python floats, computed once after the weights are loaded; None for a form
+    that reads the tokens (``gate``, ``token_sigmoid``), which is computed at every forward."""
+    try:
+        with torch.no_grad():
+            w1, lam = lambda_fn(None)
+    except (TypeError, AttributeError):
+        return None
+    return tuple(float(w) if isinstance(w, torch.Tensor) and w.dim() == 0 else w for w in (w1, lam))
+
+
 def _per_head(w, heads: int, tokens: int) -> float | torch.Tensor:
     """A λ form's weight (a float, a 0-d tensor, or a tensor broadcastable to (1, H, N, 1)) → a float or a tensor
     broadcastable to (N, H)."""
@@ -176,6 +188,8 @@ def served_attention(layer: ServedLayer, q: torch.Tensor, k: torch.Tensor, v: to
     signal = o[:, :, :s]  # (T, g, s, 2d): A1 V
     noise = o[:, :, s:].repeat_interleave(layer.ratio, dim=2) if layer.ratio > 1 else o[:, :, s:]  # A2 V per signal
     r = layer.ratio
+    if isinstance(w1, float) and w1 == 1.0 and isinstance(lm, float):  # one λ per layer: one op
+        return torch.sub(signal, noise, alpha=lm).reshape(T, -1)
     out = _times(_groups(w1, g, s, r), signal) - _times(_groups(lm, g, s, r), noise)
     return out.reshape(T, -1)
 

@@ -22,6 +22,7 @@ from collections.abc import Iterable
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from vllm.config import VllmConfig
 from vllm.distributed import (
     get_tensor_model_parallel_rank,
@@ -40,7 +41,7 @@ from vllm.sequence import IntermediateTensors
 
 from . import check_vllm_version
 from .checkpoints import reference_model, to_diffattn_names
-from .layout import ServedLayer, copy_module, served_attention, sub_norm
+from .layout import ServedLayer, copy_module, served_attention, static_lambda
 
 __all__ = ["DiffattnForCausalLM", "DiffLlamaForCausalLM", "MotifForCausalLM"]
 
@@ -86,6 +87,8 @@ class ServedAttention(nn.Module):
         self.diff_norm = copy_module(norm, device) if isinstance(norm, nn.RMSNorm) else None
         self.norm_eps = float(norm.eps) if isinstance(norm, nn.RMSNorm) and norm.eps is not None else 1e-6
         self.out_scale = float(getattr(ref, "out_scale", 1.0))
+        self.fixed_lambda = None  # (weight1, λ) of a λ form that does not read the tokens, set by loaded()
+        self.norm_weight = None  # the sub-norm's weight × (1 − λ_init), set by loaded()
         order = torch.tensor(layout.query_order())
         self.register_buffer("query_order", order, persistent=False)  # served head → checkpoint head
         self.register_buffer("query_restore", torch.argsort(order), persistent=False)
@@ -97,15 +100,33 @@ class ServedAttention(nn.Module):
         q_lin = q
         if self.rotary is not None:
             q, k = self.rotary(positions, q, k)
-        weight1, lam = (1.0, 0.0) if self.lambda_fn is None else self.lambda_fn(x[None])
+        if self.lambda_fn is None:
+            weight1, lam = 1.0, 0.0
+        else:
+            weight1, lam = self.fixed_lambda if self.fixed_lambda is not None else self.lambda_fn(x[None])
         out = served_attention(layout, q, k, v, self.attn, weight1=weight1, lam=lam, rank=self.rank, tp=self.tp)
         if self.diff_norm is not None:
-            out = sub_norm(out, layout.out_head_size, self.diff_norm.weight, self.norm_eps, self.out_scale)
+            width = layout.out_head_size
+            out = F.rms_norm(out.view(out.shape[0], -1, width), (width,), self.norm_weight, self.norm_eps).flatten(1)
         out, _ = self.out_proj(out)
         if self.q_residual:  # + X W_Q in the checkpoint's head order, before the rotary embedding
             T = x.shape[0]
             out = out + q_lin.view(T, layout.num_heads, d)[:, self.query_restore].reshape(T, -1)
         return out
+
+    @torch.no_grad()
+    def loaded(self) -> None:
+        """After the weights are loaded: λ of a form that does not read the tokens, computed once (a reparam λ is a
+        function of the weights alone), and the sub-norm's weight with (1 − λ_init) folded in, as
+        :func:`diffattn.layers.norm.scaled_rms_norm` folds it."""
+        self.fixed_lambda = static_lambda(self.lambda_fn) if self.lambda_fn is not None else None
+        if self.diff_norm is not None:
+            w = self.diff_norm.weight
+            width = self.layout.out_head_size
+            dtype = self.qkv_proj.weight.dtype
+            self.norm_weight = (w.to(dtype) * self.out_scale if w is not None else
+                                (torch.full((width,), self.out_scale, dtype=dtype, device=self.qkv_proj.weight.device)
+                                 if self.out_scale != 1.0 else None))
 
     def permute_queries(self, t: torch.Tensor) -> torch.Tensor:
         """A checkpoint's q_proj weight (Hq·d, dim) or bias (Hq·d,) → the served head order."""
@@ -272,6 +293,8 @@ class _ServedCausalLM(nn.Module):
             raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) of the model: {missing[:6]}")
         if self.ref.tie_embeddings:
             loaded.add("lm_head.weight")
+        for blk in self.blocks:
+            blk.attn.loaded()
         return loaded
 
     def _target(self, name: str, tensor: torch.Tensor) -> tuple[str, int | None, torch.Tensor]:
