@@ -79,10 +79,10 @@ def _numel(shape) -> int:
     return n
 
 
-def engine(folder: Path, batches: list[int], dtype: str):
+def engine(folder: Path, batches: list[int], dtype: str, compiled: bool = False):
     import vllm
 
-    return vllm.LLM(model=str(folder), skip_tokenizer_init=True, dtype=dtype, enforce_eager=True,
+    return vllm.LLM(model=str(folder), skip_tokenizer_init=True, dtype=dtype, enforce_eager=not compiled,
                     gpu_memory_utilization=0.1 if not torch.cuda.is_available() else 0.08, max_model_len=MAX_LEN,
                     enable_prefix_caching=False, max_num_seqs=max(batches), seed=0)
 
@@ -108,7 +108,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--models", nargs="+", default=["llama", *ATTENTION])
-    ap.add_argument("--json", default="benchmarks/results/serve_cpu.json")
+    ap.add_argument("--compile", action="store_true", help="vLLM's default compilation (torch.compile, CUDA graphs "
+                    "on a GPU) instead of eager")
+    ap.add_argument("--json", default=None, help="default benchmarks/results/serve_cpu[_compiled].json")
     ap.add_argument("--markdown", default=None, help="write the table into this file's 'serve' section")
     args = ap.parse_args()
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB per engine: every engine is up at once
@@ -119,7 +121,7 @@ def main() -> None:
         folders = write_models(Path(tmp))
         engines = {}
         for name in args.models:  # every engine stays up, so the rounds interleave the models (drift hits all)
-            engines[name] = engine(folders[name], args.batches, args.dtype)
+            engines[name] = engine(folders[name], args.batches, args.dtype, args.compile)
             measure(engines[name], 2)  # warm-up
             results[name] = {"params_m": round(params_m(folders[name]), 2), "tokens_s": {str(b): [] for b in
                                                                                         args.batches}}
@@ -131,16 +133,19 @@ def main() -> None:
                                       for n, e in results.items()}, flush=True)
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else _cpu()
     record = {"device": device, "vllm": vllm.__version__, "torch": torch.__version__, "dtype": args.dtype,
-              "prompt": PROMPT, "new_tokens": NEW, "rounds": args.rounds, "order": args.models, "results": results,
-              "command": "python benchmarks/serve.py" + (f" --markdown {args.markdown}" if args.markdown else "")}
-    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+              "compiled": args.compile, "prompt": PROMPT, "new_tokens": NEW, "rounds": args.rounds,
+              "order": args.models, "results": results,
+              "command": "python benchmarks/serve.py" + (" --compile" if args.compile else "") +
+              (f" --markdown {args.markdown}" if args.markdown else "")}
+    out = Path(args.json or f"benchmarks/results/serve_cpu{'_compiled' if args.compile else ''}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=1) + "\n")
     table = render(record)
     print(table)
     if args.markdown:
         from diffattn.utils import write_markdown_section
 
-        write_markdown_section(args.markdown, "serve", table)
+        write_markdown_section(args.markdown, "serve-compiled" if args.compile else "serve", table)
 
 
 def _cpu() -> str:
@@ -156,15 +161,19 @@ def render(record: dict) -> str:
     """The markdown section: each model's median tokens/s and its ratios to the two standard baselines."""
     res = record["results"]
     med = {n: {b: statistics.median(v) for b, v in e["tokens_s"].items()} for n, e in res.items()}
-    lines = [f"## Serving with vLLM, {record['device']}", "",
-             f"vLLM {record['vllm']}, torch {record['torch']}, {record['dtype']}, eager; prompts of {record['prompt']} "
-             f"tokens, {record['new_tokens']} greedy new tokens each, a batch submitted at once; output tokens/s = new "
-             f"tokens / wall time of `LLM.generate` (prefill included), median of {record['rounds']} rounds, every "
-             f"engine up at once and the rounds interleaved. `llama` is vLLM's own LlamaForCausalLM; `standard` the "
-             f"same-size standard model saved by diffattn and served by the plugin (the same code path as the "
-             f"differential ones); the others are diffattn folders served by the plugin. Goal on the CPU: every "
-             f"differential architecture ≥ 0.9× the faster of the two standard models (the strongest baseline).", "",
-             "Command:", "", "```", ".venv-serve/bin/python benchmarks/serve.py --markdown docs/benchmarks.md", "```",
+    mode = "compiled (vLLM's default)" if record.get("compiled") else "eager"
+    flag = " --compile" if record.get("compiled") else ""
+    about = (f"vLLM {record['vllm']}, torch {record['torch']}, {record['dtype']}, {mode}; prompts of "
+             f"{record['prompt']} tokens, {record['new_tokens']} greedy new tokens each, a batch submitted at once; "
+             f"output tokens/s = new tokens / wall time of `LLM.generate` (prefill included), median of "
+             f"{record['rounds']} rounds, every engine up at once and the rounds interleaved. `llama` is vLLM's own "
+             "LlamaForCausalLM; `standard` the same-size standard model saved by diffattn and served by the plugin "
+             "(the same code path as the differential ones); the others are diffattn folders served by the plugin. "
+             "Goal on the CPU: every differential architecture ≥ 0.9× the faster of the two standard models (the "
+             "strongest baseline).")
+    lines = [f"## Serving with vLLM, {mode}, {record['device']}", "", about, "",
+             "Command:", "", "```", f".venv-serve/bin/python benchmarks/serve.py{flag} --markdown docs/benchmarks.md",
+             "```",
              "", "| model | params M | batch | tokens/s | × llama | × standard | goal ≥ 0.9× the faster standard |",
              "|---|---:|---:|---:|---:|---:|---|"]
     for name, e in res.items():

@@ -2,8 +2,8 @@
 registers, greedy tokens of ``vllm.LLM.generate`` equal diffattn's cached ``generate`` (and transformers' for
 DiffLlama) for a batch of prompts of different lengths submitted together, one longer than a KV block, two sharing a
 prefix (prefix caching on, chunked prefill forced by a small token budget); prompt logprobs within 1e-4 of diffattn's.
-Tensor parallelism over the CPU's two cores gives the same tokens. Then vLLM's OpenAI server on 127.0.0.1 answers
-``/v1/completions`` for a Motif-2-12.7B-layout folder.
+Tensor parallelism over the CPU's two cores and the compiled decoder (vLLM's default) give the same tokens. Then
+vLLM's OpenAI server on 127.0.0.1 answers ``/v1/completions`` for a Motif-2-12.7B-layout folder.
 
 These tests need vLLM, which pins its own torch: ``make test-serving`` builds ``.venv-serve`` and runs them there
 (``DIFFATTN_REQUIRE_VLLM=1``, so a missing vLLM fails instead of skipping). In the main environment they skip.
@@ -162,6 +162,23 @@ def test_greedy_tokens_and_prompt_logprobs_equal_diffattn(name, tmp_path, monkey
                                 "prefix_cache_hits": hits.value if hits is not None else None}) + "\n")
     assert worst <= 1e-4, f"prompt logprobs differ by {worst:.3g}"
     assert hits is not None and hits.value >= BLOCK, "the later prompt did not reuse the cached prefix"
+
+
+@pytest.mark.parametrize("name", ["gated", "grouped_4to1"])
+def test_the_compiled_decoder_gives_the_same_tokens(name, tmp_path, monkeypatch):
+    """vLLM's default path (no ``enforce_eager``): the decoder traced by ``torch.compile`` (inductor on the CPU);
+    a λ read from the tokens (gated) and grouped attention at 4:1."""
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    model, folder, _ = _write(name, tmp_path)
+    want = [model.generate(torch.tensor([p]), NEW)[0, len(p):].tolist() for p in PROMPTS]
+    llm = vllm.LLM(model=str(folder), skip_tokenizer_init=True, dtype="float32", gpu_memory_utilization=0.1,
+                   max_model_len=256, seed=0)
+    try:
+        params = vllm.SamplingParams(max_tokens=NEW, min_tokens=NEW, temperature=0.0, detokenize=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    finally:
+        _shutdown(llm)
+    assert [list(o.outputs[0].token_ids) for o in outs] == want
 
 
 def test_tensor_parallel_2_shards_the_groups_and_gives_the_same_tokens(tmp_path, monkeypatch):

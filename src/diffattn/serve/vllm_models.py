@@ -23,6 +23,7 @@ from collections.abc import Iterable
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from vllm.compilation.decorators import support_torch_compile
 from vllm.config import VllmConfig
 from vllm.distributed import (
     get_tensor_model_parallel_rank,
@@ -207,41 +208,22 @@ def _eps(norm: nn.Module) -> float:
     return float(norm.eps) if norm.eps is not None else torch.finfo(torch.float32).eps
 
 
-class _ServedCausalLM(nn.Module):
-    """A diffattn causal LM (:class:`~diffattn.models.CausalLM`, :class:`~diffattn.models.MotifLM`) on vLLM's layers.
-    Subclasses say how their checkpoint's config and tensor names read (``layout``: see
-    :mod:`diffattn.serve.checkpoints`)."""
+@support_torch_compile(dynamic_arg_dims={"input_ids": {0: "b"}, "positions": {0: "b"},
+                                         "intermediate_tensors": {0: "b"}, "inputs_embeds": {0: "b"}})
+class ServedDecoder(nn.Module):
+    """Embedding, blocks and final norm: the part vLLM compiles (``torch.compile`` with its piecewise graphs and, on a
+    GPU, CUDA graphs) unless ``enforce_eager``."""
 
-    layout = "diffattn"
-
-    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "", ref: nn.Module | None = None):
         super().__init__()
-        check_vllm_version()
-        model_config = vllm_config.model_config
-        config = model_config.hf_config
-        self.config = config
-        self.ref = reference_model(self.layout, config.to_dict())  # on meta; not a submodule
-        ref = self.ref
         quant_config = vllm_config.quant_config
-        max_position = max(int(ref.max_seq_len), int(model_config.max_model_len))
+        max_position = max(int(ref.max_seq_len), int(vllm_config.model_config.max_model_len))
         self.tok_embed = VocabParallelEmbedding(ref.vocab_size, ref.dim, quant_config=quant_config)
         self.blocks = nn.ModuleList([
             ServedBlock(blk, max_position=max_position, cache_config=vllm_config.cache_config,
-                        quant_config=quant_config, prefix=f"{prefix}blocks.{i}" if prefix else f"blocks.{i}")
+                        quant_config=quant_config, prefix=f"{prefix}.blocks.{i}")
             for i, blk in enumerate(ref.blocks)])
         self.norm = RMSNorm(ref.dim, eps=_eps(ref.norm))
-        self.lm_head = ParallelLMHead(ref.vocab_size, ref.dim, quant_config=quant_config,
-                                      prefix=f"{prefix}lm_head" if prefix else "lm_head")
-        if ref.tie_embeddings:
-            self.lm_head = self.lm_head.tie_weights(self.tok_embed)
-        self.logits_processor = LogitsProcessor(ref.vocab_size)
-        self.make_empty_intermediate_tensors = None
-
-    def __setattr__(self, name, value):
-        if name == "ref":  # the meta reference is kept out of the module tree (its tensors are not served)
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.tok_embed(input_ids)
@@ -255,6 +237,43 @@ class _ServedCausalLM(nn.Module):
             x, residual = blk(positions, x, residual)
         x, _ = self.norm(x, residual)
         return x
+
+
+class _ServedCausalLM(nn.Module):
+    """A diffattn causal LM (:class:`~diffattn.models.CausalLM`, :class:`~diffattn.models.MotifLM`) on vLLM's layers.
+    Subclasses say how their checkpoint's config and tensor names read (``layout``: see
+    :mod:`diffattn.serve.checkpoints`)."""
+
+    layout = "diffattn"
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        check_vllm_version()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.ref = reference_model(self.layout, config.to_dict())  # on meta; not a submodule
+        ref = self.ref
+        self.model = ServedDecoder(vllm_config=vllm_config, prefix=f"{prefix}.model" if prefix else "model", ref=ref)
+        self.lm_head = ParallelLMHead(ref.vocab_size, ref.dim, quant_config=vllm_config.quant_config,
+                                      prefix=f"{prefix}.lm_head" if prefix else "lm_head")
+        if ref.tie_embeddings:
+            self.lm_head = self.lm_head.tie_weights(self.model.tok_embed)
+        self.logits_processor = LogitsProcessor(ref.vocab_size)
+        self.make_empty_intermediate_tensors = None
+
+    def __setattr__(self, name, value):
+        if name == "ref":  # the meta reference is kept out of the module tree (its tensors are not served)
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor,
+                intermediate_tensors: IntermediateTensors | None = None,
+                inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)
@@ -279,6 +298,7 @@ class _ServedCausalLM(nn.Module):
                 raise ValueError(f"the checkpoint holds {name!r} (diffattn name), which this model has no place for")
             seen.add(name)
             target, shard, tensor = self._target(name, tensor)
+            target = target if target.startswith("lm_head.") else f"model.{target}"
             if target in params:
                 p = params[target]
                 loader = getattr(p, "weight_loader", default_weight_loader)
@@ -293,7 +313,7 @@ class _ServedCausalLM(nn.Module):
             raise ValueError(f"the checkpoint lacks {len(missing)} tensor(s) of the model: {missing[:6]}")
         if self.ref.tie_embeddings:
             loaded.add("lm_head.weight")
-        for blk in self.blocks:
+        for blk in self.model.blocks:
             blk.attn.loaded()
         return loaded
 
@@ -307,7 +327,7 @@ class _ServedCausalLM(nn.Module):
             proj, _, kind = rest.partition(".")
             if proj in ("q_proj", "k_proj", "v_proj") and kind in ("weight", "bias"):
                 if proj == "q_proj":
-                    tensor = self.blocks[i].attn.permute_queries(tensor)
+                    tensor = self.model.blocks[i].attn.permute_queries(tensor)
                 return f"{base}.qkv_proj.{kind}", ("q_proj", "k_proj", "v_proj").index(proj), tensor
             if rest in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2") or rest.startswith("gate_proj."):
                 return f"{base}.lambda_fn.{rest}", None, tensor  # the flat checkpoint names of the λ forms
