@@ -164,6 +164,18 @@ def test_greedy_tokens_and_prompt_logprobs_equal_diffattn(name, tmp_path, monkey
     assert hits is not None and hits.value >= BLOCK, "the later prompt did not reuse the cached prefix"
 
 
+def _greedy(folder, **engine) -> list[list[int]]:
+    """The greedy tokens vLLM gives for :data:`PROMPTS`, from an engine with ``engine``'s settings."""
+    llm = vllm.LLM(model=str(folder), skip_tokenizer_init=True, dtype="float32", gpu_memory_utilization=0.1,
+                   max_model_len=256, seed=0, **engine)
+    try:
+        params = vllm.SamplingParams(max_tokens=NEW, min_tokens=NEW, temperature=0.0, detokenize=False)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
+    finally:
+        _shutdown(llm)
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
 @pytest.mark.parametrize("name", ["gated", "grouped_4to1"])
 def test_the_compiled_decoder_gives_the_same_tokens(name, tmp_path, monkeypatch):
     """vLLM's default path (no ``enforce_eager``): the decoder traced by ``torch.compile`` (inductor on the CPU);
@@ -171,14 +183,7 @@ def test_the_compiled_decoder_gives_the_same_tokens(name, tmp_path, monkeypatch)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     model, folder, _ = _write(name, tmp_path)
     want = [model.generate(torch.tensor([p]), NEW)[0, len(p):].tolist() for p in PROMPTS]
-    llm = vllm.LLM(model=str(folder), skip_tokenizer_init=True, dtype="float32", gpu_memory_utilization=0.1,
-                   max_model_len=256, seed=0)
-    try:
-        params = vllm.SamplingParams(max_tokens=NEW, min_tokens=NEW, temperature=0.0, detokenize=False)
-        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    finally:
-        _shutdown(llm)
-    assert [list(o.outputs[0].token_ids) for o in outs] == want
+    assert _greedy(folder) == want
 
 
 def test_tensor_parallel_2_shards_the_groups_and_gives_the_same_tokens(tmp_path, monkeypatch):
@@ -195,14 +200,7 @@ def test_tensor_parallel_2_shards_the_groups_and_gives_the_same_tokens(tmp_path,
     _perturb(model)
     model.save_pretrained(tmp_path / "tp")
     want = [model.generate(torch.tensor([p]), NEW)[0, len(p):].tolist() for p in PROMPTS]
-    llm = vllm.LLM(model=str(tmp_path / "tp"), skip_tokenizer_init=True, dtype="float32", enforce_eager=True,
-                   gpu_memory_utilization=0.1, max_model_len=256, tensor_parallel_size=2, seed=0)
-    try:
-        params = vllm.SamplingParams(max_tokens=NEW, min_tokens=NEW, temperature=0.0, detokenize=False)
-        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
-    finally:
-        _shutdown(llm)
-    assert [list(o.outputs[0].token_ids) for o in outs] == want
+    assert _greedy(tmp_path / "tp", enforce_eager=True, tensor_parallel_size=2) == want
 
 
 def _free_port() -> int:

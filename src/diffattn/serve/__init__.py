@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import os
 
+from .configs import register_configs
+
 __all__ = ["ARCHITECTURES", "SUPPORTED_VLLM", "register", "check_vllm_version"]
 
 #: vLLM architecture name → "module:Class" of the plugin's model class
@@ -68,8 +70,6 @@ def register() -> None:
     """The ``vllm.general_plugins`` entry point: register the architectures (:data:`ARCHITECTURES`) with vLLM and
     their configurations with transformers. Safe to call more than once (vLLM calls it in every process)."""
     from vllm import ModelRegistry
-
-    from .configs import register_configs
 
     register_configs()
     for arch, target in ARCHITECTURES.items():

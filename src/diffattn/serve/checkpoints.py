@@ -19,6 +19,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from ..convert.diffllama import halves_to_adjacent_perm, permute_heads
+from ..convert.motif import motif_kwargs, motif_name_map
+from ..formats import FORMAT, FORMAT_KEY
+from ..layers import AttentionSpec
+from ..models.base import model_class
+from ..models.causal_lm import CausalLM
+from ..models.motif import MotifLM
+
 __all__ = ["LAYOUTS", "reference_model", "to_diffattn_names"]
 
 LAYOUTS = ("diffattn", "diffllama", "motif")
@@ -27,15 +35,10 @@ LAYOUTS = ("diffattn", "diffllama", "motif")
 def reference_model(layout: str, config: Mapping[str, Any]) -> nn.Module:
     """The diffattn model (on ``meta``) that a checkpoint of ``layout`` with ``config`` (its ``config.json`` as a
     dict, extra keys allowed) holds."""
-    from ..formats import FORMAT, FORMAT_KEY
-    from ..models.base import model_class
-
     with torch.device("meta"):
         if layout == "diffattn":
             arch = config.get("architecture")
             cls = model_class(arch) if isinstance(arch, str) else None
-            from ..models.causal_lm import CausalLM
-
             if cls is None or not issubclass(cls, CausalLM):
                 raise ValueError(f"config.json names architecture {arch!r}; vLLM serves diffattn's causal LMs "
                                  f"(CausalLM, MotifLM)")
@@ -47,18 +50,12 @@ def reference_model(layout: str, config: Mapping[str, Any]) -> nn.Module:
         if layout == "diffllama":
             return _diffllama_model(config)
         if layout == "motif":
-            from ..convert.motif import motif_kwargs
-            from ..models.motif import MotifLM
-
             return MotifLM(**motif_kwargs(dict(config)))
     raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
 
 
 def _diffllama_model(c: Mapping[str, Any]) -> nn.Module:
     """The :class:`CausalLM` of a ``DiffLlamaConfig`` dict, as :func:`diffattn.convert.from_diffllama` builds it."""
-    from ..layers import AttentionSpec
-    from ..models.causal_lm import CausalLM
-
     if c.get("hidden_act", "silu") != "silu":
         raise ValueError(f"config.hidden_act must be 'silu' (SwiGLU), got {c['hidden_act']!r}")
     rope = c.get("rope_parameters") or c.get("rope_scaling") or {}
@@ -85,8 +82,6 @@ def to_diffattn_names(layout: str, ref: nn.Module, weights: Iterable[tuple[str, 
         yield from weights
         return
     if layout == "motif":
-        from ..convert.motif import motif_name_map
-
         names = motif_name_map(len(ref.blocks))
         for name, t in weights:
             if name.endswith("rotary_emb.inv_freq"):
@@ -109,8 +104,6 @@ _DIFFLLAMA_LAYER = {"self_attn.o_proj": "attn.out_proj", "input_layernorm": "nor
 
 
 def _diffllama_names(ref: nn.Module, weights):
-    from ..convert.diffllama import halves_to_adjacent_perm, permute_heads
-
     attn = ref.blocks[0].attn
     d, h, hkv = attn.head_dim, attn.num_heads, attn.num_kv_heads
     perms = {"q_proj": halves_to_adjacent_perm(h), "k_proj": halves_to_adjacent_perm(hkv),

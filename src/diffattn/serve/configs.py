@@ -10,15 +10,14 @@ from __future__ import annotations
 from transformers import AutoConfig, PretrainedConfig
 
 from ..formats import SERVE_MODEL_TYPE
+from .checkpoints import reference_model
+from .layout import ServedLayer
 
 __all__ = ["DiffattnLMConfig", "MotifConfig", "register_configs"]
 
 
 def _served_heads(config: PretrainedConfig, layout: str) -> None:
     """Set the standard head names from the reference model's first attention layer (no tensors: ``meta``)."""
-    from .checkpoints import reference_model
-    from .layout import ServedLayer
-
     try:
         ref = reference_model(layout, config.to_dict())
     except (KeyError, TypeError, ValueError):

@@ -37,6 +37,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..layers.attention import attention_kind
+from ..layers.rope import apply_rotary
+
 __all__ = ["ServedLayer", "served_attention", "static_lambda", "PAIRED_KINDS", "SERVED_KINDS"]
 
 #: the kinds whose layer holds one signal and one noise key per key/value group and a value of width 2d
@@ -62,8 +65,6 @@ class ServedLayer:
     @classmethod
     def of(cls, layer: nn.Module) -> ServedLayer:
         """The served shape of ``layer``, an attention layer of the library (on any device, ``meta`` included)."""
-        from ..layers.attention import attention_kind
-
         kind = attention_kind(layer)
         if kind not in SERVED_KINDS:
             raise ValueError(f"attention kind {kind!r} ({type(layer).__name__}) cannot be served; the served kinds "
@@ -252,8 +253,6 @@ def reference_layer_forward(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     k = attn.k_proj(x).view(T, layout.num_kv_heads, d)
     if attn.rotary is not None:
         cos, sin = attn.rotary(torch.arange(T), dtype=q.dtype)
-        from ..layers.rope import apply_rotary
-
         q = apply_rotary(q.transpose(0, 1)[None], cos, sin, attn.rotary.style)[0].transpose(0, 1)
         k = apply_rotary(k.transpose(0, 1)[None], cos, sin, attn.rotary.style)[0].transpose(0, 1)
     v = attn.v_proj(x)
