@@ -64,9 +64,9 @@ def test_registry_errors():
 
 def test_renamed_groups_warn_with_the_new_name():
     for old, new in (("SEED001_METHODS", "ANNEALED_METHODS"), ("SEED002_METHODS", "BLENDED_METHODS")):
-        with pytest.warns(DeprecationWarning, match=f"renamed {new}"):
+        with pytest.warns(FutureWarning, match=f"methods.{old} is deprecated .*; use diffattn.adapters.methods.{new}"):
             assert getattr(M, old) == getattr(M, new)
-        with pytest.warns(DeprecationWarning, match=f"renamed {new}"):
+        with pytest.warns(FutureWarning, match=f"adapters.{old} is deprecated .*; use diffattn.adapters.{new}"):
             assert getattr(A, old) == getattr(A, new)
 
 
@@ -118,6 +118,7 @@ def test_method_from_a_test_module_saves_and_loads(diag_daa, tmp_path):
     fresh.load_state_dict({k: v for k, v in model.state_dict().items() if "diff_adapter" not in k}, strict=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
+        warnings.simplefilter("error", FutureWarning)
         loaded = A.load_adapter(fresh, tmp_path / "ad")
     assert [int(a.step_buffer) for _, a in A.adapters(loaded)] == [7, 7]
     with torch.no_grad():

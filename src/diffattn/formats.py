@@ -39,6 +39,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .deprecations import user_stacklevel
+
 __all__ = ["FORMAT", "FORMAT_KEY", "VERSION_KEY", "KINDS", "FormatMigrationWarning", "FormatVersionError",
            "Migration", "MIGRATIONS", "read_format", "check_format", "migrate", "saved_kind", "wrong_kind",
            "SERVE_MODEL_TYPE", "is_diffattn_config"]
@@ -81,6 +83,10 @@ def _configs(kind: str, config: dict[str, Any]) -> list[tuple[str, dict[str, Any
     return out
 
 
+#: the attention kinds, as format-0 configs name them, whose sub-norm default followed the λ form
+_FORMAT_0_SUB_NORM_KINDS = frozenset({"diff", "gated"})
+
+
 def _token_sigmoid_defaults(kind: str, config: dict[str, Any], state_dict: dict[str, Any]) -> list[str]:
     """Format 0 → 1: the defaults of the ``token_sigmoid`` λ form in :class:`DiffAttention` and
     :class:`GatedDiffAttention` became those of Diff Transformer V2 (no sub-norm, no bias)."""
@@ -88,7 +94,7 @@ def _token_sigmoid_defaults(kind: str, config: dict[str, Any], state_dict: dict[
         return []
     changes = []
     for where, cfg in _configs(kind, config):
-        if cfg.get("lambda_form") != "token_sigmoid" or cfg.get("attention") not in ("diff", "gated"):
+        if cfg.get("lambda_form") != "token_sigmoid" or cfg.get("attention") not in _FORMAT_0_SUB_NORM_KINDS:
             continue  # standard attention ignores the form; DiffAttentionV2's defaults did not change
         if cfg.get("sub_norm") is None:
             # 0.1.0's layers had no sub-norm with this form (they hold no diff_norm tensor); the code after it had
@@ -181,21 +187,8 @@ def migrate(kind: str, config: Mapping[str, Any], state_dict: Mapping[str, Any],
                 f"Build the layer with these arguments to load its state dict as format {FORMAT}")
         warnings.warn(FormatMigrationWarning(
             f"{what} was written in diffattn format {source}; loaded with its saved meaning (format {FORMAT} "
-            f"changed it): " + "; ".join(changes) + f". {then}."), stacklevel=_caller_level())
+            f"changed it): " + "; ".join(changes) + f". {then}."), stacklevel=user_stacklevel())
     return config, state_dict
-
-
-def _caller_level() -> int:
-    """The ``stacklevel`` of the first frame outside diffattn and huggingface_hub: the user's load call."""
-    import sys
-
-    frame, level = sys._getframe(1), 1
-    while frame is not None:
-        name = frame.f_globals.get("__name__", "")
-        if not (name == "diffattn" or name.startswith(("diffattn.", "huggingface_hub"))):
-            return level
-        frame, level = frame.f_back, level + 1
-    return 1
 
 
 # ------------------------------------------------------------------------------------- which loader reads a path

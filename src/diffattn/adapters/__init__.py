@@ -17,7 +17,8 @@ Layout: :mod:`.methods` (one module per method, the registry, :class:`RetrofitAd
 (:class:`RetrofitConfig`), :mod:`.core` (``retrofit`` and reports), :mod:`.schedule` (``step``), :mod:`.saving`.
 """
 
-from . import methods, schedule
+from ..deprecations import moved_attribute
+from . import schedule
 from .binding import Binding, Candidate
 from .config import TRAIN_MODES, RetrofitConfig
 from .core import count_parameters, lambda_summary, plan_retrofit, retrofit, retrofit_config, supported_families
@@ -71,9 +72,12 @@ __all__ = [
 # install_load_warning() runs in the calls that retrofit or load a transformers model (adapters.hf): not at import
 
 
+#: the method groups under their old names (rows of :data:`diffattn.deprecations.DEPRECATIONS`)
+_deprecated = moved_attribute(__name__, {"SEED001_METHODS": lambda: ANNEALED_METHODS,
+                                         "SEED002_METHODS": lambda: BLENDED_METHODS})
+
+
 def __getattr__(name: str):
     if name == "DiffAttnCallback":  # needs transformers: built on first use
         return schedule.DiffAttnCallback
-    if name in ("SEED001_METHODS", "SEED002_METHODS"):  # renamed; the alias warns
-        return getattr(methods, name)
-    raise AttributeError(f"module 'diffattn.adapters' has no attribute {name!r}")
+    return _deprecated(name)  # the deprecated names, else AttributeError

@@ -52,8 +52,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import warnings
 
+from ...deprecations import moved_attribute
 from .adapter import MAX_STEP, RetrofitAdapter, branch_maps, run_method, second_branch
 from .base import (
     AnnealedMethod,
@@ -116,13 +116,7 @@ BLENDED_METHODS = tuple(m for m in METHODS if method_class(m).blended)
 #: which projection input a method transforms: X' = X W_d{q,k,v} (DAA (2025) App. D.2)
 INPUT_METHODS = {m: method_class(m).which for m in METHODS if issubclass(method_class(m), InputMethod)}
 
-#: old names of the method groups, kept as aliases that warn
+#: old names of the method groups, kept as aliases that warn (rows of :data:`diffattn.deprecations.DEPRECATIONS`)
 _RENAMED = {"SEED001_METHODS": "ANNEALED_METHODS", "SEED002_METHODS": "BLENDED_METHODS"}
 
-
-def __getattr__(name: str):
-    if name in _RENAMED:
-        new = _RENAMED[name]
-        warnings.warn(f"diffattn.adapters.methods.{name} is renamed {new}", DeprecationWarning, stacklevel=2)
-        return globals()[new]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved_attribute(__name__, {old: (lambda new=new: globals()[new]) for old, new in _RENAMED.items()})

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-import warnings
 from typing import Any
 
+from ...deprecations import moved_attribute
 from .base import TASKS, Task, TaskConfig, mean_lambdas, register_task
 
 __all__ = ["Task", "TaskConfig", "TASKS", "register_task", "build_task", "mean_lambdas", "task_class",
@@ -41,11 +41,10 @@ def task_keys(name: str | None) -> tuple[str, ...] | None:
     return task_options(name) if isinstance(name, str) else None
 
 
+_deprecated = moved_attribute(__name__, {"TASK_CLASSES": lambda: tuple(TASKS)})
+
+
 def __getattr__(name: str):
     if name == "TASK_KEYS":  # the table each task's Config now declares for itself
         return {t: task_keys(t) for t in TASKS}
-    if name == "TASK_CLASSES":
-        warnings.warn("diffattn.train.tasks.TASK_CLASSES is deprecated; use tuple(diffattn.train.tasks.TASKS)",
-                      DeprecationWarning, stacklevel=2)
-        return tuple(TASKS)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return _deprecated(name)  # the deprecated names (diffattn.deprecations), else AttributeError

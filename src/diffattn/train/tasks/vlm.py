@@ -14,8 +14,8 @@ Differential PaliGemma, on the same questions, is :mod:`diffattn.train.tasks.pal
 
 from __future__ import annotations
 
+import functools
 import importlib
-import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +23,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ...data.vqa import POPE_SPLITS, QUESTION_KINDS, VQADataset, vqa_vocabulary
+from ...deprecations import moved_attribute
 from ...factory import create_model, from_pretrained
 from ...models import paligemma as _pg
 from ...models.clip import image_transform
@@ -137,9 +138,9 @@ class VLMTask(Task):
         return model(images, **text)["loss"]
 
 
-#: names that moved out of this module (old name → the module that defines it now); each still resolves, with a
-#: DeprecationWarning naming the new place. Resolved by name so that this recipe module imports neither the
-#: evaluation helpers.
+#: names that moved out of this module (old name → the module that defines it now); each still resolves, with the
+#: FutureWarning of its row in :data:`diffattn.deprecations.DEPRECATIONS`, naming the new place. Resolved by name so
+#: that this recipe module imports neither the evaluation helpers.
 MOVED: dict[str, str] = {
     **dict.fromkeys(("word_tokenizer", "paligemma_batch", "paligemma_transform", "PALIGEMMA_SPECIAL"),
                     "diffattn.models.paligemma"),
@@ -154,14 +155,9 @@ def _build_paligemma_deprecated(base: dict, vocab_size: int | None = None) -> nn
     return _pg.build_paligemma(base, vocab_size, extra_keys=DATA_KEYS)
 
 
-def __getattr__(name: str):
-    if name == "build_paligemma":
-        warnings.warn("diffattn.train.tasks.vlm.build_paligemma is deprecated; use "
-                      "diffattn.models.paligemma.build_paligemma (extra_keys=DATA_KEYS for a task.base)",
-                      DeprecationWarning, stacklevel=2)
-        return _build_paligemma_deprecated
-    if name in MOVED:
-        warnings.warn(f"diffattn.train.tasks.vlm.{name} is deprecated; use {MOVED[name]}.{name}",
-                      DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+def _moved(name: str) -> object:
+    return getattr(importlib.import_module(MOVED[name]), name)
+
+
+__getattr__ = moved_attribute(__name__, {"build_paligemma": lambda: _build_paligemma_deprecated,
+                                         **{name: functools.partial(_moved, name) for name in MOVED}})
