@@ -193,8 +193,8 @@ def _strip_to_format_0(directory: Path, drop=("sub_norm",)) -> None:
     for c in [cfg] + [v for v in cfg.values() if isinstance(v, dict)]:
         if isinstance(c.get("attention"), dict):  # that code wrote the attention settings as loose keys
             att = c.pop("attention")
-            c.update(attention=att["kind"], lambda_init=att["lambda_init"], lambda_form=att["lambda_form"],
-                     sub_norm=att["sub_norm"], qkv_bias=att["qkv_bias"])
+            c.update(attention=att["kind"], lambda_init=att.get("lambda_init", 0.8),
+                     lambda_form=att.get("lambda_form"), sub_norm=att.get("sub_norm"), qkv_bias=att["qkv_bias"])
         for k in (FORMAT_KEY, VERSION_KEY, *drop):
             c.pop(k, None)
     cfg_file.write_text(json.dumps(cfg))

@@ -202,7 +202,7 @@ def test_head_dim_argument():
     assert tuple(m.q_proj.weight.shape) == (80, 24) and tuple(m.out_proj.weight.shape) == (24, 40)
     assert m(torch.randn(2, 5, 24)).shape == (2, 5, 24)
     assert math.isclose(DiffAttentionV2(24, 4).head_dim, 6)  # default dim / num_heads
-    with pytest.raises(ValueError, match="head_dim must be an integer >= 1"):
+    with pytest.raises(ValueError, match="head_dim must be None or an integer >= 1"):
         DiffAttentionV2(24, 4, head_dim=0)
     DiffAttentionV2(30, 4, head_dim=8)  # dim need not be divisible by num_heads when head_dim is given
     with pytest.raises(ValueError, match="divisible by num_heads"):

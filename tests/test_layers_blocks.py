@@ -24,9 +24,10 @@ from diffattn.layers import (
     DiffAttention,
     DiffAttentionV2,
     GatedDiffAttention,
+    GroupedDiffAttention,
     LooseAttention,
 )
-from diffattn.layers.blocks import KIND_SETTINGS, LOOSE_KEYWORDS
+from diffattn.layers.blocks import LOOSE_KEYWORDS
 from diffattn.models.causal_lm import CausalLM, LMBlock
 from diffattn.models.clip import CLIP, TextTransformer
 from diffattn.models.motif import MotifLM
@@ -45,9 +46,11 @@ def _seeded(build, seed=0):
 
 def test_default_lambda_init_is_defined_once():
     assert DEFAULT_LAMBDA_INIT == 0.8
-    assert AttentionSpec().lambda_init == DEFAULT_LAMBDA_INIT
-    owners = [Attention, DiffAttention, GatedDiffAttention, DiffAttentionV2, A.RetrofitAdapter, A.retrofit]
-    for owner in owners:
+    assert AttentionSpec("diff").lambda_init == DEFAULT_LAMBDA_INIT
+    for layer in (DiffAttention, GatedDiffAttention, DiffAttentionV2, GroupedDiffAttention):
+        assert {f.name: f.default for f in dataclasses.fields(layer.Config)}["lambda_init"] is DEFAULT_LAMBDA_INIT
+    assert "lambda_init" not in AttentionSpec.settings_of("standard")
+    for owner in (A.RetrofitAdapter, A.retrofit):
         assert inspect.signature(owner).parameters["lambda_init"].default is DEFAULT_LAMBDA_INIT, owner
     assert A.RetrofitConfig("daa").lambda_init == DEFAULT_LAMBDA_INIT
 
@@ -61,9 +64,10 @@ def test_default_lambda_init_is_defined_once():
     (dict(kind="diff", lambda_options=[1]), "lambda_options must be a dict or None, got list"),
     (dict(kind="standard", backend="triton"), "backend='triton' is for differential attention"),
     (dict(kind="diff", backend="flash"), "backend must be one of \\('auto', 'math', 'sdpa', 'triton'\\)"),
-    (dict(kind="diff", q_residual=True), "q_residual .* needs kind 'gated', got kind 'diff'"),
-    (dict(kind="diff", gate_bias=False), "gate_bias .* needs kind 'gated'"),
-    (dict(kind="diff", head_dim=16), "head_dim is the head width of kinds 'diff_v2'"),
+    (dict(kind="diff", q_residual=True), "kind 'diff' has no setting q_residual \\(a setting of kind 'gated'\\)"),
+    (dict(kind="diff", gate_bias=False), "kind 'diff' has no setting gate_bias \\(a setting of kind 'gated'\\)"),
+    (dict(kind="diff", head_dim=16), "kind 'diff' has no setting head_dim \\(a setting of kind 'diff_v2', 'grouped'"),
+    (dict(kind="standard", lambda_init=0.5), "kind 'standard' has no setting lambda_init"),
     (dict(kind="diff", attn_drop=1.0), "attention attn_drop must be a float in \\[0, 1\\), got 1.0"),
     (dict(kind="diff", sub_norm="yes"), "attention sub_norm must be a bool, got 'yes'"),
     (dict(kind="diff", rope="full"), "rope must be None or one of \\('half', 'interleaved'\\), got 'full'"),
@@ -85,8 +89,12 @@ def test_spec_json_round_trip_and_unknown_keys():
     d = spec.to_dict()
     assert json.loads(json.dumps(d)) == d
     assert AttentionSpec.from_dict(d) == spec
-    assert AttentionSpec(lambda_init=1).lambda_init == 1.0 and isinstance(AttentionSpec(lambda_init=1).lambda_init,
-                                                                           float)
+    assert AttentionSpec("diff", lambda_init=1).lambda_init == 1.0
+    assert isinstance(AttentionSpec("diff", lambda_init=1).lambda_init, float)
+    # a dict saved when every kind held every setting: the settings this kind never read are dropped
+    old = {**AttentionSpec("standard").to_dict(), "lambda_init": 0.8, "lambda_form": None, "sub_norm": None,
+           "sub_norm_eps": 1e-5, "q_residual": False, "head_dim": None, "num_noise_heads": None}
+    assert AttentionSpec.from_dict(old) == AttentionSpec("standard")
     with pytest.raises(ValueError, match="unknown AttentionSpec settings \\['lamda_init'\\]"):
         AttentionSpec.from_dict({"kind": "diff", "lamda_init": 0.5})
 
@@ -96,9 +104,12 @@ def test_spec_json_round_trip_and_unknown_keys():
     ("diff_v2", DiffAttentionV2, {"head_dim": 8}),
 ])
 def test_build_is_the_layer_class(kind, cls, extra):
-    spec = AttentionSpec(kind, lambda_init="ye", backend="math", **extra)
+    if kind != "standard":
+        extra = {"lambda_init": "ye", **extra}
+    spec = AttentionSpec(kind, backend="math", **extra)
     layer = _seeded(lambda: spec.build(32, 4, depth=2))
-    ref = _seeded(lambda: cls(32, 4, depth=2, lambda_init="ye", backend="math", **extra))
+    ref = _seeded(lambda: cls(32, 4, depth=2, backend="math", **extra))
+    assert layer.config == spec and _seeded(lambda: cls(32, 4, spec, depth=2)).config == spec
     assert type(layer) is cls
     if kind != "standard":
         assert layer.lambda_init == pytest.approx(0.8 - 0.6 * torch.exp(torch.tensor(-0.6)).item())
@@ -111,8 +122,8 @@ def test_build_is_the_layer_class(kind, cls, extra):
 def test_block_takes_a_spec_or_the_loose_arguments():
     spec = AttentionSpec("gated", lambda_init="ye", q_residual=True, attn_drop=0.1, proj_drop=0.2, causal=True)
     a = _seeded(lambda: Block(32, 4, depth=1, attention=spec, drop=0.2))
-    with pytest.warns(FutureWarning, match="Block: attention='gated', attn_drop, causal, lambda_init, q_residual is "
-                                           "the loose spelling.*removed in diffattn 0.3.0; pass attention="):
+    with pytest.warns(FutureWarning, match="Block: attention='gated', attn_drop, causal, lambda_init, q_residual "
+                                           "\\(the loose spelling.*removed in diffattn 0.3.0; use attention="):
         b = _seeded(lambda: Block(32, 4, depth=1, attention="gated", lambda_init="ye", q_residual=True, attn_drop=0.1,
                                   drop=0.2, causal=True))
     assert a.attn.causal and a.attn.q_residual and a.attn.attn_drop == 0.1 and a.attn.proj_drop.p == 0.2
@@ -174,8 +185,9 @@ def test_registered_models_take_a_spec_and_set_loose_overrides_in_theirs():
         model = diffattn.create_model("dg_vit_tiny_patch16_224", lambda_init="ye", img_size=32, depth=2)
     assert model.attention_spec == spec  # the registered spec, with the override in it
     assert [str(w.message) for w in record] == [  # one warning, naming the partial dict that now does the same
-        "create_model('dg_vit_tiny_patch16_224'): lambda_init='ye' is the loose spelling of the attention settings, "
-        "deprecated and removed in diffattn 0.3.0; pass attention={'lambda_init': 'ye'} (a partial dict updates the "
+        "create_model('dg_vit_tiny_patch16_224'): lambda_init='ye' (the loose spelling of the attention settings) "
+        "is deprecated since diffattn 0.2.0 and removed in diffattn 0.3.0; use attention={'lambda_init': 'ye'} (a "
+        "partial dict updates the "
         "registered attention; in a recipe: --set model.overrides.attention.lambda_init=ye) instead"]
     assert diffattn.create_model("dg_vit_tiny_patch16_224", attention={"lambda_init": "ye"}, img_size=32,
                                  depth=2).attention_spec == spec
@@ -255,7 +267,8 @@ def test_loose_form_warns_once_and_builds_the_identical_model(kind):
         loose = _seeded(lambda: CausalLM(**lm, attention=kind, lambda_init=0.5, num_kv_heads=2, backend="math"))
     assert [type(w.message) for w in record] == [FutureWarning]
     assert "removed in diffattn 0.3.0" in str(record[0].message) and record[0].filename == __file__
-    spec = AttentionSpec(kind, lambda_init=0.5, num_kv_heads=2, backend="math", qkv_bias=False, out_bias=False)
+    lam = {} if kind == "standard" else {"lambda_init": 0.5}  # the loose λ_init of standard attention did nothing
+    spec = AttentionSpec(kind, num_kv_heads=2, backend="math", qkv_bias=False, out_bias=False, **lam)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         model = _seeded(lambda: CausalLM(**lm, attention=spec))
@@ -268,7 +281,7 @@ def test_loose_keywords_without_a_kind_convert_from_the_family_default():
     spelling, not a spec given twice: one FutureWarning, the family's default spec with the setting changed. A spec
     the caller gave, with keywords as well, stays an error."""
     lm = dict(vocab_size=100, dim=32, depth=2, num_heads=4, max_seq_len=16)
-    with pytest.warns(FutureWarning, match="lambda_init is the loose spelling") as record:
+    with pytest.warns(FutureWarning, match="lambda_init \\(the loose spelling") as record:
         loose = _seeded(lambda: CausalLM(**lm, lambda_init=0.5))
     assert len(record) == 1
     model = _seeded(lambda: CausalLM(**lm, attention=AttentionSpec("diff", lambda_init=0.5, qkv_bias=False,
@@ -287,7 +300,7 @@ def test_loose_attention_converts_with_the_family_defaults():
     kept = AttentionSpec("diff", causal=True)
     assert loose.resolve(kept, {}, {}) is kept  # not made (nor validated) again
     assert loose.resolve(kept.to_dict(), {}, {}) == kept
-    with pytest.warns(FutureWarning, match="X: attn_drop_rate is the loose spelling"):
+    with pytest.warns(FutureWarning, match="X: attn_drop_rate \\(the loose spelling"):
         got = loose.resolve(None, {"attn_drop_rate": 0.2}, {"drop_rate": 0.1})
     assert got == AttentionSpec("diff", qkv_bias=False, proj_drop=0.1, attn_drop=0.2, causal=True)
     with pytest.raises(TypeError, match="X\\(\\) got unexpected keyword argument\\(s\\) \\['sub_norm'\\]"):
@@ -299,26 +312,30 @@ def test_loose_attention_converts_with_the_family_defaults():
 
 
 def test_updated_changes_the_settings_given_and_keeps_the_rest():
-    """AttentionSpec.updated: a partial dict sets its settings only; a new kind resets the kind-only settings
-    (KIND_SETTINGS) to their defaults unless given, so the result validates; a spec replaces; bad input names it."""
+    """AttentionSpec.updated: a partial dict sets its settings only; a new kind keeps the settings it shares with the
+    old one and starts its own at their defaults unless given, so the result validates; a spec replaces; bad input
+    names it."""
     replace, fields = dataclasses.replace, dataclasses.fields
     dg = AttentionSpec("gated", lambda_init=0.3, q_residual=True, gate_bias=False, lambda_form="constant",
                        sub_norm=False, proj_drop=0.1, backend="math", num_kv_heads=2)
     assert dg.updated({"lambda_init": 0.5}) == replace(dg, lambda_init=0.5)
     assert dg.updated({}) == dg and dg.updated({"kind": "gated"}) == dg  # the same kind: nothing resets
-    diff = dg.updated({"kind": "diff"})
-    assert diff == AttentionSpec("diff", lambda_init=0.3, proj_drop=0.1, backend="math", num_kv_heads=2)
+    diff = dg.updated({"kind": "diff"})  # λ form and sub-norm are diff's settings too: kept
+    assert diff == AttentionSpec("diff", lambda_init=0.3, lambda_form="constant", sub_norm=False, proj_drop=0.1,
+                                 backend="math", num_kv_heads=2)
     assert dg.updated({"kind": "diff", "sub_norm": False}).sub_norm is False
     assert AttentionSpec("diff_v2", head_dim=8).updated({"kind": "standard"}) == AttentionSpec("standard")
     assert dg.updated(AttentionSpec("diff")) == AttentionSpec("diff")
     with pytest.raises(ValueError, match=r"unknown AttentionSpec settings \['lamda_init'\]"):
         dg.updated({"lamda_init": 0.5})
-    with pytest.raises(ValueError, match="q_residual .* needs kind 'gated', got kind 'diff'"):
+    with pytest.raises(ValueError, match=r"kind 'diff' has no setting q_residual \(a setting of kind 'gated'\)"):
         AttentionSpec("diff").updated({"q_residual": True})
+    with pytest.raises(ValueError, match="kind 'standard' has no setting lambda_init"):
+        AttentionSpec("standard", lambda_init=0.5)
     with pytest.raises(ValueError, match="attention must be an AttentionSpec or a dict of its settings, got str"):
         dg.updated("diff")
-    assert set(AttentionSpec.settings_of("standard")) == {f.name for f in fields(AttentionSpec)} - {
-        "kind", *KIND_SETTINGS}
+    assert set(AttentionSpec.settings_of("standard")) == {f.name for f in fields(AttentionSpec)} - {"kind"}
+    assert set(AttentionSpec.settings_of("diff")) == {f.name for f in fields(DiffAttention.Config)} - {"kind"}
     assert "q_residual" in AttentionSpec.settings_of("gated") and "head_dim" not in AttentionSpec.settings_of("gated")
 
 
@@ -346,10 +363,11 @@ def _loose_spellings(text: str) -> list[str]:
 
 def _src_strings(path: Path) -> list[tuple[int, str]]:
     """Every string of a source file (messages, ``--help``, docstrings) with its line, but the arguments of
-    :func:`~diffattn.layers.blocks.warn_loose`, the deprecation warning that names what the user wrote."""
+    :func:`~diffattn.layers.blocks.warn_loose` and :func:`~diffattn.deprecations.warn_deprecated`, the deprecation
+    warnings that name what the user wrote."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip = {id(n) for c in ast.walk(tree) if isinstance(c, ast.Call) and getattr(c.func, "id", "") == "warn_loose"
-            for n in ast.walk(c)}
+    skip = {id(n) for c in ast.walk(tree) if isinstance(c, ast.Call)
+            and getattr(c.func, "id", "") in ("warn_loose", "warn_deprecated") for n in ast.walk(c)}
     out = []
     for node in ast.walk(tree):
         if id(node) in skip:
@@ -385,6 +403,8 @@ def test_nothing_the_project_prints_recommends_the_loose_spelling():
                   if re.fullmatch(rf"{_TOWER}(?:{_LOOSE})", k)]
     assert len(list(configs.rglob("*.yaml"))) > 20
     for path in sorted((_ROOT / "src" / "diffattn").rglob("*.py")):
+        if path.name == "deprecations.py":  # the table of deprecated spellings
+            continue
         found += [(f"{path.name}:{line}", s) for line, text in _src_strings(path) if not _DESCRIBED.search(text)
                   for s in _loose_spellings(text)]
     assert not found

@@ -287,7 +287,7 @@ def test_motif_names_give_the_logits_of_from_motif(tie):
     assert ("lm_head.weight" in sd) is not tie
     ref = reference_model("motif", cfg)
     assert type(ref) is MotifLM and ref.attention == "grouped"
-    assert ServedLayer.of(ref.blocks[0].attn) == ServedLayer("grouped", 10, 4, 8, 2)
+    assert ServedLayer.of(ref.blocks[0].attn) == ServedLayer("grouped", "paired", 10, 4, 8, 2)
     names = dict(to_diffattn_names("motif", ref, [*sd.items(), ("model.rotary_emb.inv_freq", torch.ones(4))]))
     if tie:  # a tied checkpoint has no lm_head.weight: the server shares the embedding
         names["lm_head.weight"] = names["tok_embed.weight"]

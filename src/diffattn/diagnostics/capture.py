@@ -165,8 +165,8 @@ class AttentionCapture:
             if callable(lw):
                 with torch.no_grad():
                     w1, lam = lw(x)
-                if attention_kind(module) == "gated":
-                    gate = torch.as_tensor(w1)  # M-DGSA: w1 = g, λ = 1 − g
+                if callable(getattr(getattr(module, "lambda_fn", None), "gate", None)):
+                    gate = torch.as_tensor(w1)  # a gate λ form (M-DGSA): w1 = g, λ = 1 − g
                 lam = torch.as_tensor(lam, dtype=torch.float32)
                 if lam.dim() == 0:  # one λ per layer: repeat it per differential head
                     lam = lam.expand(getattr(module, "diff_heads", 1)).clone()
@@ -184,7 +184,7 @@ class AttentionCapture:
             out, w = output
             kind = attention_kind(module) or ("diff" if w.second is not None else "standard")
             second = w.second
-            if kind == "grouped":
+            if getattr(module, "group_ratio", 1) > 1:  # noise heads shared by groups of signal heads
                 second, lam = _grouped_maps(module, second, lam, args[1] if len(args) > 1 else
                                             kwargs.get("attn_mask"))
             self.layers.append(LayerMaps(name, self._store(w.first), self._store(second),

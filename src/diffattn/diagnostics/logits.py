@@ -145,7 +145,7 @@ class LogitCapture:
             def hook(s, mask):
                 entry = self.layers[-1]
                 seen = _seen(s, mask)
-                if kind == "grouped" and entry["logits"] and (seen is None or seen.shape[1] == 1):
+                if getattr(m, "group_ratio", 1) > 1 and entry["logits"] and (seen is None or seen.shape[1] == 1):
                     # A2: the operator met noise head j as the query of signal heads j·r … j·r + r − 1
                     entry["logits"].append(self._store(s[:, ::m.group_ratio]))
                 else:

@@ -1,8 +1,9 @@
 """Attention layers with one constructor and forward interface: standard, differential, gated differential and
-Diff Transformer V2.
+Diff Transformer V2, each a registered kind (:mod:`diffattn.layers.spec`) with its own ``Config``.
 
-A model switches attention by name (:func:`attention_class`) and gets a fair comparison: same projections, same
-rotary embedding and KV cache, same masks.
+Every layer is built ``cls(dim, num_heads, config, depth=…)`` (keyword settings are the Config's fields); a model
+switches attention by its spec's kind and gets a fair comparison: same projections, same rotary embedding and KV
+cache, same masks.
 
     x ─ q_proj/k_proj/v_proj ─ (RoPE) ─ (KV cache) ─ attend ─ concat heads ─ out_proj ─ dropout
 
@@ -14,11 +15,14 @@ differential layer holds its λ form (:mod:`diffattn.lambdas`) as the submodule 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
+
 import torch
 import torch.nn as nn
 
 from ..functional import (
-    BACKENDS,
     AttentionWeights,
     _compute_dtype,
     _diff_attention_pairs,
@@ -27,12 +31,22 @@ from ..functional import (
     restrict_mask,
     sliding_window_mask,
 )
-from ..lambdas import DEFAULT_LAMBDA_INIT, build_lambda, resolve_lambda_init
+from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, build_lambda, check_lambda_init, resolve_lambda_init
 from .kv_cache import KVCache
 from .norm import RMSNorm, head_rms_norm, scaled_rms_norm
-from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
+from .rope import RotaryEmbedding, apply_rotary
+from .spec import (
+    ATTENTION_TYPES,
+    AttentionSpec,
+    attention_class,
+    attention_kind,
+    check_flag,
+    check_positive_float,
+    check_positive_int,
+    register_attention,
+)
 
-__all__ = ["Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "ATTENTION_TYPES",
+__all__ = ["Attention", "DiffAttention", "GatedDiffAttention", "DiffAttentionV2", "DiffConfig", "ATTENTION_TYPES",
            "attention_class", "attention_kind"]
 
 
@@ -48,9 +62,42 @@ class _AttentionBase(nn.Module):
     ``v_head_dim``), out_proj: num_heads·d → dim, with d = dim / num_heads unless ``head_dim`` is given.
     """
 
-    def _setup(self, dim, num_heads, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
-               rope, rope_theta, *, paired: bool, q_heads_per_head: int = 1, v_head_mult: int = 1,
-               softcap: float | None = None, sliding_window: int | None = None, head_dim: int | None = None) -> None:
+    #: the attention kind (a key of :data:`~diffattn.layers.ATTENTION_TYPES`), set by each registered class
+    kind: ClassVar[str]
+    #: the words ``diffattn models`` uses for the kind
+    title: ClassVar[str]
+    #: whether the layer subtracts a second attention map
+    differential: ClassVar[bool] = False
+    #: how q/k/v hold the maps: "single", "paired" or "branched" (:mod:`diffattn.layers.spec`)
+    head_layout: ClassVar[str] = "single"
+    #: whether the output is scaled by (1 − λ_init) after the sub-norm
+    scales_by_lambda_init: ClassVar[bool] = False
+    #: the name of a CLIP with this attention in both towers, where a paper named one (Hammoud & Ghanem 2025)
+    clip_variant: ClassVar[str | None] = None
+    Config: ClassVar[type[AttentionSpec]]
+
+    @classmethod
+    def resolve_config(cls, config: AttentionSpec | Mapping | None, settings: Mapping[str, Any]) -> AttentionSpec:
+        """The layer's config from the constructor's ``config`` (this kind's ``Config``, or its dict) and keyword
+        ``settings`` (the Config's fields: ``DiffAttention(64, 4, lambda_init=0.5)`` is
+        ``DiffAttention(64, 4, DiffAttention.Config(lambda_init=0.5))``; with a config as well they update it)."""
+        own = {f.name for f in fields(cls.Config)} - {"kind"}
+        unknown = sorted(set(settings) - own)
+        if unknown:
+            raise TypeError(f"{cls.__name__}() got unexpected keyword argument(s) {unknown}; the settings of "
+                            f"attention kind {cls.kind!r} are {sorted(own)}")
+        if config is None:
+            return cls.Config(**settings)
+        if isinstance(config, Mapping):
+            config = cls.Config.from_dict({"kind": cls.kind, **config})
+        if type(config) is not cls.Config:
+            raise ValueError(f"{cls.__name__} takes a config of attention kind {cls.kind!r} ({cls.__name__}.Config), "
+                             f"got {type(config).__qualname__} of kind {getattr(config, 'kind', None)!r}")
+        return config.updated(dict(settings)) if settings else config
+
+    def _setup(self, dim: int, num_heads: int, config: AttentionSpec, *, paired: bool, q_heads_per_head: int = 1,
+               v_head_mult: int = 1, head_dim: int | None = None) -> None:
+        """Sizes (checked here: the config checked its own settings) and the projections."""
         _check_int("dim", dim)
         _check_int("num_heads", num_heads)
         if head_dim is not None:
@@ -60,40 +107,28 @@ class _AttentionBase(nn.Module):
         if paired and num_heads % 2:
             raise ValueError(f"num_heads is the standard head count and must be even for differential attention "
                              f"(H = num_heads/2 differential heads), got {num_heads}")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        _check_int("num_kv_heads", num_kv_heads)
+        num_kv_heads = num_heads if config.num_kv_heads is None else config.num_kv_heads
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads={num_heads} must be divisible by num_kv_heads={num_kv_heads}")
         if paired and num_kv_heads % 2:
             raise ValueError(f"num_kv_heads must be even for differential attention, got {num_kv_heads}")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        if rope is not None and rope not in ROPE_STYLES:
-            raise ValueError(f"rope must be None or one of {ROPE_STYLES}, got {rope!r}")
-        for name, p in (("attn_drop", attn_drop), ("proj_drop", proj_drop)):
-            if not isinstance(p, (int, float)) or isinstance(p, bool) or not 0.0 <= p < 1.0:
-                raise ValueError(f"{name} must be a float in [0, 1), got {p!r}")
-        if softcap is not None and not (isinstance(softcap, (int, float)) and 0 < softcap < float("inf")):
-            raise ValueError(f"softcap must be None or a finite float > 0, got {softcap!r}")
-        if sliding_window is not None:
-            _check_int("sliding_window", sliding_window)
-        if not isinstance(causal, bool):
-            raise ValueError(f"causal must be a bool, got {causal!r}")
+        self.config = config
         self.dim, self.num_heads, self.num_kv_heads = dim, num_heads, num_kv_heads
         self.head_dim = dim // num_heads if head_dim is None else head_dim
         self.inner_dim = num_heads * self.head_dim  # width of the concatenated heads, out_proj's input
-        self.causal, self.backend, self.attn_drop = causal, backend, attn_drop
-        self.softcap, self.sliding_window = softcap, sliding_window
+        self.causal, self.backend, self.attn_drop = config.causal, config.backend, config.attn_drop
+        self.softcap, self.sliding_window = config.softcap, config.sliding_window
         self.scale = self.head_dim**-0.5
         self.q_heads = q_heads_per_head * num_heads  # heads of width head_dim in q_proj's output
         self.v_head_dim = v_head_mult * self.head_dim  # width of one value head
         self.v_heads = num_kv_heads // v_head_mult
-        self.q_proj = nn.Linear(dim, self.q_heads * self.head_dim, bias=qkv_bias)
-        self.k_proj = nn.Linear(dim, num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.v_proj = nn.Linear(dim, num_kv_heads * self.head_dim, bias=qkv_bias)
-        self.out_proj = nn.Linear(self.inner_dim, dim, bias=out_bias)
-        self.proj_drop = nn.Dropout(proj_drop)
-        self.rotary = RotaryEmbedding(self.head_dim, base=rope_theta, style=rope) if rope is not None else None
+        self.q_proj = nn.Linear(dim, self.q_heads * self.head_dim, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(dim, num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(dim, num_kv_heads * self.head_dim, bias=config.qkv_bias)
+        self.out_proj = nn.Linear(self.inner_dim, dim, bias=config.out_bias)
+        self.proj_drop = nn.Dropout(config.proj_drop)
+        self.rotary = (RotaryEmbedding(self.head_dim, base=config.rope_theta, style=config.rope)
+                       if config.rope is not None else None)
 
     def _project(self, x, position_ids, kv_cache):
         B, N, _ = x.shape
@@ -169,26 +204,29 @@ class _AttentionBase(nn.Module):
         raise NotImplementedError
 
 
+@register_attention
 class Attention(_AttentionBase):
     """Standard multi-head attention (Vaswani et al. 2017): the baseline, through PyTorch's SDPA kernels.
 
-    O_i = softmax(Q_i K_iᵀ / √d) V_i per head, concat, ``out_proj``. Takes the differential layers' constructor
-    arguments (``depth``, ``lambda_init``, ``lambda_form``, ``lambda_options``, ``sub_norm*``) so models switch
-    attention by name; they are unused.
+    O_i = softmax(Q_i K_iᵀ / √d) V_i per head, concat, ``out_proj``. Built ``Attention(dim, num_heads, config,
+    depth=…)`` like every kind (``depth`` is unused here); its settings are those every kind has
+    (:class:`~diffattn.layers.AttentionSpec`).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
-                 lambda_form: str = "reparam", lambda_options: dict | None = None, num_kv_heads: int | None = None,
-                 qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
-                 sub_norm: bool | None = None, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
-                 softcap: float | None = None, sliding_window: int | None = None):
+    kind = "standard"
+    title = "standard"
+
+    @dataclass(frozen=True)
+    class Config(AttentionSpec):
+        """Standard attention's settings: those of every kind (:class:`~diffattn.layers.AttentionSpec`)."""
+
+        kind: str = "standard"
+
+    def __init__(self, dim: int, num_heads: int, config: AttentionSpec | Mapping | None = None, *, depth: int = 0,
+                 **settings: Any):
         super().__init__()
-        if backend == "triton":
-            raise ValueError("backend='triton' is for differential attention; Attention takes 'auto', 'math' "
-                             "or 'sdpa'")
-        self._setup(dim, num_heads, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
-                    rope, rope_theta, paired=False, softcap=softcap, sliding_window=sliding_window)
+        config = self.resolve_config(config, settings)
+        self._setup(dim, num_heads, config, paired=False)
         self.depth = depth
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
@@ -205,29 +243,73 @@ class Attention(_AttentionBase):
 _FLAT_LAMBDA_NAMES = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2", "gate_proj.weight", "gate_proj.bias")
 
 
+@dataclass(frozen=True)
+class DiffConfig(AttentionSpec):
+    """The settings of every differential kind, besides those of every kind (:class:`AttentionSpec`).
+
+    Args:
+        lambda_init: λ_init, a finite float (default :data:`~diffattn.lambdas.DEFAULT_LAMBDA_INIT`) or ``"ye"``:
+            0.8 − 0.6·exp(−0.3·l) with l the 0-based block index (Ye et al. 2024, §2.1).
+        lambda_form: a registered λ form (:func:`~diffattn.lambdas.available_lambdas`); None: the layer's own
+            (``reparam`` for diff and grouped, ``gate`` for gated, ``token_sigmoid`` for diff_v2).
+        lambda_options: keyword arguments of the λ form (e.g. ``{"bias": True}``).
+        sub_norm: the per-head RMSNorm × (1 − λ_init) of a differential layer; None: the layer's default (the λ
+            form's; off for diff_v2).
+        sub_norm_eps: the sub-norm's epsilon.
+        sub_norm_affine: whether the sub-norm has a learnt scale.
+    """
+
+    kind: str = "diff"
+    lambda_init: float | str = DEFAULT_LAMBDA_INIT
+    lambda_form: str | None = None
+    lambda_options: dict | None = None
+    sub_norm: bool | None = None
+    sub_norm_eps: float = 1e-5
+    sub_norm_affine: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "lambda_init", check_lambda_init(self.lambda_init))  # a finite float or "ye"
+        if self.lambda_form is not None and self.lambda_form not in available_lambdas():
+            raise ValueError(f"lambda_form must be None or one of {available_lambdas()}, got {self.lambda_form!r}")
+        if self.lambda_options is not None:
+            if not isinstance(self.lambda_options, Mapping):
+                raise ValueError(f"lambda_options must be a dict or None, got {type(self.lambda_options).__name__}")
+            object.__setattr__(self, "lambda_options", dict(self.lambda_options))
+        if self.sub_norm is not None:
+            check_flag("sub_norm", self.sub_norm)
+        check_positive_float("sub_norm_eps", self.sub_norm_eps)
+        check_flag("sub_norm_affine", self.sub_norm_affine)
+
+
 class _DiffBase(_AttentionBase):
     """λ form as ``lambda_fn``, the optional per-head sub-norm, and the state-dict names of the λ parameters."""
 
-    def _setup_lambda(self, *, dim, depth, lambda_init, lambda_form, lambda_options, heads, norm_width,
-                      sub_norm, sub_norm_eps, sub_norm_affine, out_scale: bool) -> None:
-        if lambda_options is not None and not isinstance(lambda_options, dict):
-            raise ValueError(f"lambda_options must be a dict or None, got {type(lambda_options).__name__}")
-        if sub_norm is not None and not isinstance(sub_norm, bool):
-            raise ValueError(f"sub_norm must be a bool or None (the λ form's default), got {sub_norm!r}")
+    differential = True
+    #: the λ form of a config whose ``lambda_form`` is None
+    default_lambda_form: ClassVar[str] = "reparam"
+
+    def _lambda_options(self, config: DiffConfig, form: str) -> dict:
+        return dict(config.lambda_options or {})
+
+    def _default_sub_norm(self) -> bool:
+        """The sub-norm of a config whose ``sub_norm`` is None: the λ form's (off for ``token_sigmoid``)."""
+        return bool(type(self.lambda_fn).sub_norm)
+
+    def _setup_lambda(self, config: DiffConfig, *, dim: int, depth: int, heads: int, norm_width: int) -> None:
+        form = config.lambda_form or self.default_lambda_form
         self.depth = depth
-        self.lambda_init = resolve_lambda_init(lambda_init, depth)
-        self.lambda_form = lambda_form
-        self.lambda_fn = build_lambda(lambda_form, dim=dim, num_heads=heads, head_dim=self.head_dim,
-                                      lambda_init=self.lambda_init, **(lambda_options or {}))
-        if sub_norm is None:
-            sub_norm = bool(type(self.lambda_fn).sub_norm)  # off for token_sigmoid (Diff Transformer V2)
+        self.lambda_init = resolve_lambda_init(config.lambda_init, depth)
+        self.lambda_form = form
+        self.lambda_fn = build_lambda(form, dim=dim, num_heads=heads, head_dim=self.head_dim,
+                                      lambda_init=self.lambda_init, **self._lambda_options(config, form))
+        sub_norm = self._default_sub_norm() if config.sub_norm is None else config.sub_norm
         if sub_norm:
-            if not (isinstance(sub_norm_eps, (int, float)) and 0 < sub_norm_eps < float("inf")):
-                raise ValueError(f"sub_norm_eps must be a finite float > 0, got {sub_norm_eps!r}")
-            self.diff_norm = head_rms_norm(norm_width, eps=float(sub_norm_eps), affine=bool(sub_norm_affine))
+            self.diff_norm = head_rms_norm(norm_width, eps=float(config.sub_norm_eps),
+                                           affine=bool(config.sub_norm_affine))
         else:
             self.diff_norm = nn.Identity()
-        self.out_scale = (1.0 - self.lambda_init) if (sub_norm and out_scale) else 1.0
+        self.out_scale = (1.0 - self.lambda_init) if (sub_norm and self.scales_by_lambda_init) else 1.0
         self.register_state_dict_post_hook(_flatten_lambda_names)
         self.register_load_state_dict_pre_hook(_nest_lambda_names)
         self.register_load_state_dict_post_hook(_report_flat_names)
@@ -330,6 +412,7 @@ def _report_flat_names(module, incompatible_keys) -> None:
             incompatible_keys.missing_keys[i] = head + name
 
 
+@register_attention
 class DiffAttention(_DiffBase):
     """Differential attention (Ye et al. 2024 §2.1; DiffCLIP, Hammoud et al. 2025 §3.1).
 
@@ -352,20 +435,30 @@ class DiffAttention(_DiffBase):
     [19.6, 25.4] at width 128 (``diffattn study recall_ablation``, docs/studies.md).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
-                 lambda_form: str = "reparam", lambda_options: dict | None = None, num_kv_heads: int | None = None,
-                 qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
-                 sub_norm: bool | None = None, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
-                 softcap: float | None = None, sliding_window: int | None = None):
+    kind = "diff"
+    title = "differential"
+    clip_variant = "DiffCLIP"
+    head_layout = "paired"
+    scales_by_lambda_init = True
+
+    @dataclass(frozen=True)
+    class Config(DiffConfig):
+        """Differential attention's settings (:class:`DiffConfig`)."""
+
+        kind: str = "diff"
+
+    def __init__(self, dim: int, num_heads: int, config: AttentionSpec | Mapping | None = None, *, depth: int = 0,
+                 **settings: Any):
         super().__init__()
-        self._setup(dim, num_heads, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
-                    rope, rope_theta, paired=True, v_head_mult=2, softcap=softcap, sliding_window=sliding_window)
+        config = self.resolve_config(config, settings)
+        self._setup(dim, num_heads, config, paired=True, v_head_mult=2)
         self.diff_heads = num_heads // 2
-        self._setup_lambda(dim=dim, depth=depth, lambda_init=lambda_init, lambda_form=lambda_form,
-                           lambda_options=lambda_options, heads=self.diff_heads, norm_width=2 * self.head_dim,
-                           sub_norm=sub_norm, sub_norm_eps=sub_norm_eps, sub_norm_affine=sub_norm_affine,
-                           out_scale=True)
+        self._setup_lambda(config, dim=dim, depth=depth, heads=self.diff_heads, norm_width=2 * self.head_dim)
+
+    @property
+    def num_noise_heads(self) -> int:
+        """H, the noise heads (one per differential head)."""
+        return self.diff_heads
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         out = self._fused(x, q, k, v, attn_mask, causal, drop, need_weights, k_paired=True)
@@ -380,6 +473,7 @@ class DiffAttention(_DiffBase):
         return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, H, N, 2d)
 
 
+@register_attention
 class GatedDiffAttention(DiffAttention):
     """Multi-head differential gated self-attention, M-DGSA (Lygizou & Kalamaras 2025, §4, eq. 3, Algorithm 1).
 
@@ -393,22 +487,39 @@ class GatedDiffAttention(DiffAttention):
     :class:`DiffAttention`.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
-                 lambda_form: str = "gate", lambda_options: dict | None = None, num_kv_heads: int | None = None,
-                 qkv_bias: bool = True, out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0,
-                 proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
-                 sub_norm: bool | None = None, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
-                 softcap: float | None = None, sliding_window: int | None = None, q_residual: bool = False,
-                 gate_bias: bool = True):
-        if lambda_form == "gate" and (lambda_options is None or isinstance(lambda_options, dict)):
-            lambda_options = {"bias": gate_bias, **(lambda_options or {})}
-        super().__init__(dim, num_heads, depth=depth, lambda_init=lambda_init, lambda_form=lambda_form,
-                         lambda_options=lambda_options, num_kv_heads=num_kv_heads, qkv_bias=qkv_bias,
-                         out_bias=out_bias, causal=causal, attn_drop=attn_drop, proj_drop=proj_drop,
-                         backend=backend, rope=rope, rope_theta=rope_theta, sub_norm=sub_norm,
-                         sub_norm_eps=sub_norm_eps, sub_norm_affine=sub_norm_affine, softcap=softcap,
-                         sliding_window=sliding_window)
-        self.q_residual = q_residual
+    kind = "gated"
+    title = "gated differential"
+    clip_variant = "gated DiffCLIP"
+    default_lambda_form = "gate"
+
+    @dataclass(frozen=True)
+    class Config(DiffConfig):
+        """M-DGSA's settings: those of :class:`DiffConfig` and
+
+        Args:
+            q_residual: the [Q⁺; Q⁻] residual of M-DGSA (Lygizou & Kalamaras 2025, §4.3).
+            gate_bias: the bias b_g of the gate σ(X W_g + b_g).
+        """
+
+        kind: str = "gated"
+        q_residual: bool = False
+        gate_bias: bool = True
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            check_flag("q_residual", self.q_residual)
+            check_flag("gate_bias", self.gate_bias)
+
+    def __init__(self, dim: int, num_heads: int, config: AttentionSpec | Mapping | None = None, *, depth: int = 0,
+                 **settings: Any):
+        config = self.resolve_config(config, settings)
+        super().__init__(dim, num_heads, config, depth=depth)
+        self.q_residual = config.q_residual
+
+    def _lambda_options(self, config: DiffConfig, form: str) -> dict:
+        if form == "gate":  # the gate's bias is this kind's setting; lambda_options may also set it
+            return {"bias": config.gate_bias, **(config.lambda_options or {})}
+        return dict(config.lambda_options or {})
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """g = σ(X W_g + b_g) as (B, H, N, 1) in float32 (float64 for a float64 layer)."""
@@ -421,6 +532,7 @@ class GatedDiffAttention(DiffAttention):
         return self.proj_drop(out)
 
 
+@register_attention
 class DiffAttentionV2(_DiffBase):
     """Differential Transformer V2 (Ye et al., microsoft/unilm ``multihead_flashdiffv2.py``).
 
@@ -437,22 +549,36 @@ class DiffAttentionV2(_DiffBase):
     the official module's state dicts (``o_proj``, ``lambda_proj``, interleaved RoPE) both ways.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT,
-                 lambda_form: str = "token_sigmoid", lambda_options: dict | None = None,
-                 num_kv_heads: int | None = None, qkv_bias: bool = True, out_bias: bool = True, causal: bool = False,
-                 attn_drop: float = 0.0, proj_drop: float = 0.0, backend: str = "auto", rope: str | None = None,
-                 rope_theta: float = 10000.0, sub_norm: bool = False, sub_norm_eps: float = 1e-5,
-                 sub_norm_affine: bool = True, softcap: float | None = None, sliding_window: int | None = None,
-                 head_dim: int | None = None):
+    kind = "diff_v2"
+    title = "Diff Transformer V2"
+    head_layout = "branched"
+    default_lambda_form = "token_sigmoid"
+
+    @dataclass(frozen=True)
+    class Config(DiffConfig):
+        """Diff Transformer V2's settings: those of :class:`DiffConfig` and
+
+        Args:
+            head_dim: the head width d when it is not dim / num_heads.
+        """
+
+        kind: str = "diff_v2"
+        head_dim: int | None = None
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            check_positive_int("head_dim", self.head_dim)
+
+    def __init__(self, dim: int, num_heads: int, config: AttentionSpec | Mapping | None = None, *, depth: int = 0,
+                 **settings: Any):
         super().__init__()
-        self._setup(dim, num_heads, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
-                    rope, rope_theta, paired=False, q_heads_per_head=2, softcap=softcap,
-                    sliding_window=sliding_window, head_dim=head_dim)
+        config = self.resolve_config(config, settings)
+        self._setup(dim, num_heads, config, paired=False, q_heads_per_head=2, head_dim=config.head_dim)
         self.diff_heads = num_heads
-        self._setup_lambda(dim=dim, depth=depth, lambda_init=lambda_init, lambda_form=lambda_form,
-                           lambda_options=lambda_options, heads=num_heads, norm_width=self.head_dim,
-                           sub_norm=sub_norm, sub_norm_eps=sub_norm_eps, sub_norm_affine=sub_norm_affine,
-                           out_scale=False)
+        self._setup_lambda(config, dim=dim, depth=depth, heads=num_heads, norm_width=self.head_dim)
+
+    def _default_sub_norm(self) -> bool:
+        return False  # V2 has no sub-norm (Ye et al. 2026); sub_norm=True adds one of width d
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         out = self._fused(x, q, k, v, attn_mask, causal, drop, need_weights, k_paired=False)
@@ -464,23 +590,3 @@ class DiffAttentionV2(_DiffBase):
                              backend=self.backend, return_weights=need_weights)
         out, weights = res if need_weights else (res, None)
         return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, h, N, d)
-
-
-ATTENTION_TYPES = {"standard": Attention, "diff": DiffAttention, "gated": GatedDiffAttention,
-                   "diff_v2": DiffAttentionV2}
-
-
-def attention_class(name: str) -> type[nn.Module]:
-    """The layer class of attention kind ``name`` (the names of :data:`ATTENTION_TYPES`: ``"standard"``, ``"diff"``,
-    ``"gated"``, ``"diff_v2"``, ``"grouped"``)."""
-    if name not in ATTENTION_TYPES:
-        raise ValueError(f"attention must be one of {tuple(ATTENTION_TYPES)}, got {name!r}")
-    return ATTENTION_TYPES[name]
-
-
-def attention_kind(module: nn.Module) -> str | None:
-    """The kind (a name of :data:`ATTENTION_TYPES`) of an attention layer of the library, or None for any other
-    module: the registered class nearest in ``module``'s class hierarchy, so a subclass of a registered layer gets
-    its parent's kind unless registered itself (``GatedDiffAttention`` is ``"gated"``, not ``"diff"``)."""
-    kinds = {cls: name for name, cls in ATTENTION_TYPES.items()}
-    return next((kinds[cls] for cls in type(module).__mro__ if cls in kinds), None)

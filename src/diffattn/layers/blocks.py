@@ -1,10 +1,11 @@
 """The building blocks the model families share: the attention spec, the pre-norm block, patch embedding, stochastic
 depth.
 
-**One value says which attention a block uses**: :class:`AttentionSpec`. A model family takes
-``attention=AttentionSpec(...)`` (or its dict, as a config file gives it) and hands it to every block, which builds
-its layer with :meth:`AttentionSpec.build` (``depth``: the block's index, for λ_init by depth); the settings are
-validated once, here, when the spec is made. A partial setting (``create_model(name, attention={"lambda_init": 0.5})``,
+**One value says which attention a block uses**: :class:`~diffattn.layers.AttentionSpec`, the registered config
+of a kind (:mod:`diffattn.layers.spec`). A model family takes ``attention=AttentionSpec(...)`` (or its dict, as a
+config file gives it) and hands it to every block, which builds its layer with :meth:`AttentionSpec.build`
+(``depth``: the block's index, for λ_init by depth); the settings are validated once, by the kind's ``Config``, when
+the spec is made. A partial setting (``create_model(name, attention={"lambda_init": 0.5})``,
 ``--set model.overrides.attention.lambda_init=0.5``) updates a model's spec with :meth:`AttentionSpec.updated`, which
 keeps every other setting, the kind included. The spelling of before, a kind's name with loose keyword arguments
 (``attention="diff", lambda_init=…, lambda_form=…, sub_norm=…``), is converted by :meth:`LooseAttention.convert`
@@ -25,284 +26,24 @@ map onto them key by key.
 
 from __future__ import annotations
 
-import math
-import numbers
-import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 import torch.nn as nn
 
-from ..formats import _caller_level, check_fields
-from ..functional import BACKENDS
-from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, check_lambda_init
-from .attention import ATTENTION_TYPES
+from ..deprecations import DEPRECATIONS, warn_deprecated
+from .attention import Attention
 from .mlp import build_mlp
-from .rope import ROPE_STYLES
+from .spec import AttentionSpec
 
-__all__ = ["AttentionSpec", "STANDARD", "KIND_SETTINGS", "LooseAttention", "LOOSE_KEYWORDS", "LOOSE_REMOVED_IN",
-           "warn_loose", "Block", "PatchEmbed", "DropPath"]
-
-
-#: the kinds whose head width may differ from dim / num_heads (``head_dim``)
-_HEAD_DIM_KINDS = ("diff_v2", "grouped")
-#: the kinds that subtract a second attention map (λ, its form and the sub-norm are theirs)
-_DIFF_KINDS = ("diff", "gated", "diff_v2", "grouped")
-#: the settings only some kinds take, each with those kinds; every other setting applies to every kind. A change of
-#: kind (:meth:`AttentionSpec.updated`) starts these afresh, at their defaults.
-KIND_SETTINGS: dict[str, tuple[str, ...]] = {
-    "lambda_form": _DIFF_KINDS, "lambda_options": _DIFF_KINDS, "sub_norm": _DIFF_KINDS, "q_residual": ("gated",),
-    "gate_bias": ("gated",), "head_dim": _HEAD_DIM_KINDS, "num_noise_heads": ("grouped",)}
-
-
-def _flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"attention {name} must be a bool, got {value!r}")
-
-
-def _positive_int(name: str, value, *, optional: bool = True) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"attention {name} must be {'None or ' if optional else ''}an integer >= 1, got {value!r}")
-
-
-def _positive_float(name: str, value, *, optional: bool = False) -> None:
-    if value is None and optional:
-        return
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (0 < value < math.inf):
-        raise ValueError(f"attention {name} must be {'None or ' if optional else ''}a finite float > 0, "
-                         f"got {value!r}")
-
-
-@dataclass(frozen=True)
-class AttentionSpec:
-    """Which attention layer a model builds, with every setting of it.
-
-    Args:
-        kind: ``"standard"`` (:class:`~diffattn.layers.Attention`), ``"diff"`` (:class:`~diffattn.layers.DiffAttention`,
-            Ye et al. 2024), ``"diff_v2"`` (:class:`~diffattn.layers.DiffAttentionV2`, Ye et al. 2026) or
-            ``"gated"`` (:class:`~diffattn.layers.GatedDiffAttention`, M-DGSA 2025) or ``"grouped"``
-            (:class:`~diffattn.layers.GroupedDiffAttention`, grouped differential attention, Motif Technologies
-            2025, arXiv 2510.06949).
-        lambda_init: λ_init, a finite float (default :data:`~diffattn.lambdas.DEFAULT_LAMBDA_INIT`) or ``"ye"``:
-            0.8 − 0.6·exp(−0.3·l) with l the 0-based block index (Ye et al. 2024, §2.1).
-        lambda_form: a registered λ form (:func:`~diffattn.lambdas.available_lambdas`); None: the layer's own
-            (``reparam`` for diff, ``gate`` for gated, ``token_sigmoid`` for diff_v2).
-        lambda_options: keyword arguments of the λ form (e.g. ``{"bias": True}``).
-        num_kv_heads: key/value heads (grouped-query attention); None: as many as query heads.
-        qkv_bias: bias of the q/k/v projections.
-        out_bias: bias of the output projection.
-        sub_norm: the per-head RMSNorm × (1 − λ_init) of a differential layer; None: the λ form's default.
-        sub_norm_eps: the sub-norm's epsilon.
-        sub_norm_affine: whether the sub-norm has a learnt scale.
-        causal: a causal mask by default (text towers and language models set it).
-        attn_drop: dropout on the attention maps.
-        proj_drop: dropout after the output projection.
-        backend: ``"auto"``, ``"math"``, ``"sdpa"`` or ``"triton"`` (differential kinds only).
-        rope: None, or the rotary embedding style, ``"half"`` or ``"interleaved"``.
-        rope_theta: the rotary embedding's base.
-        softcap: tanh(S/c)·c on the logits (Gemma 2); None: off.
-        sliding_window: each query sees only the last ``sliding_window`` keys; None: all.
-        q_residual: the [Q⁺; Q⁻] residual of M-DGSA (2025, §4.3); gated only.
-        gate_bias: the bias b_g of the gate σ(X W_g + b_g); gated only.
-        head_dim: the head width d when it is not dim / num_heads; diff_v2 and grouped only.
-        num_noise_heads: H_n, the noise heads of grouped differential attention, each shared by a group of
-            r = (num_heads − H_n) / H_n signal heads (any ratio r ≥ 1); None: num_heads / 2 (r = 1, differential
-            attention); grouped only.
-
-    Raises ValueError naming the setting, the value and what it needs.
-    """
-
-    kind: str = "standard"
-    lambda_init: float | str = DEFAULT_LAMBDA_INIT
-    lambda_form: str | None = None
-    lambda_options: dict | None = None
-    num_kv_heads: int | None = None
-    qkv_bias: bool = True
-    out_bias: bool = True
-    sub_norm: bool | None = None
-    sub_norm_eps: float = 1e-5
-    sub_norm_affine: bool = True
-    causal: bool = False
-    attn_drop: float = 0.0
-    proj_drop: float = 0.0
-    backend: str = "auto"
-    rope: str | None = None
-    rope_theta: float = 10000.0
-    softcap: float | None = None
-    sliding_window: int | None = None
-    q_residual: bool = False
-    gate_bias: bool = True
-    head_dim: int | None = field(default=None)
-    num_noise_heads: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in ATTENTION_TYPES:
-            raise ValueError(f"attention kind must be one of {tuple(ATTENTION_TYPES)}, got {self.kind!r}")
-        object.__setattr__(self, "lambda_init", check_lambda_init(self.lambda_init))  # a finite float or "ye"
-        if self.lambda_form is not None and self.lambda_form not in available_lambdas():
-            raise ValueError(f"lambda_form must be None or one of {available_lambdas()}, got {self.lambda_form!r}")
-        if self.lambda_options is not None:
-            if not isinstance(self.lambda_options, Mapping):
-                raise ValueError(f"lambda_options must be a dict or None, got {type(self.lambda_options).__name__}")
-            object.__setattr__(self, "lambda_options", dict(self.lambda_options))
-        _positive_int("num_kv_heads", self.num_kv_heads)
-        for name in ("qkv_bias", "out_bias", "sub_norm_affine", "causal", "q_residual", "gate_bias"):
-            _flag(name, getattr(self, name))
-        if self.sub_norm is not None:
-            _flag("sub_norm", self.sub_norm)
-        _positive_float("sub_norm_eps", self.sub_norm_eps)
-        for name in ("attn_drop", "proj_drop"):
-            p = getattr(self, name)
-            if not isinstance(p, numbers.Real) or isinstance(p, bool) or not 0.0 <= p < 1.0:
-                raise ValueError(f"attention {name} must be a float in [0, 1), got {p!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.backend == "triton" and self.kind == "standard":
-            raise ValueError("backend='triton' is for differential attention; kind 'standard' takes 'auto', "
-                             "'math' or 'sdpa'")
-        if self.rope is not None and self.rope not in ROPE_STYLES:
-            raise ValueError(f"rope must be None or one of {ROPE_STYLES}, got {self.rope!r}")
-        _positive_float("rope_theta", self.rope_theta)
-        _positive_float("softcap", self.softcap, optional=True)
-        _positive_int("sliding_window", self.sliding_window)
-        if self.q_residual and self.kind != "gated":
-            raise ValueError(f"q_residual is the [Q⁺; Q⁻] residual of M-DGSA and needs kind 'gated', "
-                             f"got kind {self.kind!r}")
-        if not self.gate_bias and self.kind != "gated":
-            raise ValueError(f"gate_bias is the bias of M-DGSA's gate and needs kind 'gated', "
-                             f"got kind {self.kind!r}")
-        _positive_int("head_dim", self.head_dim)
-        if self.head_dim is not None and self.kind not in _HEAD_DIM_KINDS:
-            raise ValueError(f"head_dim is the head width of kinds 'diff_v2' (Ye et al. 2026) and 'grouped' "
-                             f"(arXiv 2510.06949); kind {self.kind!r} uses dim / num_heads, got "
-                             f"head_dim={self.head_dim!r}")
-        _positive_int("num_noise_heads", self.num_noise_heads)
-        if self.num_noise_heads is not None and self.kind != "grouped":
-            raise ValueError(f"num_noise_heads is the number of noise heads of kind 'grouped' (grouped "
-                             f"differential attention, arXiv 2510.06949); kind {self.kind!r} has none, got "
-                             f"num_noise_heads={self.num_noise_heads!r}")
-        if self.num_noise_heads is not None and self.num_kv_heads is not None and (
-                self.num_kv_heads % 2 or self.num_noise_heads % (self.num_kv_heads // 2)):
-            raise ValueError(f"attention 'grouped' reads H_kv/2 signal keys, H_kv/2 noise keys and H_kv/2 values: "
-                             f"num_kv_heads={self.num_kv_heads} must be even and num_noise_heads="
-                             f"{self.num_noise_heads} a multiple of num_kv_heads/2")
-
-    def check_heads(self, dim: int, num_heads: int) -> None:
-        """ValueError unless this spec builds a layer of width ``dim`` with ``num_heads`` query heads; for
-        ``"grouped"``: the head width (``head_dim`` or dim / num_heads) and the split of the query heads into
-        num_heads − H_n signal heads in groups of r = (num_heads − H_n) / H_n per noise head. The other kinds' layers
-        check their own sizes."""
-        if self.kind != "grouped" or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
-                                             for v in (dim, num_heads)):
-            return  # the layer's own check names a size that is not a positive integer
-        if self.head_dim is None and dim % num_heads:
-            raise ValueError(f"attention 'grouped': dim={dim} must be divisible by num_heads={num_heads}, or give "
-                             f"head_dim")
-        noise = num_heads // 2 if self.num_noise_heads is None else self.num_noise_heads
-        if self.num_noise_heads is None and num_heads % 2:
-            raise ValueError(f"attention 'grouped' with num_heads={num_heads} (odd) needs num_noise_heads (the "
-                             f"default, num_heads / 2, is differential attention)")
-        signal = num_heads - noise
-        if signal < noise or signal % noise:
-            raise ValueError(f"attention 'grouped': the signal heads (num_heads − num_noise_heads = {num_heads} − "
-                             f"{noise} = {signal}) must be a positive multiple of num_noise_heads={noise}, each noise "
-                             f"head serving a group of signal heads")
-        kv = 2 * noise if self.num_kv_heads is None else self.num_kv_heads
-        if kv % 2 or signal % (kv // 2) or noise % (kv // 2):
-            raise ValueError(f"attention 'grouped': num_kv_heads={kv} must be even, with the signal heads ({signal}) "
-                             f"and the noise heads ({noise}) multiples of num_kv_heads/2")
-
-    # ------------------------------------------------------------------------------------------- build
-
-    def layer_kwargs(self, depth: int = 0) -> dict[str, Any]:
-        """The keyword arguments of the layer class for block ``depth`` (0-based): only the settings this kind
-        takes, and the λ form and sub-norm only where they are set (None leaves the layer's own default)."""
-        kw: dict[str, Any] = dict(depth=depth, lambda_init=self.lambda_init, num_kv_heads=self.num_kv_heads,
-                                  qkv_bias=self.qkv_bias, out_bias=self.out_bias, causal=self.causal,
-                                  attn_drop=self.attn_drop, proj_drop=self.proj_drop, backend=self.backend,
-                                  rope=self.rope, rope_theta=self.rope_theta, sub_norm_eps=self.sub_norm_eps,
-                                  sub_norm_affine=self.sub_norm_affine, softcap=self.softcap,
-                                  sliding_window=self.sliding_window)
-        if self.lambda_form is not None:
-            kw["lambda_form"] = self.lambda_form
-        if self.lambda_options is not None:
-            kw["lambda_options"] = dict(self.lambda_options)
-        if self.sub_norm is not None:
-            kw["sub_norm"] = self.sub_norm
-        if self.kind == "gated":
-            kw.update(q_residual=self.q_residual, gate_bias=self.gate_bias)
-        if self.kind in _HEAD_DIM_KINDS:
-            kw["head_dim"] = self.head_dim
-        if self.kind == "grouped":
-            kw["num_noise_heads"] = self.num_noise_heads
-        return kw
-
-    def build(self, dim: int, num_heads: int, depth: int = 0) -> nn.Module:
-        """The attention layer of block ``depth`` (0-based, for ``lambda_init="ye"``): x (B, N, dim) → (B, N, dim)
-        with ``num_heads`` standard heads (even for the differential kinds; for ``"grouped"`` the signal and
-        noise query heads together). The head counts are checked here first (:meth:`check_heads`)."""
-        self.check_heads(dim, num_heads)
-        return ATTENTION_TYPES[self.kind](dim, num_heads, **self.layer_kwargs(depth))
-
-    # -------------------------------------------------------------------------------------------- JSON
-
-    def to_dict(self, changed: bool = False) -> dict[str, Any]:
-        """The settings as JSON values (what a saved ``config.json`` holds for a model built from a spec);
-        ``changed``: the kind and only the settings that differ from their defaults (what a config table writes)."""
-        data = asdict(self)
-        if changed:
-            data = {"kind": self.kind, **{f.name: data[f.name] for f in fields(self)
-                                          if f.name != "kind" and data[f.name] != f.default}}
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> AttentionSpec:
-        """Build from :meth:`to_dict` output; unknown keys are an error naming them."""
-        check_fields(cls, data, "settings")
-        return cls(**dict(data))
-
-    @classmethod
-    def settings_of(cls, kind: str) -> tuple[str, ...]:
-        """The settings (field names, ``kind`` aside) that attention ``kind`` takes: every one but the
-        :data:`KIND_SETTINGS` of other kinds."""
-        return tuple(f.name for f in fields(cls) if f.name != "kind" and kind in KIND_SETTINGS.get(f.name, (kind,)))
-
-    # ------------------------------------------------------------------------------------------ update
-
-    def updated(self, changes: Mapping[str, Any] | AttentionSpec) -> AttentionSpec:
-        """This spec with ``changes`` set and every other setting kept: how a partial attention setting updates a
-        model's spec (``create_model(name, attention={"lambda_init": 0.5})``, ``--set
-        model.overrides.attention.lambda_init=0.5``, a recipe's ``attention:`` block, a CLIP tower's
-        ``text_attention={...}``).
-
-        - ``changes`` a dict of settings (:meth:`to_dict`'s keys, any subset): those settings, the rest kept;
-        - with a ``"kind"`` other than this spec's: the kind changes, and the settings only some kinds take
-          (:data:`KIND_SETTINGS`: ``lambda_form``, ``lambda_options``, ``sub_norm``, ``q_residual``,
-          ``gate_bias``, ``head_dim``, ``num_noise_heads``) start afresh at their defaults unless ``changes`` sets
-          them too, so a gated spec with ``q_residual`` updated with ``{"kind": "diff"}`` is a valid diff spec that
-          keeps λ_init, biases, dropout, backend and the rest;
-        - ``changes`` an :class:`AttentionSpec`: a full replacement, returned as it is.
-
-        Unknown settings are a ValueError naming them; the result is validated as any spec."""
-        if isinstance(changes, AttentionSpec):
-            return changes
-        if not isinstance(changes, Mapping):
-            raise ValueError(f"attention must be an AttentionSpec or a dict of its settings, got "
-                             f"{type(changes).__name__} {changes!r}")
-        check_fields(type(self), changes, "settings")
-        data = self.to_dict()
-        if changes.get("kind", self.kind) != self.kind:
-            data.update({f.name: f.default for f in fields(self) if f.name in KIND_SETTINGS})
-        data.update(changes)
-        return type(self).from_dict(data)
+__all__ = ["AttentionSpec", "STANDARD", "LooseAttention", "LOOSE_KEYWORDS", "LOOSE_REMOVED_IN", "warn_loose",
+           "Block", "PatchEmbed", "DropPath"]
 
 
 #: the default spec: standard attention with every default
-STANDARD = AttentionSpec()
+STANDARD: AttentionSpec = Attention.Config()
 
 #: the loose attention keyword arguments that model families and blocks took before :class:`AttentionSpec` (diffattn
 #: 0.1.0), each mapped to the spec field it sets; they are removed in diffattn :data:`LOOSE_REMOVED_IN`
@@ -312,15 +53,14 @@ LOOSE_KEYWORDS: dict[str, str] = {
     "attn_drop_rate": "attn_drop", "backend": "backend", "num_kv_heads": "num_kv_heads",
     "diff_norm_eps": "sub_norm_eps", "diff_norm_affine": "sub_norm_affine", "rope_theta": "rope_theta",
     "attn_norm_eps": "sub_norm_eps", "num_noise_heads": "num_noise_heads", "head_dim": "head_dim"}
-LOOSE_REMOVED_IN = "0.3.0"
+LOOSE_REMOVED_IN = DEPRECATIONS["loose attention keywords"].removed_in
 
 
 def warn_loose(owner: str, given: list[str], instead: str) -> None:
     """The one FutureWarning of the loose attention spelling: ``owner`` (a class or a registered model) was given
     ``given`` (the loose keywords, as the user wrote them); ``instead`` is the current spelling to pass."""
-    warnings.warn(FutureWarning(
-        f"{owner}: {', '.join(given)} is the loose spelling of the attention settings, deprecated and removed in "
-        f"diffattn {LOOSE_REMOVED_IN}; pass {instead} instead"), stacklevel=_caller_level())
+    warn_deprecated("loose attention keywords", detail=instead,
+                    used=f"{owner}: {', '.join(given)} (the loose spelling of the attention settings)")
 
 
 @dataclass(frozen=True)

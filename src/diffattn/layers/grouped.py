@@ -26,13 +26,17 @@ cost, not H_n (the FLOP saving of the paper needs a kernel that reads each noise
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 import torch
 import torch.nn as nn
 
 from ..functional import _diff_attention_pairs, diff_attention
-from ..lambdas import DEFAULT_LAMBDA_INIT
-from .attention import ATTENTION_TYPES, _check_int, _DiffBase
+from .attention import DiffConfig, _check_int, _DiffBase
 from .norm import scaled_rms_norm
+from .spec import AttentionSpec, check_positive_int, register_attention
 
 __all__ = ["GroupedDiffAttention", "gda_head_split"]
 
@@ -52,6 +56,7 @@ def _per_signal_head(w, ratio: int, noise_heads: int):
     return w
 
 
+@register_attention
 class GroupedDiffAttention(_DiffBase):
     """Grouped differential attention (module docstring): H_s signal heads, H_n noise heads shared by groups of
     r = H_s / H_n signal heads (Motif Technologies 2025, arXiv 2510.06949).
@@ -71,50 +76,79 @@ class GroupedDiffAttention(_DiffBase):
     signal head (each noise map repeated r times).
     """
 
-    def __init__(self, dim: int, num_heads: int, *, num_noise_heads: int | None = None, head_dim: int | None = None,
-                 depth: int = 0, lambda_init: float | str = DEFAULT_LAMBDA_INIT, lambda_form: str = "reparam",
-                 lambda_options: dict | None = None, num_kv_heads: int | None = None, qkv_bias: bool = True,
-                 out_bias: bool = True, causal: bool = False, attn_drop: float = 0.0, proj_drop: float = 0.0,
-                 backend: str = "auto", rope: str | None = None, rope_theta: float = 10000.0,
-                 sub_norm: bool | None = None, sub_norm_eps: float = 1e-5, sub_norm_affine: bool = True,
-                 softcap: float | None = None, sliding_window: int | None = None):
+    kind = "grouped"
+    title = "grouped differential"
+    head_layout = "paired"
+    scales_by_lambda_init = True
+
+    @dataclass(frozen=True)
+    class Config(DiffConfig):
+        """Grouped differential attention's settings: those of :class:`~diffattn.layers.attention.DiffConfig` and
+
+        Args:
+            head_dim: the head width d when it is not dim / num_heads.
+            num_noise_heads: H_n, the noise heads, each shared by a group of r = (num_heads − H_n) / H_n signal
+                heads (any ratio r ≥ 1); None: num_heads / 2 (r = 1, differential attention).
+        """
+
+        kind: str = "grouped"
+        head_dim: int | None = None
+        num_noise_heads: int | None = None
+
+        def __post_init__(self) -> None:
+            super().__post_init__()
+            check_positive_int("head_dim", self.head_dim)
+            check_positive_int("num_noise_heads", self.num_noise_heads)
+            if self.num_noise_heads is not None and self.num_kv_heads is not None and (
+                    self.num_kv_heads % 2 or self.num_noise_heads % (self.num_kv_heads // 2)):
+                raise ValueError(f"attention 'grouped' reads H_kv/2 signal keys, H_kv/2 noise keys and H_kv/2 "
+                                 f"values: num_kv_heads={self.num_kv_heads} must be even and num_noise_heads="
+                                 f"{self.num_noise_heads} a multiple of num_kv_heads/2")
+
+        def check_heads(self, dim: int, num_heads: int) -> None:
+            """The head width (``head_dim`` or dim / num_heads) and the split of the query heads into
+            num_heads − H_n signal heads in groups of r = (num_heads − H_n) / H_n per noise head."""
+            _check_int("dim", dim)
+            _check_int("num_heads", num_heads, 2)
+            noise = num_heads // 2 if self.num_noise_heads is None else self.num_noise_heads
+            if self.num_noise_heads is None and num_heads % 2:
+                raise ValueError(f"attention 'grouped' with num_heads={num_heads} (odd) needs num_noise_heads (the "
+                                 f"default, num_heads / 2, is differential attention)")
+            signal = num_heads - noise
+            if signal < noise or signal % noise:
+                raise ValueError(f"attention 'grouped': the signal heads (num_heads − num_noise_heads = {num_heads} "
+                                 f"− {noise} = {signal}) must be a positive multiple of num_noise_heads={noise}, "
+                                 f"each noise head serving a group of signal heads")
+            kv = 2 * noise if self.num_kv_heads is None else self.num_kv_heads
+            if kv % 2 or signal % (kv // 2) or noise % (kv // 2):
+                raise ValueError(f"attention 'grouped': num_kv_heads={kv} must be even, with the signal heads "
+                                 f"({signal}) and the noise heads ({noise}) multiples of num_kv_heads/2")
+            if self.head_dim is None and dim % num_heads:
+                raise ValueError(f"attention 'grouped': dim={dim} must be divisible by num_heads={num_heads}, or "
+                                 f"give head_dim")
+
+    def __init__(self, dim: int, num_heads: int, config: AttentionSpec | Mapping | None = None, *, depth: int = 0,
+                 **settings: Any):
         super().__init__()
-        _check_int("dim", dim)
-        _check_int("num_heads", num_heads, 2)
-        if num_noise_heads is None:
-            if num_heads % 2:
-                raise ValueError(f"num_heads={num_heads} is odd: give num_noise_heads (the default, num_heads/2, "
-                                 f"is differential attention)")
-            num_noise_heads = num_heads // 2
-        _check_int("num_noise_heads", num_noise_heads)
+        config = self.resolve_config(config, settings)
+        config.check_heads(dim, num_heads)
+        num_noise_heads = num_heads // 2 if config.num_noise_heads is None else config.num_noise_heads
         signal = num_heads - num_noise_heads
-        if signal < num_noise_heads or signal % num_noise_heads:
-            raise ValueError(f"the signal heads (num_heads − num_noise_heads = {signal}) must be a multiple of "
-                             f"num_noise_heads={num_noise_heads} (each noise head serves a group of signal heads)")
-        if head_dim is None:
-            if dim % num_heads:
-                raise ValueError(f"dim={dim} must be divisible by num_heads={num_heads}, or give head_dim")
-            head_dim = dim // num_heads
-        _check_int("head_dim", head_dim)
-        num_kv_heads = 2 * num_noise_heads if num_kv_heads is None else num_kv_heads
-        _check_int("num_kv_heads", num_kv_heads)
-        if num_kv_heads % 2 or signal % (num_kv_heads // 2) or num_noise_heads % (num_kv_heads // 2):
-            raise ValueError(f"num_kv_heads={num_kv_heads} must be even, with the signal heads ({signal}) and the "
-                             f"noise heads ({num_noise_heads}) multiples of num_kv_heads/2")
+        head_dim = dim // num_heads if config.head_dim is None else config.head_dim
+        if config.num_kv_heads is None:
+            config_kv = config.updated({"num_kv_heads": 2 * num_noise_heads})
+        else:
+            config_kv = config
         # the projections of a differential layer with 2·H_s query heads (out_proj: 2·H_s·d → dim, V as H_kv/2
         # heads of width 2d); q_proj is then rebuilt for the H_s + H_n query heads of GDA
-        self._setup(dim, 2 * signal, num_kv_heads, qkv_bias, out_bias, causal, attn_drop, proj_drop, backend,
-                    rope, rope_theta, paired=True, v_head_mult=2, softcap=softcap, sliding_window=sliding_window,
-                    head_dim=head_dim)
+        self._setup(dim, 2 * signal, config_kv, paired=True, v_head_mult=2, head_dim=head_dim)
+        self.config = config
         self.num_heads = self.q_heads = num_heads
-        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=qkv_bias)
+        self.q_proj = nn.Linear(dim, num_heads * head_dim, bias=config.qkv_bias)
         self.num_signal_heads, self.num_noise_heads = signal, num_noise_heads
         self.group_ratio = signal // num_noise_heads
         self.diff_heads = signal
-        self._setup_lambda(dim=dim, depth=depth, lambda_init=lambda_init, lambda_form=lambda_form,
-                           lambda_options=lambda_options, heads=num_noise_heads, norm_width=2 * head_dim,
-                           sub_norm=sub_norm, sub_norm_eps=sub_norm_eps, sub_norm_affine=sub_norm_affine,
-                           out_scale=True)
+        self._setup_lambda(config, dim=dim, depth=depth, heads=num_noise_heads, norm_width=2 * head_dim)
 
     def extra_repr(self) -> str:
         return (f"signal_heads={self.num_signal_heads}, noise_heads={self.num_noise_heads}, "
@@ -135,8 +169,3 @@ class GroupedDiffAttention(_DiffBase):
                                  weight1=_per_signal_head(weight1, r, hn), **kwargs)
         out, weights = res if need_weights else (res, None)
         return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, H_s, N, 2d)
-
-
-# the kind "grouped" of AttentionSpec / attention_class (a registration, like the λ forms': attention.py cannot
-# import this module, which builds on its base class)
-ATTENTION_TYPES["grouped"] = GroupedDiffAttention

@@ -110,13 +110,13 @@ class MotifLM(CausalLM):
         spec = self.LOOSE.resolve(attention, loose, {"drop_rate": drop_rate, "num_heads": num_heads, "dim": dim})
         self.vocab_size, self.dim, self.depth, self.attention = vocab_size, dim, depth, spec.kind
         self.attention_spec = spec
-        self.num_noise_heads = num_heads // 2 if spec.num_noise_heads is None else spec.num_noise_heads
         self.max_seq_len, self.tie_embeddings, self.mlp_hidden = max_seq_len, tie_embeddings, mlp_hidden
         self.tok_embed = nn.Embedding(vocab_size, dim)
         self.drop = nn.Dropout(drop_rate)
         self.blocks = nn.ModuleList([  # every layer through the one spelling of attention, the spec
             MotifBlock(dim, self.attention_spec.build(dim, num_heads, depth=i), mlp_hidden, norm_eps=norm_eps,
                        mlp_bias=mlp_bias, poly_norm_eps=poly_norm_eps, drop=drop_rate) for i in range(depth)])
+        self.num_noise_heads = getattr(self.blocks[0].attn, "num_noise_heads", 0)  # H_n (half the heads: diff)
         self.norm = RMSNorm(dim, eps=norm_eps)
         self.lm_head = nn.Linear(dim, vocab_size, bias=False)
         self.init_weights()

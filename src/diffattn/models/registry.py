@@ -214,12 +214,16 @@ def model_info(name: str) -> dict:
             "pretrained": [t for _, t in list_pretrained(name)]}
 
 
-#: the words ``diffattn models`` uses for each attention kind
-ATTENTION_WORDS = {"standard": "standard", "diff": "differential", "diff_v2": "Diff Transformer V2",
-                   "gated": "gated differential"}
-#: CLIP variants by (vision, text) attention and λ_init (Hammoud & Ghanem 2025 name DiffCLIP* and DiffCLIP†)
-_CLIP_VARIANTS = {("standard", "standard"): "CLIP", ("diff", "diff"): "DiffCLIP", ("diff", "standard"): "DiffCLIP†",
-                  ("gated", "gated"): "gated DiffCLIP"}
+def _clip_variant(vision: type[nn.Module], text: type[nn.Module]) -> str | None:
+    """The name of a CLIP with these towers' attention classes (Hammoud & Ghanem 2025 name DiffCLIP, and DiffCLIP†
+    for differential vision with a standard text tower): CLIP for standard attention in both, the class's
+    ``clip_variant`` for the same differential attention in both, that name with † for a standard text tower."""
+    if not vision.differential and not text.differential:
+        return "CLIP"
+    name = getattr(vision, "clip_variant", None)
+    if vision is text:
+        return name
+    return f"{name}†" if name and not text.differential else None
 
 
 def _with_defaults(cls: type, cfg: Mapping) -> dict:
@@ -243,7 +247,7 @@ def _attention_kind(args: Mapping) -> str:
 
 def _lambda_text(args: Mapping) -> str | None:
     """``λ_init 0.8`` or ``λ_init by depth …`` for the differential kinds that scale by (1 − λ_init), else None."""
-    if _attention_kind(args) not in ("diff", "gated"):
+    if not _spec(args).layer_class.scales_by_lambda_init:
         return None
     lam = _spec(args).lambda_init
     if lam == "ye":
@@ -278,19 +282,19 @@ def describe_model(name: str) -> str:
     cfg = model_config(name)
     if not family.towers:
         args = _with_defaults(family.cls, cfg)
-        head = ", ".join(x for x in (f"{ATTENTION_WORDS.get(_attention_kind(args), _attention_kind(args))} attention",
+        head = ", ".join(x for x in (f"{_spec(args).layer_class.title} attention",
                                      _lambda_text(args)) if x)
         return f"{head}; {_size_text(args)}"
     towers = {t: _with_defaults(cls, cfg.get(t, {})) for t, cls in family.towers.items()}
-    kinds = {t: _attention_kind(a) for t, a in towers.items()}
-    if len(set(kinds.values())) == 1:
-        head = f"{ATTENTION_WORDS.get(kinds[next(iter(kinds))], kinds[next(iter(kinds))])} attention in both towers"
+    layers = {t: _spec(a).layer_class for t, a in towers.items()}
+    if len(set(layers.values())) == 1:
+        head = f"{next(iter(layers.values())).title} attention in both towers"
     else:
-        head = ", ".join(f"{ATTENTION_WORDS.get(k, k)} {t}" for t, k in kinds.items())
+        head = ", ".join(f"{c.title} {t}" for t, c in layers.items())
     lams = dict.fromkeys(x for x in (_lambda_text(a) for a in towers.values()) if x)
     variant = None
-    if set(kinds) == {"vision", "text"}:
-        variant = _CLIP_VARIANTS.get((kinds["vision"], kinds["text"]))
+    if set(layers) == {"vision", "text"}:
+        variant = _clip_variant(layers["vision"], layers["text"])
         if variant == "DiffCLIP" and any(_spec(a).lambda_init == "ye" for a in towers.values()):
             variant = "DiffCLIP*"
     first, args = next(iter(towers.items()))

@@ -37,15 +37,20 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..layers.attention import attention_kind
+from ..layers import Attention, DiffAttention, DiffAttentionV2, GatedDiffAttention, GroupedDiffAttention
 from ..layers.rope import apply_rotary
+from ..layers.spec import attention_class, attention_kind
 
 __all__ = ["ServedLayer", "served_attention", "static_lambda", "PAIRED_KINDS", "SERVED_KINDS"]
 
-#: the kinds whose layer holds one signal and one noise key per key/value group and a value of width 2d
-PAIRED_KINDS = ("diff", "gated", "grouped")
-#: every attention kind a server computes through :func:`served_attention`
-SERVED_KINDS = ("standard",) + PAIRED_KINDS + ("diff_v2",)
+#: the layer classes whose forward a server computes through :func:`served_attention`, each by its head layout
+#: (:mod:`diffattn.layers.spec`): "single" one map per head, "paired" one signal and one noise key per key/value
+#: group and a value of width 2d, "branched" two query heads per output head over shared keys and values
+SERVED_CLASSES = (Attention, DiffAttention, GatedDiffAttention, DiffAttentionV2, GroupedDiffAttention)
+#: every attention kind a server computes
+SERVED_KINDS = tuple(c.kind for c in SERVED_CLASSES)
+#: the served kinds of the paired head layout
+PAIRED_KINDS = tuple(c.kind for c in SERVED_CLASSES if c.head_layout == "paired")
 
 
 @dataclass(frozen=True)
@@ -57,6 +62,7 @@ class ServedLayer:
     (H_s = num_heads − H_n signal heads; 0 for the others)."""
 
     kind: str
+    head_layout: str
     num_heads: int
     num_kv_heads: int
     head_dim: int
@@ -66,21 +72,18 @@ class ServedLayer:
     def of(cls, layer: nn.Module) -> ServedLayer:
         """The served shape of ``layer``, an attention layer of the library (on any device, ``meta`` included)."""
         kind = attention_kind(layer)
-        if kind not in SERVED_KINDS:
+        if kind is None or attention_class(kind) not in SERVED_CLASSES:
             raise ValueError(f"attention kind {kind!r} ({type(layer).__name__}) cannot be served; the served kinds "
                              f"are {SERVED_KINDS}")
-        noise = 0
-        if kind == "grouped":
-            noise = layer.num_noise_heads
-        elif kind in PAIRED_KINDS:
-            noise = layer.num_heads // 2
-        return cls(kind, layer.q_heads, layer.num_kv_heads, layer.head_dim, noise)
+        layout = attention_class(kind).head_layout
+        noise = layer.num_noise_heads if layout == "paired" else 0
+        return cls(kind, layout, layer.q_heads, layer.num_kv_heads, layer.head_dim, noise)
 
     # ------------------------------------------------------------------------------------------- shapes
 
     @property
     def paired(self) -> bool:
-        return self.kind in PAIRED_KINDS
+        return self.head_layout == "paired"
 
     @property
     def groups(self) -> int:
@@ -97,7 +100,7 @@ class ServedLayer:
         """Heads of the layer's output (the input of ``out_proj``, each of width :attr:`out_head_size`)."""
         if self.paired:
             return self.num_heads - self.num_noise_heads
-        return self.num_heads // 2 if self.kind == "diff_v2" else self.num_heads
+        return self.num_heads // 2 if self.head_layout == "branched" else self.num_heads
 
     @property
     def out_head_size(self) -> int:
@@ -171,12 +174,12 @@ def served_attention(layer: ServedLayer, q: torch.Tensor, k: torch.Tensor, v: to
     Returns (T, H_out·w): H_out = signal heads / tp of width :attr:`ServedLayer.out_head_size`.
     """
     T, d = q.shape[0], layer.head_dim
-    if layer.kind == "standard":
+    if layer.head_layout == "single":
         return attend(q, k, v)
     lam_heads = layer.lambda_heads // tp
     w1 = _local(_per_head(weight1, layer.lambda_heads, T), rank, lam_heads)
     lm = _local(_per_head(lam, layer.lambda_heads, T), rank, lam_heads)
-    if layer.kind == "diff_v2":
+    if layer.head_layout == "branched":
         o = attend(q, k, v).view(T, -1, 2, d)  # (T, h, 2, d): branches 2i and 2i + 1
         return (_times(w1, o[:, :, 0]) - _times(lm, o[:, :, 1])).reshape(T, -1)
     g = layer.groups // tp
@@ -261,7 +264,7 @@ def reference_layer_forward(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
         return sdpa_attend(qq, kk, vv, heads=layout.num_heads, kv_heads=layout.groups, head_size=layout.head_size,
                            scale=1.0 / math.sqrt(d))
 
-    weight1, lam = (1.0, 0.0) if layout.kind == "standard" else attn.lambda_fn(x[None])
+    weight1, lam = (1.0, 0.0) if layout.head_layout == "single" else attn.lambda_fn(x[None])
     out = served_attention(layout, q.reshape(T, -1), k.reshape(T, -1), v, attend, weight1=weight1, lam=lam)
     norm = getattr(attn, "diff_norm", None)
     if isinstance(norm, nn.RMSNorm):

@@ -83,7 +83,7 @@ class ServedAttention(nn.Module):
                               num_kv_heads=layout.groups // tp, cache_config=cache_config, quant_config=quant_config,
                               prefix=f"{prefix}.attn")
         device = torch.get_default_device()
-        self.lambda_fn = copy_module(ref.lambda_fn, device) if layout.kind != "standard" else None
+        self.lambda_fn = copy_module(ref.lambda_fn, device) if layout.head_layout != "single" else None
         norm = getattr(ref, "diff_norm", None)
         self.diff_norm = copy_module(norm, device) if isinstance(norm, nn.RMSNorm) else None
         self.norm_eps = float(norm.eps) if isinstance(norm, nn.RMSNorm) and norm.eps is not None else 1e-6

@@ -19,7 +19,7 @@ model's (the Diff Transformer V2's extra query projection D × D per layer is pa
 
 Training: AdamW (decoupled weight decay on weight matrices, :func:`diffattn.train.optim.param_groups`), linear
 warm-up then cosine decay (:func:`diffattn.train.optim.warmup_cosine`), gradient clipping at 1, the steps taken by
-:func:`diffattn.train.loop.fit`; the loss is the cross-entropy of the answer tokens only. The batches come from a
+:func:`diffattn.train.step.fit`; the loss is the cross-entropy of the answer tokens only. The batches come from a
 generator seeded by the study seed, so at one seed all four models see the same data in the same order.
 """
 
@@ -36,36 +36,32 @@ import torch.nn.functional as F
 from ..data.synthetic import SyntheticBatch
 from ..layers import AttentionSpec
 from ..models import CausalLM
-from ..train.loop import fit
 from ..train.optim import param_groups, warmup_cosine
+from ..train.step import fit
 from .claims import FEWER_STEPS
 from .stats import censored_paired_test, holm, mean_std
 from .verdict import PaperEffect, derive_verdict, verdict_text
 
-__all__ = ["MODELS", "attention_for", "build_model", "param_count", "answer_loss", "answer_accuracy",
-           "steps_to_control_lines", "FEWER_STEPS", "steps_to_control_tests",
+__all__ = ["MODELS", "VARIANT_ATTENTION", "attention_for", "build_model", "param_count", "answer_loss",
+           "answer_accuracy", "steps_to_control_lines", "FEWER_STEPS", "steps_to_control_tests",
            "train_model", "steps_to_reach"]
 
-#: variant → label
-MODELS: dict[str, str] = {
-    "standard": "Transformer",
-    "diff": "Diff Transformer",
-    "diff_v2": "Diff Transformer V2",
-    "gated": "DG Transformer",
+#: the variants the synthetic studies compare: name → (label, attention)
+VARIANT_ATTENTION: dict[str, tuple[str, AttentionSpec]] = {
+    "standard": ("Transformer", AttentionSpec("standard")),
+    "diff": ("Diff Transformer", AttentionSpec("diff", lambda_init="ye")),
+    "diff_v2": ("Diff Transformer V2", AttentionSpec("diff_v2")),
+    "gated": ("DG Transformer", AttentionSpec("gated", lambda_init=0.8)),
 }
+#: variant → label
+MODELS: dict[str, str] = {name: label for name, (label, _) in VARIANT_ATTENTION.items()}
 
 
 def attention_for(kind: str) -> AttentionSpec:
     """The attention of variant ``kind`` (module docstring)."""
-    if kind == "standard":
-        return AttentionSpec("standard")
-    if kind == "diff":
-        return AttentionSpec("diff", lambda_init="ye")
-    if kind == "diff_v2":
-        return AttentionSpec("diff_v2")
-    if kind == "gated":
-        return AttentionSpec("gated", lambda_init=0.8)
-    raise ValueError(f"kind must be one of {list(MODELS)}, got {kind!r}")
+    if kind not in VARIANT_ATTENTION:
+        raise ValueError(f"kind must be one of {list(MODELS)}, got {kind!r}")
+    return VARIANT_ATTENTION[kind][1]
 
 
 def param_count(model: torch.nn.Module) -> int:
