@@ -589,9 +589,9 @@ def test_model_too_large_for_the_memory_is_refused_before_it_is_built(tmp_path, 
     assert cli.main(["train", RETROFIT, "--out", str(out), *huge]) == 2  # 329B parameters: 1.3 TB of weights alone
     one_error(capsys, "the model has 329.04B parameters and needs at least 2.7 TB to train", "a copy of the base",
               "available", "(task.base.config)")
-    from diffattn.train import loop
+    from diffattn.train import memory
 
-    monkeypatch.setattr(loop, "available_memory", lambda device: 1_000_000)
+    monkeypatch.setattr(memory, "available_memory", lambda device: 1_000_000)
     assert cli.main(["train", LM, "--out", str(out), *FAST, "--set", "data.name=sklearn_text"]) == 2
     # 82,208 float32 parameters (one block) × (weight + gradient + 2 AdamW states) × 4 bytes = 1,315,328 bytes
     one_error(capsys, "the model has 0.08M parameters and needs at least 1.3 MB to train", "the machine has 1.0 MB "
@@ -743,7 +743,7 @@ def _pairs(fit: bool) -> list[tuple[str, str]]:
 @pytest.mark.parametrize("kind, dataset", _pairs(fit=True))
 def test_eval_runs_every_offered_dataset_for_its_kind(kind, dataset, kind_runs, tmp_path, monkeypatch):
     from diffattn.data import DATASETS
-    from diffattn.eval import runner
+    from diffattn.eval import report, runner
 
     if not DATASETS[dataset].installed():
         pytest.skip(f"dataset {dataset!r} is not prepared (diffattn data prepare {dataset}; DIFFATTN_DATA)")
@@ -756,7 +756,7 @@ def test_eval_runs_every_offered_dataset_for_its_kind(kind, dataset, kind_runs, 
     suite, key, lo, hi = HEADLINE[kind]
     assert res["skipped"] == {} and res["device"] == "cpu"
     assert res[suite].get("dataset", res[suite].get("text", "").split(" ")[0]) == dataset
-    value = runner._get(res[suite], key)
+    value = report._get(res[suite], key)
     assert lo <= value <= hi, (key, value)
 
 

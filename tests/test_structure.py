@@ -1,7 +1,8 @@
 """Where things happen in the package, checked on the source (AST) and in a fresh interpreter.
 
-- every optimizer step is taken by ``diffattn/train/loop.py`` (its :func:`~diffattn.train.loop.train` and
-  :func:`~diffattn.train.loop.fit`): no other module calls ``.step()`` on an optimizer;
+- every optimizer step is taken by ``diffattn/train/step.py`` (its :func:`~diffattn.train.step.optimizer_step`, for
+  :func:`~diffattn.train.loop.train` and :func:`~diffattn.train.step.fit`): no other module calls ``.step()`` on an
+  optimizer;
 - ``diffattn`` (``python -m diffattn``, ``diffattn/__main__.py``) is the only entry point: no other module has an
   ``if __name__ == "__main__"`` block;
 - importing any module of the package has no side effect: it sets no environment variable, puts no filter on
@@ -21,7 +22,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 PKG = SRC / "diffattn"
 #: the one module that steps optimizers
-LOOP = PKG / "train" / "loop.py"
+STEP = PKG / "train" / "step.py"
 #: the receivers that name an optimizer (``opt.step()``, ``self.optimizer.step()``, ``optim.step()``)
 OPTIMIZER_NAMES = ("opt", "optim", "optimizer")
 
@@ -61,9 +62,9 @@ def _modules() -> list[Path]:
 
 def test_only_the_training_loop_steps_an_optimizer():
     found = {str(p.relative_to(SRC)): optimizer_steps(p.read_text(encoding="utf-8")) for p in _modules()}
-    outside = {k: v for k, v in found.items() if v and Path(SRC / k) != LOOP}
-    assert outside == {}, f"optimizer steps outside diffattn/train/loop.py: {outside}"
-    assert found[str(LOOP.relative_to(SRC))], "train/loop.py takes the steps (the checker found none there)"
+    outside = {k: v for k, v in found.items() if v and Path(SRC / k) != STEP}
+    assert outside == {}, f"optimizer steps outside diffattn/train/step.py: {outside}"
+    assert found[str(STEP.relative_to(SRC))], "train/step.py takes the steps (the checker found none there)"
 
 
 def test_the_step_checker_is_not_vacuous():

@@ -26,14 +26,15 @@ REGISTRY = {SRC / "train" / "tasks" / "__init__.py", SRC / "train" / "tasks" / "
 
 
 def test_train_is_short_and_shares_fits_loop_body():
-    """``train()`` only sequences the Trainer's parts (≤ 80 lines, docstring included); ``train()`` and ``fit()``
-    both step through ``run_steps``, the one place of the package that calls ``backward``."""
-    from diffattn.train import loop
+    """``train()`` only sequences the Trainer's parts (≤ 80 lines, docstring included); ``train()`` (its
+    ``Trainer.loop``) and ``fit()`` both step through ``run_steps``, the one place of the package that calls
+    ``backward``."""
+    from diffattn.train import loop, step
 
     lines, _ = inspect.getsourcelines(loop.train)
     assert len(lines) <= 80, f"train() has {len(lines)} lines"
-    tree = ast.parse(inspect.getsource(loop))
-    funcs = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    funcs = {n.name: n for module in (loop, step) for n in ast.walk(ast.parse(inspect.getsource(module)))
+             if isinstance(n, ast.FunctionDef)}
 
     def calls(node, name):
         return any(isinstance(c, ast.Call) and getattr(c.func, "id", getattr(c.func, "attr", None)) == name
@@ -174,7 +175,7 @@ def test_the_model_is_built_once(monkeypatch, tmp_path):
     """One real build per run; the only other is the size check's on the ``meta`` device (no weights): the data
     read image sizes, tokenizers and vocabularies from the run's model."""
     import diffattn.models as M
-    from diffattn.train import loop as train_loop
+    from diffattn.train import build
 
     devices = []
     create = M.create_model
@@ -184,7 +185,7 @@ def test_the_model_is_built_once(monkeypatch, tmp_path):
         return create(*args, **kwargs)
 
     monkeypatch.setattr(M, "create_model", counting)  # the tasks that take it from diffattn.models
-    monkeypatch.setattr(train_loop, "create_model", counting)  # the trainer's build_run_model, from diffattn.factory
+    monkeypatch.setattr(build, "create_model", counting)  # the trainer's build_run_model, from diffattn.factory
     for name, extra in (("classify", []),
                         ("clip", ["data.name=digits", "model.overrides.vision_img_size=8",
                                   "model.overrides.vision_patch_size=2", "model.overrides.vision_in_chans=1"])):

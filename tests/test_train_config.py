@@ -51,7 +51,8 @@ def test_set_overrides_parse_yaml_values(tmp_path):
     assert cfg.optim.betas == [0.9, 0.95]
     assert load_config(p, ["run.compile=reduce-overhead"]).run.compile == "reduce-overhead"  # CUDA graphs on a GPU
     assert load_config(p, ["run.compile=true"]).run.compile is True
-    with pytest.raises(ValueError, match=r"--set takes section.key=value, got 'optim.lr'"):
+    with pytest.raises(ValueError, match=r"--set takes section.key=value, got 'optim.lr'"), \
+            pytest.warns(FutureWarning, match=r"apply_overrides is deprecated .*; use diffattn.configs.apply_sets"):
         apply_overrides({}, ["optim.lr"])
     with pytest.raises(ValueError, match=r"unknown config key run\.stpes"):
         load_config(p, ["run.stpes=3"])
@@ -118,7 +119,7 @@ def test_classify_standardises_like_eval(tmp_path):
     import numpy as np
 
     from diffattn.data import DatasetNotInstalledError, get_dataset, pixel_stats
-    from diffattn.train.loop import build_run_model
+    from diffattn.train.build import build_run_model
     from diffattn.train.tasks import build_task
 
     try:
@@ -165,6 +166,6 @@ def test_the_task_list_comes_from_the_recipe_registry():
     with pytest.raises(UsageError, match=r"task.name must be one of \('classify', 'clip', 'lm', 'paligemma', "
                                          r"'retrofit', 'vlm'\), got 'vit'"):
         C.config_from_dict({**cfg.to_dict(), "task": {"name": "vit"}})
-    with pytest.warns(DeprecationWarning, match=r"use tuple\(diffattn.train.tasks.TASKS\)"):
+    with pytest.warns(FutureWarning, match=r"use tuple\(diffattn.train.tasks.TASKS\)"):
         from diffattn.train.tasks import TASK_CLASSES
     assert TASK_CLASSES == tuple(TASKS)

@@ -16,7 +16,7 @@ import torch
 from diffattn import cli
 from diffattn.convert import from_motif
 from diffattn.factory import load_run
-from diffattn.train.loop import LAMBDA_VECTORS
+from diffattn.train.build import LAMBDA_VECTORS
 
 from .test_convert_motif import V1, released_state_dict, write_released
 
@@ -147,8 +147,8 @@ def test_the_backend_of_a_released_checkpoint_is_an_attention_setting(diffllama_
     with pytest.warns(FutureWarning) as record:
         _train(diffllama_dir, tmp_path / "b", "--set", "model.overrides.backend=math", "--set", "run.steps=1")
     assert [str(w.message) for w in record] == [
-        "model.pretrained: model.overrides.backend='math' is the loose spelling of the attention settings, deprecated "
-        "and removed in diffattn 0.3.0; pass model.overrides.attention.backend='math' instead"]
+        "model.overrides.backend is deprecated since diffattn 0.2.0 and removed in diffattn 0.3.0; use "
+        "model.overrides.attention.backend (--set model.overrides.attention.backend=math) instead"]
     assert load_run(tmp_path / "b").attention_spec.backend == "math"
 
 

@@ -15,12 +15,14 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from ..errors import UsageError
 from ..io import atomic_write_dir, load_torch_file, recover_dir
+from .distributed import DistEnv
 
-__all__ = ["rng_state", "set_rng_state", "save_checkpoint", "latest_checkpoint", "load_checkpoint",
-           "resolve_resume", "find_resume", "checkpoint_dirs"]
+__all__ = ["rng_state", "set_rng_state", "gather_rng", "full_state", "load_full_state", "save_checkpoint",
+           "latest_checkpoint", "load_checkpoint", "resolve_resume", "find_resume", "checkpoint_dirs"]
 
 STATE_FILE = "state.pt"
 _NAME = re.compile(r"^step_(\d{8})$")
@@ -46,6 +48,31 @@ def set_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state(("MT19937", n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
     py = state["python"]
     random.setstate((3, tuple(py[:-1]), py[-1]))
+
+
+def gather_rng(env: DistEnv) -> list[dict]:
+    """Every rank's :func:`rng_state`, in rank order (on every rank; one process: its own)."""
+    state = rng_state()
+    if not env.distributed:
+        return [state]
+    out: list[Any] = [None] * env.world_size
+    dist.all_gather_object(out, state)
+    return out
+
+
+def full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """Full (unsharded) model and optimizer state dicts on CPU, keyed by parameter names (DDP and FSDP2 alike)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    return get_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, model_sd: dict, optim_sd: dict) -> None:
+    """Load the state dicts of :func:`full_state` into ``model`` and ``optimizer`` (sharded or not), strictly."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd,
+                   options=StateDictOptions(full_state_dict=True, strict=True))
 
 
 def checkpoint_dirs(run_dir: str | Path) -> list[Path]:

@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Any
 
 from ..configs import apply_sets, config_names, find_config
+from ..deprecations import warn_deprecated
 from ..directions import higher_is_better
 from ..errors import UsageError, did_you_mean, yaml_error
 from ..models import is_model, list_models
 from ..utils import check_device
 from .tasks import TASKS, task_keys
-from .tasks.base import TaskConfig, check, is_int
+from .tasks.base import Task, TaskConfig, check, is_int
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
            "load_config", "apply_overrides", "config_from_dict", "val_metric",
@@ -68,6 +69,53 @@ class ModelConfig:
     lora_targets: list = field(default_factory=lambda: list(LORA_TARGETS))
     freeze_lambda: bool = False
 
+    def check(self, task: type[Task]) -> None:
+        """The section's values for ``task``: a registered ``name`` where the task builds its model from this
+        section (or ``pretrained``, where it takes one), ``overrides`` a mapping, and the start of the run
+        (:meth:`check_start`)."""
+        _check(not task.model_name or bool(self.name) or bool(self.pretrained), "model.name", self.name,
+               "a registered model name (list them with `diffattn models`)" +
+               (", or give model.pretrained" if task.pretrained else ""))
+        _check(isinstance(self.overrides, dict), "model.overrides", self.overrides, "a mapping")
+        self.check_start(task)
+        if self.name and task.model_name and not self.pretrained:
+            _check(is_model(self.name), "model.name", self.name,
+                   "a registered model name (list them with `diffattn models`)", did_you_mean(self.name, list_models()))
+
+    def check_start(self, task: type[Task]) -> None:
+        """``pretrained``, ``dtype``, ``lora*`` and ``freeze_lambda``: where ``task`` takes them, and their values.
+        λ_init is not among them: a released checkpoint's λ_init is fixed by the layer index (DiffLlama's and
+        Motif's schedules), another one changes the function it computes and cannot be written back in its
+        layout."""
+        default = ModelConfig()
+        start = {k: getattr(self, k) for k in ("pretrained", "lora", "freeze_lambda")
+                 if getattr(self, k) != getattr(default, k)}
+        if self.pretrained is not None:
+            _check(isinstance(self.pretrained, str) and bool(self.pretrained), "model.pretrained", self.pretrained,
+                   "a folder or a Hugging Face Hub id (org/name)")
+            _check(task.pretrained, "model.pretrained", self.pretrained,
+                   f"null for task {task.name!r} (a released differential model starts the tasks "
+                   f"{', '.join(n for n, c in TASKS.items() if c.pretrained)})")
+            _check(not self.name, "model.name", self.name,
+                   "empty with model.pretrained (the checkpoint names the model)")
+            attention = self.overrides.get("attention", {})
+            _check(set(self.overrides) <= {"attention", "backend"} and isinstance(attention, dict)
+                   and set(attention) <= {"backend"}, "model.overrides", self.overrides,
+                   "only {attention: {backend: ...}} with model.pretrained (the checkpoint fixes its sizes and "
+                   "λ_init; --set model.overrides.attention.backend=sdpa)")
+        elif start:
+            _check(task.model_name, f"model.{next(iter(start))}", next(iter(start.values())),
+                   f"unset for task {task.name!r}, which builds its own model")
+        _check(self.dtype in DTYPES, "model.dtype", self.dtype, f"one of {DTYPES}")
+        for key in ("lora", "freeze_lambda"):
+            _check(isinstance(getattr(self, key), bool), f"model.{key}", getattr(self, key), "true or false")
+        _check(_is_int(self.lora_r) and self.lora_r >= 1, "model.lora_r", self.lora_r, "an integer >= 1")
+        _check(isinstance(self.lora_alpha, (int, float)) and self.lora_alpha > 0, "model.lora_alpha",
+               self.lora_alpha, "> 0")
+        _check(isinstance(self.lora_targets, list) and bool(self.lora_targets)
+               and all(isinstance(t, str) for t in self.lora_targets),
+               "model.lora_targets", self.lora_targets, "a non-empty list of layer names")
+
 
 @dataclass
 class DataConfig:
@@ -86,6 +134,15 @@ class DataConfig:
     num_workers: int = 0
     img_size: int | None = None
 
+    def check(self, task: type[Task]) -> None:
+        """``block_size`` an integer >= 2; ``name`` one of the sets and formats ``task`` trains on (where it says)."""
+        _check(_is_int(self.block_size) and self.block_size >= 2, "data.block_size", self.block_size,
+               "an integer >= 2")
+        names = task.data_names()
+        if names is not None:
+            _check(self.name in names, "data.name", self.name, f"one of {names} (for task {task.name!r})",
+                   did_you_mean(self.name, names))
+
 
 @dataclass
 class OptimConfig:
@@ -98,6 +155,18 @@ class OptimConfig:
     warmup_steps: int = 0
     min_lr_ratio: float = 0.0
     grad_clip: float | None = 1.0
+
+    def check(self) -> None:
+        """The section's values: a positive ``lr``, the ranges of the others, two ``betas``."""
+        _check(isinstance(self.lr, (int, float)) and self.lr > 0, "optim.lr", self.lr, "a number > 0")
+        _check(isinstance(self.weight_decay, (int, float)) and self.weight_decay >= 0, "optim.weight_decay",
+               self.weight_decay, "a number >= 0")
+        _check(_is_int(self.warmup_steps) and self.warmup_steps >= 0, "optim.warmup_steps", self.warmup_steps,
+               "an integer >= 0")
+        _check(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", self.min_lr_ratio, "in [0, 1]")
+        _check(self.grad_clip is None or self.grad_clip > 0, "optim.grad_clip", self.grad_clip, "None or > 0")
+        _check(isinstance(self.betas, (list, tuple)) and len(self.betas) == 2, "optim.betas", self.betas,
+               "two numbers")
 
 
 #: ``run.compile`` modes besides true/false: torch.compile's ``mode`` ("reduce-overhead" replays the compiled step as
@@ -129,7 +198,29 @@ class RunConfig:
     progress: bool = True
     threads: int | None = None
 
-
+    def check(self) -> None:
+        """The section's values: the batch and the step budget (exactly one of ``steps`` and ``epochs``), the
+        device, precision, strategy, EMA and compile mode, and the logging and checkpoint intervals."""
+        _check(_is_int(self.batch_size) and self.batch_size >= 1, "run.batch_size", self.batch_size,
+               "an integer >= 1")
+        _check(_is_int(self.accum_steps) and self.accum_steps >= 1, "run.accum_steps", self.accum_steps,
+               "an integer >= 1")
+        _check((self.steps is None) != (self.epochs is None), "run.steps/run.epochs", (self.steps, self.epochs),
+               "exactly one of them set")
+        _check(self.steps is None or (_is_int(self.steps) and self.steps >= 1), "run.steps", self.steps,
+               "an integer >= 1")
+        _check(self.epochs is None or (isinstance(self.epochs, (int, float)) and self.epochs > 0), "run.epochs",
+               self.epochs, "> 0")
+        check_device(self.device, "run.device")
+        _check(self.precision in PRECISIONS, "run.precision", self.precision, f"one of {PRECISIONS}")
+        _check(self.distributed in STRATEGIES, "run.distributed", self.distributed, f"one of {STRATEGIES}")
+        _check(self.ema_decay is None or 0 < self.ema_decay < 1, "run.ema_decay", self.ema_decay,
+               "None or in (0, 1)")
+        _check(isinstance(self.compile, bool) or self.compile in COMPILE_MODES, "run.compile", self.compile,
+               f"true, false or a torch.compile mode {COMPILE_MODES} (reduce-overhead captures CUDA graphs)")
+        for key in ("log_every", "ckpt_every", "keep_last"):
+            v = getattr(self, key)
+            _check(_is_int(v) and v >= 1, f"run.{key}", v, "an integer >= 1")
 
 
 @dataclass
@@ -145,6 +236,21 @@ class EvalConfig:
     max_samples: int = 512
     batch_size: int = 64
 
+    def check(self, task: type[Task]) -> None:
+        """The section's values, and with ``every`` set: that ``task`` validates while it trains and ``metric``
+        is one of its metrics."""
+        _check(self.every is None or (_is_int(self.every) and self.every >= 1), "eval.every", self.every,
+               "null or an integer >= 1")
+        _check(_is_int(self.max_samples) and self.max_samples >= 1, "eval.max_samples", self.max_samples,
+               "an integer >= 1")
+        _check(_is_int(self.batch_size) and self.batch_size >= 1, "eval.batch_size", self.batch_size,
+               "an integer >= 1")
+        if self.every is not None:
+            _check(bool(task.metrics), "eval.every", self.every, f"null for task {task.name!r} (validation while "
+                   f"training is there for {', '.join(n for n, c in TASKS.items() if c.metrics)})")
+            _check(self.metric is None or self.metric in task.metrics, "eval.metric", self.metric,
+                   f"one of {task.metrics} for task {task.name!r}")
+
 
 @dataclass
 class TrainConfig:
@@ -157,6 +263,20 @@ class TrainConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def check(self) -> TrainConfig:
+        """Check every section's values (types, ranges, choices), each by its own ``check`` against the task
+        ``task.name`` (whose :meth:`~diffattn.train.tasks.Task.check_config` checks the ``task`` section); every
+        error is a :class:`~diffattn.errors.UsageError` naming the key, the value and what is allowed. Returns
+        ``self``."""
+        task = _task_class(self.task.name)
+        self.model.check(task)
+        self.run.check()
+        self.optim.check()
+        task.check_config(self)
+        self.data.check(task)
+        self.eval.check(task)
+        return self
 
 
 _SECTIONS = {f.name: f.type for f in fields(TrainConfig)}
@@ -203,89 +323,9 @@ _check, _is_int = check, is_int
 
 
 def validate(cfg: TrainConfig) -> TrainConfig:
-    """Check values (types, ranges, choices); every error names the key, the value and what is allowed."""
-    t, r, o = cfg.task, cfg.run, cfg.optim
-    task = _task_class(t.name)
-    m = cfg.model
-    _check(not task.model_name or bool(m.name) or bool(m.pretrained), "model.name", m.name,
-           "a registered model name (list them with `diffattn models`)" +
-           (", or give model.pretrained" if task.pretrained else ""))
-    _check(isinstance(m.overrides, dict), "model.overrides", m.overrides, "a mapping")
-    _check_model_start(cfg, task)
-    _check(_is_int(r.batch_size) and r.batch_size >= 1, "run.batch_size", r.batch_size, "an integer >= 1")
-    _check(_is_int(r.accum_steps) and r.accum_steps >= 1, "run.accum_steps", r.accum_steps, "an integer >= 1")
-    _check((r.steps is None) != (r.epochs is None), "run.steps/run.epochs", (r.steps, r.epochs),
-           "exactly one of them set")
-    _check(r.steps is None or (_is_int(r.steps) and r.steps >= 1), "run.steps", r.steps, "an integer >= 1")
-    _check(r.epochs is None or (isinstance(r.epochs, (int, float)) and r.epochs > 0), "run.epochs", r.epochs, "> 0")
-    check_device(r.device, "run.device")
-    _check(r.precision in PRECISIONS, "run.precision", r.precision, f"one of {PRECISIONS}")
-    _check(r.distributed in STRATEGIES, "run.distributed", r.distributed, f"one of {STRATEGIES}")
-    _check(r.ema_decay is None or 0 < r.ema_decay < 1, "run.ema_decay", r.ema_decay, "None or in (0, 1)")
-    _check(isinstance(r.compile, bool) or r.compile in COMPILE_MODES, "run.compile", r.compile,
-           f"true, false or a torch.compile mode {COMPILE_MODES} (reduce-overhead captures CUDA graphs)")
-    for key in ("log_every", "ckpt_every", "keep_last"):
-        v = getattr(r, key)
-        _check(_is_int(v) and v >= 1, f"run.{key}", v, "an integer >= 1")
-    _check(isinstance(o.lr, (int, float)) and o.lr > 0, "optim.lr", o.lr, "a number > 0")
-    _check(isinstance(o.weight_decay, (int, float)) and o.weight_decay >= 0, "optim.weight_decay", o.weight_decay,
-           "a number >= 0")
-    _check(_is_int(o.warmup_steps) and o.warmup_steps >= 0, "optim.warmup_steps", o.warmup_steps, "an integer >= 0")
-    _check(0 <= o.min_lr_ratio <= 1, "optim.min_lr_ratio", o.min_lr_ratio, "in [0, 1]")
-    _check(o.grad_clip is None or o.grad_clip > 0, "optim.grad_clip", o.grad_clip, "None or > 0")
-    _check(isinstance(o.betas, (list, tuple)) and len(o.betas) == 2, "optim.betas", o.betas, "two numbers")
-    task.check_config(cfg)
-    _check(_is_int(cfg.data.block_size) and cfg.data.block_size >= 2, "data.block_size", cfg.data.block_size,
-           "an integer >= 2")
-    if cfg.model.name and task.model_name and not cfg.model.pretrained:
-        _check(is_model(cfg.model.name), "model.name", cfg.model.name,
-               "a registered model name (list them with `diffattn models`)",
-               did_you_mean(cfg.model.name, list_models()))
-    e = cfg.eval
-    _check(e.every is None or (_is_int(e.every) and e.every >= 1), "eval.every", e.every, "null or an integer >= 1")
-    _check(_is_int(e.max_samples) and e.max_samples >= 1, "eval.max_samples", e.max_samples, "an integer >= 1")
-    _check(_is_int(e.batch_size) and e.batch_size >= 1, "eval.batch_size", e.batch_size, "an integer >= 1")
-    if e.every is not None:
-        _check(bool(task.metrics), "eval.every", e.every, f"null for task {t.name!r} (validation while training "
-               f"is there for {', '.join(n for n, c in TASKS.items() if c.metrics)})")
-        _check(e.metric is None or e.metric in task.metrics, "eval.metric", e.metric,
-               f"one of {task.metrics} for task {t.name!r}")
-    names = task.data_names()
-    if names is not None:
-        _check(cfg.data.name in names, "data.name", cfg.data.name, f"one of {names} (for task {t.name!r})",
-               did_you_mean(cfg.data.name, names))
-    return cfg
-
-
-def _check_model_start(cfg: TrainConfig, task) -> None:
-    """``model.pretrained``, ``dtype``, ``lora*`` and ``freeze_lambda``: where the task takes them, and their values.
-    λ_init is not among them: a released checkpoint's λ_init is fixed by the layer index (DiffLlama's and Motif's
-    schedules), another one changes the function it computes and cannot be written back in its layout."""
-    m, default = cfg.model, ModelConfig()
-    start = {k: getattr(m, k) for k in ("pretrained", "lora", "freeze_lambda") if getattr(m, k) != getattr(default, k)}
-    if m.pretrained is not None:
-        _check(isinstance(m.pretrained, str) and bool(m.pretrained), "model.pretrained", m.pretrained,
-               "a folder or a Hugging Face Hub id (org/name)")
-        _check(task.pretrained, "model.pretrained", m.pretrained,
-               f"null for task {task.name!r} (a released differential model starts the tasks "
-               f"{', '.join(n for n, c in TASKS.items() if c.pretrained)})")
-        _check(not m.name, "model.name", m.name, "empty with model.pretrained (the checkpoint names the model)")
-        attention = m.overrides.get("attention", {})
-        _check(set(m.overrides) <= {"attention", "backend"} and isinstance(attention, dict)
-               and set(attention) <= {"backend"}, "model.overrides", m.overrides,
-               "only {attention: {backend: ...}} with model.pretrained (the checkpoint fixes its sizes and λ_init; "
-               "--set model.overrides.attention.backend=sdpa)")
-    elif start:
-        _check(task.model_name, f"model.{next(iter(start))}", next(iter(start.values())),
-               f"unset for task {task.name!r}, which builds its own model")
-    _check(m.dtype in DTYPES, "model.dtype", m.dtype, f"one of {DTYPES}")
-    for key in ("lora", "freeze_lambda"):
-        _check(isinstance(getattr(m, key), bool), f"model.{key}", getattr(m, key), "true or false")
-    _check(_is_int(m.lora_r) and m.lora_r >= 1, "model.lora_r", m.lora_r, "an integer >= 1")
-    _check(isinstance(m.lora_alpha, (int, float)) and m.lora_alpha > 0, "model.lora_alpha", m.lora_alpha, "> 0")
-    _check(isinstance(m.lora_targets, list) and bool(m.lora_targets) and all(isinstance(t, str)
-                                                                             for t in m.lora_targets),
-           "model.lora_targets", m.lora_targets, "a non-empty list of layer names")
+    """Check values (types, ranges, choices); every error names the key, the value and what is allowed
+    (:meth:`TrainConfig.check`, one ``check`` per section)."""
+    return cfg.check()
 
 
 def budget_warnings(cfg: TrainConfig) -> list[str]:
@@ -318,8 +358,9 @@ def config_from_dict(d: dict[str, Any]) -> TrainConfig:
 
 def apply_overrides(d: dict[str, Any], overrides: list[str] | None) -> dict[str, Any]:
     """Apply ``section.key=value`` (or ``section.key.sub=value`` inside a mapping) to the nested dict ``d``;
-    values are parsed as YAML (``3e-4``, ``true``, ``[1, 2]``). An alias of :func:`diffattn.configs.apply_sets` kept
-    from 0.1.0; removed in 0.3.0."""
+    values are parsed as YAML (``3e-4``, ``true``, ``[1, 2]``). The 0.1.0 name of :func:`diffattn.configs.apply_sets`
+    (on a copy of ``d``), deprecated: it warns (:data:`diffattn.deprecations.DEPRECATIONS`)."""
+    warn_deprecated("diffattn.train.config.apply_overrides")
     return apply_sets(json.loads(json.dumps(d)), overrides, min_depth=2, example="section.key")
 
 

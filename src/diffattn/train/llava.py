@@ -1,14 +1,14 @@
 """LLaVA's two training stages in one call (Liu et al. 2023, §4.2), for callers without a run directory (the
 CLIP-vs-DiffCLIP tower comparison, ``diffattn study llava``). Every optimizer step is taken by
-:func:`diffattn.train.loop.fit`. A run with checkpoints is the ``vlm`` recipe instead (:mod:`diffattn.train.tasks.vlm`:
+:func:`diffattn.train.step.fit`. A run with checkpoints is the ``vlm`` recipe instead (:mod:`diffattn.train.tasks.vlm`:
 stage 2 continues from stage 1's ``<run>/model``)."""
 
 from __future__ import annotations
 
 import torch
 
-from .loop import fit
 from .optim import warmup_cosine
+from .step import fit
 
 __all__ = ["train_llava"]
 

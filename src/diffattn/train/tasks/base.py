@@ -190,7 +190,7 @@ class Task:
     ``eval.metric``; empty: no validation while training), ``data_kinds`` / ``data_formats`` (the ``data.name``
     values it trains on) and ``model_name`` (whether ``model.name`` names a registered diffattn model; False: the
     task builds its own model in :meth:`own_model`), implements :meth:`dataset` and :meth:`loss`, and is registered
-    with :func:`register_task`. The trainer builds the run's model, once (:func:`diffattn.train.loop.build_run_model`),
+    with :func:`register_task`. The trainer builds the run's model, once (:func:`diffattn.train.build.build_run_model`),
     and hands it to the task's hooks."""
 
     name: ClassVar[str] = ""
@@ -234,7 +234,7 @@ class Task:
     def own_model(self) -> nn.Module | None:
         """The task's own model, for a task whose model is not the ``model:`` section (a Hugging Face base it
         retrofits, PaliGemma, LLaVA's stages); None (the default): the trainer builds ``model:`` through the
-        factory (:func:`diffattn.train.loop.build_run_model`)."""
+        factory (:func:`diffattn.train.build.build_run_model`)."""
         return None
 
     def pretrained_dir(self) -> Path:

@@ -117,7 +117,7 @@ def build_base_model(base: dict) -> nn.Module:
     if base.get("path"):
         if not Path(base["path"]).is_dir():
             raise ValueError(f"task.base.path {base['path']!r} is not a directory holding a {kind} checkpoint")
-        if torch.empty(0).device.type == "meta":  # the size check of diffattn.train.loop.check_fits
+        if torch.empty(0).device.type == "meta":  # the size check of diffattn.train.build.check_fits
             return model_cls(cfg_cls.from_pretrained(base["path"]))
 
         install_load_warning()  # a retrofitted checkpoint given as the base is reported, not silently stripped

@@ -1,4 +1,4 @@
-"""diffattn.train.loop.fit: the optimizer step of the package for callers with their own batches, checked against
+"""diffattn.train.step.fit: the optimizer step of the package for callers with their own batches, checked against
 the loop written out by hand (same losses and weights, bit for bit) and for its hooks and argument checks."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffattn.train.loop import fit, optimizer_step
+from diffattn.train.step import fit, optimizer_step
 
 
 def _setup(seed: int = 0):
