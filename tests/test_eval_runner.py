@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from diffattn.eval.runner import compare, evaluate, flatten
+from diffattn.eval.comparison import compare, flatten
+from diffattn.eval.kinds import EVAL_KINDS
+from diffattn.eval.runner import evaluate
 
 TINY = {"noise_levels": (0.0, 1.0), "corruptions": ("contrast",), "severities": (1,), "episodes": 20,
         "max_images": 48, "ppl_tokens": 256, "lambada": 4, "needle_lengths": (128,), "needle_depths": (0.0, 1.0),
@@ -62,6 +64,7 @@ def test_eval_vit_run_on_digits(tmp_path, monkeypatch):
     assert on_disk["vision"]["classification"]["top1"] == pytest.approx(res["vision"]["classification"]["top1"])
     v = res["vision"]
     assert v["dataset"] == "digits" and v["images"] == 48 and not res["skipped"]
+    assert set(EVAL_KINDS["vit"].groups) <= set(v)  # every group the kind declares
     assert 0 <= v["classification"]["top1"] <= v["classification"]["top5"] <= 1
     assert v["noise"]["0.0"] == pytest.approx(v["classification"]["top1"])  # σ = 0 is the clean input
     assert v["corruptions"]["mce"] == pytest.approx(100 - 100 * v["corruptions"]["table"]["contrast"]["1"])
@@ -86,6 +89,7 @@ def test_eval_lm_with_text_file_and_yaml_config(tmp_path, monkeypatch):
     res = evaluate(tmp_path / "eval.yaml", protocol=TINY, progress=False)
     lang = res["language"]
     assert lang["tokenizer"] == "bytes" and lang["perplexity"]["tokens"] == 255
+    assert set(EVAL_KINDS["lm"].groups) <= set(lang)  # every group the kind declares
     assert lang["perplexity"]["ppl"] == pytest.approx(np.exp(lang["perplexity"]["nll"]))
     assert set(lang["needle"]) == {"128"} and set(lang["needle"]["128"]) == {"0.0", "1.0"}
     assert {"answer", "noise", "ratio"} <= set(lang["attention_noise"]["signed"])
@@ -135,15 +139,16 @@ class _Captions:
 
 @pytest.mark.slow
 def test_eval_clip_suite_with_caption_data(tmp_path, monkeypatch):
-    import diffattn.eval.runner
+    import diffattn.eval.kinds.clip
     from diffattn.models import create_model
 
-    monkeypatch.setattr(diffattn.eval.runner, "get_dataset", lambda name, split="train", **kw: _Captions(split))
+    monkeypatch.setattr(diffattn.eval.kinds.clip, "get_dataset", lambda name, split="train", **kw: _Captions(split))
     create_model("diffclip_tiny").save_pretrained(tmp_path / "clip")
     res = evaluate(tmp_path / "clip", quick=True, protocol=dict(TINY, max_images=None), dataset="colours",
                    progress=False)
     c = res["clip"]
     assert c["images"] == 60 and not c["skipped"]
+    assert set(EVAL_KINDS["clip"].groups) <= set(c)  # every group the kind declares
     assert set(c["zero_shot"]) == {"top1", "top5", "mean_per_class_recall"} and c["zero_shot"]["top5"] == 1.0
     assert set(c["retrieval"]) == {f"{d}@{k}" for d in ("image_to_text", "text_to_image") for k in (1, 5, 10)}
     assert 0 <= c["linear_probe"]["accuracy"] <= 1 and c["few_shot"]["episodes"] == 20
@@ -220,7 +225,7 @@ def test_cli_eval_command(tmp_path, capsys):
 
 
 def test_stratified_subset_keeps_every_class_share_and_is_seeded():
-    from diffattn.eval.runner import stratified_subset
+    from diffattn.eval.sampling import stratified_subset
 
     labels = np.repeat(np.arange(10), [100] * 9 + [50])  # sorted by class, as test splits often are
     idx = stratified_subset(labels, 95, seed=0)
@@ -267,10 +272,10 @@ class _MissingClass(_Captions):
 
 @pytest.mark.slow
 def test_eval_clip_reports_a_bar_per_stage_one_class_count_and_names_every_figure(tmp_path, monkeypatch, capsys):
-    import diffattn.eval.runner
+    import diffattn.eval.kinds.clip
     from diffattn.models import create_model
 
-    monkeypatch.setattr(diffattn.eval.runner, "get_dataset", lambda name, split="train", **kw: _MissingClass(split))
+    monkeypatch.setattr(diffattn.eval.kinds.clip, "get_dataset", lambda name, split="train", **kw: _MissingClass(split))
     monkeypatch.setenv("DIFFATTN_PROGRESS_EVERY", "1000")  # not a terminal: one closing line per stage
     titles = _figure_titles(monkeypatch)
     create_model("diffclip_tiny").save_pretrained(tmp_path / "tiny_run" / "model")
@@ -297,7 +302,7 @@ def test_eval_clip_reports_a_bar_per_stage_one_class_count_and_names_every_figur
 
 
 def test_summary_and_report_state_few_shot_way_shot_and_chance(tmp_path):
-    from diffattn.eval.runner import summary_table, write_report
+    from diffattn.eval.report import summary_table, write_report
 
     res = {"model": {"name": "m", "architecture": "CLIP", "params": 10, "path": "p", "kind": "clip"},
            "protocol": "default", "seconds": 1.0,
@@ -311,7 +316,7 @@ def test_summary_and_report_state_few_shot_way_shot_and_chance(tmp_path):
 
 
 def test_compare_shows_the_eval_tables_rows_with_the_direction_tables_arrows(tmp_path):
-    from diffattn.eval.runner import headline_metrics
+    from diffattn.eval.report import headline_metrics
 
     clip = {"zero_shot": {"top1": 0.5}, "few_shot": {"mean": 0.4, "std": 0.1, "episodes": 50, "way": 5, "shot": 5,
                                                      "queries": 6},

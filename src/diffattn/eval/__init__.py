@@ -8,12 +8,13 @@ The lm-evaluation-harness model lives in :mod:`diffattn.eval.lm_harness` (import
 """
 
 from .classification import DEFAULT_TEMPLATES, classification_metrics, zero_shot_classifier, zero_shot_eval
+from .comparison import compare
 from .language import lambada_accuracy, needle_grid, needle_prompt, perplexity
 from .mmvp import mmvp_eval, read_mmvp
 from .probe import few_shot, linear_probe, prototype_accuracy
 from .retrieval import recall_at_k
 from .robustness import COMMON_CORRUPTIONS, corrupt_images, corruption_table, mean_corruption_error, noise_robustness
-from .runner import compare, evaluate
+from .runner import evaluate
 from .text_models import get_text_tokenizer, load_language_model
 from .vlm import mmneedle_metrics, normalize_vqa_answer, pope_metrics, vqa_accuracy, vqa_score
 from .vlm_bench import evaluate_vlm, image_attention, llava_answerer, needle_predictions, plot_needle_cells

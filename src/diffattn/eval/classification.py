@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 from ._checks import as_tensor, check_ks
 
-__all__ = ["DEFAULT_TEMPLATES", "topk_correct", "classification_metrics", "zero_shot_classifier",
-           "zero_shot_logits", "zero_shot_eval"]
+__all__ = ["DEFAULT_TEMPLATES", "topk_correct", "classification_metrics", "classification_chance",
+           "zero_shot_classifier", "zero_shot_logits", "zero_shot_eval"]
 
 #: A small prompt ensemble in the style of CLIP's ImageNet templates (Radford et al. 2021, §3.1.4).
 DEFAULT_TEMPLATES: tuple[str, ...] = (
@@ -70,6 +70,18 @@ def classification_metrics(scores, labels, ks: Sequence[int] = (1, 5), *,
     present = labels.unique()
     recalls = torch.stack([hit[labels == c].mean() for c in present])
     out["mean_per_class_recall"] = recalls.mean().item()
+    return out
+
+
+def classification_chance(group: str, metrics: dict, classes: int) -> dict[str, float]:
+    """What guessing uniformly among ``classes`` classes scores on each metric of ``group``: top-k → min(k, C)/C,
+    mean per-class recall → 1/C."""
+    out = {}
+    for key in metrics:
+        if key.startswith("top") and key[3:].isdigit():
+            out[f"{group}.{key}"] = min(int(key[3:]), classes) / classes
+        elif key == "mean_per_class_recall":
+            out[f"{group}.{key}"] = 1 / classes
     return out
 
 

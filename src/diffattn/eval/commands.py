@@ -17,7 +17,7 @@ import json
 from ..errors import UsageError, user_input
 from ..extras import MissingExtraError, require
 from ..utils import device_type, resolve_device
-from . import runner
+from . import comparison, report, runner
 from .detection import add_arguments, run_command
 from .inspection import inspect_folder
 
@@ -38,14 +38,14 @@ def _eval_command(args: argparse.Namespace) -> int:
     if args.json:  # for scripts: the results.json just written, on stdout
         print(json.dumps(res, indent=1, default=float))
         return 0
-    print(runner.summary_table(res))
+    print(report.summary_table(res))
     print(f"wrote results.json and report.md to {res['output_dir']}")
     return 0
 
 
 def _compare_command(args: argparse.Namespace) -> int:
     require("eval", "diffattn compare")
-    print(runner.compare(args.runs, args.out, labels=args.labels), end="")
+    print(comparison.compare(args.runs, args.out, labels=args.labels), end="")
     if args.out:
         print(f"\nwrote {args.out} and its .json")
     return 0
