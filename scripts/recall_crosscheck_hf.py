@@ -18,7 +18,7 @@ import torch
 from transformers import DiffLlamaConfig, DiffLlamaForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from diffattn.data.synthetic import SyntheticVocab, mqar_batch
-from diffattn.studies.base import mqar_stream
+from diffattn.studies.common import mqar_stream
 from diffattn.studies.synthetic import answer_accuracy, train_model
 
 PAIRS = (2, 4, 8)

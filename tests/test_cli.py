@@ -106,7 +106,8 @@ def _fake_demo(clip_pairs: list[float], diff_pairs: list[float]) -> dict:
 def _demo_report_of(summary: dict) -> str:
     from types import SimpleNamespace
 
-    from diffattn.studies.diffclip import _demo_report, compare_to_baseline
+    from diffattn.studies.diffclip import compare_to_baseline
+    from diffattn.studies.diffclip_demo import _demo_report
 
     cfg = SimpleNamespace(run=SimpleNamespace(steps=600, batch_size=64, seed=0), optim=SimpleNamespace(lr=1e-3))
     return _demo_report(summary, cli.demo_table(summary), ["a.png", "b.png"], 60.0, cfg, False,
@@ -371,7 +372,7 @@ class _Stop(Exception):
 def test_demo_device_reaches_the_run_config_and_eval(tmp_path, monkeypatch):
     """``diffattn demo --device cpu``: each variant's train config has run.device cpu and ``diffattn eval`` gets
     cpu; without the flag run.device stays null (cuda when torch sees a GPU, as for diffattn train)."""
-    from diffattn.studies import diffclip
+    from diffattn.studies import diffclip_demo
 
     seen = {}
 
@@ -383,10 +384,10 @@ def test_demo_device_reaches_the_run_config_and_eval(tmp_path, monkeypatch):
         seen["eval"] = kw["device"]
         raise _Stop
 
-    monkeypatch.setattr(diffclip, "_check_demo_data", lambda: None)
-    monkeypatch.setattr(diffclip, "demo_pairs", lambda folder, max_pairs=None: tmp_path / "pairs.tsv")
-    monkeypatch.setattr(diffclip, "train", fake_train)
-    monkeypatch.setattr(diffclip, "evaluate", fake_evaluate)
+    monkeypatch.setattr(diffclip_demo, "_check_demo_data", lambda: None)
+    monkeypatch.setattr(diffclip_demo, "demo_pairs", lambda folder, max_pairs=None: tmp_path / "pairs.tsv")
+    monkeypatch.setattr(diffclip_demo, "train", fake_train)
+    monkeypatch.setattr(diffclip_demo, "evaluate", fake_evaluate)
     for argv, want in ((["--device", "cpu"], "cpu"), ([], None)):
         seen.clear()
         with pytest.raises(_Stop):

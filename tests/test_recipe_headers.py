@@ -67,9 +67,8 @@ def model_args(cfg: dict) -> dict | None:
     name = _get(cfg, "model.name")
     if not name and "study" in cfg:  # a study whose variants are registered models: the baseline's
         from diffattn.models import is_model
-        from diffattn.studies import STUDY_MODULES
 
-        variants = getattr(importlib.import_module(STUDY_MODULES[cfg["study"]]), "VARIANTS", {})
+        variants = getattr(importlib.import_module(f"diffattn.studies.{cfg['study']}"), "VARIANTS", {})
         first = variants.get(cfg["variants"][0]) if isinstance(variants, dict) else None
         name = first[0] if isinstance(first, tuple) and is_model(first[0]) else None
         cfg = {"model": {"name": name, "overrides": cfg.get("model") or {}}}

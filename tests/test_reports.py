@@ -210,14 +210,14 @@ def test_readme_attention_figure_states_each_rows_scale(figures, tmp_path):
     """The README figure (studies.diffclip.attention_figure): rows of very different ranges each say their scale."""
     import numpy as np
 
-    from diffattn.studies.diffclip import _plot_attention
+    from diffattn.studies.diffclip_plots import plot_attention
 
     n, grid = 3, (4, 4)
     masks = torch.zeros(n, 16, 16, dtype=torch.bool)
     masks[:, 4:12, 4:12] = True
     cls_maps = {"CLIP": torch.rand(n, 16).softmax(-1) * 0.3, "DiffCLIP": (torch.rand(n, 16) - 0.5) * 0.02,
                 "flat": torch.full((n, 16), 1 / 16)}
-    _plot_attention(torch.zeros(n, 3, 16, 16), masks, cls_maps, grid, tmp_path / "f.png",
+    plot_attention(torch.zeros(n, 3, 16, 16), masks, cls_maps, grid, tmp_path / "f.png",
                     np.zeros((n, 16, 16, 3), dtype=np.uint8),
                     {"CLIP": "standard", "DiffCLIP": "diff", "flat": "standard"})
     (fig,) = figures
@@ -236,13 +236,13 @@ def test_attention_figure_titles_a_row_by_its_layers_kind_never_its_sign(figures
     signed scale); a softmax map is titled softmax whatever its values."""
     import numpy as np
 
-    from diffattn.studies.diffclip import _plot_attention
+    from diffattn.studies.diffclip_plots import plot_attention
 
     n, grid = 2, (4, 4)
     masks = torch.zeros(n, 16, 16, dtype=torch.bool)
     cls_maps = {"DiffCLIP": torch.rand(n, 16) * 0.01, "CLIP": torch.rand(n, 16).softmax(-1),
                 "Gated": torch.rand(n, 16) * 0.02}
-    _plot_attention(torch.zeros(n, 3, 16, 16), masks, cls_maps, grid, tmp_path / "f.png",
+    plot_attention(torch.zeros(n, 3, 16, 16), masks, cls_maps, grid, tmp_path / "f.png",
                     np.zeros((n, 16, 16, 3), dtype=np.uint8),
                     {"DiffCLIP": "diff", "CLIP": "standard", "Gated": "gated"})
     (fig,) = figures

@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from diffattn.studies import STUDY_MODULES, load_study, validate_study
+from diffattn.studies import load_study, study_names, validate_study
 from diffattn.studies.report import Control, Metric, aggregate, read_seed, run_seeds, write_seed, write_study
 from diffattn.studies.stats import (
     holm,
@@ -196,7 +196,7 @@ def test_write_study_requires_a_control(tmp_path):
         Control("x", "x", 1.0, gates="lm")
 
 
-@pytest.mark.parametrize("name", list(STUDY_MODULES))
+@pytest.mark.parametrize("name", study_names())
 def test_every_study_states_a_control(name):
     """A study without a positive control cannot be written: ``control`` is a required keyword of write_study, and
     each study module states its control (``CONTROL``, or ``control(cfg)`` when the level depends on the config) for
@@ -205,7 +205,7 @@ def test_every_study_states_a_control(name):
     import inspect
 
     assert inspect.signature(write_study).parameters["control"].default is inspect.Parameter.empty
-    module = importlib.import_module(STUDY_MODULES[name])
+    module = importlib.import_module(f"diffattn.studies.{name}")
     cfg = validate_study({"study": name, "seeds": [0, 1]}, "test")
     got = module.control(cfg) if hasattr(module, "control") else module.CONTROL
     controls = [got] if isinstance(got, Control) else got
@@ -227,7 +227,7 @@ def test_read_seed_only_for_the_same_budget(tmp_path):
 
 def test_needle_batches_mix_needle_prompts_with_their_answers():
     from diffattn.eval.language import NEEDLE_CITIES
-    from diffattn.studies.noise import needle_batches
+    from diffattn.studies.common import needle_batches
 
     text = "Fellow citizens, the state of our union is strong. " * 40
     kw = dict(steps=2, batch_size=4, block_size=128, needle_fraction=0.5, prompt_length=120)
@@ -254,7 +254,7 @@ def test_needle_batches_mix_needle_prompts_with_their_answers():
 
 
 def test_needle_lm_loss_weighs_text_and_answers_alike():
-    from diffattn.studies.noise import needle_batches, needle_lm_loss
+    from diffattn.studies.common import needle_batches, needle_lm_loss
 
     text = "Fellow citizens, the state of our union is strong. " * 40
     x, y = next(needle_batches(text, steps=1, batch_size=4, block_size=128, needle_fraction=0.5, prompt_length=120,

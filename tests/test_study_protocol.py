@@ -13,7 +13,8 @@ import yaml
 
 from diffattn.data.synthetic import SyntheticVocab, mqar_batch
 from diffattn.studies import Study, get_study, load_study, register_study, run_study, study_names, validate_study
-from diffattn.studies.base import StudyConfig, mqar_stream
+from diffattn.studies.base import StudyConfig
+from diffattn.studies.common import mqar_stream
 from diffattn.studies.report import Control, Metric, run_seeds, write_study
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,3 +136,62 @@ def test_studies_read_no_module_attribute_by_getattr_and_no_private_data_module(
         text = path.read_text(encoding="utf-8")
         assert "getattr(module" not in text, path.name
         assert "data._common" not in text, path.name
+
+
+def test_every_packaged_study_is_a_class_of_its_own_module():
+    """One spelling: each packaged study is a ``Study`` subclass written in ``diffattn.studies.<name>``."""
+    for name in study_names():
+        cls = type(get_study(name))
+        assert cls is not Study and cls.__module__ == f"diffattn.studies.{name}", (name, cls)
+        assert cls.__dict__.get("name") == name and ("run" in vars(cls) or "execute" in vars(cls)), name
+
+
+def test_no_study_imports_another_modules_private_names():
+    """What two studies share lives in ``diffattn.studies.common`` (public, with an ``__all__``): no module of the
+    package imports a ``_private`` name from another of its modules."""
+    bad = []
+    for path in STUDIES.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module:
+                bad += [f"{path.name}: from .{node.module} import {a.name}" for a in node.names
+                        if a.name.startswith("_")]
+    assert not bad, bad
+    from diffattn.studies import common
+
+    assert all(hasattr(common, n) for n in common.__all__)
+
+
+@pytest.mark.parametrize("old, module, name, new", [
+    ("diffattn.studies.STUDY_MODULES", "diffattn.studies", "STUDY_MODULES", None),
+    ("diffattn.studies.config.STUDY_MODULES", "diffattn.studies.config", "STUDY_MODULES", None),
+    ("diffattn.studies.base.mqar_stream", "diffattn.studies.base", "mqar_stream", "diffattn.studies.common"),
+    ("diffattn.studies.base.require_datasets", "diffattn.studies.base", "require_datasets", "diffattn.studies.common"),
+    ("diffattn.studies.base.higher_is_better", "diffattn.studies.base", "higher_is_better", "diffattn.directions"),
+    ("diffattn.studies.base.apply_sets", "diffattn.studies.base", "apply_sets", "diffattn.configs"),
+])
+def test_the_moved_study_names_warn_and_resolve(old, module, name, new):
+    import importlib
+
+    from diffattn.deprecations import DEPRECATIONS
+
+    assert DEPRECATIONS[old].removed_in == "0.3.0"
+    with pytest.warns(FutureWarning, match=f"{old} is deprecated since diffattn 0.2.0 and removed in diffattn 0.3.0"):
+        value = getattr(importlib.import_module(module), name)
+    if new is None:  # the packaged studies' modules, by name
+        from diffattn.configs import config_names
+
+        assert value == {n: f"diffattn.studies.{n}" for n in config_names("studies")} and "recall" in value
+    else:
+        assert value is getattr(importlib.import_module(new), name)
+
+
+def test_the_diffclip_entry_point_of_0_1_0_warns_and_runs_the_study(tmp_path, monkeypatch):
+    """``diffattn.studies.diffclip.run(cfg)`` (documented for a single seed) is the study's ``execute``."""
+    from diffattn.studies import diffclip
+
+    calls = []
+    monkeypatch.setattr(diffclip.DiffCLIPStudy, "execute", lambda self, cfg, progress=True: calls.append(cfg) or "ok")
+    with pytest.warns(FutureWarning, match="diffattn.studies.diffclip.run is deprecated"):
+        run = diffclip.run
+    cfg = load_study("diffclip").replace(seeds=[4], out=str(tmp_path))
+    assert run(cfg, progress=False) == "ok" and calls == [cfg]

@@ -13,7 +13,8 @@ A study is a :class:`~diffattn.studies.base.Study` registered by name and a YAML
 variant at every seed through the library's train / eval / diagnostics code, saves each seed's results under
 ``<out>/seed<k>/`` (a finished seed is not recomputed) and aggregates them with :mod:`.report` into
 ``<out>/results.json`` and ``<out>/report.md``. A packaged study is the module ``diffattn.studies.<name>`` (found here
-by name and imported on first use) plus its YAML: no list to edit. This is an application layer: only
+by name and imported on first use; one ``Study`` subclass) plus its YAML: no list to edit. What more than one study
+runs is in :mod:`.common`. This is an application layer: only
 ``diffattn.cli`` imports it.
 """
 
@@ -24,11 +25,13 @@ import os
 import pkgutil
 from typing import Any
 
+from ..configs import config_names
+from ..deprecations import moved_attribute
 from .base import Study, StudyConfig, add_study_loader, get_study, register_study, registered_studies
-from .config import STUDY_MODULES, find_config, load_study, study_names, validate_study
+from .config import find_config, load_study, study_names, validate_study
 
 __all__ = ["Study", "StudyConfig", "register_study", "get_study", "registered_studies", "study_names",
-           "STUDY_MODULES", "find_config", "load_study", "validate_study", "run_study"]
+           "find_config", "load_study", "validate_study", "run_study"]
 
 
 def _import_packaged(name: str) -> None:
@@ -45,3 +48,8 @@ def run_study(config: str | os.PathLike | dict, progress: bool = True) -> dict[s
     ``{"rows", "table", "seconds", "report", "results", "control"}`` (:func:`diffattn.studies.report.write_study`)."""
     cfg = validate_study(config, "the study config") if isinstance(config, dict | StudyConfig) else load_study(config)
     return get_study(cfg.study).execute(cfg, progress=progress)
+
+
+#: ``STUDY_MODULES`` (packaged study name → ``diffattn.studies.<name>``), read with a warning: :func:`study_names`
+__getattr__ = moved_attribute(__name__, {
+    "STUDY_MODULES": lambda: {n: f"{__name__}.{n}" for n in config_names("studies")}})

@@ -1,4 +1,4 @@
-"""The study protocol and the plumbing every study shares, in one place.
+"""The study protocol and the registry of studies: what a study is, how it is found by name, how it runs.
 
 A study is one :class:`Study` subclass registered by name (:func:`register_study`) plus its YAML config
 (``diffattn/configs/studies/<name>.yaml``, or any file naming ``study: <name>``):
@@ -15,31 +15,25 @@ A study is one :class:`Study` subclass registered by name (:func:`register_study
 A study reads its config as a :class:`StudyConfig`: the common keys as fields, the budget by key
 (``cfg["steps"]``) or attribute (``cfg.steps``).
 
-Shared plumbing: :func:`mqar_stream` (the MQAR training stream of the synthetic studies and
-``scripts/recall_crosscheck_hf.py``), :func:`require_datasets` (the one "data not installed" error), and the
-re-exports of the metric directions (:func:`higher_is_better`, from :mod:`diffattn.directions`) and the ``--set``
-parser (:func:`apply_sets`, from :mod:`diffattn.configs`). Figures: :func:`diffattn.diagnostics.plots.pyplot` and
-:func:`~diffattn.diagnostics.plots.save_figure`.
+The code several studies share is in :mod:`.common` (``mqar_stream``, ``require_datasets``, the needle prompts);
+this module keeps the protocol and the registry.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
-
-from ..configs import apply_sets
-from ..data import SETUP_COMMAND, DatasetNotInstalledError, dataset_info, default_root
-from ..data.synthetic import SyntheticBatch, SyntheticVocab, mqar_batch
-from ..directions import higher_is_better
+from .. import configs, directions
+from ..deprecations import moved_attribute
+from . import common
 from .protocol import run_protocol_b
 from .report import Control
 
 __all__ = ["Study", "StudyConfig", "COMMON_KEYS", "register_study", "add_study_loader", "get_study",
-           "registered_studies", "mqar_stream", "require_datasets", "higher_is_better", "apply_sets"]
+           "registered_studies"]
 
 #: keys every study config holds
 COMMON_KEYS = ("study", "variants", "seeds", "out")
@@ -134,43 +128,6 @@ class Study:
         return self.report(cfg, per_seed, time.perf_counter() - t0)
 
 
-def raised_errors(check_config: Callable[[StudyConfig, str], None], cfg: StudyConfig, where: str) -> list[str]:
-    """:meth:`Study.check` of a study whose ``check_config(cfg, where)`` raises ValueError at the first broken
-    constraint: that message, or none."""
-    try:
-        check_config(cfg, where)
-    except ValueError as e:
-        return [str(e)]
-    return []
-
-
-def module_study(name: str, *, variants: Mapping[str, Any], defaults: Mapping[str, Any],
-                 check_config: Callable[[StudyConfig, str], None], control: Control | list[Control] | Callable,
-                 per_seed: Callable[[StudyConfig, bool], dict[int, dict]],
-                 report: Callable[[StudyConfig, dict[int, dict], float], dict[str, Any]],
-                 default_variants: Sequence[str] | None = None, title: str = "",
-                 tuning_score: Callable[[StudyConfig, Mapping[str, Any]], tuple[float, float]] | None = None) -> Study:
-    """Register and return the :class:`Study` made of its module's functions, the form most studies take:
-    ``check_config(cfg, where)`` raises ValueError for a broken constraint, ``control`` is the control (or
-    ``control(cfg)``), ``per_seed(cfg, progress)`` runs every seed and ``report(cfg, per_seed, seconds)`` writes
-    the report; ``tuning_score(cfg, result)``, for a study with protocol (b), is :meth:`Study.tuning_score`."""
-
-    def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        return raised_errors(check_config, cfg, where)
-
-    cls = type(f"{name.title().replace('_', '')}Study", (Study,), {
-        "__doc__": f"The {name} study (:mod:`diffattn.studies.{name}`).", "__module__": f"diffattn.studies.{name}",
-        "name": name, "title": title, "variants": variants, "default_variants": default_variants,
-        "defaults": defaults, "check": check,
-        "control": lambda self, cfg: control(cfg) if callable(control) else control,
-        "run": lambda self, cfg, progress=True: per_seed(cfg, progress),
-        "report": lambda self, cfg, per_seed_results, seconds: report(cfg, per_seed_results, seconds),
-        **({"tuning_score": lambda self, cfg, result: tuning_score(cfg, result)} if tuning_score else {})})
-    study = cls()
-    register_study(study)
-    return study
-
-
 _REGISTRY: dict[str, Study] = {}
 #: functions that may register the study of a given name on demand (the package imports its study modules)
 _LOADERS: list[Callable[[str], None]] = []
@@ -207,26 +164,7 @@ def get_study(name: str) -> Study | None:
     return _REGISTRY.get(name)
 
 
-# ------------------------------------------------------------------------------------------ shared plumbing
-
-
-def mqar_stream(pairs: Sequence[int], batch_size: int, vocab: SyntheticVocab, seed: int) -> Iterator[SyntheticBatch]:
-    """The MQAR training stream of a seed (Arora et al. 2023; :func:`diffattn.data.synthetic.mqar_batch`): endless
-    batches of ``batch_size`` samples, the number of pairs P drawn uniformly from ``pairs`` per batch, everything from
-    one generator seeded with ``seed`` (so every model of a seed sees the same batches in the same order)."""
-    pairs = list(pairs)
-    g = torch.Generator().manual_seed(seed)
-    while True:
-        p = pairs[int(torch.randint(len(pairs), (1,), generator=g))]
-        yield mqar_batch(batch_size, pairs=p, generator=g, vocab=vocab)
-
-
-def require_datasets(names: Sequence[str], what: str) -> None:
-    """Raise :class:`~diffattn.data.DatasetNotInstalledError` naming ``what`` needs them, the missing ones among the
-    offline datasets ``names``, the data folder and the install command; nothing when all are installed."""
-    missing = [n for n in names if not dataset_info(n).installed()]
-    if missing:
-        raise DatasetNotInstalledError(
-            f"{what} needs {', '.join(names)}; not installed under {str(default_root())!r}: {', '.join(missing)}. "
-            f"Install them with `{SETUP_COMMAND} {' '.join(missing)}` (`make data` in a source checkout), or set "
-            f"DIFFATTN_DATA to the folder holding them.")
+#: the shared plumbing this module re-exported, now in :mod:`.common` (or its own home), read with a warning
+__getattr__ = moved_attribute(__name__, {
+    "mqar_stream": lambda: common.mqar_stream, "require_datasets": lambda: common.require_datasets,
+    "higher_is_better": lambda: directions.higher_is_better, "apply_sets": lambda: configs.apply_sets})

@@ -14,11 +14,12 @@ import yaml
 
 from ..configs import apply_sets, config_names
 from ..configs import find_config as _find
+from ..deprecations import moved_attribute
 from ..errors import yaml_error
 from .base import COMMON_KEYS, Study, StudyConfig, get_study, registered_studies
 from .report import REPORT_DEFAULTS
 
-__all__ = ["COMMON_KEYS", "STUDY_MODULES", "WALL_TIMES", "study_names", "study_for", "find_config",
+__all__ = ["COMMON_KEYS", "WALL_TIMES", "study_names", "study_for", "find_config",
            "load_study", "validate_study", "budget_warnings"]
 
 def study_names() -> list[str]:
@@ -37,9 +38,6 @@ def study_for(name: Any, where: str = "the study config") -> Study:
     return study
 
 
-#: packaged study name → the module that registers it (``diffattn.studies.<name>``, imported on first use); a
-#: compatibility alias of the registry for code written against 0.1.0, removed in 0.3.0 (use :func:`study_names`)
-STUDY_MODULES: dict[str, str] = {n: f"diffattn.studies.{n}" for n in config_names("studies")}
 #: study name → the wall time of its packaged config as measured for docs/studies.md (its summary table; the shared
 #: 2-core CPU, one thread per study): what ``diffattn study --help`` quotes, never an estimate (data, not dispatch:
 #: a study without an entry is "not measured")
@@ -157,3 +155,11 @@ def load_study(config: str | os.PathLike, overrides: dict[str, Any] | None = Non
     if isinstance(data, dict) and overrides:
         data = apply_sets(data, overrides, where=str(path))
     return validate_study(data, str(path) + (" with the command-line overrides" if overrides else ""))
+
+
+def _study_modules() -> dict[str, str]:
+    return {n: f"diffattn.studies.{n}" for n in config_names("studies")}
+
+
+#: ``STUDY_MODULES`` (packaged study name → ``diffattn.studies.<name>``), read with a warning: :func:`study_names`
+__getattr__ = moved_attribute(__name__, {"STUDY_MODULES": _study_modules})

