@@ -69,8 +69,6 @@ def test_warn_deprecated_names_the_row_and_needs_one(monkeypatch):
 # --------------------------------------------------------------------- no deprecation warning outside the one mechanism
 
 _CATEGORIES = {"DeprecationWarning", "FutureWarning", "PendingDeprecationWarning"}
-#: files whose own deprecation warnings are still being routed through the table; this list only shrinks
-_ALLOWED = ("layers/blocks.py", "models/registry.py", "models/motif.py")
 
 
 def _deprecation_warnings(source: str) -> list[int]:
@@ -101,7 +99,7 @@ def test_only_the_table_raises_deprecation_warnings():
     found = []
     for path in sorted(SRC.rglob("*.py")):
         rel = path.relative_to(SRC).as_posix()
-        if rel == "deprecations.py" or rel.startswith(_ALLOWED):
+        if rel == "deprecations.py":
             continue
         found += [f"{rel}:{line}" for line in _deprecation_warnings(path.read_text(encoding="utf-8"))]
     assert not found, f"add a row to diffattn.deprecations.DEPRECATIONS and call warn_deprecated instead: {found}"
