@@ -36,6 +36,7 @@ the source's dtype and device and raise ``ValueError`` for anything the other si
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 
 import torch
 import torch.nn as nn
@@ -124,6 +125,18 @@ def _prefixes(sd: StateDict, lam_key: str, where: str) -> list[str]:
     return found
 
 
+def _replace_attention(out: dict[str, torch.Tensor], p: str, old: Iterable[str], tensors: Sequence[torch.Tensor],
+                       perm: torch.Tensor | None, head_dim: int, new: Sequence[str]) -> None:
+    """Replace the keys ``p + old`` of ``out`` by ``p + new``, holding copies of ``tensors`` (q, k, v, the output
+    projection, λ): the q and k rows permuted per head with ``perm`` (None: as they are)."""
+    for name in old:
+        del out[p + name]
+    q, k, *rest = tensors
+    qk = [t.clone() if perm is None else permute_head_channels(t, perm, head_dim) for t in (q, k)]
+    for name, t in zip(new, (*qk, *(t.clone() for t in rest)), strict=True):
+        out[p + name] = t
+
+
 def unilm_v2_to_diffattn_state_dict(sd: StateDict, *, rope: str = "interleaved",
                                     unilm_rope: str = "interleaved") -> dict[str, torch.Tensor]:
     """An official ``MultiheadFlashDiffV2`` state dict → a :class:`~diffattn.DiffAttentionV2` one.
@@ -148,14 +161,8 @@ def unilm_v2_to_diffattn_state_dict(sd: StateDict, *, rope: str = "interleaved",
         if v.shape != k.shape or o.shape != (q.shape[1], h * d):
             raise ValueError(f"{where}: v_proj must have k_proj's shape {tuple(k.shape)} and o_proj shape "
                              f"{(q.shape[1], h * d)}, got {tuple(v.shape)} and {tuple(o.shape)}")
-        perm = _rope_perm(unilm_rope, rope, d)
-        for name in names:
-            del out[p + name]
-        out[p + "q_proj.weight"] = q.clone() if perm is None else permute_head_channels(q, perm, d)
-        out[p + "k_proj.weight"] = k.clone() if perm is None else permute_head_channels(k, perm, d)
-        out[p + "v_proj.weight"] = v.clone()
-        out[p + "out_proj.weight"] = o.clone()
-        out[p + _OURS_LAMBDA] = lam.clone()
+        _replace_attention(out, p, names, (q, k, v, o, lam), _rope_perm(unilm_rope, rope, d), d,
+                           ("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", _OURS_LAMBDA))
     return out
 
 
@@ -186,17 +193,11 @@ def diffattn_to_unilm_v2_state_dict(sd: StateDict, *, rope: str = "interleaved",
             if f"{name}.bias" in own:
                 _zero_or_raise(sd, p + f"{name}.bias", where)
                 del out[p + f"{name}.bias"]
-        q, k, v, o, lam = (take(sd, p + n, where, ndim=2) for n in ("q_proj.weight", "k_proj.weight", "v_proj.weight",
-                                                                    "out_proj.weight", _OURS_LAMBDA))
+        ours = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", _OURS_LAMBDA)
+        q, k, v, o, lam = (take(sd, p + n, where, ndim=2) for n in ours)
         h, _, d = _sizes(q, k, lam, where)
-        perm = _rope_perm(rope, unilm_rope, d)
-        for name in ("q_proj.weight", "k_proj.weight", "v_proj.weight", "out_proj.weight", _OURS_LAMBDA):
-            del out[p + name]
-        out[p + "q_proj.weight"] = q.clone() if perm is None else permute_head_channels(q, perm, d)
-        out[p + "k_proj.weight"] = k.clone() if perm is None else permute_head_channels(k, perm, d)
-        out[p + "v_proj.weight"] = v.clone()
-        out[p + "o_proj.weight"] = o.clone()
-        out[p + _UNILM_LAMBDA] = lam.clone()
+        _replace_attention(out, p, ours, (q, k, v, o, lam), _rope_perm(rope, unilm_rope, d), d,
+                           ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", _UNILM_LAMBDA))
     return out
 
 
@@ -277,8 +278,8 @@ def to_unilm_v2_state_dict(module: DiffAttentionV2, *,
 def unilm_rel_pos(seq_len: int, head_dim: int, base: float = 10000.0, *, dtype: torch.dtype = torch.float32,
                   device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The official module's ``rel_pos = (cos, sin)``, each (seq_len, head_dim/2): angle p·θ_m at position p and
-    pair m, θ_m = base^(−2m/d), computed in float64 (the angles diffattn's :class:`~diffattn.layers.rope.
-    RotaryEmbedding` uses)."""
+    pair m, θ_m = base^(−2m/d), computed in float64 (the angles diffattn's
+    :class:`~diffattn.layers.rope.RotaryEmbedding` uses)."""
     _check_head_dim(head_dim)
     if not isinstance(seq_len, int) or seq_len < 1:
         raise ValueError(f"seq_len must be a positive integer, got {seq_len!r}")

@@ -4,6 +4,12 @@ the needle prompts of the LM studies (their training stream, loss, budget constr
 - :func:`mqar_stream`: the MQAR training stream of the synthetic studies (:mod:`.needles`, :mod:`.recall`,
   :mod:`.recall_ablation`) and ``scripts/recall_crosscheck_hf.py`` (Arora et al. 2023);
 - :func:`require_datasets`: the error a study raises when an offline dataset it reads is not installed;
+- :func:`minimum_errors`: the messages of the budget counts (steps, batch sizes, samples, threads) below their least
+  value, with which every study's :meth:`~diffattn.studies.base.Study.check` starts; :func:`increasing_ints` and
+  :func:`vocab_errors`: the checks of the MQAR budgets' lists and vocabulary (:mod:`.recall`, :mod:`.recall_ablation`);
+- :func:`vlm_metrics`, :func:`pope_control`: the report rows and the positive control of the VLM studies
+  (:mod:`.llava`, :mod:`.paligemma`): VQA, POPE (Li et al. 2023), MMNeedle (Wang et al. 2024) and the decoder's
+  attention on the image tokens;
 - :func:`needle_batches`, :func:`needle_lm_loss`, :func:`needle_budget_errors`: byte-level LM training windows of
   which a share are needle prompts (:func:`diffattn.eval.language.needle_prompt`: "The magic number of {city} is
   {number}." inside filler text, then the question) followed by their answer, scored on the text and on the
@@ -19,7 +25,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -27,12 +33,16 @@ import torch.nn.functional as F
 
 from ..data import SETUP_COMMAND, DatasetNotInstalledError, dataset_info, default_root
 from ..data.synthetic import SyntheticBatch, SyntheticVocab, mqar_batch
+from ..data.vqa import POPE_SPLITS
 from ..diagnostics import answer_attention, capture_attention
 from ..eval.language import greedy_continuation, needle_prompt
 from ..eval.text_models import get_text_tokenizer, lm_logits
+from .report import Control, Metric
+from .verdict import PaperEffect
 
-__all__ = ["mqar_stream", "require_datasets", "MIN_NEEDLE_LENGTH", "ANSWER_BYTES", "needle_budget_errors",
-           "needle_batches", "needle_lm_loss", "needle_attention", "needle_scores"]
+__all__ = ["mqar_stream", "require_datasets", "minimum_errors", "increasing_ints", "vocab_errors", "vlm_metrics",
+           "pope_control", "MIN_NEEDLE_LENGTH", "ANSWER_BYTES", "needle_budget_errors", "needle_batches",
+           "needle_lm_loss", "needle_attention", "needle_scores"]
 
 
 def mqar_stream(pairs: Sequence[int], batch_size: int, vocab: SyntheticVocab, seed: int) -> Iterator[SyntheticBatch]:
@@ -55,6 +65,54 @@ def require_datasets(names: Sequence[str], what: str) -> None:
             f"{what} needs {', '.join(names)}; not installed under {str(default_root())!r}: {', '.join(missing)}. "
             f"Install them with `{SETUP_COMMAND} {' '.join(missing)}` (`make data` in a source checkout), or set "
             f"DIFFATTN_DATA to the folder holding them.")
+
+
+def minimum_errors(cfg: Mapping[str, Any], keys: Sequence[str], where: str, minimum: int = 1) -> list[str]:
+    """One message per key of ``keys`` whose value in ``cfg`` is below ``minimum``, naming the key, ``where`` and the
+    value, in the order of ``keys``; empty when none is."""
+    return [f"{key} in {where} must be >= {minimum}, got {cfg[key]}" for key in keys if cfg[key] < minimum]
+
+
+def increasing_ints(values: Sequence[Any]) -> bool:
+    """Whether ``values`` is a non-empty list of distinct integers >= 1 (not bools) in increasing order."""
+    return bool(values) and not any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in values) and \
+        values == sorted(set(values))
+
+
+def vocab_errors(vocab: Mapping[str, Any], names: Sequence[str], where: str) -> list[str]:
+    """The message when ``vocab`` (a :class:`~diffattn.data.synthetic.SyntheticVocab`'s sizes) does not map exactly
+    ``names`` to integers >= 1; empty when it does."""
+    if set(vocab) != set(names) or not all(isinstance(v, int) and v >= 1 for v in vocab.values()):
+        return [f"vocab in {where} must map exactly {sorted(names)} to integers >= 1, got {vocab!r}"]
+    return []
+
+
+def vlm_metrics(layers: int, needles: Sequence[str], loss: str, *, vqa_claim: PaperEffect | None = None,
+                pope_claim: PaperEffect | None = None) -> list[Metric]:
+    """The report rows of a VLM study, in %: the VQA scores of the two question kinds, accuracy (chance 0.5: yes /
+    no), F1 and yes-ratio on every POPE split (Li et al. 2023), MMNeedle's ``needles`` scores and its two-step
+    location (Wang et al. 2024), the decoder's attention on the image tokens in each of ``layers`` layers; then the
+    final loss, labelled ``loss``. ``vqa_claim`` and ``pope_claim``: the paper claims the "what is this?" score and
+    the POPE accuracy test."""
+    ms = [Metric("VQA score, what is this? (%)", "vqa.what", 100.0, 1, claim=vqa_claim),
+          Metric("VQA score, category (%)", "vqa.category", 100.0, 1)]
+    for s in POPE_SPLITS:
+        ms += [Metric(f"POPE {s}: accuracy (%)", f"pope.{s}.accuracy", 100.0, 1, chance=0.5, claim=pope_claim),
+               Metric(f"POPE {s}: F1 (%)", f"pope.{s}.f1", 100.0, 1),
+               Metric(f"POPE {s}: yes-ratio (%)", f"pope.{s}.yes_ratio", 100.0, 1, None)]
+    ms += [Metric(f"MMNeedle {n} (%)", f"mmneedle.{n}", 100.0, 1) for n in needles]
+    ms += [Metric("MMNeedle two-step location (%)", "mmneedle.location", 100.0, 1)]
+    ms += [Metric(f"decoder attention on image tokens, layer {i} (%)", f"image_attention.{i}", 100.0, 1, None)
+           for i in range(layers)]
+    ms += [Metric(loss, "final_loss", 1.0, 3, False)]
+    return ms
+
+
+def pope_control(split: str) -> Control:
+    """The positive control of a VLM study: the baseline's POPE accuracy on ``split`` at least 60 % (chance and the
+    always-yes prior: 50 %)."""
+    return Control(f"baseline POPE {split} accuracy (%; chance and always-yes 50 %)", f"pope.{split}.accuracy", 60.0,
+                   scale=100.0)
 
 
 # ---------------------------------------------------------------------------------------------- needle prompts

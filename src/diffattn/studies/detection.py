@@ -35,6 +35,7 @@ from ..extras import MissingExtraError
 from ..io import atomic_write_file
 from . import claims
 from .base import Study, StudyConfig, register_study
+from .common import minimum_errors
 from .report import Control, Metric, run_seeds, write_study
 from .stats import mean_std, min_detectable_difference
 
@@ -252,10 +253,7 @@ class DetectionStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        errors: list[str] = []  # every constraint the config breaks, reported together
-        for key in ("epochs", "imgsz", "batch", "n_train", "n_val", "threads"):
-            if cfg[key] < 1:
-                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        errors = minimum_errors(cfg, ("epochs", "imgsz", "batch", "n_train", "n_val", "threads"), where)
         if cfg["lr0"] is not None and not (isinstance(cfg["lr0"], (int, float)) and cfg["lr0"] > 0):
             errors.append(f"lr0 in {where} must be null or a number > 0, got {cfg['lr0']!r}")
         if cfg["data"] is not None and not isinstance(cfg["data"], str):

@@ -38,7 +38,7 @@ from ..train.loop import train
 from ..utils import device_errors
 from . import claims
 from .base import Study, StudyConfig, register_study
-from .common import require_datasets
+from .common import minimum_errors, require_datasets
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, run_seeds, write_study
 
@@ -154,10 +154,7 @@ class DGViTStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        errors: list[str] = []  # every constraint the config breaks, reported together
-        for key in ("steps", "batch_size", "test_images", "threads"):
-            if cfg[key] < 1:
-                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        errors = minimum_errors(cfg, ("steps", "batch_size", "test_images", "threads"), where)
         if not cfg["noise_levels"] or any(not isinstance(s, (int, float)) or s <= 0 for s in cfg["noise_levels"]):
             errors.append(f"noise_levels in {where} must be a non-empty list of numbers > 0, got "
                           f"{cfg['noise_levels']!r}")

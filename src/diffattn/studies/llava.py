@@ -38,8 +38,8 @@ from ..train.llava import train_llava
 from ..train.tasks.vlm import QuestionImages, vlm_vocabulary
 from . import claims
 from .base import Study, StudyConfig, register_study
-from .common import require_datasets
-from .report import Control, Metric, run_seeds, write_study
+from .common import minimum_errors, pope_control, require_datasets, vlm_metrics
+from .report import Control, run_seeds, write_study
 
 __all__ = ["LLaVAStudy", "VARIANTS", "DEFAULTS", "control", "train_and_evaluate", "llava_compare", "llava_table"]
 
@@ -94,28 +94,10 @@ def _tower(path: str | None, seed: int) -> str | None:
     return None if path in (None, "", "random") else path.replace("{seed}", str(seed))
 
 
-def _metrics(layers: int) -> list[Metric]:
-    ms = [Metric("VQA score, what is this? (%)", "vqa.what", 100.0, 1),
-          Metric("VQA score, category (%)", "vqa.category", 100.0, 1)]
-    for s in POPE_SPLITS:
-        ms += [Metric(f"POPE {s}: accuracy (%)", f"pope.{s}.accuracy", 100.0, 1, chance=0.5,  # yes / no
-                      claim=claims.LLAVA_POPE),
-               Metric(f"POPE {s}: F1 (%)", f"pope.{s}.f1", 100.0, 1),
-               Metric(f"POPE {s}: yes-ratio (%)", f"pope.{s}.yes_ratio", 100.0, 1, None)]
-    ms += [Metric(f"MMNeedle {n} (%)", f"mmneedle.{n}", 100.0, 1) for n in ("existence", "index", "exact")]
-    ms += [Metric("MMNeedle two-step location (%)", "mmneedle.location", 100.0, 1)]
-    ms += [Metric(f"decoder attention on image tokens, layer {i} (%)", f"image_attention.{i}", 100.0, 1, None)
-           for i in range(layers)]
-    ms += [Metric("final training loss", "final_loss", 1.0, 3, False)]
-    return ms
-
-
 def control(cfg: dict[str, Any]) -> Control:
     """The positive control: the baseline's POPE accuracy on the first training split (``train_pope_splits``) at
     least 60 % (chance and the always-yes prior: 50 %)."""
-    split = cfg["train_pope_splits"][0]
-    return Control(f"baseline POPE {split} accuracy (%; chance and always-yes 50 %)", f"pope.{split}.accuracy", 60.0,
-                   scale=100.0)
+    return pope_control(cfg["train_pope_splits"][0])
 
 
 @register_study
@@ -128,13 +110,9 @@ class LLaVAStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        errors: list[str] = []  # every constraint the config breaks, reported together
-        for key in ("batch_size", "needle_count", "attention_questions", "max_new_tokens", "threads"):
-            if cfg[key] < 1:
-                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-        for key in ("stage1_steps", "stage2_steps"):
-            if cfg[key] < 0:
-                errors.append(f"{key} in {where} must be >= 0, got {cfg[key]}")
+        errors = minimum_errors(cfg, ("batch_size", "needle_count", "attention_questions", "max_new_tokens",
+                                      "threads"), where)
+        errors += minimum_errors(cfg, ("stage1_steps", "stage2_steps"), where, 0)
         if cfg["stage1_steps"] + cfg["stage2_steps"] < 1:
             errors.append(f"stage1_steps + stage2_steps in {where} must be >= 1, got 0")
         missing = [v for v in cfg["variants"] if v not in cfg["towers"]]
@@ -190,7 +168,8 @@ class LLaVAStudy(Study):
                  f"{4 * cfg['needle_count']} needle grids). Test split: {cfg['needle_count']} needle grids, greedy "
                  f"answers of at most {cfg['max_new_tokens']} tokens.")
         return write_study(cfg["out"], cfg, self.title, intro, per_seed,
-                           _metrics(layers), seconds, control=self.control(cfg))
+                           vlm_metrics(layers, ("existence", "index", "exact"), "final training loss",
+                                       pope_claim=claims.LLAVA_POPE), seconds, control=self.control(cfg))
 
 
 def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2), *, stage1_steps: int = 100,

@@ -56,7 +56,7 @@ from ..diagnostics import (
 )
 from . import claims
 from .base import Study, StudyConfig, register_study
-from .common import mqar_stream
+from .common import minimum_errors, mqar_stream
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
@@ -277,11 +277,10 @@ class NeedlesStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        errors: list[str] = []  # every constraint the config breaks, reported together
-        for key in ("steps", "batch_size", "warmup_steps", "train_length", "samples", "eval_every", "curve_samples",
-                    "attention_samples", "threads"):
-            if cfg[key] < (0 if key == "warmup_steps" else 1):
-                errors.append(f"{key} in {where} must be >= {0 if key == 'warmup_steps' else 1}, got {cfg[key]}")
+        errors = minimum_errors(cfg, ("steps", "batch_size"), where)
+        errors += minimum_errors(cfg, ("warmup_steps",), where, 0)
+        errors += minimum_errors(cfg, ("train_length", "samples", "eval_every", "curve_samples", "attention_samples",
+                                       "threads"), where)
         task = cfg["train_task"]
         if task not in TRAIN_TASKS:
             errors.append(f"train_task in {where} must be one of {list(TRAIN_TASKS)}, got {task!r}")

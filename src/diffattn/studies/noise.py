@@ -42,7 +42,14 @@ from ..train.optim import warmup_cosine
 from ..train.step import fit
 from . import claims
 from .base import Study, StudyConfig, register_study
-from .common import needle_attention, needle_batches, needle_budget_errors, needle_lm_loss, require_datasets
+from .common import (
+    minimum_errors,
+    needle_attention,
+    needle_batches,
+    needle_budget_errors,
+    needle_lm_loss,
+    require_datasets,
+)
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, run_seeds, write_study
 
@@ -107,10 +114,8 @@ class NoiseStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        errors: list[str] = []  # every constraint the config breaks, reported together
-        for key in ("steps", "batch_size", "block_size", "prompt_length", "trials", "ppl_bytes", "threads"):
-            if cfg[key] < 1:
-                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        errors = minimum_errors(cfg, ("steps", "batch_size", "block_size", "prompt_length", "trials", "ppl_bytes",
+                                      "threads"), where)
         errors += needle_budget_errors(cfg, "prompt_length", where)
         if not cfg["depths"] or any(not isinstance(d, (int, float)) or not 0 <= d <= 1 for d in cfg["depths"]):
             errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")

@@ -45,8 +45,8 @@ from ..train.loop import train
 from ..utils import device_errors
 from . import claims
 from .base import Study, StudyConfig, register_study
-from .common import require_datasets
-from .report import Control, Metric, run_seeds, write_study
+from .common import minimum_errors, pope_control, require_datasets, vlm_metrics
+from .report import Control, run_seeds, write_study
 
 __all__ = ["PaliGemmaStudy", "VARIANTS", "DEFAULTS", "control", "pretrain", "transfer"]
 
@@ -133,28 +133,10 @@ def transfer(cfg: dict[str, Any], variant: str, seed: int, pretrained: Path, run
             "seconds": round(time.perf_counter() - t0, 1)}
 
 
-def _metrics(cfg: dict[str, Any], layers: int) -> list[Metric]:
-    ms = [Metric("VQA score, what is this? (%)", "vqa.what", 100.0, 1, claim=claims.PALIGEMMA_VQA),
-          Metric("VQA score, category (%)", "vqa.category", 100.0, 1)]
-    for s in POPE_SPLITS:
-        ms += [Metric(f"POPE {s}: accuracy (%)", f"pope.{s}.accuracy", 100.0, 1, chance=0.5),  # yes / no
-               Metric(f"POPE {s}: F1 (%)", f"pope.{s}.f1", 100.0, 1),
-               Metric(f"POPE {s}: yes-ratio (%)", f"pope.{s}.yes_ratio", 100.0, 1, None)]
-    ms += [Metric("MMNeedle existence (%)", "mmneedle.existence", 100.0, 1),
-           Metric("MMNeedle exact (%)", "mmneedle.exact", 100.0, 1),
-           Metric("MMNeedle two-step location (%)", "mmneedle.location", 100.0, 1)]
-    ms += [Metric(f"decoder attention on image tokens, layer {i} (%)", f"image_attention.{i}", 100.0, 1, None)
-           for i in range(layers)]
-    ms += [Metric("final fine-tuning loss", "final_loss", 1.0, 3, False)]
-    return ms
-
-
 def control(cfg: dict[str, Any]) -> Control:
     """The positive control: the baseline's POPE accuracy on the first fine-tuning split (``pope_splits``) at
     least 60 % (chance and the always-yes prior: 50 %)."""
-    split = cfg["pope_splits"][0]
-    return Control(f"baseline POPE {split} accuracy (%; chance and always-yes 50 %)", f"pope.{split}.accuracy", 60.0,
-                   scale=100.0)
+    return pope_control(cfg["pope_splits"][0])
 
 
 @register_study
@@ -167,12 +149,9 @@ class PaliGemmaStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        errors: list[str] = []  # every constraint the config breaks, reported together
-
-        for key in ("pretrain_steps", "finetune_steps", "lora_r", "lora_alpha", "anneal_steps", "batch_size",
-                    "needle_count", "test_needle_count", "max_new_tokens", "attention_questions", "threads"):
-            if cfg[key] < 1:
-                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        errors = minimum_errors(cfg, ("pretrain_steps", "finetune_steps", "lora_r", "lora_alpha", "anneal_steps",
+                                      "batch_size", "needle_count", "test_needle_count", "max_new_tokens",
+                                      "attention_questions", "threads"), where)
         for key in ("pretrain_kinds", "finetune_kinds"):
             if not cfg[key] or any(k not in QUESTION_KINDS for k in cfg[key]):
                 errors.append(f"{key} in {where} must be a non-empty list from {list(QUESTION_KINDS)}, got "
@@ -226,5 +205,7 @@ class PaliGemmaStudy(Study):
             f"questions ({cfg['test_needle_count']} needle grids), greedy answers of at most "
             f"{cfg['max_new_tokens']} tokens.")
         return write_study(cfg["out"], cfg, self.title, intro, per_seed,
-                           _metrics(cfg, t["num_hidden_layers"]), seconds, control=self.control(cfg))
+                           vlm_metrics(t["num_hidden_layers"], ("existence", "exact"), "final fine-tuning loss",
+                                       vqa_claim=claims.PALIGEMMA_VQA),
+                           seconds, control=self.control(cfg))
 

@@ -23,7 +23,7 @@ import torch
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from . import claims
 from .base import Study, StudyConfig, register_study
-from .common import mqar_stream
+from .common import increasing_ints, minimum_errors, mqar_stream, vocab_errors
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
 from .stats import mean_std
@@ -110,15 +110,11 @@ class RecallStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        errors: list[str] = []  # every constraint the config breaks, reported together
-        for key in ("steps", "batch_size", "depth", "num_heads", "samples", "eval_every", "curve_samples", "threads"):
-            if cfg[key] < 1:
-                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-        if cfg["warmup_steps"] < 0:
-            errors.append(f"warmup_steps in {where} must be >= 0, got {cfg['warmup_steps']}")
+        errors = minimum_errors(cfg, ("steps", "batch_size", "depth", "num_heads", "samples", "eval_every",
+                                      "curve_samples", "threads"), where)
+        errors += minimum_errors(cfg, ("warmup_steps",), where, 0)
         widths = cfg["widths"]
-        if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
-                widths != sorted(set(widths)):
+        if not increasing_ints(widths):
             errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order, got "
                           f"{widths!r}")
         elif cfg["num_heads"] >= 1 and any(w % (2 * cfg["num_heads"]) for w in widths):
@@ -128,12 +124,9 @@ class RecallStudy(Study):
             errors.append(f"num_heads in {where} must be even (the differential models pair heads), got "
                           f"{cfg['num_heads']}")
         vocab = cfg["vocab"]
-        if set(vocab) != set(DEFAULTS["vocab"]) or not all(isinstance(v, int) and v >= 1 for v in vocab.values()):
-            errors.append(f"vocab in {where} must map exactly {sorted(DEFAULTS['vocab'])} to integers >= 1, got "
-                          f"{vocab!r}")
+        errors += vocab_errors(vocab, list(DEFAULTS["vocab"]), where)
         pairs = cfg["pairs"]
-        if not pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pairs) or \
-                pairs != sorted(set(pairs)):
+        if not increasing_ints(pairs):
             errors.append(f"pairs in {where} must be a list of distinct integers >= 1 in increasing order (the first "
                           f"is the control's setting), got {pairs!r}")
         elif isinstance(vocab.get("num_keys"), int) and max(pairs) > vocab["num_keys"]:

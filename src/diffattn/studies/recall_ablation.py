@@ -40,7 +40,7 @@ from ..io import atomic_write_file
 from ..layers import GatedDiffAttention
 from .base import Study, StudyConfig, register_study
 from .claims import SUBNORM_HELPS
-from .common import mqar_stream
+from .common import increasing_ints, minimum_errors, mqar_stream, vocab_errors
 from .protocol import PROTOCOLS, select_lr, tuning_errors
 from .report import Control, check_control, control_table
 from .stats import holm, mean_std, paired_test
@@ -270,12 +270,9 @@ class RecallAblationStudy(Study):
     defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
-        errors: list[str] = []
-        for key in ("steps", "batch_size", "depth", "samples", "eval_every", "curve_samples", "threads"):
-            if cfg[key] < 1:
-                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
-        if cfg["warmup_steps"] < 0:
-            errors.append(f"warmup_steps in {where} must be >= 0, got {cfg['warmup_steps']}")
+        errors = minimum_errors(cfg, ("steps", "batch_size", "depth", "samples", "eval_every", "curve_samples",
+                                      "threads"), where)
+        errors += minimum_errors(cfg, ("warmup_steps",), where, 0)
         variants = cfg["variants"]
         if variants[0] != CONTROL_VARIANT:
             errors.append(f"variants in {where} must start with 'standard' (the Transformer of the controls), got "
@@ -283,8 +280,7 @@ class RecallAblationStudy(Study):
         errors += tuning_errors(cfg, where)
         widths = cfg["widths"]
         heads = max(_TABLE[v][2] for v in variants if v in _TABLE)
-        if not widths or any(isinstance(w, bool) or not isinstance(w, int) or w < 1 for w in widths) or \
-                widths != sorted(set(widths)):
+        if not increasing_ints(widths):
             errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order, got "
                           f"{widths!r}")
         elif any(w % (2 * heads) for w in widths):
@@ -300,12 +296,9 @@ class RecallAblationStudy(Study):
                 errors.append(f"comparisons in {where} must be [factor, level, reference] triples of distinct variants "
                               f"of the study, got {c!r}")
         vocab = cfg["vocab"]
-        if set(vocab) != set(DEFAULTS["vocab"]) or not all(isinstance(v, int) and v >= 1 for v in vocab.values()):
-            errors.append(f"vocab in {where} must map exactly {sorted(DEFAULTS['vocab'])} to integers >= 1, got "
-                          f"{vocab!r}")
+        errors += vocab_errors(vocab, list(DEFAULTS["vocab"]), where)
         pairs = cfg["pairs"]
-        if not pairs or any(isinstance(p, bool) or not isinstance(p, int) or p < 1 for p in pairs) or \
-                pairs != sorted(set(pairs)) or \
+        if not increasing_ints(pairs) or \
                 (isinstance(vocab.get("num_keys"), int) and max(pairs) > vocab["num_keys"]):
             errors.append(f"pairs in {where} must be distinct increasing integers in [1, vocab.num_keys], got "
                           f"{pairs!r}")

@@ -54,7 +54,14 @@ from ..train.optim import warmup_cosine as factor
 from ..train.step import fit
 from . import claims
 from .base import Study, StudyConfig, register_study
-from .common import needle_batches, needle_budget_errors, needle_lm_loss, needle_scores, require_datasets
+from .common import (
+    minimum_errors,
+    needle_batches,
+    needle_budget_errors,
+    needle_lm_loss,
+    needle_scores,
+    require_datasets,
+)
 from .report import Control, Metric, run_seeds, write_study
 
 __all__ = ["RetrofitStudy", "VARIANTS", "DEFAULTS", "control", "minilm_dir", "classification_part", "lm_part"]
@@ -378,11 +385,9 @@ class RetrofitStudy(Study):
                           f"with), got {cfg['variants']!r}")
         if not cfg["parts"] or any(p not in PARTS for p in cfg["parts"]):
             errors.append(f"parts in {where} must be a non-empty list from {list(PARTS)}, got {cfg['parts']!r}")
-        for key in ("minilm_layers", "n_train", "n_test", "max_len", "cls_batch_size", "cls_epochs", "block_size",
-                    "lm_batch_size", "pretrain_steps", "finetune_steps", "ppl_bytes", "needle_length", "needle_trials",
-                    "threads"):
-            if cfg[key] < 1:
-                errors.append(f"{key} in {where} must be >= 1, got {cfg[key]}")
+        errors += minimum_errors(cfg, ("minilm_layers", "n_train", "n_test", "max_len", "cls_batch_size", "cls_epochs",
+                                       "block_size", "lm_batch_size", "pretrain_steps", "finetune_steps", "ppl_bytes",
+                                       "needle_length", "needle_trials", "threads"), where)
         if not 1 <= cfg["minilm_layers"] <= 6:
             errors.append(f"minilm_layers in {where} must be in 1..6 (all-MiniLM-L6-v2 has 6 layers), got "
                           f"{cfg['minilm_layers']}")
