@@ -257,3 +257,70 @@ def test_a_model_written_by_to_motif_has_what_the_serving_code_reads(name, tmp_p
     back = convert.from_motif(tmp_path / "out")
     assert all(torch.equal(a, b) for a, b in zip(back.state_dict().values(), fresh.state_dict().values()))
     assert type(model) is type(back)
+
+
+def test_the_released_spelling_motif_round_trips_and_model_type_alone_identifies_a_folder(tmp_path):
+    """The released folders say ``model_type: "Motif"``: to_motif writes back the spelling it was given (a round
+    trip keeps every entry), and a folder with that model_type and no ``architectures`` loads as Motif (from_motif,
+    from_pretrained and the path-kind check alike)."""
+    from diffattn.formats import saved_kind
+
+    cfg = {**GDA, "model_type": "Motif"}
+    sd = released_state_dict(cfg)
+    model = convert.from_motif(write_released(tmp_path / "released", cfg, sd))
+    back_cfg, _ = convert.to_motif(model, tmp_path / "written", base_config=cfg)
+    assert back_cfg["model_type"] == "Motif" and {k: back_cfg[k] for k in cfg} == cfg
+    assert json.loads((tmp_path / "written" / "config.json").read_text())["model_type"] == "Motif"
+    assert convert.motif_config(model)["model_type"] == "motif"  # no source spelling: the lower-case one
+
+    bare = {k: v for k, v in cfg.items() if k != "architectures"}
+    folder = write_released(tmp_path / "bare", bare, sd)
+    assert saved_kind(folder) is not None and "from_motif" in saved_kind(folder)[1]
+    ids = torch.randint(0, cfg["vocab_size"], (2, 7), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        for loaded in (convert.from_motif(folder), diffattn.from_pretrained(folder)):
+            assert type(loaded) is MotifLM and loaded.attention == "grouped"
+            assert torch.equal(loaded(ids), model(ids))
+
+
+@pytest.mark.parametrize("k_ratio", [1, 2, 0.5])
+def test_k_ratio_is_said_not_read_and_the_model_is_what_vllm_computes(k_ratio, tmp_path):
+    """The public Motif model code has no k_ratio (its key heads are signal/noise pairs, num_noise_heads sets the
+    grouping) and serves a folder that has one as if it had none: diffattn builds the same model, and says so with a
+    warning naming the key; null (or no key) is silent."""
+    cfg = {**GDA, "k_ratio": k_ratio}
+    sd = released_state_dict(GDA)
+    folder = write_released(tmp_path / "m", cfg, sd)
+    with pytest.warns(UserWarning, match=rf"config\.k_ratio={k_ratio!r} is not read"):
+        assert convert.motif_kwargs(cfg) == convert.motif_kwargs(GDA)
+    with pytest.warns(UserWarning, match="k_ratio"):
+        model = convert.from_motif(folder)
+    ids = torch.randint(0, GDA["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (model(ids)[0] - motif_logits(GDA, sd, ids[0])).abs().max().item() <= 1e-10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert convert.motif_kwargs({**GDA, "k_ratio": None}) == convert.motif_kwargs(GDA)
+
+
+def test_a_null_qkv_bias_means_no_qkv_bias_as_vllm_reads_it(tmp_path):
+    """vLLM's MotifDecoderLayer takes ``config.qkv_bias`` whenever the key exists (``hasattr``): null is no q/k/v
+    bias even with attention_bias set (o_proj keeps its bias); an absent key follows attention_bias / use_bias."""
+    from diffattn.serve.checkpoints import reference_model
+
+    cfg = {**GDA, "attention_bias": True, "qkv_bias": None}
+    sd = released_state_dict(cfg)
+    assert "model.layers.0.self_attn.o_proj.bias" in sd and "model.layers.0.self_attn.q_proj.bias" not in sd
+    model = convert.from_motif(write_released(tmp_path / "m", cfg, sd))
+    attn = model.blocks[0].attn
+    assert attn.q_proj.bias is None and attn.k_proj.bias is None and attn.out_proj.bias is not None
+    ids = torch.randint(0, cfg["vocab_size"], (2, 9), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert (model(ids)[0] - motif_logits(cfg, sd, ids[0])).abs().max().item() <= 1e-10
+    ref = reference_model("motif", cfg)  # what a server builds: the same rule
+    assert ref.blocks[0].attn.q_proj.bias is None and ref.blocks[0].attn.out_proj.bias is not None
+    back_cfg, back = convert.to_motif(model, base_config=cfg)
+    assert back_cfg["qkv_bias"] is None and back.keys() == sd.keys()
+    absent = {k: v for k, v in cfg.items() if k != "qkv_bias"}
+    assert convert.motif_kwargs(absent)["attention"]["qkv_bias"] is True
+    assert convert.motif_kwargs({**cfg, "qkv_bias": False}) == convert.motif_kwargs(cfg)

@@ -183,3 +183,24 @@ def test_a_hub_id_goes_through_snapshot_download(diffllama_dir, monkeypatch, tmp
     with pytest.raises(FileNotFoundError, match="missing/folder' does not exist; it takes a released model folder"):
         resolve_source(str(tmp_path / "missing" / "folder"))  # a local path: never sent to the Hub
     assert len(calls) == 1
+
+
+def test_a_checkpoint_of_a_small_vocabulary_gets_advice_that_works(tmp_path, capsys):
+    """A released checkpoint fixes its vocabulary (model.overrides takes only the backend with model.pretrained):
+    byte-level data with ids beyond it is refused with advice to give a token file of the checkpoint's ids, never
+    to set model.overrides.vocab_size; following the advice trains."""
+    from diffattn.data.tokens import write_token_memmap
+
+    cfg = {**V1, "num_hidden_layers": 2, "torch_dtype": "float32"}  # a 61-token vocabulary
+    folder = write_released(tmp_path / "motif", cfg, released_state_dict(cfg, dtype=torch.float32))
+    run = tmp_path / "run"
+    assert cli.main(["train", "tiny/finetune", "--out", str(run), "--set", f"model.pretrained={folder}", *FAST]) == 2
+    err = capsys.readouterr().err
+    assert "model.overrides.vocab_size" not in err, err
+    assert "the model embeds 61 ids; model.pretrained fixes the model's vocabulary" in err
+    assert "give token ids below 61" in err and "data.name=tokens" in err
+    assert not run.exists()
+
+    ids = torch.randint(0, 61, (4096,), generator=torch.Generator().manual_seed(0))
+    tokens = write_token_memmap(ids, tmp_path / "tokens.bin", vocab_size=61)
+    _check_losses(_train(folder, run, "--set", "data.name=tokens", "--set", f"data.path={tokens}"))

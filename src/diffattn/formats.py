@@ -251,7 +251,8 @@ def saved_kind(path) -> tuple[str, str] | None:
                 "diffattn.from_pretrained_retrofit(path) or diffattn.load_run(path)")
     if cfg.get("model_type") == "diffllama" or any(isinstance(n, str) and n.startswith("DiffLlama") for n in names):
         return f"a transformers DiffLlama checkpoint ({shown})", "diffattn.convert.from_diffllama(path)"
-    if cfg.get("model_type") == "motif" or any(isinstance(n, str) and n.startswith("Motif") for n in names):
+    if str(cfg.get("model_type")).lower() == "motif" or any(isinstance(n, str) and n.startswith("Motif")
+                                                           for n in names):  # the released files say "Motif"
         return f"a Motif checkpoint ({shown})", "diffattn.convert.from_motif(path)"
     if not serve and ("model_type" in cfg or "architectures" in cfg):
         return (f"a transformers checkpoint ({shown})", "transformers' AutoModelForCausalLM.from_pretrained(path) "

@@ -11,8 +11,10 @@ heads). The layout read and written here is the one the public model code loads 
   ``vocab_size``, ``hidden_act`` (``"poly_norm"``), ``rms_norm_eps``, ``attn_rms_norm_eps`` (the sub-norm),
   ``rope_theta`` (plain rotate-half RoPE: ``rope_scaling`` must be unset), ``max_position_embeddings``,
   ``tie_word_embeddings`` (transformers' default, True, when absent), ``attention_bias`` / ``use_bias`` /
-  ``qkv_bias`` (o_proj has a bias if either of the first two is set, q/k/v follow ``qkv_bias`` when given, the MLP
-  ``use_bias``).
+  ``qkv_bias`` (o_proj has a bias if either of the first two is set; q/k/v follow ``qkv_bias`` whenever the key is
+  present, ``null`` meaning no bias, and the first two otherwise, as vLLM's ``hasattr(config, "qkv_bias")`` reads
+  it; the MLP ``use_bias``). ``k_ratio``, which that code does not read (its key heads are signal/noise pairs and
+  ``num_noise_heads`` alone sets the grouping), must be absent or ``null``: any value is refused, never ignored.
 - tensors: ``model.embed_tokens.weight``, ``model.norm.weight``, ``lm_head.weight`` (absent when tied), and per
   layer ``model.layers.{i}.`` + ``self_attn.{q,k,v,o}_proj.{weight,bias}``, ``self_attn.lambda_{q1,k1,q2,k2}``,
   ``self_attn.subln.weight``, ``mlp.{gate,up,down}_proj.{weight,bias}``, ``mlp.act_fn.{weight,bias}`` (PolyNorm),
@@ -30,6 +32,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -100,11 +103,18 @@ def motif_kwargs(config: dict, backend: str = "auto") -> dict:
     h = int(_get(config, "num_attention_heads", required=True))
     dim = int(_get(config, "hidden_size", required=True))
     attention_bias = bool(_get(config, "attention_bias", False)) or bool(_get(config, "use_bias", False))
+    # vLLM's MotifDecoderLayer: ``if hasattr(config, "qkv_bias"): bias = config.qkv_bias``: a null key is no bias
+    qkv_bias = bool(config["qkv_bias"]) if "qkv_bias" in config else attention_bias
+    if _get(config, "k_ratio") is not None:  # said, never ignored silently; computed as vLLM serves the folder
+        warnings.warn(f"config.k_ratio={config['k_ratio']!r} is not read: the public Motif model code (vLLM's "
+                      f"MotifForCausalLM) has no k_ratio, its key heads come in signal/noise pairs and "
+                      f"num_noise_heads alone sets the grouping; the model is built as that code computes it",
+                      UserWarning, stacklevel=2)
     noise, width = int(_get(config, "num_noise_heads", h // 2)), int(_get(config, "head_dim", dim // h))
     grouped = 2 * noise != h or width * h != dim  # else differential attention (Motif-2.6B)
     attention = {"kind": "grouped" if grouped else "diff", **MOTIF_ATTENTION}
     attention.update(num_kv_heads=int(_get(config, "num_key_value_heads", h)),
-                     qkv_bias=bool(_get(config, "qkv_bias", attention_bias)), out_bias=attention_bias,
+                     qkv_bias=qkv_bias, out_bias=attention_bias,
                      sub_norm_eps=float(_get(config, "attn_rms_norm_eps", required=True)),
                      rope_theta=float(_get(config, "rope_theta", 10000.0)), causal=True, rope="half", backend=backend,
                      **(dict(num_noise_heads=noise, head_dim=width) if grouped else {}))
@@ -157,9 +167,16 @@ def read_motif(path: str | os.PathLike) -> tuple[dict, dict[str, torch.Tensor]]:
     return config, sd
 
 
+def _is_motif_type(model_type) -> bool:
+    """Whether a ``model_type`` names Motif: the released files say "Motif", :func:`to_motif` keeps that spelling
+    and writes "motif" where there is none."""
+    return isinstance(model_type, str) and model_type.lower() == "motif"
+
+
 def _is_motif(config: dict) -> bool:
     names = config.get("architectures") or []
-    return config.get("model_type") == "motif" or any(isinstance(n, str) and n.startswith("Motif") for n in names)
+    return _is_motif_type(config.get("model_type")) or any(isinstance(n, str) and n.startswith("Motif")
+                                                           for n in names)
 
 
 def from_motif(source, *, config: dict | None = None, backend: str = "auto") -> MotifLM:
@@ -200,7 +217,8 @@ def from_motif(source, *, config: dict | None = None, backend: str = "auto") -> 
 
 
 def motif_config(model: MotifLM, base: dict | None = None) -> dict:
-    """The released ``config.json`` of ``model`` (``base``'s other entries kept, e.g. token ids); ValueError for
+    """The released ``config.json`` of ``model`` (``base``'s other entries kept, e.g. token ids, and its spelling of
+    ``model_type``, "Motif" or "motif", and of a ``null`` ``qkv_bias``); ValueError for
     what the released code cannot express (its λ_init schedule, PolyNorm eps, bias flags, λ form, norms)."""
     if not isinstance(model, MotifLM):
         raise ValueError(f"model must be a MotifLM, got {type(model).__name__}")
@@ -225,13 +243,15 @@ def motif_config(model: MotifLM, base: dict | None = None) -> dict:
             raise ValueError(f"block {i}: PolyNorm eps is {b.mlp.act_fn.eps}, the released code fixes {_POLY_NORM_EPS}")
     grouped = isinstance(attn, GroupedDiffAttention)
     cfg = dict(base or {})
-    cfg.update({"architectures": [MOTIF_ARCHITECTURE], "model_type": "motif", "vocab_size": model.vocab_size,
+    model_type = cfg["model_type"] if _is_motif_type(cfg.get("model_type")) else "motif"  # "Motif" stays "Motif"
+    cfg.update({"architectures": [MOTIF_ARCHITECTURE], "model_type": model_type, "vocab_size": model.vocab_size,
                 "hidden_size": model.dim, "intermediate_size": model.mlp_hidden, "num_hidden_layers": model.depth,
                 "num_attention_heads": attn.num_heads, "num_key_value_heads": attn.num_kv_heads,
                 "hidden_act": "poly_norm", "rms_norm_eps": blk.norm1.eps, "attn_rms_norm_eps": attn.diff_norm.eps,
                 "rope_theta": float(attn.rotary.base), "rope_scaling": None,
                 "max_position_embeddings": model.max_seq_len, "tie_word_embeddings": model.tie_embeddings,
-                "attention_bias": out_bias, "use_bias": mlp_bias, "qkv_bias": qkv_bias})
+                "attention_bias": out_bias, "use_bias": mlp_bias,
+                "qkv_bias": None if cfg.get("qkv_bias", False) is None and not qkv_bias else qkv_bias})
     if grouped or "num_noise_heads" in cfg or "head_dim" in cfg:
         cfg["num_noise_heads"] = attn.num_noise_heads if grouped else attn.num_heads // 2
         cfg["head_dim"] = attn.head_dim

@@ -64,9 +64,6 @@ def check(ok: bool, key: str, got: Any, need: str, hint: str = "") -> None:
         raise UsageError(f"config {key} must be {need}, got {got!r}{hint}")
 
 
-def is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
 #: token ids read to find the largest id of a stream without a sidecar (the whole stream when it is shorter)
 _MAX_SCAN = 1 << 26
 
@@ -93,23 +90,27 @@ def _max_id(tokens) -> int:
     return max((int(np.asarray(tokens[i:min(i + step, n)]).max()) for i in range(0, n, step)), default=-1)
 
 
-def check_tokens(windows, model: nn.Module, vocab_key: str) -> None:
+def check_tokens(windows, model: nn.Module, vocab_key: str | None) -> None:
     """The token stream of ``windows`` (a :class:`~diffattn.train.data.TokenWindows`) fits ``model``: its
     vocabulary (the token file's sidecar, else its largest id) is at most the model's, and ``data.block_size`` is at
-    most the model's context. ``vocab_key`` names the config key that sets the model's vocabulary."""
+    most the model's context. ``vocab_key`` names the config key that sets the model's vocabulary; None: nothing
+    sets it (a released checkpoint, ``model.pretrained``), so the advice is data of the checkpoint's ids."""
     vocab = model_vocab_size(model)
     if vocab is None:
         return
     source = getattr(windows, "source", None) or "the training data"
     declared = getattr(windows, "vocab_size", None)
+    fixed = (f"model.pretrained fixes the model's vocabulary (model.overrides cannot change it): give token ids "
+             f"below {vocab}, a token file of the checkpoint's tokenizer (data.name=tokens, data.path=FILE)")
     if declared is not None and declared > vocab:
+        fix = f"set {vocab_key} to at least {declared}, or tokenize the data for this model" if vocab_key else fixed
         raise UsageError(f"data.path {source} holds ids of a {declared}-token vocabulary (its sidecar says so), but "
-                         f"the model embeds {vocab} ids; set {vocab_key} to at least {declared}, or tokenize the data "
-                         f"for this model")
+                         f"the model embeds {vocab} ids; {fix}")
     top = _max_id(windows.tokens)
     if top >= vocab:
-        raise UsageError(f"{source} holds token id {top}, but the model embeds {vocab} ids; set {vocab_key} to at "
-                         f"least {top + 1}, or use data.tokenizer that matches the model")
+        fix = (f"set {vocab_key} to at least {top + 1}, or use data.tokenizer that matches the model" if vocab_key
+               else fixed)
+        raise UsageError(f"{source} holds token id {top}, but the model embeds {vocab} ids; {fix}")
     context = getattr(model, "max_seq_len", None)
     config = getattr(model, "config", None)
     if context is None and config is not None:
