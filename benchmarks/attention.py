@@ -13,7 +13,7 @@ before the call (CPU) or ``torch.cuda.max_memory_allocated`` (CUDA).
 
 ``--training`` instead times the training of one causal layer (forward + backward) at width 512, 8 heads,
 B·N = 8192, N = 1024 and 4096: ``standard``, ``diff[auto]`` (on a CPU: query blocks with the two maps combined
-before the product by V, :mod:`diffattn._diff_autograd`) and ``diff[padded]`` (the two zero-padded fused calls
+before the product by V, :mod:`diffattn.ops.blockwise`) and ``diff[padded]`` (the two zero-padded fused calls
 ``sdpa`` makes otherwise). Repeats are interleaved (standard, auto, padded, standard, …) and the median is taken;
 peak memory is measured in a fresh process per cell.
 
@@ -202,7 +202,7 @@ def training_module(name: str, dim: int, heads: int) -> nn.Module:
 
 def training_run(name: str, module: nn.Module, x: torch.Tensor):
     """fwd+bwd of ``module``; ``diff[padded]`` turns the blockwise training path off for its own calls."""
-    import diffattn.functional as functional
+    from diffattn.ops import functional
 
     step = fwd_bwd(module, x)
     if name != "diff[padded]":

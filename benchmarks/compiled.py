@@ -45,8 +45,8 @@ def time_steps(step, n: int) -> list[float]:
 
 
 def bench_model(name: str, depth: int, batch: int, steps: int, warmup: int) -> dict:
-    from diffattn.kernels import triton_diff as td
     from diffattn.models import create_model
+    from diffattn.ops.kernels import triton_diff as td
 
     torch.manual_seed(0)
     model = create_model(name, depth=depth).cuda().train()

@@ -200,12 +200,12 @@ def run(args) -> tuple[list[dict], list[dict]]:
 
 def flex_rows(args) -> list[dict]:
     """Prefill attention core of one layer of the LMs (causal, B = 1): standard SDPA (8 heads of width 64), the
-    differential operator's zero-padded ``sdpa`` path and :func:`diffattn.unpadded.flex_diff_attention` (compiled
+    differential operator's zero-padded ``sdpa`` path and :func:`diffattn.ops.unpadded.flex_diff_attention` (compiled
     FlexAttention, no padding; its compilation is timed apart)."""
     import torch.nn.functional as F
 
-    from diffattn.functional import diff_attention
-    from diffattn.unpadded import flex_diff_attention
+    from diffattn.ops import diff_attention
+    from diffattn.ops.unpadded import flex_diff_attention
 
     rows = []
     for n in sorted(p for p in args.prefixes if p <= args.max_prefill):

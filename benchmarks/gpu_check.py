@@ -190,7 +190,7 @@ def render_core(res: dict | None) -> str:
     entries = res.get("dispatch_entries")
     if entries:
         lines += ["", "backend='auto''s dispatch entries from these timings (`dispatch.json` in the run's folder; "
-                  "copy it to src/diffattn/dispatch.json to ship them): " + "; ".join(
+                  "copy it to src/diffattn/ops/dispatch.json to ship them): " + "; ".join(
                       f"value width {e['value_width']}: the fused kernel "
                       + ("at every length" if e["triton_below_keys"] is None else
                          f"below {e['triton_below_keys']} keys") for e in entries) + "."]

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from diffattn.functional import diff_attention  # noqa: E402
+from diffattn.ops import diff_attention  # noqa: E402
 
 LAMBDA = 0.8
 STD_BACKENDS = {"std_flash": "FLASH_ATTENTION", "std_cudnn": "CUDNN_ATTENTION", "std_efficient": "EFFICIENT_ATTENTION",
@@ -182,7 +182,7 @@ def _split(method: str, width: int):
     """``diff_triton_split``: the fused kernel with its dK/dV backward as two launches (dV, then dK)."""
     if method != "diff_triton_split":
         return contextlib.nullcontext()
-    from diffattn.kernels.triton_diff import split_dkdv
+    from diffattn.ops.kernels.triton_diff import split_dkdv
 
     return split_dkdv(width, 2 * width)
 
@@ -229,8 +229,8 @@ def run_core(args, dev, result) -> None:
 
 
 def write_dispatch(path: Path, result: dict, dev: torch.device, command: str) -> None:
-    """backend='auto''s dispatch table with this card's entries (diffattn._dispatch.entries_from_core_rows)."""
-    from diffattn import _dispatch
+    """backend='auto''s dispatch table with this card's entries (diffattn.ops.dispatch.entries_from_core_rows)."""
+    from diffattn.ops import dispatch as _dispatch
 
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else dev.type
     measured = f"{command}, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--dispatch-out", type=Path, help="write backend='auto''s dispatch table here: the packaged "
                    "one (or this file's) with this card's entries from the diff_triton and diff_sdpa timings "
-                   "(copy it to src/diffattn/dispatch.json to ship it)")
+                   "(copy it to src/diffattn/ops/dispatch.json to ship it)")
     # models
     p.add_argument("--pairs", nargs="+", default=list(MODEL_PAIRS), choices=list(MODEL_PAIRS))
     p.add_argument("--modes", nargs="+", default=["eager", "compiled", "reduce-overhead"])

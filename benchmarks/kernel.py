@@ -45,7 +45,7 @@ try:
 except ImportError:  # running from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from diffattn.functional import diff_attention  # noqa: E402
+from diffattn.ops import diff_attention  # noqa: E402
 
 METHODS = ("sdpa_flash", "diff_triton", "diff_sdpa", "diff_sdpa2", "diff_flash4")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -56,7 +56,7 @@ LAMBDA = 0.8
 FLOPS_PER_HEAD = {"standard": (4.0, 14.0), "diff": (6.0, 16.0)}
 
 #: tile candidates (BLOCK_M, BLOCK_N, num_warps, num_stages) per (d, dv) and kernel; the first of each list is the
-#: library's table (src/diffattn/kernels/triton_diff.py, _tiles), the others its neighbours
+#: library's table (src/diffattn/ops/kernels/triton_diff.py, _tiles), the others its neighbours
 CANDIDATES = {
     (64, 128): {
         "fwd": [(128, 64, 8, 3), (128, 64, 8, 2), (128, 64, 8, 4), (128, 128, 8, 2), (64, 64, 4, 3), (128, 32, 8, 3)],
@@ -195,7 +195,7 @@ def bench_one(method: str, batch: int, seqlen: int, dim: int, width: int, dtype:
 
 def _kernel_inputs(batch, seqlen, width, heads, dtype, causal, dev="cuda", dv=None):
     """Inputs of the kernels at the benchmark's layout, with the saved forward state for the backward."""
-    from diffattn.kernels import triton_diff as td
+    from diffattn.ops.kernels import triton_diff as td
 
     g = torch.Generator(device=dev).manual_seed(0)
 
@@ -212,7 +212,7 @@ def _kernel_inputs(batch, seqlen, width, heads, dtype, causal, dev="cuda", dv=No
 
 def _run_kernel(kind: str, x: dict, causal: bool, fwd, kv, q):
     """One call of the forward (kind "fwd") or of the whole backward (kinds "dkdv", "dq") with these tiles."""
-    from diffattn.kernels import triton_diff as td
+    from diffattn.ops.kernels import triton_diff as td
 
     if kind == "fwd":
         return td._fwd_impl(x["q1"], x["k1"], x["q2"], x["k2"], x["v"], x["lam"], x["w1"], None, causal,
@@ -225,7 +225,7 @@ def _precompile_task(task: dict) -> dict:
     """In a worker process: run one kernel configuration once at a small size, so that Triton compiles it and
     keeps it in its on-disk cache. The small size keeps the specialisations of the timed size (lengths and
     strides divisible by 16, the same head count)."""
-    from diffattn.kernels import triton_diff as td
+    from diffattn.ops.kernels import triton_diff as td
 
     t0 = time.perf_counter()
     try:
@@ -267,7 +267,7 @@ def tune(shapes: list[tuple[int, int]], dim: int, seqlen: int, tokens: int, dtyp
          rep: int, workers: int) -> dict:
     """Time each candidate tile configuration of each kernel (non-causal, ``seqlen``, D/2d heads), one kernel at a
     time with the others at their current choice; returns {"dxdv": {"fwd"|"dkdv"|"dq": {"best", "ms"}}}."""
-    from diffattn.kernels import triton_diff as td
+    from diffattn.ops.kernels import triton_diff as td
 
     dtype = DTYPES[dtype_name]
     tasks = [dict(kind=kind, d=d, dv=dv, heads=dim // d // 2, dtype=dtype_name, tiles=t)
@@ -372,7 +372,7 @@ def markdown(result: dict, command: str, title: str = "Fused Triton kernel") -> 
             lines.append(f"- d = {d}, dv = {dv}: " + "; ".join(f"{k} {tuple(v['best'])}" for k, v in kinds.items()))
         lines.append("")
     else:
-        lines += ["Tiles: the library's table (`_tiles` in src/diffattn/kernels/triton_diff.py).", ""]
+        lines += ["Tiles: the library's table (`_tiles` in src/diffattn/ops/kernels/triton_diff.py).", ""]
     lines += ["Goals:", ""] + goals(rows) + [""]
     lines += ["| d | causal | N | B | method | SDPA backend | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | "
               "fwd+bwd × standard | `sdpa` backend time ÷ this | peak MiB |",
@@ -463,7 +463,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit("benchmarks/kernel.py times CUDA kernels and needs a CUDA GPU; none is available here.")
     import triton
 
-    from diffattn.kernels import triton_diff as td
+    from diffattn.ops.kernels import triton_diff as td
 
     command = args.command or "python benchmarks/kernel.py " + " ".join(argv if argv is not None else sys.argv[1:])
     result = dict(device=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,

@@ -79,7 +79,7 @@ recipes = sorted(p.relative_to(repo / "src").as_posix() for p in (repo / "src/di
 missing = [r for r in recipes if r not in names]
 assert not missing, f"recipes missing from the wheel: {missing}"
 assert "diffattn/detect/cfg/yolo26n-diffattn.yaml" in names, "the YOLO model YAMLs are missing"
-assert "diffattn/dispatch.json" in names, "backend='auto''s dispatch table (diffattn/dispatch.json) is missing"
+assert "diffattn/ops/dispatch.json" in names, "backend='auto''s dispatch table (diffattn/ops/dispatch.json) is missing"
 print(f"check_wheel: {len(recipes)} recipes and {licenses[0]} in the wheel")
 EOF
 

@@ -9,7 +9,7 @@ import torch
 import transformers as T
 
 import diffattn.adapters as A
-from diffattn import functional
+from diffattn.ops import functional
 
 LM = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
           vocab_size=128, bos_token_id=0, eos_token_id=0, pad_token_id=0)

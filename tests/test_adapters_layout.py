@@ -12,7 +12,7 @@ from diffattn.adapters.binding import Binding
 from diffattn.adapters.bindings import BINDINGS
 
 PKG = Path(A.__file__).parent
-ALLOWED = {"diffattn.adapters.binding", "diffattn.adapters.methods", "diffattn.functional"}
+ALLOWED = {"diffattn.adapters.binding", "diffattn.adapters.methods", "diffattn.ops"}
 
 
 def _imports(path: Path) -> set[str]:

@@ -1,4 +1,4 @@
-"""Retrofits compute through the operator (diffattn.functional): the calls are observable, and left-padded batches
+"""Retrofits compute through the operator (diffattn.ops.functional): the calls are observable, and left-padded batches
 are exact at step 0 in every dtype and attention implementation (a float64 model stays float64 throughout)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch
 import transformers as T
 
 import diffattn.adapters as A
-import diffattn.functional as DF
+import diffattn.ops.functional as DF
 
 LM = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
           vocab_size=128, bos_token_id=0, eos_token_id=0, pad_token_id=0)

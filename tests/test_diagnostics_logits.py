@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffattn import functional
+from diffattn import ops
 from diffattn.diagnostics import (
     capture_attention,
     capture_hidden_states,
@@ -111,7 +111,7 @@ def test_captured_logits_are_the_reference_and_outputs_unchanged(kind, causal, r
         with capture_logits(layer) as cap:
             out = layer(x, mask)
         ref = _ref_logits(layer, kind, x)
-    assert layer.backend == "auto" and functional._SCORE_HOOK.get() is None  # restored
+    assert layer.backend == "auto" and ops.SCORE_HOOK.get() is None  # restored
     assert (out - ref_out).abs().max().item() <= 1e-12
     assert len(cap.layers) == 1
     entry = cap.layers[0]
@@ -210,7 +210,7 @@ def test_nested_contexts_capture_quantised_logits_and_unwind():
     with torch.no_grad(), quantized_logits(layer, 4), capture_logits(layer) as cap:
         layer(x)
         ref = _ref_logits(layer, "diff", x)
-    assert functional._SCORE_HOOK.get() is None and layer.backend == "auto"
+    assert ops.SCORE_HOOK.get() is None and layer.backend == "auto"
     assert not layer._forward_hooks and not layer._forward_pre_hooks
     seen = _seen(2, 6, True, 0)
     for got, s in zip(cap.layers[0]["logits"], ref):
@@ -335,14 +335,14 @@ def test_contexts_restore_on_exception():
     with pytest.raises(ValueError), capture_logits(model):
         model(torch.zeros(2, 3))  # float ids: the model raises ValueError inside the context
     assert all(m.backend == "auto" and not m._forward_hooks and not m._forward_pre_hooks for m in layers)
-    assert functional._SCORE_HOOK.get() is None
+    assert ops.SCORE_HOOK.get() is None
 
 
 def test_exception_inside_a_layer_resets_the_hook():
     layer = _layer("standard", causal=False, rope=None)
     with pytest.raises(ValueError, match="x must have shape"), capture_logits(layer):
         layer(torch.randn(1, 3, 31, dtype=torch.float64))
-    assert functional._SCORE_HOOK.get() is None and layer.backend == "auto"
+    assert ops.SCORE_HOOK.get() is None and layer.backend == "auto"
 
 
 def test_bad_input():
@@ -371,7 +371,7 @@ def test_default_path_untouched_without_a_context():
     layer = DiffAttention(32, 4, causal=True).eval()
     x = torch.randn(2, 5, 32)
     seen = []
-    token = functional._SCORE_HOOK.set(lambda s, m: seen.append(1) or s)
+    token = ops.SCORE_HOOK.set(lambda s, m: seen.append(1) or s)
     try:
         with torch.no_grad():
             layer(x)  # sdpa backend: the hook of the math path is never called
@@ -380,7 +380,7 @@ def test_default_path_untouched_without_a_context():
             layer(x)  # the math path (maps asked for) calls it, once per map
         assert seen == [1, 1]
     finally:
-        functional._SCORE_HOOK.reset(token)
+        ops.SCORE_HOOK.reset(token)
 
 
 def test_soft_capped_layer_records_the_capped_logits():

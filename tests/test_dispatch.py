@@ -7,12 +7,12 @@ import json
 import pytest
 import torch
 
-from diffattn import _dispatch
-from diffattn.functional import _triton_preferred
+from diffattn.ops import dispatch
+from diffattn.ops.functional import _triton_preferred
 
 
 def test_packaged_table_holds_the_h200_measurements():
-    entries = _dispatch.load_table()
+    entries = dispatch.load_table()
     h200 = {e.value_width: e for e in entries if e.device == "NVIDIA H200"}
     assert h200[128].triton_below_keys is None and h200[256].triton_below_keys == 2048
     assert all(e.default for e in h200.values()) and all(e.measured for e in entries)
@@ -44,7 +44,7 @@ def test_entries_from_measurements():
     rows += [dict(method="std_flash", head_dim=64, seqlen=1024, causal=False, fwd_bwd_ms=0.1)]
     rows += _rows(32, {(1024, False): (1.0, 2.0)}) + [dict(method="diff_sdpa", head_dim=32, seqlen=2048,
                                                              causal=False, error="out of memory")]
-    got = _dispatch.entries_from_core_rows(rows, "NVIDIA H100", "bfloat16", "gpu_goals core, test")
+    got = dispatch.entries_from_core_rows(rows, "NVIDIA H100", "bfloat16", "gpu_goals core, test")
     assert [(e["value_width"], e["triton_below_keys"]) for e in got] == [(128, None), (256, 2048)]
 
 
@@ -52,17 +52,17 @@ def test_merge_and_load(tmp_path):
     new = [dict(device="NVIDIA H200", dtype="bfloat16", value_width=256, triton_below_keys=8192, measured="x"),
            dict(device="NVIDIA H100 80GB HBM3", dtype="bfloat16", value_width=256, triton_below_keys=4096,
                 measured="y")]
-    data = _dispatch.merge_entries(None, new)
+    data = dispatch.merge_entries(None, new)
     path = tmp_path / "dispatch.json"
     path.write_text(json.dumps(data))
-    entries = {(e.device, e.value_width): e for e in _dispatch.load_table(path)}
+    entries = {(e.device, e.value_width): e for e in dispatch.load_table(path)}
     assert entries["NVIDIA H200", 256].triton_below_keys == 8192 and entries["NVIDIA H200", 256].default
     assert entries["NVIDIA H100 80GB HBM3", 256].triton_below_keys == 4096
     assert not entries["NVIDIA H100 80GB HBM3", 256].default and entries["NVIDIA H200", 128].default
     path.write_text(json.dumps({"format": 1, "entries": [{"device": "x", "dtype": "bf16", "value_width": 64,
                                                           "triton_below_keys": 0}]}))
     with pytest.raises(ValueError, match=r"entry 0: triton_below_keys must be null or an integer >= 1, got 0"):
-        _dispatch.load_table(path)
+        dispatch.load_table(path)
     path.write_text(json.dumps({"format": 2, "entries": []}))
     with pytest.raises(ValueError, match="format must be 1, got 2"):
-        _dispatch.load_table(path)
+        dispatch.load_table(path)

@@ -168,8 +168,8 @@ def test_return_weights_are_the_maps():
 @pytest.fixture
 def blockwise_calls(monkeypatch):
     """Small query blocks (several per sequence) and a count of the calls into the blockwise training path."""
-    import diffattn._diff_autograd as blockwise
-    import diffattn.functional as functional
+    import diffattn.ops.blockwise as blockwise
+    import diffattn.ops.functional as functional
 
     calls = []
     original = blockwise.blockwise_diff_attention
@@ -240,7 +240,7 @@ def test_blockwise_training_path_matches_reference_and_its_gradients(case, block
 
 
 def test_blockwise_blocks_of_several_batch_elements(blockwise_calls, monkeypatch):
-    import diffattn._diff_autograd as blockwise
+    import diffattn.ops.blockwise as blockwise
 
     monkeypatch.setattr(blockwise, "MIN_BLOCK_ROWS", 8)
     monkeypatch.setattr(blockwise, "BLOCK_ELEMENTS", 256)  # 8 rows × 2 heads × 8 keys: batch elements 0:2, 2:3
@@ -301,7 +301,7 @@ def test_blockwise_path_is_taken_for_cpu_training_only(backend, blockwise_calls,
     assert blockwise_calls == []
     out = diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)
     assert len(blockwise_calls) == 1
-    import diffattn.functional as functional
+    import diffattn.ops.functional as functional
 
     monkeypatch.setattr(functional, "BLOCKWISE_MIN_KEYS", 9)  # 8 keys: too short, the fused kernels
     diff_attention(q1, k1, q2, k2, v, 0.5, is_causal=True, backend=backend)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffattn import functional
 from diffattn.functional import DECODE_MAX_QUERIES, decode_diff_attention, diff_attention
+from diffattn.ops import functional
 
 from .reference import F64, TOLERANCES, reference
 

@@ -26,17 +26,17 @@ OPTIONAL = frozenset({
 #: ratchet: the count may only go down). Each is a module that imports a heavy or optional library on import.
 OWN_MODULE_EXCEPTIONS: dict[str, tuple[int, str]] = {
     # `diffattn --version` answers before torch is imported (tests/test_imports.py): diffattn.cli.main imports the
-    # parser and the commands (diffattn.cli.commands: the studies, the models, the training code) after it, and the
-    # package's PEP 562 __getattr__ re-exports their names
-    "cli/__init__.py": (2, "diffattn --version answers before cli.commands imports torch"),
+    # parser and the commands (diffattn.app.parser and the command modules: the studies, the models, the training
+    # code) after it
+    "cli/__init__.py": (1, "diffattn --version answers before app.parser imports torch"),
     # lm_harness imports lm-eval (an optional library) on import
-    "eval/commands.py": (1, "eval.lm_harness imports lm-eval on import"),
+    "app/eval.py": (1, "eval.lm_harness imports lm-eval on import"),
     # diffattn.detect's submodules import Ultralytics on import, which must come after detect.offline_env()
     "studies/detection.py": (2, "detect.registry / detect.maps import Ultralytics, after offline_env()"),
     "eval/detection.py": (1, "detect.registry imports Ultralytics, after offline_env()"),
-    # diffattn.kernels imports triton (an optional library) on import
-    "functional.py": (2, "diffattn.kernels imports triton on import"),
-    "layers/attention.py": (1, "diffattn.kernels imports triton on import"),
+    # diffattn.ops.kernels imports triton (an optional library) on import
+    "ops/functional.py": (2, "diffattn.ops.kernels imports triton on import"),
+    "layers/attention.py": (1, "diffattn.ops.kernels imports triton on import"),
 }
 
 

@@ -12,7 +12,7 @@ import os
 import torch
 
 CUDA = torch.cuda.is_available()
-if not CUDA:  # must happen before Triton defines the kernels (at import of diffattn.kernels)
+if not CUDA:  # must happen before Triton defines the kernels (at import of diffattn.ops.kernels)
     os.environ["TRITON_INTERPRET"] = "1"
 
 import importlib  # noqa: E402
@@ -20,8 +20,8 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 
-import diffattn.kernels.triton_diff as triton_diff  # noqa: E402
-from diffattn.kernels import triton_diff_attention, triton_unsupported_reason  # noqa: E402
+import diffattn.ops.kernels.triton_diff as triton_diff  # noqa: E402
+from diffattn.ops.kernels import triton_diff_attention, triton_unsupported_reason  # noqa: E402
 
 from .gpu_report import record  # noqa: E402
 
@@ -665,7 +665,7 @@ def test_layers_take_the_fused_path_with_the_same_numbers(kind, options, monkeyp
     general path."""
     import copy
 
-    import diffattn.functional as functional
+    import diffattn.ops.functional as functional
     from diffattn.layers.attention import attention_class
 
     torch.manual_seed(0)

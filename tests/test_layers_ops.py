@@ -28,9 +28,9 @@ from unittest import mock
 import pytest
 import torch
 
-import diffattn.functional as functional
-from diffattn.kernels import triton_diff
+import diffattn.ops.functional as functional
 from diffattn.layers import AttentionSpec, Block
+from diffattn.ops.kernels import triton_diff
 from diffattn.utils import count_ops
 
 

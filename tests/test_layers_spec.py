@@ -108,7 +108,7 @@ class TemperedAttention(Attention):
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            check_positive_float("temperature", self.temperature)
+            check_positive_float("attention temperature", self.temperature)
 
     def __init__(self, dim, num_heads, config=None, *, depth=0, **settings):
         config = self.resolve_config(config, settings)

@@ -97,7 +97,7 @@ def _step(family: str, model: nn.Module, batch: dict, device: str) -> tuple[floa
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family,name,overrides", CASES, ids=[c[1] for c in CASES])
 def test_cuda_bf16_training_step_matches_cpu_float32(family, name, overrides, monkeypatch):
-    import diffattn.kernels.triton_diff as triton_diff
+    import diffattn.ops.kernels.triton_diff as triton_diff
 
     torch.manual_seed(0)
     if family == "text":

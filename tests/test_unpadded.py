@@ -1,4 +1,4 @@
-"""Inference without zero-padding through FlexAttention (diffattn.unpadded): exact against the float64 reference for
+"""Inference without zero-padding through FlexAttention (diffattn.ops.unpadded): exact against the float64 reference for
 every mask kind, forward only."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from diffattn.unpadded import flex_diff_attention
+from diffattn.ops.unpadded import flex_diff_attention
 
 from .reference import F64, TOLERANCES, reference
 

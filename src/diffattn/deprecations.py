@@ -104,6 +104,12 @@ DEPRECATIONS: dict[str, Deprecation] = {
     "diffattn.studies.base.apply_sets": Deprecation("diffattn.configs.apply_sets", "0.2.0", "0.3.0"),
     "diffattn.studies.diffclip.run": Deprecation(
         "diffattn.studies.run_study(cfg) (or diffattn.studies.get_study('diffclip').execute(cfg))", "0.2.0", "0.3.0"),
+    # the operator: the fused kernels moved into the operator's package, diffattn.ops
+    "diffattn.kernels.triton_diff_attention": Deprecation("diffattn.ops.kernels.triton_diff_attention", "0.2.0",
+                                                          "0.3.0"),
+    "diffattn.kernels.triton_unsupported_reason": Deprecation("diffattn.ops.kernels.triton_unsupported_reason",
+                                                              "0.2.0", "0.3.0"),
+    "diffattn.kernels.triton_diff": Deprecation("diffattn.ops.kernels.triton_diff", "0.2.0", "0.3.0"),
 }
 
 

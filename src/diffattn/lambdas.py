@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 import torch.nn as nn
 
-from .functional import _upcast
+from .ops import upcast
 
 __all__ = [
     "DEFAULT_LAMBDA_INIT",
@@ -248,7 +248,7 @@ def reparam_lambda(lambda_q1, lambda_k1, lambda_q2, lambda_k2, lambda_init: floa
     is needed it goes through :class:`_ReparamLambdaFn` (the same numbers, fewer ops); tracing and export see the
     plain expression.
     """
-    q1, k1, q2, k2 = (_upcast(t) for t in (lambda_q1, lambda_k1, lambda_q2, lambda_k2))
+    q1, k1, q2, k2 = (upcast(t) for t in (lambda_q1, lambda_k1, lambda_q2, lambda_k2))
     if (torch.is_grad_enabled() and any(t.requires_grad for t in (q1, k1, q2, k2)) and q1.shape == k1.shape
             == q2.shape == k2.shape and len({t.dtype for t in (q1, k1, q2, k2)}) == 1
             and not (torch.jit.is_tracing() or torch.onnx.is_in_onnx_export())):
@@ -363,7 +363,7 @@ class GateLambda(LambdaForm):
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """g of shape (B, H, N, 1) in float32."""
-        return torch.sigmoid(_upcast(self.gate_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        return torch.sigmoid(upcast(self.gate_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         g = self.gate(x)
@@ -393,7 +393,7 @@ class TokenSigmoidLambda(LambdaForm):
         return cls(dim, num_heads, bias=bias)
 
     def forward(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
-        return _ONE, torch.sigmoid(_upcast(self.lambda_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        return _ONE, torch.sigmoid(upcast(self.lambda_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
 
     def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
         return "sigmoid", (self.lambda_proj(x),), 0.0  # logits (B, N, H)
@@ -425,9 +425,9 @@ class AnnealedLambda(LambdaForm):
         return cls(lambda_init, anneal_steps, lambda_learn_init=lambda_learn_init)
 
     def value(self) -> torch.Tensor:
-        r = self.step.to(_upcast(self.lambda_learn).dtype) / self.anneal_steps
+        r = self.step.to(upcast(self.lambda_learn).dtype) / self.anneal_steps
         alpha = torch.clamp(r, max=1.0)
-        return (1.0 - alpha) * r * self.lambda_init + alpha * _upcast(self.lambda_learn)
+        return (1.0 - alpha) * r * self.lambda_init + alpha * upcast(self.lambda_learn)
 
     @torch.no_grad()
     def advance(self, n: int = 1) -> None:

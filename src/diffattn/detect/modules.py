@@ -28,10 +28,10 @@ import torch.nn as nn
 from ultralytics.nn.modules.block import C2PSA, Attention, C3k2
 from ultralytics.nn.modules.conv import Conv
 
-from ..functional import diff_attention
 from ..lambdas import DEFAULT_LAMBDA_INIT, reparam_lambda, resolve_lambda_init
 from ..layers import DiffAttention
 from ..layers.norm import head_rms_norm
+from ..ops import diff_attention
 
 __all__ = ["DiffAttention2d", "DiffPSAAttention", "DiffC2PSA", "DiffC3k2", "make_psa_differential"]
 

@@ -2,9 +2,10 @@
 
 Ultralytics' ``model.train()`` builds a fresh model from the YAML (with the dataset's class count) and copies the
 weights over by name, so a retrofitted module would come back as a plain ``Attention``. The trainer class returned
-by :func:`retrofit_trainer` builds that fresh model, retrofits it with the same :class:`~diffattn.RetrofitConfig`,
-copies every adapter's weights and schedule step, and advances λ(t) (DAA (2025) eq. 3) once per optimizer step, in
-the model and in its EMA copy (whose integer ``step`` buffers Ultralytics' EMA would otherwise leave at their start).
+by :func:`retrofit_trainer` builds that fresh model, retrofits it with the same
+:class:`~diffattn.adapters.RetrofitConfig`, copies every adapter's weights and schedule step, and advances λ(t)
+(DAA (2025) eq. 3) once per optimizer step, in the model and in its EMA copy (whose integer ``step`` buffers
+Ultralytics' EMA would otherwise leave at their start).
 """
 
 from __future__ import annotations

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..functional import _SCORE_HOOK, PreparedMask, causal_mask
 from ..layers import ATTENTION_TYPES, attention_kind
+from ..ops import SCORE_HOOK, PreparedMask, causal_mask
 
 __all__ = ["LogitCapture", "HiddenStateCapture", "capture_logits", "logit_stats", "capture_hidden_states",
            "hidden_stats", "quantized_logits", "quantize_absmax", "logit_layers"]
@@ -88,16 +88,16 @@ def _routed(layers: list[tuple[str, nn.Module, str]], make_hook: Callable[[str, 
         def fn(module, args, kwargs):
             if on_call is not None:
                 on_call(name, kind)
-            outer = _SCORE_HOOK.get()
+            outer = SCORE_HOOK.get()
             h = hook if outer is None else (lambda s, m: hook(outer(s, m), m))
-            tokens.setdefault(id(module), []).append(_SCORE_HOOK.set(h))
+            tokens.setdefault(id(module), []).append(SCORE_HOOK.set(h))
             return None
         return fn
 
     def post(module, args, kwargs, output):
         stack = tokens.get(id(module))
         if stack:
-            _SCORE_HOOK.reset(stack.pop())
+            SCORE_HOOK.reset(stack.pop())
         return None
 
     try:

@@ -22,16 +22,16 @@ from typing import Any, ClassVar
 import torch
 import torch.nn as nn
 
-from ..functional import (
+from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, build_lambda, check_lambda_init, resolve_lambda_init
+from ..ops import (
     AttentionWeights,
-    _compute_dtype,
-    _diff_attention_pairs,
-    _takes_triton,
     attention,
+    compute_dtype,
+    diff_attention_pairs,
     restrict_mask,
     sliding_window_mask,
+    takes_triton,
 )
-from ..lambdas import DEFAULT_LAMBDA_INIT, available_lambdas, build_lambda, check_lambda_init, resolve_lambda_init
 from .kv_cache import KVCache
 from .norm import RMSNorm, head_rms_norm, scaled_rms_norm
 from .rope import RotaryEmbedding, apply_rotary
@@ -141,7 +141,7 @@ class _AttentionBase(nn.Module):
             if position_ids is None:
                 start = kv_cache.length if kv_cache is not None else 0
                 position_ids = torch.arange(start, start + N, device=x.device)
-            cos, sin = self.rotary(position_ids, dtype=_compute_dtype(q.dtype))
+            cos, sin = self.rotary(position_ids, dtype=compute_dtype(q.dtype))
             q = apply_rotary(q, cos, sin, self.rotary.style)
             k = apply_rotary(k, cos, sin, self.rotary.style)
         if kv_cache is not None:
@@ -277,9 +277,9 @@ class DiffConfig(AttentionSpec):
                 raise ValueError(f"lambda_options must be a dict or None, got {type(self.lambda_options).__name__}")
             object.__setattr__(self, "lambda_options", dict(self.lambda_options))
         if self.sub_norm is not None:
-            check_flag("sub_norm", self.sub_norm)
-        check_positive_float("sub_norm_eps", self.sub_norm_eps)
-        check_flag("sub_norm_affine", self.sub_norm_affine)
+            check_flag("attention sub_norm", self.sub_norm)
+        check_positive_float("attention sub_norm_eps", self.sub_norm_eps)
+        check_flag("attention sub_norm_affine", self.sub_norm_affine)
 
 
 class _DiffBase(_AttentionBase):
@@ -342,7 +342,7 @@ class _DiffBase(_AttentionBase):
     def _fused(self, x, q, k, v, attn_mask, causal, drop, need_weights, k_paired: bool) -> torch.Tensor | None:
         """The whole differential part of the layer in the fused kernels, where the operator would run them:
         λ from its parameters or logits, (w1 A1 − λ A2) V and the sub-norm × (1 − λ_init) in one autograd node,
-        written in the layer's output layout (:func:`diffattn.kernels.triton_diff.fused_layer_attention`).
+        written in the layer's output layout (:func:`diffattn.ops.kernels.triton_diff.fused_layer_attention`).
         None where that path does not apply; the layer then takes the general one (same numbers)."""
         if need_weights or drop > 0.0 or self.softcap is not None or self.backend not in ("auto", "triton"):
             return None
@@ -350,7 +350,7 @@ class _DiffBase(_AttentionBase):
             return None  # compiled graphs fuse the λ and norm ops themselves around the kernel's operator
         q1, q2 = q[:, 0::2], q[:, 1::2]
         k1, k2 = (k[:, 0::2], k[:, 1::2]) if k_paired else (k, k)
-        if not _takes_triton(q1, k1, q2, k2, v, attn_mask, causal, drop, self.backend, self.scale):
+        if not takes_triton(q1, k1, q2, k2, v, attn_mask, causal, drop, self.backend, self.scale):
             return None
         form = self.lambda_fn.kernel_inputs(x)
         if form is None:
@@ -364,11 +364,11 @@ class _DiffBase(_AttentionBase):
             width, weight, eps = None, None, 1e-5
         else:
             return None
-        from ..kernels.triton_diff import fused_layer_attention, fused_layer_reason
+        from ..ops.kernels.triton_diff import fused_layer_attention, fused_layer_reason
 
         if fused_layer_reason(q, k, v, k_paired=k_paired, lambda_mode=mode, lambda_inputs=lam_inputs,
                               norm_weight=weight, norm_width=width, attn_mask=attn_mask, is_causal=causal,
-                              operator_checked=True):  # _takes_triton ran the kernel's own checks
+                              operator_checked=True):  # takes_triton ran the kernel's own checks
             return None
         return fused_layer_attention(q, k, v, k_paired=k_paired, lambda_mode=mode, lambda_inputs=lam_inputs,
                                      lambda_init=lam_init, norm_width=width, norm_weight=weight,
@@ -466,9 +466,9 @@ class DiffAttention(_DiffBase):
             return out, None  # (B, H, N, 2d)
         weight1, lam = self.lambda_weights(x)
         # Q heads 2i and 2i+1 (and K heads) are the two branches of differential head i
-        res = _diff_attention_pairs(q, k, v, lam, weight1=weight1,
-                             attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop,
-                             softcap=self.softcap, backend=self.backend, return_weights=need_weights)
+        res = diff_attention_pairs(q, k, v, lam, weight1=weight1, attn_mask=attn_mask, is_causal=causal,
+                                   scale=self.scale, dropout_p=drop, softcap=self.softcap, backend=self.backend,
+                                   return_weights=need_weights)
         out, weights = res if need_weights else (res, None)
         return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, H, N, 2d)
 
@@ -507,8 +507,8 @@ class GatedDiffAttention(DiffAttention):
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            check_flag("q_residual", self.q_residual)
-            check_flag("gate_bias", self.gate_bias)
+            check_flag("attention q_residual", self.q_residual)
+            check_flag("attention gate_bias", self.gate_bias)
 
     def __init__(self, dim: int, num_heads: int, config: AttentionSpec | Mapping | None = None, *, depth: int = 0,
                  **settings: Any):
@@ -567,7 +567,7 @@ class DiffAttentionV2(_DiffBase):
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            check_positive_int("head_dim", self.head_dim)
+            check_positive_int("attention head_dim", self.head_dim)
 
     def __init__(self, dim: int, num_heads: int, config: AttentionSpec | Mapping | None = None, *, depth: int = 0,
                  **settings: Any):
@@ -585,8 +585,8 @@ class DiffAttentionV2(_DiffBase):
         if out is not None:
             return out, None  # (B, h, N, d)
         weight1, lam = self.lambda_weights(x)  # λ: (B, h, N, 1)
-        res = _diff_attention_pairs(q, k, v, lam, k_paired=False, weight1=weight1, attn_mask=attn_mask,
-                             is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
-                             backend=self.backend, return_weights=need_weights)
+        res = diff_attention_pairs(q, k, v, lam, k_paired=False, weight1=weight1, attn_mask=attn_mask,
+                                   is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
+                                   backend=self.backend, return_weights=need_weights)
         out, weights = res if need_weights else (res, None)
         return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, h, N, d)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..functional import _diff_attention_pairs, diff_attention
+from ..ops import diff_attention, diff_attention_pairs
 from .attention import DiffConfig, _check_int, _DiffBase
 from .norm import scaled_rms_norm
 from .spec import AttentionSpec, check_positive_int, register_attention
@@ -97,8 +97,8 @@ class GroupedDiffAttention(_DiffBase):
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            check_positive_int("head_dim", self.head_dim)
-            check_positive_int("num_noise_heads", self.num_noise_heads)
+            check_positive_int("attention head_dim", self.head_dim)
+            check_positive_int("attention num_noise_heads", self.num_noise_heads)
             if self.num_noise_heads is not None and self.num_kv_heads is not None and (
                     self.num_kv_heads % 2 or self.num_noise_heads % (self.num_kv_heads // 2)):
                 raise ValueError(f"attention 'grouped' reads H_kv/2 signal keys, H_kv/2 noise keys and H_kv/2 "
@@ -159,7 +159,7 @@ class GroupedDiffAttention(_DiffBase):
         kwargs = dict(attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
                       backend=self.backend, return_weights=need_weights)
         if self.group_ratio == 1:  # [signal, noise] pairs: DiffAttention's layout and call
-            res = _diff_attention_pairs(q, k, v, lam, weight1=weight1, **kwargs)
+            res = diff_attention_pairs(q, k, v, lam, weight1=weight1, **kwargs)
         else:
             r, hn = self.group_ratio, self.num_noise_heads
             q1, q2 = gda_head_split(q, hn)  # (B, H_s, N, d), (B, H_n, N, d)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..functional import _upcast
+from ..ops import upcast
 
 __all__ = ["PolyNorm", "PolyNormGLU"]
 
@@ -34,7 +34,7 @@ class PolyNorm(nn.Module):
         return t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + self.eps)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = _upcast(x)
+        xf = upcast(x)
         w, b = self.weight.to(xf.dtype), self.bias.to(xf.dtype)
         out = w[0] * self._norm(xf ** 3) + w[1] * self._norm(xf * xf) + w[2] * self._norm(xf) + b
         return out.to(x.dtype)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..functional import _upcast
+from ..ops import upcast
 
 __all__ = ["ROPE_STYLES", "RotaryEmbedding", "apply_rotary"]
 
@@ -56,5 +56,5 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: s
     """Rotate ``x`` (B, heads, N, d) by tables (N, d) or (B, N, d); computed in ≥ float32, returned in x's dtype."""
     if cos.dim() == 3:  # (B, N, d) -> (B, 1, N, d)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    xf = _upcast(x)
+    xf = upcast(x)
     return (xf * cos + _rotate(xf, style) * sin).to(x.dtype)

@@ -25,15 +25,14 @@ What the rest of the library asks of a kind, it asks its class (never its name):
 
 from __future__ import annotations
 
-import math
-import numbers
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch.nn as nn
 
-from ..functional import BACKENDS
+from ..checks import check_flag, check_positive_float, check_positive_int, check_probability
+from ..ops import BACKENDS
 from .rope import ROPE_STYLES
 
 __all__ = ["AttentionSpec", "ATTENTION_TYPES", "HEAD_LAYOUTS", "register_attention", "attention_class",
@@ -43,37 +42,6 @@ __all__ = ["AttentionSpec", "ATTENTION_TYPES", "HEAD_LAYOUTS", "register_attenti
 ATTENTION_TYPES: dict[str, type[nn.Module]] = {}
 #: the ways a layer's q/k/v hold its attention maps (module docstring)
 HEAD_LAYOUTS = ("single", "paired", "branched")
-
-
-# ---------------------------------------------------------------------------------------------- setting checks
-
-def check_flag(name: str, value) -> None:
-    """ValueError unless ``value`` is a bool."""
-    if not isinstance(value, bool):
-        raise ValueError(f"attention {name} must be a bool, got {value!r}")
-
-
-def check_positive_int(name: str, value, *, optional: bool = True) -> None:
-    """ValueError unless ``value`` is an integer >= 1 (or None where ``optional``)."""
-    if value is None and optional:
-        return
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"attention {name} must be {'None or ' if optional else ''}an integer >= 1, got {value!r}")
-
-
-def check_positive_float(name: str, value, *, optional: bool = False) -> None:
-    """ValueError unless ``value`` is a finite real number > 0 (or None where ``optional``)."""
-    if value is None and optional:
-        return
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not (0 < value < math.inf):
-        raise ValueError(f"attention {name} must be {'None or ' if optional else ''}a finite float > 0, "
-                         f"got {value!r}")
-
-
-def check_probability(name: str, value) -> None:
-    """ValueError unless ``value`` is a float in [0, 1) (a dropout probability)."""
-    if not isinstance(value, numbers.Real) or isinstance(value, bool) or not 0.0 <= value < 1.0:
-        raise ValueError(f"attention {name} must be a float in [0, 1), got {value!r}")
 
 
 # --------------------------------------------------------------------------------------------- the registry
@@ -197,11 +165,11 @@ class AttentionSpec:
         if self.kind != own:
             raise ValueError(f"{type(self).__qualname__} is the config of attention kind {own!r}, got kind="
                              f"{self.kind!r}; AttentionSpec({self.kind!r}, ...) builds that kind's")
-        check_positive_int("num_kv_heads", self.num_kv_heads)
+        check_positive_int("attention num_kv_heads", self.num_kv_heads)
         for name in ("qkv_bias", "out_bias", "causal"):
-            check_flag(name, getattr(self, name))
+            check_flag(f"attention {name}", getattr(self, name))
         for name in ("attn_drop", "proj_drop"):
-            check_probability(name, getattr(self, name))
+            check_probability(f"attention {name}", getattr(self, name))
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.backend == "triton" and not self.layer_class.differential:
@@ -209,9 +177,9 @@ class AttentionSpec:
                              f"'math' or 'sdpa'")
         if self.rope is not None and self.rope not in ROPE_STYLES:
             raise ValueError(f"rope must be None or one of {ROPE_STYLES}, got {self.rope!r}")
-        check_positive_float("rope_theta", self.rope_theta)
-        check_positive_float("softcap", self.softcap, optional=True)
-        check_positive_int("sliding_window", self.sliding_window)
+        check_positive_float("attention rope_theta", self.rope_theta)
+        check_positive_float("attention softcap", self.softcap, optional=True)
+        check_positive_int("attention sliding_window", self.sliding_window)
 
     @property
     def layer_class(self) -> type[nn.Module]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from ..checks import check_probability, is_int
+
 __all__ = ["SIZE_BOUNDS", "RATE_ARGS", "check_args", "check_size", "check_choice", "is_int"]
 
 # argument → (minimum, maximum), inclusive. The one table of size bounds (loaders and converters use it as well).
@@ -33,10 +35,6 @@ SIZE_BOUNDS: dict[str, tuple[int, int]] = {
 }
 RATE_ARGS = ("drop_rate", "attn_drop_rate", "drop_path_rate")  # probabilities in [0, 1)
 _POSITIVE_FLOATS = ("norm_eps", "diff_norm_eps", "rope_theta", "mlp_ratio", "max_logit_scale")
-
-
-def is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def check_size(name: str, value, *, minimum: int | None = None, owner: str = "") -> int:
@@ -65,8 +63,7 @@ def check_args(owner: str, **values) -> None:
                 continue
             check_size(name, v, owner=owner)
         elif name in RATE_ARGS:
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0.0 <= v < 1.0:
-                raise ValueError(f"{owner}: {name} must be a float in [0, 1), got {v!r}")
+            check_probability(f"{owner}: {name}", v)
         elif name in _POSITIVE_FLOATS:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{owner}: {name} must be a finite number > 0, got {v!r}")

@@ -42,8 +42,8 @@ Conventions and choices (say them, never guess):
 
 timm: :func:`diffattn.factory.register_timm` puts each vision model in timm's registry as ``diffattn_<name>``, and
 under its own name where timm has no model of that name (``diff_vit_*``, ``dg_vit_*``, ``vit_nano``, ``vit_cifar``;
-timm's own ``vit_*_patch16_224`` are never overridden). ``import diffattn`` calls it once timm is imported, in either
-order, without importing timm itself.
+timm's own ``vit_*_patch16_224`` are never overridden). Importing diffattn registers nothing: call it before asking
+timm for a diffattn name (``diffattn timm-train`` does).
 """
 
 from __future__ import annotations

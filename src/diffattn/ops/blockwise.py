@@ -206,7 +206,7 @@ def blockwise_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tenso
 
     q1, q2: (B, H, Nq, d); k1, k2: (B, Hkv, Nk, d); v: (B, Hkv, Nk, dv); λ and w1 floats or tensors
     broadcastable to (B, H, Nq, 1). ``keep`` (bool, True = attend) and ``bias`` (additive, 0 where blocked) are a
-    :class:`~diffattn.functional.PreparedMask`'s, broadcastable to (B, H, Nq, Nk), with no row entirely blocked;
+    :class:`~diffattn.ops.functional.PreparedMask`'s, broadcastable to (B, H, Nq, Nk), with no row entirely blocked;
     ``causal`` is the end-aligned causal mask for Nq == Nk without other mask (the blocks then stop at the
     diagonal). Returns (B, H, Nq, dv) in the inputs' dtype.
     """

@@ -35,7 +35,7 @@ class DispatchEntry:
 def load_table(path: str | Path | None = None) -> list[DispatchEntry]:
     """The entries of a dispatch table (the packaged one by default); a malformed file raises naming the field."""
     text = (Path(path).read_text(encoding="utf-8") if path is not None
-            else resources.files("diffattn").joinpath("dispatch.json").read_text(encoding="utf-8"))
+            else resources.files("diffattn.ops").joinpath("dispatch.json").read_text(encoding="utf-8"))
     data = json.loads(text)
     if data.get("format") != FORMAT:
         raise ValueError(f"dispatch table format must be {FORMAT}, got {data.get('format')!r}")
@@ -118,7 +118,7 @@ def merge_entries(path: str | Path | None, new: list[dict]) -> dict:
     """The table at ``path`` (the packaged one when None or missing) with ``new`` entries replacing those of the same
     device, dtype and value width (a replaced ``default`` entry's successor stays the default)."""
     text = (Path(path).read_text(encoding="utf-8") if path is not None and Path(path).exists()
-            else resources.files("diffattn").joinpath("dispatch.json").read_text(encoding="utf-8"))
+            else resources.files("diffattn.ops").joinpath("dispatch.json").read_text(encoding="utf-8"))
     data = json.loads(text)
 
     def key(e: dict) -> tuple:

@@ -14,8 +14,8 @@ Backends
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; never builds an N×N tensor of its own. Since
   (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts. CPU training
   (gradients, float32/float64, no dropout, ≥ :data:`BLOCKWISE_MIN_KEYS` keys, dv > d) goes through query
-  blocks that combine the two maps before the product by V instead (:mod:`diffattn._diff_autograd`).
-- ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.kernels` (CUDA only).
+  blocks that combine the two maps before the product by V instead (:mod:`diffattn.ops.blockwise`).
+- ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.ops.kernels` (CUDA only).
 - ``auto``: ``triton`` on CUDA when the kernel applies and is the faster (:func:`_triton_preferred`); on the CPU,
   for a few query rows against more keys (decoding), :func:`decode_diff_attention` (no zero-padding, K and V read
   once); else ``sdpa``; ``math`` when weights or soft-capping are asked for. :func:`choose_backend` says which
@@ -40,9 +40,9 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 
-from . import _diff_autograd
-from ._dispatch import DispatchEntry, device_name, triton_rule
-from ._mask import blocked as _blocked
+from . import blockwise as _blockwise
+from .dispatch import DispatchEntry, device_name, triton_rule
+from .masks import blocked as _blocked
 
 __all__ = [
     "diff_attention",
@@ -58,6 +58,11 @@ __all__ = [
     "DECODE_MAX_QUERIES",
     "choose_backend",
     "BackendChoice",
+    "diff_attention_pairs",
+    "compute_dtype",
+    "upcast",
+    "takes_triton",
+    "SCORE_HOOK",
 ]
 
 BACKENDS = ("auto", "math", "sdpa", "triton")
@@ -284,7 +289,7 @@ def _combine(o1, o2, weight1, lambda_):
     return out - o2 * lambda_
 
 
-def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32, or float64 for float64 (``torch.promote_types(dtype, float32)`` for the real dtypes, without the
     dispatcher call that ``torch.promote_types`` costs on every forward)."""
     return dtype if dtype in _WIDE_ENOUGH else torch.float32
@@ -293,7 +298,7 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 _WIDE_ENOUGH = (torch.float32, torch.float64)
 
 
-def _upcast(t: torch.Tensor) -> torch.Tensor:
+def upcast(t: torch.Tensor) -> torch.Tensor:
     """To float32, or float64 when the input already is (no op when it already is one of them)."""
     return t if t.dtype in _WIDE_ENOUGH else t.to(torch.float32)
 
@@ -305,20 +310,21 @@ def _expand_kv(t: torch.Tensor, groups: int) -> torch.Tensor:
 # --------------------------------------------------------------------------------------------- backends
 
 
-#: A private hook on the logits of the ``math`` path: ``hook(scores, mask) -> scores`` is called by :func:`_probs`
-#: with the scaled (soft-capped) logits (B, H, Nq, Nk) of each map and the :class:`PreparedMask`, before the mask
-#: and the softmax, and returns the logits to use. None (the default) leaves the path as it is; only
-#: :mod:`diffattn.diagnostics.logits` sets it, around one layer's call, with that layer routed to ``math``.
-_SCORE_HOOK: ContextVar[Callable[[torch.Tensor, PreparedMask], torch.Tensor] | None] = ContextVar(
+#: The hook on the logits of the ``math`` path: ``hook(scores, mask) -> scores`` is called by :func:`_probs` with
+#: the scaled (soft-capped) logits (B, H, Nq, Nk) of each map and the :class:`PreparedMask`, before the mask and
+#: the softmax, and returns the logits to use. None (the default) leaves the path as it is;
+#: :mod:`diffattn.diagnostics.logits` sets it (``SCORE_HOOK.set`` / ``reset``) around one layer's call, with that
+#: layer routed to ``math``.
+SCORE_HOOK: ContextVar[Callable[[torch.Tensor, PreparedMask], torch.Tensor] | None] = ContextVar(
     "diffattn_score_hook", default=None)
 
 
 def _probs(q, k, mask: PreparedMask, scale, softcap, dropout_p):
     """softmax(cap(Q Kᵀ s) + M) with Q Kᵀ and the softmax in ≥ float32, (B, H, Nq, Nk); fully masked rows are 0."""
-    s = torch.matmul(_upcast(q), _upcast(k).transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
+    s = torch.matmul(upcast(q), upcast(k).transpose(-2, -1)) * scale  # (B, H, Nq, Nk)
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
-    hook = _SCORE_HOOK.get()
+    hook = SCORE_HOOK.get()
     if hook is not None:
         s = hook(s, mask)
     if mask.sdpa_causal:
@@ -335,8 +341,8 @@ def _math(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, softcap, dropout_p):
     k1, k2, v = (_expand_kv(t, groups) for t in (k1, k2, v))
     a1 = _probs(q1, k1, mask, scale, softcap, dropout_p)
     a2 = _probs(q2, k2, mask, scale, softcap, dropout_p)
-    w1 = _upcast(weight1) if isinstance(weight1, torch.Tensor) else weight1
-    lam = _upcast(lambda_) if isinstance(lambda_, torch.Tensor) else lambda_
+    w1 = upcast(weight1) if isinstance(weight1, torch.Tensor) else weight1
+    lam = upcast(lambda_) if isinstance(lambda_, torch.Tensor) else lambda_
     a = _combine(a1, a2, w1, lam)  # (B, H, Nq, Nk)
     out = torch.matmul(a.to(v.dtype), v)
     return out, AttentionWeights(a1, a2, a)
@@ -361,13 +367,13 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs=Non
     memory of standard attention against 1.65× here.
 
     ``pairs`` = (q, k, k_paired): the tensors q1/q2 (and k1/k2 when ``k_paired``, else k1 = k2 = k) are the
-    interleaved head pairs of, as :func:`_diff_attention_pairs` passes them; each is then padded once, not per
+    interleaved head pairs of, as :func:`diff_attention_pairs` passes them; each is then padded once, not per
     branch. ``blockwise``: whether to train through query blocks, when ``auto`` already decided it (None: decide
     here, :func:`_blockwise_preferred`).
     """
     if _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p) if blockwise is None else blockwise:
-        out = _diff_autograd.blockwise_diff_attention(q1, k1, q2, k2, v, lambda_, weight1, mask.keep, mask.bias,
-                                       mask.sdpa_causal, scale)
+        out = _blockwise.blockwise_diff_attention(q1, k1, q2, k2, v, lambda_, weight1, mask.keep, mask.bias,
+                                        mask.sdpa_causal, scale)
         return out, None
     # Python ints, also under torch.jit.trace (where shapes are traced tensors): the head counts and widths fix the
     # structure of the computation, and enable_gqa must be a bool
@@ -405,7 +411,7 @@ BLOCKWISE_MIN_KEYS = 512
 
 
 def _blockwise_preferred(q1, k1, q2, k2, v, lambda_, weight1, dropout_p) -> bool:
-    """Whether ``sdpa`` trains through :mod:`diffattn._diff_autograd` instead of two padded fused calls.
+    """Whether ``sdpa`` trains through :mod:`diffattn.ops.blockwise` instead of two padded fused calls.
 
     CPU training in float32/float64 without dropout: A1 and A2 are combined before the product by V, so the
     attention core costs what standard attention with 2H heads of width d costs, and the backward keeps the
@@ -444,8 +450,9 @@ def _triton_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dr
     return triton_unsupported_reason(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, dropout_p)
 
 
-def _takes_triton(q1, k1, q2, k2, v, attn_mask, is_causal: bool, dropout_p: float, backend: str,
-                  scale: float) -> bool:
+def takes_triton(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
+                 attn_mask: torch.Tensor | None, is_causal: bool, dropout_p: float, backend: str,
+                 scale: float) -> bool:
     """Whether :func:`diff_attention` would run these inputs on the fused kernel: ``backend="triton"`` where the
     kernel accepts them (otherwise :func:`diff_attention` raises, naming the reason), or ``"auto"`` where
     :func:`choose_backend` picks it. The layers ask before handing their λ and sub-norm to the kernel as well."""
@@ -463,7 +470,7 @@ TRITON_MAX_UNMEASURED_DV = 128
 
 def _triton_preferred(q: torch.Tensor, dv: int, nk: int) -> DispatchEntry | None:
     """Whether ``auto`` takes the fused kernel where it applies (CUDA): the measured dispatch table
-    (:mod:`diffattn._dispatch`, ``dispatch.json``) gives, per card, dtype and value width, the key count below which
+    (:mod:`diffattn.ops.dispatch`, ``dispatch.json``) gives, per card, dtype and value width, the key count below which
     the kernel is the faster. On the NVIDIA H200 (bf16, forward+backward, N = 197 and 512 to 16384): at dv = 128 the
     kernel is as fast as the ``sdpa`` backend or faster up to 8192 keys and 4 % slower at 16384 (non-causal), with
     0.46× its peak memory; at dv = 256 (d = 128) it is faster below 2048 keys only, after which SDPA's
@@ -512,7 +519,7 @@ def _grouped_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
     hkv, nk = k.shape[1], k.shape[2]
     g = H // hkv
     s = torch.matmul(q.reshape(B, hkv, g * nq, d), k.transpose(-2, -1))  # (B, Hkv, G·Nq, Nk)
-    return s.view(B, H, nq, nk).to(_compute_dtype(s.dtype)) * scale
+    return s.view(B, H, nq, nk).to(compute_dtype(s.dtype)) * scale
 
 
 def decode_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
@@ -540,7 +547,7 @@ def decode_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, 
     hkv, nk, dv = k1.shape[1], k1.shape[2], v.shape[-1]
     # one query row at the end of a causal sequence sees every key: no mask to build
     mask = prepare_mask(attn_mask, is_causal=is_causal and nq > 1, nq=nq, nk=nk,
-                        dtype=_compute_dtype(q1.dtype), device=q1.device, scale=0.0)
+                        dtype=compute_dtype(q1.dtype), device=q1.device, scale=0.0)
     if k1 is k2:  # one K for both branches (Diff Transformer V2): stack the queries, read K once
         s = _grouped_scores(torch.cat([q1, q2], dim=2), k1, scale)  # (B, H, 2·Nq, Nk)
         s1, s2 = s[:, :, :nq], s[:, :, nq:]
@@ -581,7 +588,6 @@ def diff_attention(
     softcap: float | None = None,
     backend: str = "auto",
     return_weights: bool = False,
-    _pairs: tuple[torch.Tensor, torch.Tensor, bool] | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
     """Differential attention O = (w1 ⊙ A1 − λ ⊙ A2) V (Ye et al. 2024, eq. 1; the M-DGSA gate of Lygizou &
     Kalamaras 2025, eq. 3, passes w1 = g, λ = 1 − g).
@@ -608,9 +614,15 @@ def diff_attention(
     Returns:
         (B, H, Nq, dv) output in the dtype of ``v``, and the maps when ``return_weights``. A query row whose every
         key is masked gives exactly 0.
-
-    ``_pairs`` is internal (:func:`_diff_attention_pairs`).
     """
+    return _diff_attention(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p, softcap,
+                           backend, return_weights, None)
+
+
+def _diff_attention(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p, softcap, backend,
+                    return_weights, pairs):
+    """:func:`diff_attention`'s body; ``pairs`` = (q, k, k_paired) when the branches' heads came interleaved in
+    one tensor (:func:`diff_attention_pairs`), else None."""
     _validate(q1, k1, q2, k2, v)
     _check_options(is_causal, scale, dropout_p, softcap, backend)
     B, H, nq, d = q1.shape
@@ -649,13 +661,13 @@ def diff_attention(
         backend = "math"  # the fused kernels reject empty tensors; the maps are empty or the output is 0
 
     if backend == "math":
-        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=_compute_dtype(q1.dtype),
+        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=compute_dtype(q1.dtype),
                             device=q1.device, scale=0.0)
         out, weights = _math(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, softcap, dropout_p)
     else:
         mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=q1.dtype, device=q1.device,
                             scale=scale)
-        out, weights = _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, _pairs, blockwise)
+        out, weights = _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs, blockwise)
         if mask.row_ok is not None:
             out = out.masked_fill(~mask.row_ok, 0.0)
     out = out.to(v.dtype)
@@ -670,7 +682,7 @@ class BackendChoice:
 
     ``backend`` is one of ``math``, ``sdpa``, ``triton``, or one of the two paths ``auto`` takes on the CPU:
     ``decode`` (:func:`decode_diff_attention`, a few query rows against a KV cache) and ``blockwise`` (the ``sdpa``
-    backend's training path through query blocks, :mod:`diffattn._diff_autograd`)."""
+    backend's training path through query blocks, :mod:`diffattn.ops.blockwise`)."""
 
     backend: str
     why: Callable[[], str] = field(repr=False, compare=False)  # the reason, written only when asked for
@@ -739,16 +751,49 @@ def choose_backend(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: tor
                          scale, dropout_p, softcap, return_weights)
 
 
-def _diff_attention_pairs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lambda_: Weight, *,
-                          k_paired: bool = True, **kwargs) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
+def diff_attention_pairs(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    lambda_: Weight,
+    *,
+    k_paired: bool = True,
+    weight1: Weight | None = None,
+    attn_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+    dropout_p: float = 0.0,
+    softcap: float | None = None,
+    backend: str = "auto",
+    return_weights: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
     """:func:`diff_attention` with the two branches' query heads interleaved in one tensor, as the layers project
-    them: q (B, 2H, Nq, d), branch 1 the even heads and branch 2 the odd ones; k likewise (B, 2Hkv, Nk, d) when
-    ``k_paired``, else one K (B, Hkv, Nk, d) for both branches (Diff Transformer V2). The same numbers as
-    ``diff_attention(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], v, ...)``, with fewer ops: the ``sdpa`` path
-    pads Q and K once each instead of once per branch, and the backward joins each pair in one ``stack``."""
+    them (Ye et al. 2024, §2.1: head i's [Q1; Q2] is one projection of width 2d), as flash-attn's
+    ``flash_attn_qkvpacked_func`` takes its heads packed.
+
+    Args:
+        q: (B, 2H, Nq, d): branch 1 the even heads, branch 2 the odd ones.
+        k: (B, 2Hkv, Nk, d) likewise when ``k_paired``, else one K (B, Hkv, Nk, d) for both branches (Diff
+            Transformer V2, Ye et al. 2026; DAA).
+        v, lambda_ and the keywords: as :func:`diff_attention`.
+
+    The same numbers as ``diff_attention(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], v, ...)`` (``k`` for both
+    keys when not ``k_paired``), with fewer ops: the ``sdpa`` path pads Q and K once each instead of once per
+    branch, and the backward joins each pair in one ``stack``.
+    """
+    if not isinstance(k_paired, bool):
+        raise ValueError(f"k_paired must be a bool, got {type(k_paired).__name__}")
+    for name, t in (("q", q), ("k", k)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 4-D tensor (B, heads, N, d), got {got}")
+        if (name == "q" or k_paired) and int(t.shape[1]) % 2:
+            raise ValueError(f"{name} must hold head pairs (an even head count: branch 1 the even heads, branch 2 "
+                             f"the odd ones), got shape {tuple(t.shape)}")
     q1, q2 = _split_pairs(q)
     k1, k2 = _split_pairs(k) if k_paired else (k, k)
-    return diff_attention(q1, k1, q2, k2, v, lambda_, _pairs=(q, k, k_paired), **kwargs)
+    return _diff_attention(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, scale, dropout_p, softcap,
+                           backend, return_weights, (q, k, k_paired))
 
 
 def attention(
@@ -786,7 +831,7 @@ def attention(
     scale = 1.0 / math.sqrt(d) if scale is None else float(scale)
     groups = int(H) // int(k.shape[1])  # a Python int, also under torch.jit.trace (enable_gqa must be a bool)
     if return_weights or softcap is not None or backend == "math" or _empty(q, v, nk):
-        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=_compute_dtype(q.dtype),
+        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=compute_dtype(q.dtype),
                             device=q.device, scale=0.0)
         k, v = _expand_kv(k, groups), _expand_kv(v, groups)
         p = _probs(q, k, mask, scale, softcap, 0.0)

@@ -1,5 +1,6 @@
-"""What a mask entry means, in one place for every backend: the operator (:mod:`diffattn.functional`) and the
-fused kernel (:mod:`diffattn.kernels`) both read masks through :func:`blocked`. A leaf: it imports only torch."""
+"""What a mask entry means, in one place for every backend: the operator (:mod:`diffattn.ops.functional`) and
+the fused kernel (:mod:`diffattn.ops.kernels`) both read masks through :func:`blocked`. A leaf: it imports only
+torch."""
 
 from __future__ import annotations
 

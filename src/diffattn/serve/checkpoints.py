@@ -4,7 +4,7 @@
 Three layouts:
 
 - ``"diffattn"``: a folder written by diffattn's ``save_pretrained`` (or ``diffattn train``): a
-  :class:`~diffattn.models.CausalLM` or :class:`~diffattn.models.MotifLM` of any attention kind; names as saved.
+  :class:`~diffattn.models.CausalLM` or :class:`~diffattn.models.motif.MotifLM` of any attention kind; names as saved.
 - ``"diffllama"``: transformers' ``DiffLlamaForCausalLM``; q/k/v heads in the halves layout, permuted into diffattn's
   adjacent one (:func:`diffattn.convert.diffllama.halves_to_adjacent_perm`).
 - ``"motif"``: the released Motif checkpoints (Motif-2.6B, Motif-2-12.7B), read as :mod:`diffattn.convert.motif`

@@ -240,8 +240,8 @@ class ServedDecoder(nn.Module):
 
 
 class _ServedCausalLM(nn.Module):
-    """A diffattn causal LM (:class:`~diffattn.models.CausalLM`, :class:`~diffattn.models.MotifLM`) on vLLM's layers.
-    Subclasses say how their checkpoint's config and tensor names read (``layout``: see
+    """A diffattn causal LM (:class:`~diffattn.models.CausalLM`, :class:`~diffattn.models.motif.MotifLM`) on
+    vLLM's layers. Subclasses say how their checkpoint's config and tensor names read (``layout``: see
     :mod:`diffattn.serve.checkpoints`)."""
 
     layout = "diffattn"
@@ -339,7 +339,7 @@ class _ServedCausalLM(nn.Module):
 
 class DiffattnForCausalLM(_ServedCausalLM):
     """A causal LM saved by diffattn (``save_pretrained``, ``diffattn train``): standard, differential (V1),
-    gated (M-DGSA), V2 or grouped attention, SwiGLU or PolyNorm MLP (:class:`~diffattn.models.MotifLM`)."""
+    gated (M-DGSA), V2 or grouped attention, SwiGLU or PolyNorm MLP (:class:`~diffattn.models.motif.MotifLM`)."""
 
     layout = "diffattn"
 

@@ -48,7 +48,7 @@ def plot_lambdas(lams: dict[str, dict[str, list[float]]], path: Path) -> Path:
 
 
 def kind_title(kind: str) -> str:
-    """How the attention figure names a layer kind (:attr:`diffattn.diagnostics.AttentionMaps.kind`) in a row's
+    """How the attention figure names a layer kind (:attr:`diffattn.diagnostics.LayerMaps.kind`) in a row's
     title, asking the kind's class: "softmax" for standard attention, "<title>: A1 − λA2, signed" for a
     differential kind; another kind ("retrofit") by its name."""
     if kind not in ATTENTION_TYPES:

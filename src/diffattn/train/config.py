@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ..checks import is_int
 from ..configs import apply_sets, config_names, find_config
 from ..deprecations import warn_deprecated
 from ..directions import higher_is_better
@@ -32,7 +33,7 @@ from ..errors import UsageError, did_you_mean, yaml_error
 from ..models import is_model, list_models
 from ..utils import check_device
 from .tasks import TASKS, task_keys
-from .tasks.base import Task, TaskConfig, check, is_int
+from .tasks.base import Task, TaskConfig, check
 
 __all__ = ["TaskConfig", "ModelConfig", "DataConfig", "OptimConfig", "RunConfig", "EvalConfig", "TrainConfig",
            "load_config", "apply_overrides", "config_from_dict", "val_metric",

@@ -15,7 +15,7 @@ import functools
 import torch
 import torch.nn as nn
 
-from ...functional import AttentionWeights
+from ...ops import AttentionWeights
 from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 

@@ -10,7 +10,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...functional import restrict_mask
+from ...ops import restrict_mask
 from ..binding import ADAPTER_ATTR, Candidate
 from ..methods import RetrofitAdapter, run_method, second_branch
 

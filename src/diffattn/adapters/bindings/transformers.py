@@ -26,7 +26,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from ...functional import sliding_window_mask
+from ...ops import sliding_window_mask
 from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 

@@ -20,7 +20,7 @@ import sys
 import torch
 import torch.nn as nn
 
-from ...functional import AttentionWeights
+from ...ops import AttentionWeights
 from ..binding import ADAPTER_ATTR, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 

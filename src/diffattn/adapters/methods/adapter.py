@@ -9,8 +9,8 @@ import math
 import torch
 import torch.nn as nn
 
-from ...functional import AttentionWeights
 from ...lambdas import DEFAULT_LAMBDA_INIT, resolve_lambda_init
+from ...ops import AttentionWeights
 from .base import Project, build_method
 from .ops import MASKED_ROWS
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from ... import functional
-from ...functional import AttentionWeights
+from ...ops import AttentionWeights, functional
 
 __all__ = ["MASKED_ROWS", "attend", "diff_attend", "split_channels"]
 

@@ -49,7 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .._mask import blocked
+from ..masks import blocked
 
 __all__ = ["fused_layer_attention", "fused_layer_reason", "triton_diff_attention", "triton_unsupported_reason"]
 
@@ -656,7 +656,7 @@ def _mask_as_key_bias(attn_mask: torch.Tensor, B: int, Nk: int) -> torch.Tensor:
     m = m.reshape((1,) * (4 - m.dim()) + tuple(m.shape))[:, 0, 0, :]  # (1 or B, 1 or Nk)
     if m.dtype == torch.bool:
         bias = torch.zeros(m.shape, dtype=torch.float32, device=m.device).masked_fill(~m, float("-inf"))
-    else:  # blocked entries as the operator reads them (diffattn._mask.blocked); finite ones clamped to fp32 range
+    else:  # blocked entries as the operator reads them (diffattn.ops.masks.blocked); finite ones clamped to fp32 range
         info = torch.finfo(torch.float32)
         wide = m.clamp(info.min, info.max) if torch.finfo(m.dtype).max > info.max else m
         bias = wide.float().masked_fill(blocked(m), float("-inf")) * LOG2E

@@ -20,10 +20,11 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ... import adapters as A
+from ...checks import is_int
 from ...io import atomic_write_dir
 from ...lambdas import DEFAULT_LAMBDA_INIT
 from ...models import paligemma as _pg
-from .base import Task, TaskConfig, check, is_int, register_task
+from .base import Task, TaskConfig, check, register_task
 from .vlm import DATA_KEYS, QuestionImages, _vqa, vlm_vocabulary
 
 __all__ = ["PaliGemmaTask", "PaliGemmaConfig"]

@@ -27,11 +27,12 @@ from torch.utils.data import Dataset
 
 from ... import adapters as A
 from ...adapters.hf import install_load_warning
+from ...checks import is_int
 from ...errors import UsageError
 from ...eval.text_models import RETROFIT_RUN, load_retrofit_run
 from ...io import atomic_write_dir, atomic_write_file
 from ...lambdas import DEFAULT_LAMBDA_INIT
-from .base import Task, TaskConfig, check, check_tokens, is_int, register_task
+from .base import Task, TaskConfig, check, check_tokens, register_task
 from .lm import lm_dataset, lm_loss, lm_val_metrics, token_windows
 
 __all__ = ["RetrofitTask", "build_base_model", "check_base_config", "load_retrofit", "load_retrofit_run"]
