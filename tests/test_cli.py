@@ -7,12 +7,13 @@ import json
 import pytest
 
 from diffattn import cli, from_pretrained
+from diffattn.studies import diffclip, load_study
 
 
 def _need_demo_data():
     from diffattn.data import dataset_info
 
-    missing = [n for n in cli.DEMO_DATASETS if not dataset_info(n).installed()]
+    missing = [n for n in diffclip.DEMO_DATASETS if not dataset_info(n).installed()]
     if missing:
         pytest.skip(f"the demo's data is not installed ({', '.join(missing)}): run `make data`")
 
@@ -41,7 +42,7 @@ def test_demo_end_to_end_at_a_small_size(tmp_path, capsys):
     rows = _table_rows(report)
     assert report.splitlines()[0].startswith("# DiffCLIP vs CLIP")
     assert "| metric | CLIP | DiffCLIP |" in report and "| metric | CLIP | DiffCLIP |" in capsys.readouterr().out
-    pct_rows = [name for name, _, kind in cli.DEMO_ROWS if kind == "pct"]
+    pct_rows = [name for name, _, kind in diffclip.DEMO_ROWS if kind == "pct"]
     for name in pct_rows:  # every accuracy / recall is a number in [0, 100] for both models
         assert len(rows[name]) == 2, name
         assert all(0.0 <= float(c) <= 100.0 for c in rows[name]), (name, rows[name])
@@ -110,7 +111,7 @@ def _demo_report_of(summary: dict) -> str:
     from diffattn.studies.diffclip_demo import _demo_report
 
     cfg = SimpleNamespace(run=SimpleNamespace(steps=600, batch_size=64, seed=0), optim=SimpleNamespace(lr=1e-3))
-    return _demo_report(summary, cli.demo_table(summary), ["a.png", "b.png"], 60.0, cfg, False,
+    return _demo_report(summary, diffclip.demo_table(summary), ["a.png", "b.png"], 60.0, cfg, False,
                         compare_to_baseline(summary, 0))
 
 
@@ -164,13 +165,13 @@ def test_demo_pairs_tsv_is_read_by_the_csv_format(tmp_path):
     _need_demo_data()
     from diffattn.data import get_dataset
 
-    tsv = cli.demo_pairs(tmp_path, img_size=32, max_pairs=3)
+    tsv = diffclip.demo_pairs(tmp_path, img_size=32, max_pairs=3)
     pairs = get_dataset("csv", root=tsv)
     assert len(pairs) == 6  # 3 Tux Paint + 3 emoji
     image, caption = pairs[4]
     assert image.size == (32, 32) and caption == get_dataset("emoji", split="train").captions[1]
     mtime = tsv.stat().st_mtime_ns
-    assert cli.demo_pairs(tmp_path, img_size=32, max_pairs=3) == tsv and tsv.stat().st_mtime_ns == mtime  # reused
+    assert diffclip.demo_pairs(tmp_path, img_size=32, max_pairs=3) == tsv and tsv.stat().st_mtime_ns == mtime  # reused
 
 
 def test_demo_table_formats_every_row():
@@ -179,7 +180,7 @@ def test_demo_table_formats_every_row():
                         "extra": {"corruptions": {"mce": 71.25}}, "lambda": {"vision": [], "text": []}},
                "DiffCLIP": {"params": 1234999, "clip": {"zero_shot": {"top1": 0.3125}},
                             "lambda": {"vision": [0.8123, 0.7], "text": [0.5]}}}
-    rows = _table_rows(cli.demo_table(summary))
+    rows = _table_rows(diffclip.demo_table(summary))
     assert rows["parameters"] == ["1,234,567", "1,234,999"]
     assert rows["train time (s)"] == ["61", "—"]
     assert rows["final train loss"] == ["2.346", "—"]
@@ -187,13 +188,13 @@ def test_demo_table_formats_every_row():
     assert rows["Tux Paint image→text R@1"] == ["12.5", "—"]
     assert rows["corruptions: mCE (lower is better)"] == ["71.2", "—"]
     assert rows["λ vision layers"] == ["—", "0.81, 0.70"]
-    assert len(rows) == len(cli.DEMO_ROWS)
+    assert len(rows) == len(diffclip.DEMO_ROWS)
 
 
 def test_demo_table_states_chance_and_flags_results_at_or_below_it():
     summary = {"CLIP": {"clip": {"zero_shot": {"top1": 0.099}, "chance": {"zero_shot.top1": 1 / 9}}},
                "DiffCLIP": {"clip": {"zero_shot": {"top1": 0.25}, "chance": {"zero_shot.top1": 1 / 9}}}}
-    table = cli.demo_table(summary)
+    table = diffclip.demo_table(summary)
     assert table.splitlines()[0] == "| metric | CLIP | DiffCLIP | chance |"
     assert "| zero-shot Tux Paint top-1 (16 classes) | 9.9 * | 25.0 | 11.1 |" in table
     assert table.splitlines()[-1] == "\\* at or below chance (what guessing uniformly scores)."
@@ -249,7 +250,7 @@ def test_version(capsys):
 
 def test_demo_rejects_unknown_variants(tmp_path):
     with pytest.raises(ValueError, match=r"variants must be a non-empty subset of \['clip', 'diffclip'.*got \['vit'\]"):
-        cli.demo(tmp_path, ("vit",))
+        diffclip.demo(tmp_path, ("vit",))
 
 
 def _study_yaml(tmp_path, **kw):
@@ -273,14 +274,14 @@ def _study_yaml(tmp_path, **kw):
 ])
 def test_study_config_errors_name_the_key(tmp_path, change, message):
     with pytest.raises(ValueError, match=message):
-        cli.load_study(_study_yaml(tmp_path, **change))
+        load_study(_study_yaml(tmp_path, **change))
 
 
 def test_study_config_by_name_and_missing():
-    cfg = cli.load_study("diffclip")  # the packaged studies/diffclip recipe
+    cfg = load_study("diffclip")  # the packaged studies/diffclip recipe
     assert cfg["variants"] == ["clip", "diffclip"] and len(cfg["seeds"]) >= 3 and cfg["steps"] is None
     with pytest.raises(FileNotFoundError, match="got 'nope'"):
-        cli.load_study("nope")
+        load_study("nope")
 
 
 def test_paired_statement_against_the_t_distribution():
@@ -394,7 +395,7 @@ def test_demo_device_reaches_the_run_config_and_eval(tmp_path, monkeypatch):
             cli.main(["demo", "--out", str(tmp_path / "out"), "--variants", "clip", "--steps", "2", *argv])
         assert seen == {"run.device": want, "eval": want}
     with pytest.raises(ValueError, match="device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"):
-        cli.demo(tmp_path / "out", ("clip",), device="gpu")
+        diffclip.demo(tmp_path / "out", ("clip",), device="gpu")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -411,8 +412,8 @@ def test_study_device_reaches_the_config_and_each_run_config(tmp_path, monkeypat
     """``diffattn study NAME --device cpu`` sets the config's device for the studies that train through diffattn
     train (their run.device, or the demo's device); a study that trains in-process on the CPU takes --device cpu
     and refuses cuda in one line naming the studies that take it."""
-    from diffattn.cli import commands
-    from diffattn.studies import dgvit, diffclip, paligemma
+    from diffattn.app import study as commands
+    from diffattn.studies import dgvit, paligemma
 
     assert commands.device_studies() == ["dgvit", "diffclip", "paligemma"]
     got = {}
@@ -421,11 +422,11 @@ def test_study_device_reaches_the_config_and_each_run_config(tmp_path, monkeypat
         got[cfg.study] = cfg
         raise _Stop
 
-    monkeypatch.setattr(commands, "study", fake_study)
+    monkeypatch.setattr(commands, "run_study", fake_study)
     for name in ("dgvit", "paligemma", "diffclip"):
         with pytest.raises(_Stop):
             cli.main(["study", name, "--device", "cpu", "--out", str(tmp_path / name)])
-        assert got[name]["device"] == "cpu" and cli.load_study(name)["device"] is None
+        assert got[name]["device"] == "cpu" and load_study(name)["device"] is None
     assert dgvit._train_config(got["dgvit"], "vit", 0, False).run.device == "cpu"
     base = {"type": "paligemma", "config": got["paligemma"]["model"]}
     assert paligemma._train_config(got["paligemma"], 0, base, ["what"], method="none", lora_r=4, steps=2, lr=1e-3,
@@ -444,4 +445,4 @@ def test_study_device_reaches_the_config_and_each_run_config(tmp_path, monkeypat
     assert err.count("\n") == 1 and "--device 'cuda': study 'recall' trains in this process on the CPU" in err
     assert "(dgvit, diffclip, paligemma)" in err
     with pytest.raises(ValueError, match="device in .* must be 'cpu', 'cuda' or 'cuda:N', got 'tpu'"):
-        cli.load_study("dgvit", {"device": "tpu"})
+        load_study("dgvit", {"device": "tpu"})

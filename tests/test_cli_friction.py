@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from diffattn import cli
+from diffattn.app.parser import build_parser, plain_text
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIFY = str(ROOT / "configs/tiny/classify.yaml")
@@ -84,14 +85,14 @@ def _parsers(parser):
 
 
 def test_help_has_no_rest_markup():
-    parsers = list(_parsers(cli.build_parser()))
+    parsers = list(_parsers(build_parser()))
     assert len(parsers) > 10
     for p in parsers:
         text = p.format_help()
         assert "``" not in text and not re.search(r":[a-z]+:`", text), (p.prog, text)
     train = " ".join(next(p for p in parsers if p.prog == "diffattn train").format_help().split())
     assert "Train a model from a YAML recipe" in train and "torchrun --nproc_per_node 2 -m diffattn train" in train
-    assert cli.plain_text("``a`` :func:`~x.y.f` :mod:`x.y`") == "a f x.y"
+    assert plain_text("``a`` :func:`~x.y.f` :mod:`x.y`") == "a f x.y"
 
 
 # ------------------------------------------------------------------------- other libraries' progress bars

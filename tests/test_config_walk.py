@@ -11,7 +11,8 @@ The *walk* is what hands the value on to where it is used: every carrying call t
 - the value is parsed (a function receives the ``--set`` text itself),
 - an object that holds the value when the operator runs is made (the ``__init__`` of the layer and of its λ form,
   seen when it returns), or
-- the operator (:func:`diffattn.functional.diff_attention`) is called, which ends the measurement: the frames from
+- the operator (:func:`diffattn.ops.diff_attention` or its packed form, :func:`diffattn.ops.diff_attention_pairs`,
+  which the layers call) is called, which ends the measurement: the frames from
   the call out to the layer that holds the value (its callers, the model's forward, the task's loss and the
   training step, hand on the input, not the value).
 
@@ -49,14 +50,14 @@ MARK = 0.3217
 TEXT = "0.3217"
 #: the files the walk enters before the config parse, which hand on the command line's text: the command line
 #: (:func:`diffattn.cli.main`) and the train command
-BEFORE_PARSE = ["cli/__init__.py", "train/commands.py"]
+BEFORE_PARSE = ["cli/__init__.py", "app/train.py"]
 #: the walk's files from the config parse on, one room each: the ``--set`` parser, the train config, the trainer,
 #: the run's model (built from ``model:`` and size-checked), the factory, the registry, the model family, the block
 #: (``layers.blocks``), the kind's spec that builds its layer (``layers.spec``), the layer, the λ form and the
 #: operator; the goal is at most 12
 WALK_FILES = [
     "configs/__init__.py", "train/config.py", "train/loop.py", "train/build.py", "factory.py", "models/registry.py",
-    "models/vit.py", "layers/blocks.py", "layers/spec.py", "layers/attention.py", "lambdas.py", "functional.py",
+    "models/vit.py", "layers/blocks.py", "layers/spec.py", "layers/attention.py", "lambdas.py", "ops/functional.py",
 ]
 #: files with calls that receive the value and return it, but whose result leads nowhere on the way to the
 #: operator: the model's record of its config for ``config.json``, and the task made for the run (it holds the
@@ -179,8 +180,8 @@ class Walk:
                     parse = True
         if where == ("train/config.py", "load_config") and self.before_parse is None:
             self.before_parse = set(self._carrying_stack(frame.f_back))
-        if where == ("functional.py", "diff_attention"):
-            self.walk["functional.py"].append("diff_attention")
+        if where in (("ops/functional.py", "diff_attention"), ("ops/functional.py", "diff_attention_pairs")):
+            self.walk["ops/functional.py"].append(where[1])
             self._add_holder_frames(frame.f_back)
             self.reached = True
         elif parse:

@@ -12,10 +12,10 @@ import torch
 os.environ.setdefault("YOLO_OFFLINE", "1")  # before ultralytics is imported: no online probe
 pytest.importorskip("ultralytics", reason="the detector tests need the optional extra diffattn[detect]")
 
+from diffattn.cli import main  # noqa: E402
 from diffattn.detect import attention_maps, yolo  # noqa: E402
 from diffattn.eval.detection import (  # noqa: E402
     detection_images,
-    main,
     object_attention,
     object_attention_table,
 )
@@ -128,7 +128,7 @@ def test_command_reads_the_compare_runs_and_writes_the_tables(tmp_path, capsys):
     results = tmp_path / "results.json"
     results.write_text(json.dumps({"budget": {"data": str(data), "imgsz": 64}, "runs": runs}))
     out = tmp_path / "object_attention.md"
-    assert main(["--results", str(results), "--out", str(out)]) == 0
+    assert main(["object-attention", "--results", str(results), "--out", str(out)]) == 0
     table = out.read_text()
     assert "| yolo26n | model.10 |" in table and "| yolo26n-diffpsa | model.22 |" in table
     assert "(relu)" in table and table in capsys.readouterr().out
@@ -137,6 +137,8 @@ def test_command_reads_the_compare_runs_and_writes_the_tables(tmp_path, capsys):
         ("yolo26n.yaml", "model.10.m.0.attn"), ("yolo26n.yaml", "model.22.m.0.1.attn"),
         ("yolo26n-diffpsa", "model.10.m.0.attn"), ("yolo26n-diffpsa", "model.22.m.0.1.attn")]
     assert all(r["images"] == 2 and r["grid"] == [2, 2] for r in rows)
-    with pytest.raises(SystemExit):
-        main(["--results", str(tmp_path / "none.json"), "--out", str(out)])
-    assert "no such file" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        main(["object-attention", "--results", str(tmp_path / "none.json"), "--out", str(out)])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == (f"diffattn: error: object-attention: --results {tmp_path / 'none.json'}: no "
+                                       f"such file (see diffattn object-attention --help)\n")

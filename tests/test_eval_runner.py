@@ -242,7 +242,7 @@ def test_stratified_subset_keeps_every_class_share_and_is_seeded():
 
 
 def test_default_protocol_is_a_stratified_sample_with_full_for_everything():
-    from diffattn.cli import build_parser
+    from diffattn.app.parser import build_parser
     from diffattn.eval.runner import PROTOCOLS
 
     assert PROTOCOLS["default"]["max_images"] == 2000 and PROTOCOLS["default"]["max_train_images"] == 5000

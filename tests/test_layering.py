@@ -1,12 +1,13 @@
 """The package's import rules (docs/design.md, "Layering"), checked on the source with the AST.
 
 - the library (base, ops, λ, layers, losses, adapters, data, models, convert, factory, detect) never imports
-  ``train``, ``eval``, ``diagnostics``, ``studies`` or ``cli`` (``python -m diffattn`` is the CLI); ``detect``, the
-  Ultralytics integration, uses the library and only the application layers import it;
-- ``diagnostics`` never imports ``eval``, ``train``, ``studies`` or ``cli``; ``eval`` may import ``diagnostics`` (maps
-  for its benchmarks) but never ``train``, ``studies`` or ``cli``; ``train`` may import ``eval`` (validation) but
-  never ``studies`` or ``cli``; ``studies`` (the application layer that runs experiments) may import train, eval and
-  diagnostics, and only ``cli`` imports it;
+  ``train``, ``eval``, ``diagnostics``, ``studies``, ``app`` or ``cli`` (``python -m diffattn`` is the CLI);
+  ``detect``, the Ultralytics integration, uses the library and only the application layers import it;
+- ``diagnostics`` never imports ``eval``, ``train``, ``studies``, ``app`` or ``cli``; ``eval`` may import
+  ``diagnostics`` (maps for its benchmarks) but never ``train``, ``studies``, ``app`` or ``cli``; ``train`` may import
+  ``eval`` (validation) but never ``studies``, ``app`` or ``cli``; ``studies`` (the application layer that runs
+  experiments) may import train, eval and diagnostics, never ``app`` or ``cli``; only ``app`` (the commands) imports
+  it, and only ``cli`` imports ``app``;
 - no import cycle among the package's modules, counting function-level imports and package re-exports
   (:func:`import_graph`);
 - docs/design.md's layering table is that graph: each layer imports exactly the layers its row names.
@@ -22,9 +23,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: the package checked; DIFFATTN_LAYERING_SRC=<another checkout>/src runs the checks on that tree instead
 SRC = Path(os.environ.get("DIFFATTN_LAYERING_SRC", ROOT / "src")).resolve() / "diffattn"
-APPLICATION = ("train", "eval", "diagnostics", "studies", "cli", "__main__")
-FORBIDDEN = {"eval": ("train", "studies", "cli"), "diagnostics": ("eval", "train", "studies", "cli"),
-             "train": ("studies", "cli"), "studies": ("cli",)}
+APPLICATION = ("train", "eval", "diagnostics", "studies", "app", "cli", "__main__")
+FORBIDDEN = {"eval": ("train", "studies", "app", "cli"), "diagnostics": ("eval", "train", "studies", "app", "cli"),
+             "train": ("studies", "app", "cli"), "studies": ("app", "cli"), "app": ("cli",)}
 #: library packages only the application layers import
 INTEGRATIONS = ("detect",)
 DESIGN = ROOT / "docs" / "design.md"
@@ -336,8 +337,8 @@ def test_rule_checker_sees_a_violation(tmp_path):
 
 
 def test_rule_checker_sees_a_studies_violation(tmp_path):
-    """Only cli imports studies: train importing studies and studies importing cli are reported; studies importing
-    train, eval and diagnostics, and cli importing studies, are not."""
+    """Only the application layers above it import studies: train importing studies and studies importing cli or app
+    are reported; studies importing train, eval and diagnostics, and app or cli importing studies, are not."""
     src = tmp_path / "diffattn"
     for pkg in ("studies", "train", "eval", "diagnostics"):
         (src / pkg).mkdir(parents=True)
@@ -346,10 +347,15 @@ def test_rule_checker_sees_a_studies_violation(tmp_path):
     (src / "studies" / "noise.py").write_text("from ..train import loop\nfrom ..eval import language\n"
                                               "from ..diagnostics import capture\n")
     (src / "studies" / "bad.py").write_text("def f():\n    from ..cli import main\n")
+    (src / "studies" / "worse.py").write_text("from ..app import study\n")
     (src / "train" / "loop.py").write_text("from ..studies import noise\n")
     (src / "cli.py").write_text("from .studies import noise\n")
+    (src / "app").mkdir()
+    (src / "app" / "__init__.py").write_text("")
+    (src / "app" / "study.py").write_text("from ..studies import noise\n")
     bad = _violations(src)
-    assert sorted({b.split(" imports ")[0] for b in bad}) == ["diffattn.studies.bad", "diffattn.train.loop"]
+    assert sorted({b.split(" imports ")[0] for b in bad}) == ["diffattn.studies.bad", "diffattn.studies.worse",
+                                                              "diffattn.train.loop"]
 
 
 def test_package_discovery_counts_as_importing_every_module():

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from diffattn import cli
+from diffattn.app.parser import build_parser
 from diffattn.diagnostics import plots
 
 
@@ -62,7 +63,7 @@ def test_models_listing_has_a_header_and_the_pretrained_tags(capsys):
     assert cli.main(["models", "vit_nano", "--json"]) == 0
     (info,) = json.loads(capsys.readouterr().out)
     assert info["pretrained"] == [] and info["name"] == "vit_nano"
-    parser = cli.build_parser()
+    parser = build_parser()
     sub = next(a for a in parser._actions if a.dest == "command").choices["models"]
     help_text = next(a.help for a in sub._actions if a.dest == "json")
     assert help_text.startswith("a JSON list with one object per model")
@@ -75,7 +76,7 @@ def test_study_takes_out_seeds_and_set(tmp_path, monkeypatch, capsys):
         got.update(cfg)
         return {"table": "| metric |", "seconds": 0.0, "report": str(tmp_path / "report.md")}
 
-    monkeypatch.setattr("diffattn.cli.commands.study", fake_study)  # what the study command calls
+    monkeypatch.setattr("diffattn.app.study.run_study", fake_study)  # what the study command calls
     assert cli.main(["study", "noise", "--out", str(tmp_path / "s"), "--seeds", "3", "4", "--set", "steps=7",
                      "--set", "model.dim=32", "--no-progress"]) == 0
     assert got["out"] == str(tmp_path / "s") and got["seeds"] == [3, 4] and got["steps"] == 7
@@ -223,7 +224,7 @@ def test_readme_attention_figure_states_each_rows_scale(figures, tmp_path):
     (fig,) = figures
     rows = [ax.get_title(loc="left") for ax in fig["axes"] if ax.get_title(loc="left")][1:]  # after "image"
     assert rows[0].startswith("CLIP (softmax): own colour scale, 0 to 0.")
-    assert rows[1].startswith("DiffCLIP (A1 − λA2, signed): own colour scale, ±0.0")
+    assert rows[1].startswith("DiffCLIP (differential: A1 − λA2, signed): own colour scale, ±0.0")
     assert "own colour scale" in fig["suptitle"].get_text() and "4×4 patch grid" in fig["suptitle"].get_text()
     assert len(fig["bars"]) == 3
     flat_row = fig["axes"][-n:]
@@ -248,9 +249,9 @@ def test_attention_figure_titles_a_row_by_its_layers_kind_never_its_sign(figures
     (fig,) = figures
     rows = [ax.get_title(loc="left") for ax in fig["axes"] if ax.get_title(loc="left")][1:]
     assert bool((cls_maps["DiffCLIP"] >= 0).all())
-    assert rows[0].startswith("DiffCLIP (A1 − λA2, signed): own colour scale, ±")
+    assert rows[0].startswith("DiffCLIP (differential: A1 − λA2, signed): own colour scale, ±")
     assert rows[1].startswith("CLIP (softmax): own colour scale, 0 to ")
-    assert rows[2].startswith("Gated (gated, signed): own colour scale, ±")
+    assert rows[2].startswith("Gated (gated differential: A1 − λA2, signed): own colour scale, ±")
     diff_im = fig["axes"][n].images[0]  # the first map of the DiffCLIP row: centred on 0
     lo, hi = diff_im.get_clim()
     assert lo == -hi < 0

@@ -15,7 +15,7 @@ import torch
 from .errors import UsageError
 
 __all__ = ["peak_memory_mb", "MALLOC_ENV", "cpu_name", "write_markdown_section", "check_device", "resolve_device",
-           "available_memory", "format_bytes", "DEVICE_VALUES", "device_type", "device_errors", "count_ops"]
+           "available_memory", "format_bytes", "DEVICE_VALUES", "device_errors", "count_ops"]
 
 #: what ``run.device`` / ``--device`` take (null / not given: ``cuda`` when torch sees a GPU, else ``cpu``)
 DEVICE_VALUES = "'cpu', 'cuda' or 'cuda:N'"
@@ -38,17 +38,6 @@ def device_errors(cfg, where: str, key: str = "device") -> list[str]:
     except UsageError as e:
         return [str(e)]
     return []
-
-
-def device_type(text: str) -> str:
-    """An argparse ``type`` for ``--device``: the spelling check of :func:`check_device` as argparse's one-line
-    error (the hardware is checked later, by :func:`resolve_device`)."""
-    import argparse
-
-    try:
-        return check_device(text)
-    except UsageError:
-        raise argparse.ArgumentTypeError(f"must be {DEVICE_VALUES}, got {text!r}") from None
 
 
 def resolve_device(value: str | None, what: str = "--device", *, local_rank: int = 0,

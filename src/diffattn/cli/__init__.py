@@ -5,12 +5,14 @@
                               # needles, recall)
     diffattn models    # list registered models (optionally a pattern: diffattn models 'diffclip*')
     diffattn study-summary [--check]         # the summary tables of docs/studies.md and README.md, rendered
-    diffattn train / eval / compare / data   # registered by diffattn.train, diffattn.eval, diffattn.data
-    diffattn object-attention / lm-eval      # registered by diffattn.eval
+    diffattn train / eval / compare / data   # train a recipe, evaluate a run, compare runs, the offline datasets
+    diffattn object-attention / lm-eval / inspect   # detectors' object attention, lm-eval's CLI, a model's noise
     diffattn openclip-train ARGS             # open_clip's training script with diffattn's CLIP models by name
     diffattn timm-train TRAIN_PY ARGS        # timm's train.py with diffattn's vision models registered
 
-``diffattn`` (or ``python -m diffattn``) is the package's only entry point: no other module runs as a script.
+``diffattn`` (or ``python -m diffattn``) is the package's only entry point: no other module runs as a script. Every
+command lives in :mod:`diffattn.app`, one module per command group; :func:`main` answers ``--version``, builds the
+parser of :mod:`diffattn.app.parser` and runs the command's handler.
 
 ``demo`` is the DiffCLIP study (Hammoud & Ghanem 2025, §4) at a CPU size, through the code path a user runs on
 CC3M: it lists the offline image–caption pairs (Tux Paint stamps + Noto emoji, ``make data``) in an open_clip-style
@@ -33,42 +35,12 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
 
 from .._version import __version__
 from ..errors import is_user_error, one_line
 from ..progress import library_bars
 
-if TYPE_CHECKING:
-    from .commands import (
-        DEMO_DATASETS,
-        DEMO_ROWS,
-        DEMO_VARIANTS,
-        build_parser,
-        demo,
-        demo_pairs,
-        demo_table,
-        load_study,
-        plain_text,
-        study,
-    )
-
-__all__ = ["main", "demo", "study", "load_study", "build_parser", "plain_text", "DEMO_VARIANTS", "DEMO_DATASETS",
-           "DEMO_ROWS", "demo_pairs", "demo_table"]
-
-#: defined in :mod:`diffattn.cli.commands` (torch, the studies, the training code), imported on first use so that
-#: importing this package (what the ``diffattn`` script does first) stays light and ``diffattn --version`` answers at
-#: once
-_FROM_COMMANDS = ("COMMAND_MODULES", "DEMO_DATASETS", "DEMO_ROWS", "DEMO_VARIANTS", "ArgumentParser", "bounded",
-                  "build_parser", "demo", "demo_pairs", "demo_table", "load_study", "plain_text", "study")
-
-
-def __getattr__(name: str):
-    if name in _FROM_COMMANDS:
-        from . import commands
-
-        return getattr(commands, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["main"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,12 +51,12 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--version"]:  # before the parser imports torch
         print(f"diffattn {__version__}")
         raise SystemExit(0)  # as argparse's version action
-    from . import commands  # the parser and the handlers: torch, the studies, the training code
+    from ..app import parser as app_parser  # the parser and the handlers: torch, the studies, the training code
 
     cut = argv.index("--") if "--" in argv else len(argv)
     debug = "--debug" in argv[:cut] or os.environ.get("DIFFATTN_DEBUG", "") not in ("", "0")
     argv = [a for i, a in enumerate(argv) if not (a == "--debug" and i < cut)]
-    parser = commands.build_parser()
+    parser = app_parser.build_parser()
     args, extra = parser.parse_known_args(argv)
     if getattr(args, "passthrough", False):  # a command that hands every argument to another program's CLI
         args.args = extra

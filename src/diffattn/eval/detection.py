@@ -11,7 +11,8 @@ images of a YOLO dataset and reduces the union of each image's boxes to the laye
 ``query="foreground"`` gives the mass and per-token density inside vs outside the objects. ``density_ratio`` > 1
 means object tokens look at objects more than at the background; a uniform map gives 1.
 
-Command line, over the runs of ``diffattn study detection`` (needs ``diffattn[detect]``)::
+Command line (:mod:`diffattn.app.eval`), over the runs of ``diffattn study detection`` (needs
+``diffattn[detect]``)::
 
     diffattn object-attention --results runs/studies/detection/detection.json [--results more/detection.json] \\
         --out runs/studies/detection/object_attention.md
@@ -23,8 +24,6 @@ as JSON beside it.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import statistics
 from collections.abc import Sequence
@@ -35,7 +34,6 @@ import torch.nn as nn
 
 from ..detect.offline import offline_env
 from ..diagnostics import capture_attention, foreground_attention, patch_mask
-from ..io import atomic_write_file
 
 __all__ = ["detection_images", "object_attention", "compare_object_attention", "object_attention_table"]
 
@@ -196,46 +194,4 @@ def object_attention_table(rows: Sequence[dict], mode: str = "signed") -> str:
             lines.append(f"| {model.removesuffix('.yaml')} | {layer} | {m:.2f} ± {s:.2f} | {delta} | {pval} | "
                          f"{100 * share:.0f} % | {len(seeds)} |")
     return "\n".join(lines) + "\n"
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """The options of ``diffattn object-attention`` (:func:`main`)."""
-    p.add_argument("--results", type=Path, action="append", required=True,
-                   help="a detection.json of diffattn study detection (repeat to combine runs)")
-    p.add_argument("--data", type=Path, default=None,
-                   help="the runs' data.yaml (default: the first results.json's budget 'data')")
-    p.add_argument("--split", default="val")
-    p.add_argument("--imgsz", type=int, default=None, help="default: the first results.json's budget imgsz")
-    p.add_argument("--limit", type=int, default=None, help="at most this many images")
-    p.add_argument("--out", type=Path, required=True, help="the Markdown table; the rows go to OUT with .json")
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``diffattn object-attention ARGS`` (:func:`add_arguments`): the object attention of every run, as a table."""
-    p = argparse.ArgumentParser(prog="diffattn object-attention", description=__doc__.split("\n")[0])
-    add_arguments(p)
-    return run_command(p, p.parse_args(argv))
-
-
-def run_command(p: argparse.ArgumentParser, a: argparse.Namespace) -> int:
-    """:func:`main` on parsed arguments (``p`` reports the errors)."""
-    results = []
-    for path in a.results:
-        if not path.is_file():
-            p.error(f"--results {path}: no such file")
-        results.append(json.loads(path.read_text()))
-    budget = results[0]["budget"]
-    data = a.data or Path(budget["data"])
-    imgsz = a.imgsz or int(budget["imgsz"])
-    if imgsz < 32:
-        p.error(f"--imgsz must be >= 32, got {imgsz}")
-    runs = [r for res in results for r in res["runs"]]
-    rows = compare_object_attention(runs, data, split=a.split, imgsz=imgsz, limit=a.limit)
-    table = "\n".join(object_attention_table(rows, mode) for mode in ("signed", "relu"))
-    with atomic_write_file(a.out, "w") as f:
-        f.write(table)
-    with atomic_write_file(a.out.with_suffix(".json"), "w") as f:
-        f.write(json.dumps({"data": str(data), "split": a.split, "imgsz": imgsz, "rows": rows}, indent=1) + "\n")
-    print(table)
-    return 0
 

@@ -15,7 +15,6 @@ per-seed values (``paired``) by :func:`~diffattn.studies.stats.paired_test` with
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,8 +26,7 @@ from .stats import holm, paired_test
 from .synthetic import steps_to_control_tests
 from .verdict import PaperEffect, Verdict, derive_verdict
 
-__all__ = ["load_rows", "render_docs_table", "render_readme_table", "render_files", "register", "command", "START",
-           "END"]
+__all__ = ["load_rows", "render_docs_table", "render_readme_table", "render_files", "START", "END"]
 
 START = "<!-- study-summary:start (rendered by `diffattn study-summary` from docs/study_summary.yaml) -->"
 END = "<!-- study-summary:end -->"
@@ -233,18 +231,3 @@ def render_files(root: str | Path, *, check: bool = False) -> list[str]:
                 path.write_text(new)
     return changed
 
-
-def register(sub) -> None:
-    """``diffattn study-summary [--check] [--root DIR]``."""
-    ap = sub.add_parser("study-summary", help="render the summary tables of docs/studies.md and README.md from "
-                        "docs/study_summary.yaml (verdicts derived, never typed)", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--root", default=".", help="the source checkout (default: the current folder)")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a table differs from its rendering")
-    ap.set_defaults(func=command)
-
-
-def command(args: argparse.Namespace) -> int:
-    changed = render_files(args.root, check=args.check)
-    for rel in changed:
-        print(f"{rel}: {'differs from' if args.check else 'rewritten from'} docs/study_summary.yaml")
-    return 1 if args.check and changed else 0

@@ -1,5 +1,6 @@
 """``diffattn train CONFIG [--set key=value …] [--out DIR] [--device cpu|cuda|cuda:N]
-[--resume auto|PATH | --overwrite]`` (also under torchrun: ``torchrun --nproc_per_node 2 -m diffattn train CONFIG``)."""
+[--resume auto|PATH | --overwrite]`` (also under torchrun: ``torchrun --nproc_per_node 2 -m diffattn train CONFIG``):
+the recipe read by :func:`diffattn.train.config.load_config`, trained by :func:`diffattn.train.loop.train`."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import os
 import sys
 
 from ..extras import require
-from ..utils import device_type, resolve_device
-from .config import budget_warnings, load_config
-from .loop import train
+from ..train.config import budget_warnings, load_config
+from ..train.loop import train
+from ..utils import resolve_device
+from .common import device_type
 
 __all__ = ["register"]
 
@@ -50,6 +52,7 @@ def _is_main_rank() -> bool:
 
 
 def register(subparsers) -> None:
+    """Add ``diffattn train``."""
     p = subparsers.add_parser("train", help="train a model from a YAML recipe (one process or torchrun)",
                               description="Train a model from a YAML recipe into a run directory (config.yaml, "
                               "metrics.jsonl, checkpoints, model/). Several processes: torchrun --nproc_per_node 2 "
