@@ -102,7 +102,7 @@ def test_a_study_registered_from_a_test_module_runs(tmp_path, counting):
     assert results["labels"] == ["Low", "High"] and results["control_status"] == "passed" and res["rows"]
     assert results["config"] == {"study": "counting_test", "variants": ["low", "high"], "seeds": [0, 1],
                                  "out": str(tmp_path / "out"), "control_set": "", "exclude_failed_seeds": False,
-                                 "offset": 0.5, "draws": 2}
+                                 "registrations": [], "offset": 0.5, "draws": 2}
     with pytest.raises(ValueError, match="draws in the study config must be >= 1, got 0"):
         validate_study({"study": "counting_test", "seeds": [0, 1], "draws": 0})
     with pytest.raises(ValueError, match="offset in the study config must be of type float"):

@@ -42,6 +42,7 @@ from .base import Study, StudyConfig, register_study
 from .claims import SUBNORM_HELPS
 from .common import increasing_ints, minimum_errors, mqar_stream, vocab_errors
 from .protocol import PROTOCOLS, select_lr, tuning_errors
+from .provenance import registration_status
 from .report import Control, check_control, control_table
 from .stats import holm, mean_std, paired_test
 from .synthetic import answer_accuracy, build_model, param_count, train_model
@@ -206,6 +207,12 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
     tested = [t for t in tests if t["tested"]]
     for t, p in zip(tested, holm([t["p"] for t in tested]) if tested else []):
         t["p_holm"] = p
+    registered = registration_status(cfg)
+    confirmatory = {(e["primary_endpoint"], e["comparison"].get("variant"), e["comparison"].get("baseline"))
+                    for e in registered["registrations"] if e["confirmatory"]}
+    for t in tests:  # the registered primary endpoints of a confirmatory run; every other test is exploratory
+        t["analysis"] = ("confirmatory" if (f"w{t['width']}.{t['metric']}", t["level"], t["reference"])
+                         in confirmatory else "exploratory")
     for t in tests:  # the paper's one claim among the factors: its sub-norm (GroupNorm) helps V1
         if (t["level"], t["reference"], t["metric"]) == SUBNORM_CLAIM:
             t["verdict"] = verdict_of_test(t if t["tested"] else None, SUBNORM_HELPS).value
@@ -216,7 +223,7 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
              f"{cfg['lrs']} with the highest mean area under the learning curve on tuning seeds "
              f"{cfg['tuning_seeds']} (never reported), then reported seeds {cfg['seeds']}. Wall time of this "
              f"call {seconds / 60:.1f} min (runs saved by an earlier call are read back); training time summed "
-             f"over every run {train_minutes:.1f} min.", ""]
+             f"over every run {train_minutes:.1f} min.", "", *registered["lines"], ""]
     lines += [c["line"] for c in controls.values()]
     lines += ["", "Per-seed control status (✓ passed at that seed):", "", *control_table(list(checked.values()))]
     for w in cfg["widths"]:
@@ -236,13 +243,13 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
               f"Mean difference in points [95 % CI], Cohen's d_z, Holm-adjusted p over the {len(tested)} tests "
               f"(widths whose control passed).", "",
               "| width | factor | level − reference | metric | level | reference | difference [95 % CI] | d_z | "
-              "p_Holm |", "|---:|---|---|---|---:|---:|---|---:|---:|"]
+              "p_Holm | analysis |", "|---:|---|---|---|---:|---:|---|---:|---:|---|"]
     for t in tests:
         lo, hi = t["ci95"]
         ph = f"{t['p_holm']:.3f}" if "p_holm" in t else "—"
         lines.append(f"| {t['width']} | {t['factor']} | `{t['level']}` − `{t['reference']}` | {t['metric']} | "
                      f"{t['mean_level']:.1f} | {t['mean_reference']:.1f} | {t['mean_diff']:+.1f} "
-                     f"[{lo:+.1f}, {hi:+.1f}] | {t['d_z']:+.2f} | {ph} |")
+                     f"[{lo:+.1f}, {hi:+.1f}] | {t['d_z']:+.2f} | {ph} | {t['analysis']} |")
     claimed = [t for t in tests if "verdict" in t]
     if claimed:
         lines += ["", f"Verdict on the paper's claim ({SUBNORM_HELPS.source}: removing the sub-norm lowers "
@@ -254,7 +261,8 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
     with atomic_write_file(out / "report.md", "w") as f:
         f.write(report)
     results = {"study": cfg.get("study"), "config": dict(cfg), "control": controls, "chosen_lr": chosen,
-               "tuning": tuning, "reported": reported, "tests": tests, "seconds": round(seconds, 1)}
+               "tuning": tuning, "reported": reported, "tests": tests, "seconds": round(seconds, 1),
+               "registration": {k: registered[k] for k in ("label", "registrations")}}
     with atomic_write_file(out / "results.json", "w") as f:
         json.dump(results, f, indent=1, default=float)
     return {"results": results, "table": table, "report": str(out / "report.md"), "seconds": seconds}

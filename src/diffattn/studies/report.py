@@ -17,7 +17,11 @@ control level was fixed; the report prints it beside the control.
 
 A metric may carry a paper's claim (``Metric.claim``, a :class:`~diffattn.studies.verdict.PaperEffect`): the report
 then gives each variant's verdict on it from the fixed list (:mod:`diffattn.studies.verdict`), derived from the
-paired test's mean difference, 95 % interval and Holm-adjusted p."""
+paired test's mean difference, 95 % interval and Holm-adjusted p.
+
+Every report says which registered question it answers (:func:`~diffattn.studies.provenance.registration_status`):
+the commit that added the registration and the label of its results, confirmatory (the registered primary endpoint
+of a registered run) or exploratory (everything else, and every run that names no registration)."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from typing import Any
 
 from ..io import atomic_write_file
 from .protocol import protocol_text
+from .provenance import registration_status
 from .stats import holm, mean_std, paired_statement, paired_test
 from .verdict import PaperEffect, Verdict, verdict_of_test, verdict_text
 
@@ -57,8 +62,9 @@ class Metric:
 
 #: config keys every study accepts beside its budget: they change the report, never a seed's result
 #: (``control_set``: when and in which commit the control levels were fixed, printed beside each control;
-#: ``exclude_failed_seeds``: pre-registered, drop the seeds whose baseline missed its control from the paired tests)
-REPORT_DEFAULTS: dict[str, Any] = {"control_set": "", "exclude_failed_seeds": False}
+#: ``exclude_failed_seeds``: pre-registered, drop the seeds whose baseline missed its control from the paired tests;
+#: ``registrations``: the registered questions the run answers, :mod:`.provenance`)
+REPORT_DEFAULTS: dict[str, Any] = {"control_set": "", "exclude_failed_seeds": False, "registrations": []}
 
 
 @dataclass(frozen=True)
@@ -317,9 +323,16 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
                          "kept in the paired tests (the config does not pre-register their exclusion)."))
     else:
         seeds_note = "The baseline passed its control on every seed."
+    registered = registration_status(cfg)
+    names = dict(zip(cfg.get("variants") or [], labels))  # variant name → label
+    for r in rows:  # the registered primary endpoints of a confirmatory run; every other test is exploratory
+        r["confirmatory"] = [names.get(e["comparison"].get("variant")) for e in registered["registrations"]
+                             if e["confirmatory"] and e["primary_endpoint"] == r["key"]
+                             and names.get(e["comparison"].get("baseline")) == labels[0]]
     if n_tests:
-        tests = [f"- {r['metric']}: " + "; ".join(v["statement"] for v in r["vs_baseline"].values()) for r in rows
-                 if r["vs_baseline"]]
+        tests = [f"- {r['metric']}: " + "; ".join(
+            f"({'confirmatory' if lab in r['confirmatory'] else 'exploratory'}) {v['statement']}"
+            for lab, v in r["vs_baseline"].items()) for r in rows if r["vs_baseline"]]
         body = [f"Cells: mean ± sample std over seeds, and the two-sided paired t-test p-value against {labels[0]}, "
                 f"Holm-adjusted over the {n_tests} tests of the table (↑ higher is better, ↓ lower is better)."
                 + (f" No test for {', '.join(untested)}: their control failed." if untested else ""), "", table, "",
@@ -339,7 +352,7 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
                  *verdicts_md]
     status = "passed" if not failed else "failed" if len(failed) == len(controls) else "partly failed"
     report = "\n".join([
-        f"# {title}", "", intro, "", protocol_text(cfg, labels[0]), "",
+        f"# {title}", "", intro, "", protocol_text(cfg, labels[0]), "", *registered["lines"], "",
         f"Seeds {list(per_seed)}; wall time {seconds / 60:.1f} min.", "",
         *(r["line"] for r in checked), "", "Per-seed control status (✓ passed at that seed):", "",
         *control_table(checked), "", seeds_note, "", f"Controls: {status}.", "", *body, "", *extra_sections, ""])
@@ -348,6 +361,7 @@ def write_study(out: str | Path, cfg: Mapping, title: str, intro: str, per_seed:
     ctrl = checked[0] if isinstance(control, Control) else checked
     results = {"study": cfg.get("study"), "config": dict(cfg), "labels": labels, "seeds": list(per_seed),
                "control": ctrl, "control_status": status, "verdicts": verdicts, "rows": rows,
+               "registration": {k: registered[k] for k in ("label", "registrations")},
                "per_seed": {str(s): v for s, v in per_seed.items()}, "seconds": round(seconds, 1)}
     with atomic_write_file(out / "results.json", "w") as f:
         json.dump(results, f, indent=1, default=float)
