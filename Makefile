@@ -37,9 +37,14 @@ install: $(STAMP)
 data: $(STAMP)
 	$(PY) -m diffattn data prepare --root "$(or $(DATA_DIR),$(DIFFATTN_DATA),data)"
 
+# pycodestyle's blank-line rules (E301–E306), a preview in ruff: asked for by code and run on their own, so that
+# preview mode does not change the other rules
+RUFF_BLANK_LINES = --preview --select E301,E302,E303,E304,E305,E306
+
 test: $(STAMP)
 	@bash scripts/fetch_data.sh || echo "data fetch failed: the tests that need data/ will skip with the reason"
 	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff check $(RUFF_BLANK_LINES) src tests benchmarks examples
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --maxprocesses 8
 	PY=$(PY) bash scripts/test_oldest.sh
 
@@ -64,6 +69,7 @@ docs:
 
 lint: $(STAMP)
 	$(PY) -m ruff check src tests benchmarks examples
+	$(PY) -m ruff check $(RUFF_BLANK_LINES) src tests benchmarks examples
 
 # The data step is idempotent; if part of it fails, the demo itself says which set it lacks and names `make data`.
 demo: $(STAMP)

@@ -426,7 +426,6 @@ def test_images_and_classes_that_do_not_fit_the_model_are_refused(extra, names, 
     assert not out.exists()
 
 
-
 # ------------------------------------------------------------------- 6. one call loads any run or save
 
 

@@ -174,6 +174,7 @@ def test_npm_tarball_with_a_wrong_hash_or_count_writes_nothing(tmp_path, monkeyp
 def test_unreachable_registry_fails_one_name_and_the_others_go_on(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(P.shutil, "which", lambda name: None)
     monkeypatch.setenv("npm_config_registry", "http://127.0.0.1:9")  # the discard port: connection refused
+
     def fake_ranks(out):
         Path(out).parent.mkdir(parents=True)
         Path(out).write_bytes(b"ranks")

@@ -101,8 +101,6 @@ def test_the_summary_tables_have_a_verdict_column_from_the_list():
         assert len(cells) >= 10, f"{path.name}: no summary table with a verdict column"
 
 
-
-
 def test_the_summary_tables_are_rendered_from_the_recorded_results():
     from diffattn.studies.summary import render_files
 

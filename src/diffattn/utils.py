@@ -128,6 +128,7 @@ def format_bytes(n: float) -> str:
         n /= 1000
     return f"{n:.1f} TB"
 
+
 # glibc keeps freed blocks resident once its dynamic mmap threshold has grown, which hides later peaks from the
 # RSS high-water mark; a fixed threshold returns every large block to the OS on free. Set it before the process
 # starts (benchmarks and the memory test run their measurements in a child process with this environment).

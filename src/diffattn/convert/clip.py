@@ -138,7 +138,6 @@ def convert_openai_clip_state_dict(state_dict: StateDict) -> dict[str, torch.Ten
     return out
 
 
-
 def _text_args(sd: StateDict, where: str) -> dict:
     vocab, d = take(sd, "text.token_embedding.weight", where, ndim=2).shape
     depth = block_count(sd, "text.blocks.", where)

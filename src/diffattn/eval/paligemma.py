@@ -44,12 +44,10 @@ def load_paligemma(run_dir: str | Path, base: dict | None = None) -> tuple[nn.Mo
     from peft import PeftModel
     from transformers import AutoTokenizer
 
-
     run_dir = Path(run_dir)
     tokenizer = AutoTokenizer.from_pretrained(run_dir / "tokenizer")
     if not (run_dir / "lora").is_dir() and (run_dir / "model" / "config.json").is_file():
         import transformers as T
-
 
         install_load_warning()
         path = run_dir / "model"

@@ -34,7 +34,6 @@ __all__ = ["Tokenizer", "get_text_tokenizer", "recorded_tokenizer", "find_saved_
            "lm_logits", "RETROFIT_RUN", "is_retrofit_run", "load_retrofit_run"]
 
 
-
 @dataclass
 class Tokenizer:
     """``encode(str) -> list[int]`` (no special tokens), ``decode(list[int]) -> str``, the end-of-text id; ``hf``:

@@ -157,7 +157,6 @@ class LooseAttention:
         return {**rest, "attention": self.forced(spec).to_dict()}
 
 
-
 class DropPath(nn.Module):
     """Stochastic depth (Huang et al. 2016): drop the residual branch per sample with probability p."""
 

@@ -45,6 +45,7 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID, SEP_ID = range(5)
 #: the label of positions that carry no loss (image tokens, the prompt, padding), as in PyTorch's cross_entropy
 IGNORE_INDEX = -100
 
+
 class VisionLanguageModel(DiffattnModel):
     """LLaVA-style VLM (module docstring).
 

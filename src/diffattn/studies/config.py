@@ -22,6 +22,7 @@ from .report import REPORT_DEFAULTS
 __all__ = ["COMMON_KEYS", "WALL_TIMES", "study_names", "study_for", "find_config",
            "load_study", "validate_study", "budget_warnings"]
 
+
 def study_names() -> list[str]:
     """The packaged studies (one YAML under diffattn/configs/studies/ each), then the others registered so far."""
     packaged = config_names("studies")

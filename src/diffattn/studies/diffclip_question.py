@@ -64,6 +64,7 @@ def heldout_retrieval(model) -> dict[str, Any]:
     return {"mean_recall": sum(per_pair) / len(per_pair), "per_pair": per_pair, "sets": sets,
             "chance": {"mean_recall": chance_sum / len(per_pair)}}
 
+
 #: the demo's question, pre-registered on 2026-11-27 before any run of it (module docstring)
 QUESTION: dict[str, Any] = {
     "registered": "2026-11-27",

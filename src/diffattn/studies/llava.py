@@ -61,6 +61,7 @@ DEFAULTS: dict[str, Any] = {
 #: a tower whose name contains this gets the differential VLM (the study's towers are named clip and diffclip)
 DIFFERENTIAL_TOWER_MARK = "diff"
 
+
 def train_and_evaluate(model_name: str, tower: str | None, seed: int, *, stage1_steps: int, stage2_steps: int,
                        batch_size: int, stage1_lr: float, stage2_lr: float, needle_count: int,
                        train_pope_splits: Sequence[str], vocab: list[str], root=None, attention_questions: int = 64,
