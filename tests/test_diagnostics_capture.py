@@ -14,6 +14,7 @@ from diffattn.layers import (
     DiffAttentionV2,
     GatedDiffAttention,
     GroupedDiffAttention,
+    StableAudioAttention,
     attention_kind,
 )
 from diffattn.models import create_model
@@ -138,6 +139,8 @@ KIND_LAYERS = {
     "gated": lambda **kw: GatedDiffAttention(32, 4, num_kv_heads=2, **kw),
     "diff_v2": lambda **kw: DiffAttentionV2(32, 4, num_kv_heads=2, **kw),
     "grouped": lambda **kw: GroupedDiffAttention(32, 8, num_noise_heads=2, head_dim=8, num_kv_heads=4, **kw),
+    # without its QK-norm and rotary embedding, so the maps from the raw projections are its maps
+    "stable_audio": lambda **kw: StableAudioAttention(32, 4, num_kv_heads=2, qk_norm=False, rope=None, **kw),
 }
 
 
@@ -177,7 +180,7 @@ def test_every_kind_maps_are_the_reference_and_combined_times_v_is_the_layer_out
     layer = KIND_LAYERS[kind](causal=True, **({} if lambda_options is None else {"lambda_options": lambda_options}))
     layer = layer.double().eval()
     with torch.no_grad():  # a λ away from its init, and a sub-norm weight that is not all ones
-        for p in layer.lambda_fn.parameters() if kind != "standard" else ():
+        for p in layer.lambda_fn.parameters() if hasattr(layer, "lambda_fn") else ():
             p.add_(0.3 * torch.randn_like(p))
         if isinstance(getattr(layer, "diff_norm", None), torch.nn.RMSNorm):
             layer.diff_norm.weight.add_(0.5 * torch.randn_like(layer.diff_norm.weight))

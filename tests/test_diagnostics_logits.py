@@ -24,6 +24,7 @@ from diffattn.layers import (
     DiffAttentionV2,
     GatedDiffAttention,
     GroupedDiffAttention,
+    StableAudioAttention,
     apply_rotary,
 )
 from diffattn.models import CausalLM
@@ -32,12 +33,13 @@ from diffattn.models.motif import MOTIF_ATTENTION, MotifLM
 from .reference import kind_head_pairs
 
 KINDS = {"standard": Attention, "diff": DiffAttention, "gated": GatedDiffAttention, "diff_v2": DiffAttentionV2,
-         "grouped": GroupedDiffAttention}
+         "grouped": GroupedDiffAttention, "stable_audio": StableAudioAttention}
 #: a grouped layer of 8 query heads of width 8: 6 signal heads, 2 noise heads, r = 3 signal heads per noise head
 GROUPED = dict(num_noise_heads=2, head_dim=8)
 #: the heads of each map of a CausalLM of 4 heads from _lm: standard A; diff / gated A1, A2; V2 2h query heads;
-#: grouped (1 noise head, width 8) 3 signal maps and 1 noise map
-LM_HEADS = {"standard": (4,), "diff": (2, 2), "gated": (2, 2), "diff_v2": (4, 4), "grouped": (3, 1)}
+#: grouped (1 noise head, width 8) 3 signal maps and 1 noise map; stable_audio two maps per head
+LM_HEADS = {"standard": (4,), "diff": (2, 2), "gated": (2, 2), "diff_v2": (4, 4), "grouped": (3, 1),
+            "stable_audio": (4, 4)}
 
 
 def test_the_kinds_tested_are_the_registry():
@@ -62,9 +64,12 @@ def _ref_logits(layer, kind: str, x: torch.Tensor) -> list[torch.Tensor]:
     d = layer.head_dim
     q = layer.q_proj(x).view(B, N, -1, d).transpose(1, 2)  # (B, q_heads, N, d)
     k = layer.k_proj(x).view(B, N, -1, d).transpose(1, 2)  # (B, kv_heads, N, d)
-    if layer.rotary is not None:
+    if hasattr(layer, "q_norm"):  # Stable Audio 3's QK-norm
+        q, k = layer.q_norm(q), layer.k_norm(k)
+    if layer.rotary is not None:  # on the first r channels (r < d: Stable Audio 3's partial RoPE)
+        r = layer.rotary.head_dim
         cos, sin = layer.rotary(torch.arange(N), dtype=torch.float64)
-        q, k = apply_rotary(q, cos, sin, layer.rotary.style), apply_rotary(k, cos, sin, layer.rotary.style)
+        q, k = (torch.cat([apply_rotary(t[..., :r], cos, sin, layer.rotary.style), t[..., r:]], -1) for t in (q, k))
     pairs = kind_head_pairs(kind, q, k, getattr(layer, "num_noise_heads", None))
     out = []
     for qq, kk in pairs:

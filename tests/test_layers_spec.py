@@ -66,7 +66,7 @@ def test_no_comparison_with_an_attention_kind_name_outside_layers_and_convert():
 
 # --------------------------------------------------------------------------------- every kind is a unit
 
-@pytest.mark.parametrize("kind", ["standard", "diff", "gated", "diff_v2", "grouped"])
+@pytest.mark.parametrize("kind", ["standard", "diff", "gated", "diff_v2", "grouped", "stable_audio"])
 def test_each_kind_owns_its_config_and_its_class_answers_for_it(kind):
     cls = ATTENTION_TYPES[kind]
     spec = AttentionSpec(kind)

@@ -10,6 +10,8 @@
   half RoPE), both ways.
 - :mod:`diffattn.convert.motif`: the released Motif-2.6B (differential attention) and Motif-2-12.7B (grouped
   differential attention) checkpoints ↔ ``MotifLM`` (``from_motif``, ``to_motif``), both ways.
+- :mod:`diffattn.convert.stable_audio`: Stable Audio 3's fused projection in Stability's layout ↔ diffusers', and
+  diffusers' ``StableAudio3SelfAttention`` / ``StableAudio3CrossAttention`` ↔ ``StableAudioAttention``, both ways.
 - :mod:`diffattn.convert.checkpoint`: reading files without executing code (safetensors, ``weights_only`` pickles,
   TorchScript archives such as OpenAI's released CLIP ``.pt`` files).
 
@@ -48,6 +50,14 @@ from .motif import (
     motif_to_diffattn_state_dict,
     read_motif,
     to_motif,
+)
+from .stable_audio import (
+    diffusers_to_stability_qkv,
+    diffusers_to_stability_state_dict,
+    from_diffusers_stable_audio,
+    stability_to_diffusers_qkv,
+    stability_to_diffusers_state_dict,
+    to_diffusers_stable_audio,
 )
 from .timm import (
     convert_timm_vit_state_dict,
@@ -111,4 +121,10 @@ __all__ = [
     "from_unilm_v2",
     "to_unilm_v2_state_dict",
     "unilm_rel_pos",
+    "stability_to_diffusers_qkv",
+    "diffusers_to_stability_qkv",
+    "stability_to_diffusers_state_dict",
+    "diffusers_to_stability_state_dict",
+    "from_diffusers_stable_audio",
+    "to_diffusers_stable_audio",
 ]

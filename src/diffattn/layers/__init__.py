@@ -12,6 +12,7 @@ from .norm import RMSNorm, head_rms_norm
 from .polynorm import PolyNorm, PolyNormGLU
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 from .spec import ATTENTION_TYPES, HEAD_LAYOUTS, AttentionSpec, attention_class, attention_kind, register_attention
+from .stable_audio import StableAudioAttention
 
 __all__ = [
     "ATTENTION_TYPES",
@@ -25,6 +26,7 @@ __all__ = [
     "DiffAttentionV2",
     "GatedDiffAttention",
     "GroupedDiffAttention",
+    "StableAudioAttention",
     "attention_class",
     "attention_kind",
     "load_layer",

@@ -81,7 +81,8 @@ def attention_kind(module: nn.Module) -> str | None:
 
 
 def _all_settings() -> dict[str, Any]:
-    """Every setting of every registered kind, with its default (the same in every kind that has it)."""
+    """Every setting of every registered kind, with a default (the first kind's that has it: a kind may give a shared
+    setting its own default, as Stable Audio's has no biases)."""
     out: dict[str, Any] = {}
     for cls in ATTENTION_TYPES.values():
         for f in fields(cls.Config):
