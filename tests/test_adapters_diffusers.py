@@ -16,7 +16,7 @@ from diffusers.models.transformers.transformer_stable_audio3 import (  # noqa: E
     StableAudio3SelfAttention,
 )
 
-from diffattn.adapters.bindings.diffusers import (  # noqa: E402
+from diffattn.adapters.diffusers import (  # noqa: E402
     StableAudio3DiffattnProcessor,
     capture_stable_audio_maps,
     stable_audio_attention_modules,

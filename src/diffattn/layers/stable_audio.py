@@ -12,7 +12,7 @@ The two branches share the QK-norm of their role (one ``q_norm``, one ``k_norm``
 output head), and nothing scales or normalises the difference: w1 = λ = 1 in
 :func:`~diffattn.functional.diff_attention`. This is the attention of diffusers' ``StableAudio3DiTModel``
 (``use_differential_attention=True``), whose processors run the two maps as two calls;
-:mod:`diffattn.adapters.bindings.diffusers` runs them through diffattn's operator instead and
+:mod:`diffattn.adapters.diffusers` runs them through diffattn's operator instead and
 :mod:`diffattn.convert.stable_audio` maps the weights of its modules onto this layer.
 
 Layout of the layer (the library's adjacent pairing, §2 of the design notes): ``q_proj`` dim → 2h·d and

@@ -4,9 +4,6 @@ Each module imports only :mod:`diffattn.adapters.binding` (the protocol) and :mo
 libraries themselves (transformers, timm, open_clip, ultralytics) are imported only when a model of theirs is
 converted. To support another library, write a :class:`~diffattn.adapters.binding.Binding` and add it to
 :data:`BINDINGS`.
-
-:mod:`~diffattn.adapters.bindings.diffusers` is no retrofit binding: it runs diffusers' Stable Audio 3 DiT, already
-differential, on diffattn's operator through an attention processor.
 """
 
 from __future__ import annotations

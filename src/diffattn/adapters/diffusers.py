@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from ...ops import BACKENDS, AttentionWeights, diff_attention
+from ..ops import BACKENDS, AttentionWeights, diff_attention
 
 __all__ = ["StableAudio3DiffattnProcessor", "stable_audio_attention_modules", "capture_stable_audio_maps"]
 
