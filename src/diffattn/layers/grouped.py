@@ -65,15 +65,18 @@ class GroupedDiffAttention(_DiffBase):
         dim: model width.
         num_heads: query heads of width d in ``q_proj``, signal and noise together (H_s + H_n; Motif's
             ``num_attention_heads``).
-        num_noise_heads: H_n (Motif's ``num_noise_heads``); default ``num_heads / 2``, which is
-            :class:`~diffattn.layers.DiffAttention`. H_s = num_heads − H_n must be a multiple of H_n.
-        head_dim: d; default dim / num_heads.
-        num_kv_heads: key/value heads of width d (even): H_kv/2 signal keys, H_kv/2 noise keys, H_kv/2 values of
-            width 2d; default 2·H_n. H_s and H_n must be multiples of H_kv/2.
+        config: the kind's :class:`Config` (or its dict; keyword settings are its fields). Its
+            ``num_noise_heads`` is H_n (Motif's ``num_noise_heads``), by default ``num_heads / 2``, which is
+            :class:`~diffattn.layers.DiffAttention`; H_s = num_heads − H_n must be a multiple of H_n. Its
+            ``head_dim`` is d, by default dim / num_heads. Its ``num_kv_heads`` counts the key/value heads of width
+            d (even): H_kv/2 signal keys, H_kv/2 noise keys, H_kv/2 values of width 2d; default 2·H_n. H_s and
+            H_n must be multiples of H_kv/2. The other settings are those of
+            :class:`~diffattn.layers.attention.DiffConfig` (λ form, sub-norm) and of every kind (RoPE, backend,
+            soft-capping, sliding window).
+        depth: the block's 0-based index (for λ_init by depth).
 
-    The other arguments are those of :class:`~diffattn.layers.DiffAttention` (λ form, sub-norm, RoPE, backend,
-    soft-capping, sliding window, KV cache). Masks broadcast to (B, H_s, N, Nk); ``need_weights`` returns A2 per
-    signal head (each noise map repeated r times).
+    Masks broadcast to (B, H_s, N, Nk); ``need_weights`` returns A2 per signal head (each noise map repeated r
+    times).
     """
 
     kind = "grouped"

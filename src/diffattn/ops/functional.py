@@ -775,7 +775,7 @@ def diff_attention_pairs(
         q: (B, 2H, Nq, d): branch 1 the even heads, branch 2 the odd ones.
         k: (B, 2Hkv, Nk, d) likewise when ``k_paired``, else one K (B, Hkv, Nk, d) for both branches (Diff
             Transformer V2, Ye et al. 2026; DAA).
-        v, lambda_ and the keywords: as :func:`diff_attention`.
+        v: as :func:`diff_attention`; so are ``lambda_`` and the keywords.
 
     The same numbers as ``diff_attention(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], v, ...)`` (``k`` for both
     keys when not ``k_paired``), with fewer ops: the ``sdpa`` path pads Q and K once each instead of once per
