@@ -46,7 +46,7 @@ LATER = PREFIX + [9, 9, 9, 5]  # submitted after the batch: its first block come
 def _lm(kind: str, **extra):
     from diffattn.models import CausalLM
 
-    attention = dict(kind=kind, lambda_init="ye", qkv_bias=False, out_bias=False, **extra)
+    attention = dict(kind=kind, lambda_init="ye", qkv_bias=False, out_bias=False) | extra
     return CausalLM(VOCAB, DIM, 2, 10 if kind == "grouped" else 4, attention=attention, max_seq_len=256)
 
 
@@ -186,17 +186,31 @@ def test_the_compiled_decoder_gives_the_same_tokens(name, tmp_path, monkeypatch)
     assert _greedy(folder) == want
 
 
-def test_tensor_parallel_2_shards_the_groups_and_gives_the_same_tokens(tmp_path, monkeypatch):
-    """Two ranks on the CPU's two cores: grouped differential attention at 4:1 with 2 key/value groups (one per
-    rank), a λ per noise head and PolyNorm (its sums of squares all-reduced)."""
+# tensor-parallel cases: grouped differential attention at 4:1 with 2 key/value groups (one per rank), a λ per noise
+# head and PolyNorm (its sums of squares all-reduced); V2 and M-DGSA, whose λ logits are fused into qkv_proj and
+# shard with their heads (V2 with a q/k/v bias and a λ without, M-DGSA the other way round)
+TP_CASES = {
+    "motif_lm_grouped": lambda: _motif_tp(),
+    "diff_v2_qkv_bias": lambda: _lm("diff_v2", num_kv_heads=2, qkv_bias=True),
+    "gated": lambda: _lm("gated"),
+}
+
+
+def _motif_tp():
     from diffattn.models.motif import MotifLM
 
+    attention = dict(kind="grouped", num_noise_heads=2, head_dim=32, num_kv_heads=4, lambda_init="motif",
+                     qkv_bias=False, out_bias=False, lambda_options={"per_head": True})
+    return MotifLM(VOCAB, DIM, 2, 10, attention=attention, mlp_hidden=256, max_seq_len=256)
+
+
+@pytest.mark.parametrize("name", list(TP_CASES))
+def test_tensor_parallel_2_shards_the_groups_and_gives_the_same_tokens(name, tmp_path, monkeypatch):
+    """Two ranks on the CPU's two cores give the tokens of the diffattn model (:data:`TP_CASES`)."""
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
     monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "0|1")  # one core per rank
     torch.manual_seed(11)
-    attention = dict(kind="grouped", num_noise_heads=2, head_dim=32, num_kv_heads=4, lambda_init="motif",
-                     qkv_bias=False, out_bias=False, lambda_options={"per_head": True})
-    model = MotifLM(VOCAB, DIM, 2, 10, attention=attention, mlp_hidden=256, max_seq_len=256).eval()
+    model = TP_CASES[name]().eval()
     _perturb(model)
     model.save_pretrained(tmp_path / "tp")
     want = [model.generate(torch.tensor([p]), NEW)[0, len(p):].tolist() for p in PROMPTS]

@@ -167,6 +167,15 @@ class LambdaForm(nn.Module):
         then runs :meth:`forward` before the kernel."""
         return None
 
+    #: the attribute naming the linear layer whose logits of the tokens the form reads (None: it reads none); a
+    #: server fuses that layer into its input projection and hands the logits to :meth:`from_logits`
+    logits_proj: str | None = None
+
+    def from_logits(self, z: torch.Tensor):
+        """``(weight1, lambda_)`` from the logits z (B, N, H) of :attr:`logits_proj`: ``forward(x)`` is
+        ``from_logits(getattr(self, self.logits_proj)(x))``."""
+        raise TypeError(f"the {self.name!r} λ form reads no logits of the tokens")  # pragma: no cover
+
 
 _REGISTRY: dict[str, type[LambdaForm]] = {}
 
@@ -361,12 +370,17 @@ class GateLambda(LambdaForm):
     def build(cls, *, dim, num_heads, head_dim, lambda_init, bias: bool = True):
         return cls(dim, num_heads, bias=bias)
 
+    logits_proj = "gate_proj"
+
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """g of shape (B, H, N, 1) in float32."""
         return torch.sigmoid(upcast(self.gate_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        g = self.gate(x)
+        return self.from_logits(self.gate_proj(x))
+
+    def from_logits(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.sigmoid(upcast(z)).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
         return g, 1.0 - g
 
     def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
@@ -392,8 +406,13 @@ class TokenSigmoidLambda(LambdaForm):
     def build(cls, *, dim, num_heads, head_dim, lambda_init, bias: bool = False):
         return cls(dim, num_heads, bias=bias)
 
+    logits_proj = "lambda_proj"
+
     def forward(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
-        return _ONE, torch.sigmoid(upcast(self.lambda_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        return self.from_logits(self.lambda_proj(x))
+
+    def from_logits(self, z: torch.Tensor) -> tuple[float, torch.Tensor]:
+        return _ONE, torch.sigmoid(upcast(z)).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
 
     def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
         return "sigmoid", (self.lambda_proj(x),), 0.0  # logits (B, N, H)

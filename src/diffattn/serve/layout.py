@@ -150,12 +150,12 @@ def static_lambda(lambda_fn: nn.Module) -> tuple | None:
     return tuple(float(w) if isinstance(w, torch.Tensor) and w.dim() == 0 else w for w in (w1, lam))
 
 
-def _per_head(w, heads: int, tokens: int) -> float | torch.Tensor:
-    """A λ form's weight (a float, a 0-d tensor, or a tensor broadcastable to (1, H, N, 1)) → a float or a tensor
-    broadcastable to (N, H)."""
+def _per_head(w, heads: int, tokens: int, local: int | None = None) -> float | torch.Tensor:
+    """A λ form's weight (a float, a 0-d tensor, or a tensor broadcastable to (1, H, N, 1), H every head's or this
+    rank's ``local`` heads) → a float or a tensor broadcastable to (N, H)."""
     if not isinstance(w, torch.Tensor) or w.dim() == 0:
         return w
-    if w.dim() != 4 or w.shape[0] != 1 or w.shape[1] not in (1, heads) or w.shape[2] not in (1, tokens):
+    if w.dim() != 4 or w.shape[0] != 1 or w.shape[1] not in (1, heads, local) or w.shape[2] not in (1, tokens):
         raise ValueError(f"a λ form returned a weight of shape {tuple(w.shape)}; a server takes a scalar or "
                          f"(1, {heads} or 1, {tokens} or 1, 1)")
     return w[0, :, :, 0].transpose(0, 1)  # (N or 1, H or 1)
@@ -170,18 +170,19 @@ def served_attention(layer: ServedLayer, q: torch.Tensor, k: torch.Tensor, v: to
     k, v: (T, Hkv·d) this rank's key and value heads; ``attend(q, k, v)`` is standard grouped-query attention over
     :attr:`ServedLayer.groups`/tp heads of width :attr:`ServedLayer.head_size` with scale 1/√d (a server's paged
     attention), returning (T, heads·head_size). ``weight1`` and ``lam`` are the layer's λ form output for these
-    tokens (a float or (1, H_λ, T or 1, 1) over all :attr:`ServedLayer.lambda_heads` heads; this rank takes its own).
+    tokens (a float or (1, H_λ, T or 1, 1) over all :attr:`ServedLayer.lambda_heads` heads, of which this rank takes
+    its own, or over this rank's heads alone).
     Returns (T, H_out·w): H_out = signal heads / tp of width :attr:`ServedLayer.out_head_size`.
     """
     T, d = q.shape[0], layer.head_dim
     if layer.head_layout == "single":
         return attend(q, k, v)
     lam_heads = layer.lambda_heads // tp
-    w1 = _local(_per_head(weight1, layer.lambda_heads, T), rank, lam_heads)
-    lm = _local(_per_head(lam, layer.lambda_heads, T), rank, lam_heads)
+    w1 = _local(_per_head(weight1, layer.lambda_heads, T, lam_heads), rank, lam_heads)
+    lm = _local(_per_head(lam, layer.lambda_heads, T, lam_heads), rank, lam_heads)
     if layer.head_layout == "branched":
         o = attend(q, k, v).view(T, -1, 2, d)  # (T, h, 2, d): branches 2i and 2i + 1
-        return (_times(w1, o[:, :, 0]) - _times(lm, o[:, :, 1])).reshape(T, -1)
+        return _combine(w1, o[:, :, 0], lm, o[:, :, 1]).reshape(T, -1)
     g = layer.groups // tp
     s, n = layer.signal_heads // layer.groups, layer.num_noise_heads // layer.groups
     qg = q.view(T, g, s + n, d)
@@ -194,13 +195,22 @@ def served_attention(layer: ServedLayer, q: torch.Tensor, k: torch.Tensor, v: to
     r = layer.ratio
     if isinstance(w1, float) and w1 == 1.0 and isinstance(lm, float):  # one λ per layer: one op
         return torch.sub(signal, noise, alpha=lm).reshape(T, -1)
-    out = _times(_groups(w1, g, s, r), signal) - _times(_groups(lm, g, s, r), noise)
-    return out.reshape(T, -1)
+    return _combine(_groups(w1, g, s, r), signal, _groups(lm, g, s, r), noise).reshape(T, -1)
+
+
+def _combine(w1, signal: torch.Tensor, lam, noise: torch.Tensor) -> torch.Tensor:
+    """w1 ⊙ signal − λ ⊙ noise, with one fused multiply-subtract for a tensor λ."""
+    if isinstance(lam, (int, float)):
+        return _times(w1, signal) - _times(lam, noise)
+    if lam.dim() > 0 and lam.dim() < noise.dim():
+        lam = lam.unsqueeze(-1)
+    return torch.addcmul(_times(w1, signal), lam.to(noise.dtype), noise, value=-1)
 
 
 def _local(w, rank: int, heads: int):
-    """This rank's heads of a (N, H) weight (a float or a (N, 1) weight is every head's)."""
-    if not isinstance(w, torch.Tensor) or w.dim() == 0 or w.shape[1] == 1:
+    """This rank's heads of a (N, H) weight (a float, a (N, 1) weight or one of ``heads`` heads, already this
+    rank's, is returned as it is)."""
+    if not isinstance(w, torch.Tensor) or w.dim() == 0 or w.shape[1] in (1, heads):
         return w
     return w[:, rank * heads:(rank + 1) * heads]
 

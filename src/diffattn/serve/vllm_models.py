@@ -69,9 +69,18 @@ class ServedAttention(nn.Module):
         d = layout.head_dim
         self.q_size = layout.num_heads * d // tp
         self.kv_size = layout.num_kv_heads * d // tp
+        # a λ form that reads logits of the tokens (M-DGSA's gate, V2's λ) has its linear layer fused into qkv_proj
+        # as a fourth block of outputs: one GEMM per layer instead of two
+        form = ref.lambda_fn if layout.head_layout != "single" else None
+        self.logits_proj = getattr(form, "logits_proj", None)
+        lam_proj = getattr(form, self.logits_proj) if self.logits_proj else None
+        self.lam_size = lam_proj.out_features // tp if lam_proj is not None else 0
+        self.qkv_bias = ref.q_proj.bias is not None
+        self.lam_bias = lam_proj is not None and lam_proj.bias is not None
+        sizes = [layout.num_heads * d, layout.num_kv_heads * d, layout.num_kv_heads * d]
         self.qkv_proj = MergedColumnParallelLinear(
-            ref.dim, [layout.num_heads * d, layout.num_kv_heads * d, layout.num_kv_heads * d],
-            bias=ref.q_proj.bias is not None, quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
+            ref.dim, sizes + ([lam_proj.out_features] if lam_proj is not None else []),
+            bias=self.qkv_bias or self.lam_bias, quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
         out_width = layout.signal_heads * layout.out_head_size
         self.out_proj = RowParallelLinear(out_width, ref.dim, bias=ref.out_proj.bias is not None,
                                           quant_config=quant_config, prefix=f"{prefix}.out_proj")
@@ -83,7 +92,9 @@ class ServedAttention(nn.Module):
                               num_kv_heads=layout.groups // tp, cache_config=cache_config, quant_config=quant_config,
                               prefix=f"{prefix}.attn")
         device = torch.get_default_device()
-        self.lambda_fn = copy_module(ref.lambda_fn, device) if layout.head_layout != "single" else None
+        self.lambda_fn = copy_module(form, device) if form is not None else None
+        if self.logits_proj:
+            setattr(self.lambda_fn, self.logits_proj, None)  # its weights live in qkv_proj
         norm = getattr(ref, "diff_norm", None)
         self.diff_norm = copy_module(norm, device) if isinstance(norm, nn.RMSNorm) else None
         self.norm_eps = float(norm.eps) if isinstance(norm, nn.RMSNorm) and norm.eps is not None else 1e-6
@@ -97,12 +108,17 @@ class ServedAttention(nn.Module):
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         layout, d = self.layout, self.layout.head_dim
         qkv, _ = self.qkv_proj(x)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.lam_size:
+            q, k, v, z = qkv.split([self.q_size, self.kv_size, self.kv_size, self.lam_size], dim=-1)
+        else:
+            q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q_lin = q
         if self.rotary is not None:
             q, k = self.rotary(positions, q, k)
         if self.lambda_fn is None:
             weight1, lam = 1.0, 0.0
+        elif self.lam_size:
+            weight1, lam = self.lambda_fn.from_logits(z[None])  # this rank's λ heads
         else:
             weight1, lam = self.fixed_lambda if self.fixed_lambda is not None else self.lambda_fn(x[None])
         out = served_attention(layout, q, k, v, self.attn, weight1=weight1, lam=lam, rank=self.rank, tp=self.tp)
@@ -120,7 +136,12 @@ class ServedAttention(nn.Module):
         """After the weights are loaded: λ of a form that does not read the tokens, computed once (a reparam λ is a
         function of the weights alone), and the sub-norm's weight with (1 − λ_init) folded in, as
         :func:`diffattn.layers.norm.scaled_rms_norm` folds it."""
-        self.fixed_lambda = static_lambda(self.lambda_fn) if self.lambda_fn is not None else None
+        self.fixed_lambda = static_lambda(self.lambda_fn) if self.lambda_fn is not None and not self.lam_size else None
+        bias = self.qkv_proj.bias
+        if bias is not None and not self.qkv_bias:  # the fused λ logits have a bias, q, k and v have none
+            bias[:bias.shape[0] - self.lam_size].zero_()
+        elif bias is not None and self.lam_size and not self.lam_bias:
+            bias[bias.shape[0] - self.lam_size:].zero_()
         if self.diff_norm is not None:
             w = self.diff_norm.weight
             width = self.layout.out_head_size
@@ -330,7 +351,12 @@ class _ServedCausalLM(nn.Module):
                     tensor = self.model.blocks[i].attn.permute_queries(tensor)
                 return f"{base}.qkv_proj.{kind}", ("q_proj", "k_proj", "v_proj").index(proj), tensor
             if rest in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2") or rest.startswith("gate_proj."):
-                return f"{base}.lambda_fn.{rest}", None, tensor  # the flat checkpoint names of the λ forms
+                rest = f"lambda_fn.{rest}"  # the flat checkpoint names of the λ forms
+            attn = self.model.blocks[i].attn
+            if attn.logits_proj and rest.startswith(f"lambda_fn.{attn.logits_proj}."):
+                return f"{base}.qkv_proj.{rest.rpartition('.')[2]}", 3, tensor  # fused into qkv_proj
+            if rest.startswith("lambda_fn."):
+                return f"{base}.{rest}", None, tensor
             return name, None, tensor
         if len(parts) > 3 and parts[0] == "blocks" and parts[2] == "mlp" and parts[3] in ("gate_proj", "up_proj"):
             return f"blocks.{parts[1]}.mlp.gate_up_proj.{leaf}", ("gate_proj", "up_proj").index(parts[3]), tensor
