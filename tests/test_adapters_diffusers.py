@@ -171,3 +171,47 @@ def test_the_maps_of_every_layer_and_head_leave_the_output_bit_for_bit():
         # diffusers computes the QK-norm and the rotation in float32, the float64 layer in float64
         assert (lw.first - w.first).abs().max().item() <= 1e-6
         assert (lw.second - w.second).abs().max().item() <= 1e-6
+
+
+@pytest.fixture
+def sage_allowed(monkeypatch):
+    """diffusers' attention-backend registry as the test found it afterwards, with the SageAttention requirement checks
+    (the ``sageattention`` package, a Hub download) skipped: the processor must refuse before any of them matters."""
+    from diffusers.models import attention_dispatch
+
+    registry = attention_dispatch._AttentionBackendRegistry
+    monkeypatch.setattr(registry, "_active_backend", registry._active_backend)
+    monkeypatch.setattr(attention_dispatch, "_check_attention_backend_requirements", lambda backend: None)
+    monkeypatch.setattr(attention_dispatch, "_maybe_download_kernel_for_backend", lambda backend: None)
+    return attention_dispatch
+
+
+@pytest.mark.parametrize("name", ["sage", "sage_varlen", "_sage_qk_int8_pv_fp8_cuda", "_sage_qk_int8_pv_fp16_triton"])
+def test_an_eight_bit_diffusers_backend_is_refused_naming_it(name, sage_allowed):
+    model = _dit(torch.float32)
+    model.set_attn_processor(StableAudio3DiffattnProcessor())
+    x, t, ctx, glob, _ = _inputs(torch.float32)
+    with sage_allowed.attention_backend(name):  # diffusers' active backend
+        with pytest.raises(ValueError, match=rf"StableAudio3(Self|Cross)Attention is differential attention, and the "
+                                             rf"diffusers attention backend '{name}' \(diffusers' active attention "
+                                             rf"backend.*computes attention in 8 bits.*'native'.*backend='auto'"):
+            model(x, t, ctx, glob)
+    with torch.no_grad():
+        model(x, t, ctx, glob)  # the context left: full precision again, and the processor runs
+    model.set_attention_backend(name)  # on every module's processor (and diffusers' active backend)
+    with pytest.raises(ValueError, match=rf"'{name}' \(set on the module by model.set_attention_backend\)"):
+        model(x, t, ctx, glob)
+    model.set_attention_backend("native")
+    with torch.no_grad():
+        assert torch.isfinite(model(x, t, ctx, glob).sample).all()
+
+
+@pytest.mark.parametrize("name", ["native", "_native_math", "flex"])
+def test_full_precision_diffusers_backends_pass(name, sage_allowed):
+    model = _dit(torch.float32)
+    model.set_attn_processor(StableAudio3DiffattnProcessor("sdpa"))
+    x, t, ctx, glob, _ = _inputs(torch.float32)
+    with torch.no_grad():
+        ref = model(x, t, ctx, glob).sample
+        with sage_allowed.attention_backend(name):
+            assert torch.equal(model(x, t, ctx, glob).sample, ref)  # diffattn's operator computes either way

@@ -22,6 +22,7 @@ The processor is duck-typed on the modules' attributes (``heads``, ``dim_heads``
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
@@ -44,6 +45,29 @@ def _rotate_partial(t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:
     return torch.cat((t_rot.to(t.dtype), t_pass), dim=-1)
 
 
+#: parts of the names of diffusers' attention backends that compute attention in 8 bits: SageAttention's (``sage``,
+#: ``sage_varlen``, ``_sage_qk_int8_pv_fp8_cuda``, …: Q and K quantised to int8, P V in fp8 or fp16; Zhang et al.
+#: 2025, "SageAttention"), and any other named for int8 or fp8
+_LOSSY_MARKERS = ("sage", "int8", "fp8")
+
+
+def _lossy_backend(processor: object) -> tuple[str, str] | None:
+    """(name, where it was set) of the 8-bit diffusers attention backend a differential module would be routed
+    through, else None: the backend ``model.set_attention_backend`` gave ``processor`` (its
+    ``_attention_backend``), then diffusers' active one (``attention_backend(...)``, ``set_attention_backend``,
+    the ``DIFFUSERS_ATTN_BACKEND`` variable). Reads diffusers only when it is already imported."""
+    dispatch = sys.modules.get("diffusers.models.attention_dispatch")
+    registry = getattr(dispatch, "_AttentionBackendRegistry", None)
+    for backend, where in ((getattr(processor, "_attention_backend", None), "set on the module by "
+                            "model.set_attention_backend"),
+                           (getattr(registry, "_active_backend", None), "diffusers' active attention backend: "
+                            "attention_backend(...), set_attention_backend or DIFFUSERS_ATTN_BACKEND")):
+        name = str(getattr(backend, "value", backend)).lower() if backend is not None else ""
+        if any(marker in name for marker in _LOSSY_MARKERS):
+            return name, where
+    return None
+
+
 class StableAudio3DiffattnProcessor:
     """Attention processor for diffusers' ``StableAudio3SelfAttention`` and ``StableAudio3CrossAttention``
     (module docstring): one instance serves both, so ``model.set_attn_processor(StableAudio3DiffattnProcessor())``
@@ -57,7 +81,10 @@ class StableAudio3DiffattnProcessor:
             backend: the output keeps its own path. :func:`capture_stable_audio_maps` sets it.
 
     A context mask (B, M), True = attend, masks the context keys of cross-attention; a query whose every key is
-    masked gives 0 (diffusers' SDPA call gives NaN there).
+    masked gives 0 (diffusers' SDPA call gives NaN there). A call while an 8-bit diffusers attention backend is set
+    (SageAttention's ``sage*``, or any named for int8 or fp8; on the model by ``set_attention_backend`` or active
+    through ``attention_backend(...)`` / ``DIFFUSERS_ATTN_BACKEND``) raises a ``ValueError`` naming it: the
+    subtraction of two maps that agree to many digits does not survive 8-bit attention.
     """
 
     # read and set by diffusers (``set_attention_backend``, context parallelism); diffattn's operator chooses its
@@ -80,6 +107,15 @@ class StableAudio3DiffattnProcessor:
             raise ValueError(f"StableAudio3DiffattnProcessor runs differential attention; {type(attn).__name__} "
                              f"has use_differential={getattr(attn, 'use_differential', None)!r} (build the DiT with "
                              f"use_differential_attention=True, or keep diffusers' processor)")
+        lossy = _lossy_backend(self)
+        if lossy is not None:
+            raise ValueError(f"{type(attn).__name__} is differential attention, and the diffusers attention backend "
+                             f"{lossy[0]!r} ({lossy[1]}) computes attention in 8 bits: A1 V − A2 V cancels to a "
+                             f"difference that 8-bit Q Kᵀ and P V lose (docs/reliability.md, 'Precision'). Use a "
+                             f"full-precision diffusers backend ('native', 'flash', 'flex', 'xformers', "
+                             f"'_native_*': model.set_attention_backend('native')) — this processor computes both maps "
+                             f"with diffattn's operator (backend={self.backend!r}: 'auto', 'math', 'sdpa' or "
+                             f"'triton', all safe) and calls none of diffusers' backends")
 
         def heads(t: torch.Tensor) -> torch.Tensor:  # (B, N, h·d) → (B, h, N, d)
             return t.unflatten(-1, (attn.heads, attn.dim_heads)).transpose(1, 2)

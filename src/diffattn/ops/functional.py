@@ -12,7 +12,9 @@ Backends
 - ``math``: materialises A1 and A2 (Q Kᵀ and the softmax in float32, or float64 for float64 inputs); the only one
   that can return the maps or soft-cap the logits.
 - ``sdpa``: ``torch.nn.functional.scaled_dot_product_attention``; never builds an N×N tensor of its own. Since
-  (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts. CPU training
+  (w1 A1 − λ A2) V = w1 (A1 V) − λ (A2 V), it runs ordinary attention per branch and subtracts; on the CPU,
+  bfloat16/float16 inputs (and CPU autocast) run both calls on float32 copies, so the subtraction is in float32
+  and the output is rounded once (:func:`_branches_in_float32`; docs/reliability.md, "Precision"). CPU training
   (gradients, float32/float64, no dropout, ≥ :data:`BLOCKWISE_MIN_KEYS` keys, dv > d) goes through query
   blocks that combine the two maps before the product by V instead (:mod:`diffattn.ops.blockwise`).
 - ``triton``: the fused one-pass GPU kernel in :mod:`diffattn.ops.kernels` (CUDA only).
@@ -140,6 +142,11 @@ def _check_options(is_causal, scale, dropout_p, softcap, backend) -> None:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
+#: the 8-bit float dtypes of this PyTorch build, which the operator refuses (:func:`_validate`)
+_FLOAT8 = frozenset(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz",
+                                                "float8_e8m0fnu") if hasattr(torch, n))
+
+
 def _validate(q1, k1, q2, k2, v, names=("q1", "k1", "q2", "k2")) -> None:
     """Shapes, dtypes and devices of the query/key/value tensors."""
     n_q1, n_k1, n_q2, n_k2 = names
@@ -150,6 +157,11 @@ def _validate(q1, k1, q2, k2, v, names=("q1", "k1", "q2", "k2")) -> None:
             raise ValueError(f"{name} must be a 4-D tensor (B, heads, N, width), got shape {tuple(t.shape)}")
         if not t.is_floating_point():
             raise ValueError(f"{name} must be floating point, got dtype {t.dtype}")
+        if t.dtype in _FLOAT8:
+            raise ValueError(f"{name} has dtype {t.dtype}: 8-bit float inputs are refused (differential attention "
+                             f"subtracts two attention outputs that can agree to many digits, and 8-bit floats "
+                             f"carry two or three; docs/reliability.md, 'Precision'); pass float32, bfloat16 or "
+                             f"float16")
     if q1.shape != q2.shape:
         raise ValueError(f"{n_q1} and {n_q2} must have the same shape (B, H, Nq, d), got {tuple(q1.shape)} and "
                          f"{tuple(q2.shape)}")
@@ -406,6 +418,32 @@ def _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs=Non
     return _combine(o1, o2, weight1, lambda_), None
 
 
+def _branches_in_float32(q: torch.Tensor) -> bool:
+    """Whether the ``sdpa`` backend runs its two calls on float32 copies of the inputs: on the CPU for bfloat16 and
+    float16 inputs, and under CPU autocast (which would run them in its lower precision). Each call's output is
+    then rounded once to float32 instead of to 8 or 11 significant bits, so w1 ⊙ (A1 V) − λ ⊙ (A2 V) keeps the
+    digits in which the two outputs differ; rounding A1 V and A2 V to half precision first costs up to
+    u_half · (|w1 ⊙ A1 V| + |λ ⊙ A2 V|), which exceeds the difference itself when the maps are alike and λ ≈ w1
+    (Higham 2002, "Accuracy and Stability of Numerical Algorithms", §1.7 on cancellation;
+    ``benchmarks/precision.py``). On CUDA the fused kernels keep the inputs' precision (the Triton kernel
+    accumulates both maps in float32 itself)."""
+    return q.device.type == "cpu" and (q.dtype not in _WIDE_ENOUGH or torch.is_autocast_enabled("cpu"))
+
+
+def _widened(q1, k1, q2, k2, v, pairs):
+    """(q1, k1, q2, k2, v, pairs) of :func:`_sdpa` in float32 (float64 stays): one copy per distinct tensor, so a K
+    shared by both branches stays one tensor and interleaved head pairs stay views of one copy."""
+    if pairs is not None:
+        q, k, k_paired = pairs
+        q, k = upcast(q), upcast(k)
+        q1, q2 = _split_pairs(q)
+        k1, k2 = _split_pairs(k) if k_paired else (k, k)
+        return q1, k1, q2, k2, upcast(v), (q, k, k_paired)
+    shared = k1 is k2
+    k1 = upcast(k1)
+    return upcast(q1), k1, upcast(q2), k1 if shared else upcast(k2), upcast(v), None
+
+
 #: the ``sdpa`` backend trains on the CPU through query blocks from this many keys on (see _blockwise_preferred)
 BLOCKWISE_MIN_KEYS = 512
 
@@ -513,13 +551,15 @@ def _decode_preferred(nq: int, nk: int) -> bool:
 
 
 def _grouped_scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """Q Kᵀ · s for q (B, H, Nq, d) and k (B, Hkv, Nk, d), H = G·Hkv, without repeating K: (B, H, Nq, Nk) in at
-    least float32. Query head h reads key head h // G (the layout of ``repeat_interleave``)."""
+    """Q Kᵀ · s for q (B, H, Nq, d) and k (B, Hkv, Nk, d), H = G·Hkv, without repeating K: (B, H, Nq, Nk), formed
+    in at least float32 from bfloat16/float16 inputs (as :func:`_probs` forms them), so that two maps that differ
+    by less than the half-precision rounding of their logits keep their difference. Query head h reads key head
+    h // G (the layout of ``repeat_interleave``)."""
     B, H, nq, d = q.shape
     hkv, nk = k.shape[1], k.shape[2]
     g = H // hkv
-    s = torch.matmul(q.reshape(B, hkv, g * nq, d), k.transpose(-2, -1))  # (B, Hkv, G·Nq, Nk)
-    return s.view(B, H, nq, nk).to(compute_dtype(s.dtype)) * scale
+    s = torch.matmul(upcast(q).reshape(B, hkv, g * nq, d), upcast(k).transpose(-2, -1))  # (B, Hkv, G·Nq, Nk)
+    return s.view(B, H, nq, nk) * scale
 
 
 def decode_diff_attention(q1: torch.Tensor, k1: torch.Tensor, q2: torch.Tensor, k2: torch.Tensor, v: torch.Tensor,
@@ -664,13 +704,21 @@ def _diff_attention(q1, k1, q2, k2, v, lambda_, weight1, attn_mask, is_causal, s
         mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=compute_dtype(q1.dtype),
                             device=q1.device, scale=0.0)
         out, weights = _math(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, softcap, dropout_p)
+    elif _branches_in_float32(q1):  # CPU half precision: A1 V and A2 V in float32, subtracted in float32
+        mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=compute_dtype(q1.dtype),
+                            device=q1.device, scale=scale)
+        wq1, wk1, wq2, wk2, wv, wpairs = _widened(q1, k1, q2, k2, v, pairs)
+        with torch.autocast("cpu", enabled=False):
+            out, weights = _sdpa(wq1, wk1, wq2, wk2, wv, lambda_, weight1, mask, scale, dropout_p, wpairs, False)
+        if mask.row_ok is not None:
+            out = out.masked_fill(~mask.row_ok, 0.0)
     else:
         mask = prepare_mask(attn_mask, is_causal=is_causal, nq=nq, nk=nk, dtype=q1.dtype, device=q1.device,
                             scale=scale)
         out, weights = _sdpa(q1, k1, q2, k2, v, lambda_, weight1, mask, scale, dropout_p, pairs, blockwise)
         if mask.row_ok is not None:
             out = out.masked_fill(~mask.row_ok, 0.0)
-    out = out.to(v.dtype)
+    out = out.to(v.dtype)  # the one rounding to the inputs' precision
     if return_weights:
         return out, weights
     return out
