@@ -127,16 +127,58 @@ def ref_diff_v2(x, wq, wk, wv, wl, wo, num_heads, num_kv_heads, bq=None, bk=None
     return lin(torch.cat(heads, -1), wo, bo)
 
 
+def ref_gdla_heads(x: torch.Tensor, wq_a, q_norm, wq_b, wkv_a, kv_norm, wkv_b, *, num_heads: int,
+                   num_kv_heads: int, nope: int, rope: int, v_dim: int, eps: float, base: float,
+                   style: str = "half") -> dict[str, torch.Tensor]:
+    """Grouped differential latent attention's (Motif-3) queries, keys and values per query head, float64 from raw
+    weights (no library code), the low-rank projections of multi-head latent attention (DeepSeek-AI 2024, arXiv
+    2405.04434, §2.1):
+
+    c_q = RMSNorm(x W_qa), [Q_nope | Q_rope]_h = (c_q W_qb)_h; [c_kv | K_rope] = x W_kva, c_kv ← RMSNorm(c_kv),
+    [K_nope | V]_m = (c_kv W_kvb)_m; RoPE on Q_rope and on K_rope (one for every key head); query head h reads
+    key/value head m = h // (H / H_kv). Returns {"q", "k": (B, H, N, nope + rope) [nope | rope], "v": (B, H, N,
+    v_dim), "c_q": (B, N, q_lora_rank)}."""
+    x = x.to(F64)
+    B, N, _ = x.shape
+    H, hkv = num_heads, num_kv_heads
+    c_q = rms_norm(x @ wq_a.to(F64).T, q_norm, eps)
+    q = (c_q @ wq_b.to(F64).T).view(B, N, H, nope + rope).transpose(1, 2)  # (B, H, N, nope + rope)
+    kv_a = x @ wkv_a.to(F64).T
+    c_kv, k_rope = rms_norm(kv_a[..., :-rope], kv_norm, eps), kv_a[..., -rope:]
+    kv = (c_kv @ wkv_b.to(F64).T).view(B, N, hkv, nope + v_dim).transpose(1, 2)  # (B, H_kv, N, nope + v)
+    cos, sin = rope_tables(N, rope, base, style=style)
+    q = torch.cat([q[..., :nope], rotate(q[..., nope:], cos, sin, style)], -1)
+    k_rope = rotate(k_rope, cos, sin, style)[:, None].expand(B, hkv, N, rope)
+    k = torch.cat([kv[..., :nope], k_rope], -1)
+    m = [h // (H // hkv) for h in range(H)]
+    return {"q": q, "k": k[:, m], "v": kv[:, m, :, nope:], "c_q": c_q}
+
+
 def kind_head_pairs(kind: str, q: torch.Tensor, k: torch.Tensor, num_noise_heads: int | None = None) -> list:
     """The (queries, keys) of each map of attention ``kind``, the head layout written out: standard one map per query
     head; diff / gated Q/K heads (2i, 2i+1); V2 query heads (2i, 2i+1) against one K head; grouped query heads in
     groups [signal × r, noise], signal keys K heads 2m, noise keys 2m + 1, one A2 per noise head (Motif Technologies
-    2025, arXiv 2510.06949). q: (B, q_heads, N, d), k: (B, kv_heads, N, d); GQA repeats are the caller's."""
+    2025, arXiv 2510.06949); gdla (Motif-3) the same groups of query heads, each with the keys of its own head (k
+    holds one key head per query head, :func:`ref_gdla_heads`). q: (B, q_heads, N, d), k: (B, kv_heads, N, d); GQA
+    repeats are the caller's."""
     if kind == "standard":
         return [(q, k)]
+    if kind == "gdla":
+        gq, gk = (t.unflatten(1, (num_noise_heads, -1)) for t in (q, k))  # (B, H_n, r + 1, N, d)
+        return [(gq[:, :, :-1].flatten(1, 2), gk[:, :, :-1].flatten(1, 2)), (gq[:, :, -1], gk[:, :, -1])]
     if kind == "diff_v2":
         return [(q[:, 0::2], k), (q[:, 1::2], k)]
     if kind == "grouped":
         g = q.unflatten(1, (num_noise_heads, -1))  # (B, H_n, r + 1, N, d)
         return [(g[:, :, :-1].flatten(1, 2), k[:, 0::2]), (g[:, :, -1], k[:, 1::2])]
     return [(q[:, 0::2], k[:, 0::2]), (q[:, 1::2], k[:, 1::2])]
+
+
+def gdla_layer_heads(layer, x: torch.Tensor) -> dict[str, torch.Tensor]:
+    """:func:`ref_gdla_heads` with the weights and sizes of a GDLA layer (``GroupedLatentDiffAttention``)."""
+    w = {name: getattr(layer, name).weight.detach() for name in ("q_a_proj", "q_a_norm", "q_b_proj", "kv_a_proj",
+                                                                "kv_a_norm", "kv_b_proj")}
+    return ref_gdla_heads(x, w["q_a_proj"], w["q_a_norm"], w["q_b_proj"], w["kv_a_proj"], w["kv_a_norm"],
+                          w["kv_b_proj"], num_heads=layer.num_heads, num_kv_heads=layer.num_kv_heads,
+                          nope=layer.qk_nope_head_dim, rope=layer.qk_rope_head_dim, v_dim=layer.v_head_dim,
+                          eps=layer.q_a_norm.eps, base=layer.rotary.base, style=layer.rotary.style)

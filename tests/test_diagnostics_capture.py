@@ -14,13 +14,14 @@ from diffattn.layers import (
     DiffAttentionV2,
     GatedDiffAttention,
     GroupedDiffAttention,
+    GroupedLatentDiffAttention,
     StableAudioAttention,
     attention_kind,
 )
 from diffattn.models import create_model
 from diffattn.models.motif import MOTIF_ATTENTION, MotifLM
 
-from .reference import kind_head_pairs
+from .reference import gdla_layer_heads, kind_head_pairs
 
 
 def _out_proj_input(layer, x):
@@ -132,7 +133,8 @@ def test_capture_rejects_models_without_attention():
 
 
 #: every registered kind, built in float64 with 2 K/V heads (GQA); grouped: 8 query heads of width 8, 6 signal and
-#: 2 noise heads, r = 3 signal heads per noise head (Motif Technologies 2025, arXiv 2510.06949)
+#: 2 noise heads, r = 3 signal heads per noise head (Motif Technologies 2025, arXiv 2510.06949); gdla (Motif-3) the
+#: same 6 + 2 heads, query/key heads 4 + 4 wide (nope | rope), values 6 wide, one K/V head per group
 KIND_LAYERS = {
     "standard": lambda **kw: Attention(32, 4, num_kv_heads=2, **kw),
     "diff": lambda **kw: DiffAttention(32, 4, num_kv_heads=2, **kw),
@@ -141,7 +143,12 @@ KIND_LAYERS = {
     "grouped": lambda **kw: GroupedDiffAttention(32, 8, num_noise_heads=2, head_dim=8, num_kv_heads=4, **kw),
     # without its QK-norm and rotary embedding, so the maps from the raw projections are its maps
     "stable_audio": lambda **kw: StableAudioAttention(32, 4, num_kv_heads=2, qk_norm=False, rope=None, **kw),
+    "gdla": lambda **kw: GroupedLatentDiffAttention(32, 8, num_noise_heads=2, num_kv_heads=2, q_lora_rank=16,
+                                                    kv_lora_rank=12, qk_nope_head_dim=4, qk_rope_head_dim=4,
+                                                    v_head_dim=6, **kw),
 }
+#: the settings a kind needs beyond (dim, 4 heads): gdla's default noise heads, num_heads / 5, need 5k heads
+FOUR_HEADS = {"gdla": {"num_noise_heads": 1}}
 
 
 def test_the_kinds_tested_are_the_registry():
@@ -154,11 +161,16 @@ def _ref_maps(layer, kind, x):
     """A1 (or A) and A2 in float64 from the layer's projections, the head layout written out: standard one map per
     query head; diff / gated Q/K heads (2i, 2i+1); V2 query heads (2i, 2i+1) against one K head; grouped query
     heads in groups [signal × r, noise], signal keys K heads 2m, noise keys 2m + 1, one A2 per noise head. GQA:
-    query head h reads K head h // (heads / K heads). Causal."""
+    query head h reads K head h // (heads / K heads); gdla: its MLA heads [nope | rope] after RoPE in the grouped
+    layout, each against its own K head (tests/reference.py). Causal."""
     B, N, _ = x.shape
     d = layer.head_dim
-    q = layer.q_proj(x).view(B, N, -1, d).transpose(1, 2).double()
-    k = layer.k_proj(x).view(B, N, -1, d).transpose(1, 2).double()
+    if kind == "gdla":
+        p = gdla_layer_heads(layer, x)
+        q, k = p["q"], p["k"]
+    else:
+        q = layer.q_proj(x).view(B, N, -1, d).transpose(1, 2).double()
+        k = layer.k_proj(x).view(B, N, -1, d).transpose(1, 2).double()
     pairs = kind_head_pairs(kind, q, k, getattr(layer, "num_noise_heads", None))
     causal = torch.ones(N, N, dtype=torch.bool).tril()
     out = []
@@ -203,7 +215,7 @@ def test_every_kind_maps_are_the_reference_and_combined_times_v_is_the_layer_out
         assert m.second.shape == maps[1].shape  # grouped: (B, H_n, N, N), one map per noise head
         assert (m.second.double() - maps[1]).abs().max().item() <= 1e-6
         r = heads // maps[1].shape[1]
-        assert r == (3 if kind == "grouped" else 1)
+        assert r == (3 if kind in ("grouped", "gdla") else 1)
         lam = torch.as_tensor(lam, dtype=torch.float64)
         lam = lam.expand(heads) if lam.dim() == 0 else lam.repeat_interleave(heads // lam.shape[-3], dim=-3)
         got_lam = m.lambda_.double()
@@ -215,6 +227,14 @@ def test_every_kind_maps_are_the_reference_and_combined_times_v_is_the_layer_out
         if kind == "gated":
             assert (m.gate.double() - w1).abs().max().item() <= 1e-6
     B, N, _ = x.shape
+    if kind == "gdla":  # one K/V head per group: a signal head and its noise head share V; no sub-norm, a gate
+        assert layer.shares_kv
+        p = gdla_layer_heads(layer, x)
+        v = p["v"].unflatten(1, (layer.num_noise_heads, -1))[:, :, :-1].flatten(1, 2)  # the signal heads' V
+        o = (m.combined.double() @ v).transpose(1, 2).reshape(B, N, -1)
+        o = o * torch.sigmoid(p["c_q"] @ layer.gate_proj.weight.T)
+        assert (o - o_in).abs().max().item() <= 1e-5
+        return
     v = layer.v_proj(x).view(B, N, layer.v_heads, -1).transpose(1, 2).double()
     o = m.combined.double() @ v.repeat_interleave(heads // v.shape[1], dim=1)  # (B, heads, N, dv)
     if kind != "standard":
@@ -273,7 +293,8 @@ def test_capture_leaves_every_kind_bit_for_bit_with_two_threads(kind, training, 
     """The outputs and gradients with and without the capture are equal bit for bit (two runs in this process), in
     training too (attention dropout: the maps on the side draw no random numbers); the maps are the attention
     distributions, rows summing to 1."""
-    layer = ATTENTION_TYPES[kind](64, 4, attn_drop=0.1 if training else 0.0).train(training)
+    layer = ATTENTION_TYPES[kind](64, 4, attn_drop=0.1 if training else 0.0, **FOUR_HEADS.get(kind, {}))
+    layer = layer.train(training)
     x = torch.randn(2, 64, 64, requires_grad=True)  # 64 tokens: SDPA and math differ in the last bit here
     torch.manual_seed(1)
     ref = layer(x)

@@ -24,22 +24,27 @@ from diffattn.layers import (
     DiffAttentionV2,
     GatedDiffAttention,
     GroupedDiffAttention,
+    GroupedLatentDiffAttention,
     StableAudioAttention,
     apply_rotary,
 )
 from diffattn.models import CausalLM
 from diffattn.models.motif import MOTIF_ATTENTION, MotifLM
 
-from .reference import kind_head_pairs
+from .reference import gdla_layer_heads, kind_head_pairs
 
 KINDS = {"standard": Attention, "diff": DiffAttention, "gated": GatedDiffAttention, "diff_v2": DiffAttentionV2,
-         "grouped": GroupedDiffAttention, "stable_audio": StableAudioAttention}
+         "grouped": GroupedDiffAttention, "stable_audio": StableAudioAttention, "gdla": GroupedLatentDiffAttention}
 #: a grouped layer of 8 query heads of width 8: 6 signal heads, 2 noise heads, r = 3 signal heads per noise head
 GROUPED = dict(num_noise_heads=2, head_dim=8)
+#: a GDLA layer of 8 query heads, 6 signal and 2 noise (r = 3), query/key heads 4 + 4 wide (nope | rope), values 6
+#: wide; with 4 K/V heads (_layer) a group's signal and noise heads read different K/V heads (two operator calls)
+GDLA = dict(num_noise_heads=2, q_lora_rank=16, kv_lora_rank=12, qk_nope_head_dim=4, qk_rope_head_dim=4, v_head_dim=6)
 #: the heads of each map of a CausalLM of 4 heads from _lm: standard A; diff / gated A1, A2; V2 2h query heads;
-#: grouped (1 noise head, width 8) 3 signal maps and 1 noise map; stable_audio two maps per head
+#: grouped (1 noise head, width 8) and gdla (1 noise head) 3 signal maps and 1 noise map; stable_audio two maps per
+#: head
 LM_HEADS = {"standard": (4,), "diff": (2, 2), "gated": (2, 2), "diff_v2": (4, 4), "grouped": (3, 1),
-            "stable_audio": (4, 4)}
+            "stable_audio": (4, 4), "gdla": (3, 1)}
 
 
 def test_the_kinds_tested_are_the_registry():
@@ -48,18 +53,31 @@ def test_the_kinds_tested_are_the_registry():
 
 def _layer(kind: str, *, causal: bool, rope: str | None, num_kv_heads: int | None = None):
     torch.manual_seed(0)
-    heads, extra = (8, GROUPED) if kind == "grouped" else (4, {})
+    heads, extra = {"grouped": (8, GROUPED), "gdla": (8, GDLA)}.get(kind, (4, {}))
+    if kind == "gdla":  # it always rotates its rope channels: the other RoPE style stands in for "no RoPE"
+        rope = rope or "interleaved"
     layer = KINDS[kind](32, heads, causal=causal, rope=rope, num_kv_heads=num_kv_heads, **extra).double().eval()
     with torch.no_grad():  # larger logits than the default init, so quantisation has something to round
-        layer.q_proj.weight.mul_(4.0)
+        _q_weight(layer, kind).mul_(4.0)
     return layer
+
+
+def _q_weight(layer, kind: str) -> torch.Tensor:
+    """The weight the queries are linear in (gdla: the up-projection after its query latent's RMSNorm)."""
+    return layer.q_b_proj.weight if kind == "gdla" else layer.q_proj.weight
 
 
 def _ref_logits(layer, kind: str, x: torch.Tensor) -> list[torch.Tensor]:
     """S = Q Kᵀ / √d per map in float64 from the layer's projections and rotary module, the pairing written out:
     standard one map per head; diff / gated Q/K heads (2i, 2i+1); V2 query heads (2i, 2i+1) against one K head;
     grouped: query heads in groups [signal × r, noise], signal keys K heads 2m, noise keys 2m + 1, one A2 per noise
-    head (Motif Technologies 2025, arXiv 2510.06949)."""
+    head (Motif Technologies 2025, arXiv 2510.06949); gdla: the MLA heads [nope | rope] after RoPE in the same
+    groups, query head h against K/V head h // (H / H_kv), s = 1/√(d_nope + d_rope) (tests/reference.py)."""
+    if kind == "gdla":
+        p = gdla_layer_heads(layer, x)
+        d = layer.qk_nope_head_dim + layer.qk_rope_head_dim
+        return [qq @ kk.transpose(-2, -1) / d**0.5 for qq, kk in kind_head_pairs(kind, p["q"], p["k"],
+                                                                                  layer.num_noise_heads)]
     B, N, _ = x.shape
     d = layer.head_dim
     q = layer.q_proj(x).view(B, N, -1, d).transpose(1, 2)  # (B, q_heads, N, d)
@@ -89,8 +107,17 @@ def _seen(B, N, causal, pad):
 
 
 def _ref_output(layer, kind, x, maps):
-    """The layer's output from the maps A (standard) or A1, A2 (differential), its own V, λ, norm and projection."""
+    """The layer's output from the maps A (standard) or A1, A2 (differential), its own V, λ, norm and projection;
+    gdla: A1 V of the signal head's K/V head − λ A2 V of its noise head's, times the gate σ(c_q W_gate)."""
     B, N, _ = x.shape
+    if kind == "gdla":
+        p = gdla_layer_heads(layer, x)
+        v = p["v"].unflatten(1, (layer.num_noise_heads, -1))  # (B, H_n, r + 1, N, d_v)
+        v1, v2 = v[:, :, :-1].flatten(1, 2), v[:, :, -1].repeat_interleave(layer.group_ratio, dim=1)
+        _, lam = layer.lambda_weights(x)
+        o = maps[0] @ v1 - lam * (maps[1].repeat_interleave(layer.group_ratio, dim=1) @ v2)
+        o = o.transpose(1, 2).reshape(B, N, -1) * torch.sigmoid(p["c_q"] @ layer.gate_proj.weight.T)
+        return layer.out_proj(o)
     v = layer.v_proj(x).view(B, N, layer.v_heads, layer.v_head_dim).transpose(1, 2)
     v = v.repeat_interleave(maps[0].shape[1] // v.shape[1], dim=1)
     if kind == "standard":
@@ -107,7 +134,7 @@ def _ref_output(layer, kind, x, maps):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("rope", [None, "half"])
 def test_captured_logits_are_the_reference_and_outputs_unchanged(kind, causal, rope):
-    layer = _layer(kind, causal=causal, rope=rope, num_kv_heads=2 if kind == "diff_v2" else None)
+    layer = _layer(kind, causal=causal, rope=rope, num_kv_heads={"diff_v2": 2, "gdla": 4}.get(kind))
     x = torch.randn(2, 6, 32, dtype=torch.float64)
     mask = torch.ones(2, 1, 1, 6, dtype=torch.bool)
     mask[1, ..., 4:] = False  # the last two keys of batch element 1 are padding
@@ -129,8 +156,8 @@ def test_captured_logits_are_the_reference_and_outputs_unchanged(kind, causal, r
 
 
 def _lm(kind: str) -> CausalLM:
-    attention = {"kind": kind, **({"num_noise_heads": 1, "head_dim": 8} if kind == "grouped" else {})}
-    return CausalLM(vocab_size=50, dim=32, depth=2, num_heads=4, attention=attention).eval()
+    extra = {"grouped": {"num_noise_heads": 1, "head_dim": 8}, "gdla": {"num_noise_heads": 1}}.get(kind, {})
+    return CausalLM(vocab_size=50, dim=32, depth=2, num_heads=4, attention={"kind": kind, **extra}).eval()
 
 
 def test_causal_lm_capture_float32_and_every_block():
@@ -265,7 +292,7 @@ def test_quantized_causal_lm_16_bits_is_the_model_4_bits_is_not():
         model = _lm(kind)
         with torch.no_grad():
             for blk in model.blocks:
-                blk.attn.q_proj.weight.mul_(20.0)
+                _q_weight(blk.attn, kind).mul_(20.0)
             ids = torch.randint(0, 50, (2, 12))
             ref = model(ids)
             with quantized_logits(model, 16):
@@ -416,3 +443,89 @@ def test_the_usage_example_in_docs_runs():
     assert st["count"] == 2 * 2 * 2 * 2 * (32 * 33 // 2)  # layers × maps × B × H × causal entries
     assert set(st["per_map"]) == {"A1", "A2"} and hidden_stats(ns["hs"])["count"] == 2 * 2 * 32 * 64
     assert ns["logits_4bit"].shape == (2, 32, 256)
+
+
+# ------------------------------------------------------------------------------- Stable Audio 3's DiT (diffusers)
+
+
+def _stable_audio_logits(module: torch.nn.Module, x: torch.Tensor, rope, context) -> list[torch.Tensor]:
+    """S1 = Q1 K1ᵀ / √d and S2 = Q2 K2ᵀ / √d of one diffusers Stable Audio 3 module, written out from its fused
+    projections ([q1 | q2 | k1 | k2 | v] for self-attention; [q1 | q2] and [k1 | k2 | v] for cross-attention), its
+    QK-norms and diffusers' own partial rotation (self-attention only)."""
+    from diffusers.models.transformers.transformer_stable_audio3 import _apply_rotary_partial
+
+    def heads(t):  # (B, N, h·d) → (B, N, h, d), diffusers' layout
+        return t.unflatten(-1, (module.heads, module.dim_heads))
+
+    if context is None:
+        q1, q2, k1, k2, _ = map(heads, module.to_qkv(x).chunk(5, dim=-1))
+    else:
+        q1, q2 = map(heads, module.to_q(x).chunk(2, dim=-1))
+        k1, k2, _ = map(heads, module.to_kv(context).chunk(3, dim=-1))
+    q1, q2, k1, k2 = module.q_norm(q1), module.q_norm(q2), module.k_norm(k1), module.k_norm(k2)
+    if context is None:
+        q1, q2, k1, k2 = (_apply_rotary_partial(t, rope) for t in (q1, q2, k1, k2))
+    return [q.transpose(1, 2) @ k.permute(0, 2, 3, 1) / module.dim_heads**0.5 for q, k in ((q1, k1), (q2, k2))]
+
+
+@pytest.mark.parametrize("processor", ["diffusers", "diffattn"])
+def test_stable_audio_dit_logits_are_q1k1_and_q2k2_after_the_norm_and_rope(processor):
+    """diffusers' StableAudio3DiTModel (float64, 2 blocks, 4 heads, memory tokens): both maps' logits of every self-
+    and cross-attention module and head equal the ones written out above to 1e-10; the DiT's output is the one
+    without the context; the processors it had come back (diffusers' own, or diffattn's with its on_maps)."""
+    pytest.importorskip("diffusers", reason="diffusers >= 0.40 (pip install 'diffattn[audio]') runs the DiT")
+    from diffattn.adapters.diffusers import (
+        StableAudio3DiffattnProcessor,
+        capture_stable_audio_maps,
+        stable_audio_attention_modules,
+    )
+
+    from .test_adapters_diffusers import _dit, _inputs
+
+    model = _dit()
+    if processor == "diffattn":
+        model.set_attn_processor(StableAudio3DiffattnProcessor("sdpa"))
+    modules = stable_audio_attention_modules(model)
+    assert [(n, k) for n, _, k in logit_layers(model)] == [(n, "stable_audio") for n, _ in modules]
+    before = [m.processor for _, m in modules]
+    inputs = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, args, kw, n=n: inputs.setdefault(n, (args, kw)),
+                                         with_kwargs=True) for n, m in modules]
+    x, t, ctx, glob, _ = _inputs()
+    with torch.no_grad():
+        ref = model(x, t, ctx, glob).sample
+        with capture_logits(model) as cap:
+            out = model(x, t, ctx, glob).sample
+    for h in hooks:
+        h.remove()
+    assert (out - ref).abs().max().item() <= 1e-10
+    assert [m.processor for _, m in modules] == before
+    assert [e["name"] for e in cap.layers] == [n for n, _ in modules]
+    for entry, (name, module) in zip(cap.layers, modules):
+        args, kw = inputs[name]
+        cross = name.endswith("cross_attn")
+        want = _stable_audio_logits(module, args[0], None if cross else kw["rope"], kw["context"] if cross else None)
+        assert entry["kind"] == "stable_audio" and len(entry["logits"]) == 2
+        for got, s in zip(entry["logits"], want):
+            assert got.dtype == torch.float64 and got.shape == (2, 4, 13, 7 if cross else 13)
+            assert (got - s).abs().max().item() <= 1e-10
+        assert entry["mask"].shape == (13, 7 if cross else 13) and bool(entry["mask"].all())
+    st = logit_stats(cap, per_map=True)
+    assert st["count"] == 2 * 2 * 2 * 4 * 13 * (13 + 7) and set(st["per_map"]) == {"A1", "A2"}
+    # under capture_stable_audio_maps (whose processor computes the maps a second time, on the side) each call
+    # still records its two maps once, and the maps are still captured
+    with torch.no_grad(), capture_stable_audio_maps(model) as maps, capture_logits(model) as cap2:
+        model(x, t, ctx, glob)
+    assert [len(e["logits"]) for e in cap2.layers] == [2] * 4 and all(len(v) == 1 for v in maps.values())
+    for e1, e2 in zip(cap.layers, cap2.layers):
+        assert all(torch.equal(a, b) for a, b in zip(e1["logits"], e2["logits"]))
+    # the other logit diagnostics on the DiT: its blocks' hidden states, quantised logits
+    with torch.no_grad(), capture_hidden_states(model) as hs:
+        model(x, t, ctx, glob)
+    assert [s["name"] for s in hs.states] == ["transformer_blocks.0", "transformer_blocks.1"]
+    with torch.no_grad(), quantized_logits(model, 16):
+        q16 = model(x, t, ctx, glob).sample
+    with torch.no_grad(), quantized_logits(model, 2):
+        q2 = model(x, t, ctx, glob).sample
+    assert (q16 - ref).abs().max().item() < 1e-3 < (q2 - ref).abs().max().item()
+    assert [m.processor for _, m in modules] == before

@@ -91,9 +91,12 @@ def test_inspect_writes_the_summary_figures_and_maps_of_every_layer(kind, tmp_pa
 
 
 #: (signal heads, noise heads) of a CausalLM of 4 heads of each registered kind, as ``diffattn inspect`` reports
-#: them; grouped: 1 noise head of width 8 shared by 3 signal heads (Motif Technologies 2025, arXiv 2510.06949)
+#: them; grouped: 1 noise head of width 8 shared by 3 signal heads (Motif Technologies 2025, arXiv 2510.06949);
+#: gdla (Motif-3's grouped differential latent attention): 1 noise head shared by 3 signal heads
 KIND_HEADS = {"standard": (4, None), "diff": (2, 2), "gated": (2, 2), "diff_v2": (4, 4), "grouped": (3, 1),
-              "stable_audio": (4, 4)}
+              "stable_audio": (4, 4), "gdla": (3, 1)}
+#: the settings a kind needs beyond a CausalLM of width 32 and 4 heads
+KIND_SETTINGS = {"grouped": {"num_noise_heads": 1, "head_dim": 8}, "gdla": {"num_noise_heads": 1}}
 
 
 def test_the_kinds_inspected_are_the_registry():
@@ -107,7 +110,7 @@ def test_inspect_every_attention_kind_of_a_diffattn_save(kind, tmp_path):
     noise head i // r), λ per head is the layer's (mean over the tokens for a per-token λ), the signed needle mass is
     the combined map's, and the next token is the model's."""
     torch.manual_seed(0)
-    attention = {"kind": kind, **({"num_noise_heads": 1, "head_dim": 8} if kind == "grouped" else {})}
+    attention = {"kind": kind, **KIND_SETTINGS.get(kind, {})}
     model = CausalLM(vocab_size=61, dim=32, depth=2, num_heads=4, attention=attention).eval()
     folder, out = tmp_path / "m", tmp_path / "out"
     model.save_pretrained(folder)
@@ -140,7 +143,7 @@ def test_inspect_every_attention_kind_of_a_diffattn_save(kind, tmp_path):
         want = w1 * a1 - lam * a2.repeat_interleave(hs // hn, dim=1)
         assert (c - want).abs().max() < 1e-5
         assert row["lambda"] == pytest.approx(lam[0, :, :, 0].mean(-1).tolist(), abs=1e-6)
-        if kind in ("gated", "diff_v2"):  # λ per token: the query row's as well
+        if kind in ("gated", "diff_v2", "gdla"):  # λ per token: the query row's as well
             assert row["lambda_query"] == pytest.approx(lam[0, :, -1, 0].tolist(), abs=1e-6)
     expected = {"summary.json", "needle_mass.png", "entropy.png", "maps.safetensors"} | (
         set() if kind == "standard" else {"lambda.png"})

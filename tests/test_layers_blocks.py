@@ -57,7 +57,7 @@ def test_default_lambda_init_is_defined_once():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(kind="linear"),
-     "attention kind must be one of \\('standard', 'diff', 'gated', 'diff_v2', 'grouped', 'stable_audio'\\), "
+     "attention kind must be one of \\('standard', 'diff', 'gated', 'diff_v2', 'grouped', 'stable_audio', 'gdla'\\), "
      "got 'linear'"),
     (dict(kind="diff", lambda_init="depth"), "lambda_init must be a finite float or 'ye', got 'depth'"),
     (dict(kind="diff", lambda_init=float("nan")), "lambda_init must be a finite float"),

@@ -216,7 +216,7 @@ def test_spec_builds_any_ratio_and_round_trips_through_its_dict(heads, noise, kv
 
 @pytest.mark.parametrize("kw,match", [
     (dict(kind="diff", num_noise_heads=2), "kind 'diff' has no setting num_noise_heads \\(a setting of kind "
-                                           "'grouped'\\)"),
+                                           "'grouped', 'gdla'\\)"),
     (dict(kind="gated", head_dim=8), "kind 'gated' has no setting head_dim \\(a setting of kind 'diff_v2', 'grouped'"),
     (dict(kind="grouped", num_noise_heads=0), "num_noise_heads must be None or an integer >= 1, got 0"),
     (dict(kind="grouped", num_noise_heads=2, num_kv_heads=3), "num_kv_heads=3 must be even"),

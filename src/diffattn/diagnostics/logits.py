@@ -28,6 +28,15 @@ of a group makes the copies differ, and then all H_s are kept). Without a contex
 changes: the layers keep their backend and the fused kernels never see the hook. Contexts restore the layers on
 exit, also when the body raises; nested contexts compose (the inner one sees the logits the outer one produces, so
 ``capture_logits`` inside ``quantized_logits`` records the quantised logits).
+
+Stable Audio 3's DiT (diffusers' ``StableAudio3DiTModel`` with ``use_differential_attention=True``; Stability AI
+2026, arXiv 2605.17991): its differential self- and cross-attention modules count as layers of kind
+``"stable_audio"`` (:func:`~diffattn.adapters.diffusers.stable_audio_attention_modules`). While a context is
+active each of them runs :class:`~diffattn.adapters.diffusers.StableAudio3DiffattnProcessor` on the ``math``
+backend (whatever processor it had, diffusers' own or diffattn's with another backend, comes back on exit; an
+``on_maps`` callback is kept), so the hook sees S1 = Q1 K1ᵀ · s and S2 = Q2 K2ᵀ · s per head, s = 1/√d, after the
+modules' QK-norm and, in self-attention, the partial rotary embedding. The blocks around them
+(``StableAudio3DiTBlock``) are the blocks of :func:`capture_hidden_states`.
 """
 
 from __future__ import annotations
@@ -40,7 +49,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 
-from ..layers import ATTENTION_TYPES, attention_kind
+from ..adapters.diffusers import StableAudio3DiffattnProcessor, stable_audio_attention_modules
+from ..layers import ATTENTION_TYPES, StableAudioAttention, attention_kind
 from ..ops import SCORE_HOOK, PreparedMask, causal_mask
 
 __all__ = ["LogitCapture", "HiddenStateCapture", "capture_logits", "logit_stats", "capture_hidden_states",
@@ -52,17 +62,33 @@ ScoreHook = Callable[[torch.Tensor, PreparedMask], torch.Tensor]
 def logit_layers(model: nn.Module) -> list[tuple[str, nn.Module, str]]:
     """(name, layer, kind) for every diffattn attention layer of ``model`` (``model`` itself included), in module
     order; kind is the layer's name in :data:`~diffattn.layers.ATTENTION_TYPES` (``"standard"``, ``"diff"``,
-    ``"gated"``, ``"diff_v2"``, ``"grouped"``; :func:`~diffattn.layers.attention_kind`). Raises ValueError when
-    there is none."""
+    ``"gated"``, ``"diff_v2"``, ``"grouped"``, ``"stable_audio"``, ``"gdla"``;
+    :func:`~diffattn.layers.attention_kind`). The differential attention modules of diffusers' Stable Audio 3 DiT
+    are layers of kind ``"stable_audio"`` (module docstring). Raises ValueError when there is none."""
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    out = [(name, m, k) for name, m in model.named_modules() if (k := attention_kind(m)) is not None]
+    audio = {id(m) for _, m in stable_audio_attention_modules(model)}
+    out = [(name, m, k) for name, m in model.named_modules()
+           if (k := attention_kind(m) or (StableAudioAttention.kind if id(m) in audio else None)) is not None]
     if not out:
         classes = ", ".join(cls.__name__ for cls in ATTENTION_TYPES.values())
-        raise ValueError(f"model ({type(model).__name__}) has no diffattn attention layer (one of {classes}); the "
-                         f"logit diagnostics need the library's layers (a model converted by diffattn.retrofit "
-                         f"keeps its own attention)")
+        raise ValueError(f"model ({type(model).__name__}) has no diffattn attention layer (one of {classes}, or "
+                         f"the differential attention of diffusers' StableAudio3DiTModel); the logit diagnostics "
+                         f"need the library's layers (a model converted by diffattn.retrofit keeps its own "
+                         f"attention)")
     return out
+
+
+def _on_math(m: nn.Module) -> Callable[[], None]:
+    """Route ``m`` to the ``math`` backend; returns what puts it back. A library layer has a ``backend``; a
+    Stable Audio 3 module of diffusers (no ``backend``) runs diffattn's processor on ``math`` instead of the one it
+    has (module docstring)."""
+    if attention_kind(m) is not None:
+        backend, m.backend = m.backend, "math"
+        return lambda: setattr(m, "backend", backend)
+    old = m.processor
+    m.set_processor(StableAudio3DiffattnProcessor("math", on_maps=getattr(old, "on_maps", None)))
+    return lambda: m.set_processor(old)
 
 
 def _seen(s: torch.Tensor, mask: PreparedMask) -> torch.Tensor | None:
@@ -82,7 +108,7 @@ def _routed(layers: list[tuple[str, nn.Module, str]], make_hook: Callable[[str, 
     """While active, each layer runs the ``math`` backend with the score hook ``make_hook(name, layer, kind)`` set
     around its forward (composed after any hook an outer context set); ``on_call(name, kind)`` runs before each
     call. Everything is restored on exit."""
-    handles, backends, tokens = [], [], {}
+    handles, restores, tokens = [], [], {}
 
     def pre(name, kind, hook):
         def fn(module, args, kwargs):
@@ -102,8 +128,7 @@ def _routed(layers: list[tuple[str, nn.Module, str]], make_hook: Callable[[str, 
 
     try:
         for name, m, kind in layers:
-            backends.append((m, m.backend))
-            m.backend = "math"
+            restores.append(_on_math(m))
             handles.append(m.register_forward_pre_hook(pre(name, kind, make_hook(name, m, kind)), with_kwargs=True))
             # prepend: an inner context's post-hook runs before an outer one's, so the hooks unwind in order
             handles.append(m.register_forward_hook(post, with_kwargs=True, always_call=True, prepend=True))
@@ -111,8 +136,8 @@ def _routed(layers: list[tuple[str, nn.Module, str]], make_hook: Callable[[str, 
     finally:
         for h in handles:
             h.remove()
-        for m, backend in reversed(backends):
-            m.backend = backend
+        for restore in reversed(restores):
+            restore()
 
 
 # ------------------------------------------------------------------------------------------------ logits
@@ -123,11 +148,11 @@ class LogitCapture:
     """Records the attention logits of every diffattn attention layer while active (module docstring).
 
     ``layers`` holds one dict per layer call, in call order: ``{"name": module name, "kind": "standard" | "diff" |
-    "gated" | "diff_v2" | "grouped", "logits": [S (B, H, Nq, Nk) per map: one for standard attention, A1's and
-    A2's for the differential layers; a grouped layer's A2 has its H_n noise heads (module docstring)], "mask": bool
-    (Nq, Nk), or (1|B, 1|H, Nq, Nk), True where the softmax sees the entry (causal mask, ``attn_mask``, sliding
-    window)}``. Logits are detached, in the dtype the layer computes them (at least float32), on ``device`` (None:
-    where they were computed).
+    "gated" | "diff_v2" | "grouped" | "stable_audio" | "gdla", "logits": [S (B, H, Nq, Nk) per map: one for standard
+    attention, A1's and A2's for the differential layers; a grouped layer's A2 has its H_n noise heads (module
+    docstring)], "mask": bool (Nq, Nk), or (1|B, 1|H, Nq, Nk), True where the softmax sees the entry (causal
+    mask, ``attn_mask``, sliding window)}``. Logits are detached, in the dtype the layer computes them (at least
+    float32), on ``device`` (None: where they were computed).
     """
 
     model: nn.Module
@@ -137,6 +162,7 @@ class LogitCapture:
 
     def __enter__(self) -> LogitCapture:
         mods = logit_layers(self.model)
+        processed = {id(m) for _, m in stable_audio_attention_modules(self.model)}  # diffusers modules
 
         def on_call(name, kind):
             self.layers.append({"name": name, "kind": kind, "logits": [], "mask": None})
@@ -144,6 +170,8 @@ class LogitCapture:
         def make_hook(name, m, kind):
             def hook(s, mask):
                 entry = self.layers[-1]
+                if id(m) in processed and len(entry["logits"]) == 2:
+                    return s  # the processor's second call for its on_maps: the same S1, S2 again
                 seen = _seen(s, mask)
                 if getattr(m, "group_ratio", 1) > 1 and entry["logits"] and (seen is None or seen.shape[1] == 1):
                     # A2: the operator met noise head j as the query of signal heads j·r … j·r + r − 1

@@ -14,6 +14,9 @@ from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 from .spec import ATTENTION_TYPES, HEAD_LAYOUTS, AttentionSpec, attention_class, attention_kind, register_attention
 from .stable_audio import StableAudioAttention
 
+# isort: split
+from .gdla import GroupedLatentDiffAttention  # registered last: ATTENTION_TYPES keeps the order of the kinds above
+
 __all__ = [
     "ATTENTION_TYPES",
     "AttentionSpec",
@@ -26,6 +29,7 @@ __all__ = [
     "DiffAttentionV2",
     "GatedDiffAttention",
     "GroupedDiffAttention",
+    "GroupedLatentDiffAttention",
     "StableAudioAttention",
     "attention_class",
     "attention_kind",
