@@ -4,6 +4,7 @@ module and run tiny end to end; the shared MQAR stream gives the batches the thr
 from __future__ import annotations
 
 import ast
+import importlib
 import json
 from pathlib import Path
 
@@ -195,3 +196,58 @@ def test_the_diffclip_entry_point_of_0_1_0_warns_and_runs_the_study(tmp_path, mo
         run = diffclip.run
     cfg = load_study("diffclip").replace(seeds=[4], out=str(tmp_path))
     assert run(cfg, progress=False) == "ok" and calls == [cfg]
+
+
+#: every packaged study: name → (its class's name, its title), as they were before the class keywords
+PACKAGED_STUDIES = {
+    "detection": ("DetectionStudy", "Study: YOLO26 with and without differential attention"),
+    "dgvit": ("DGViTStudy", "Study: ViT vs DiffViT vs DGViT under noise"),
+    "diffclip": ("DiffCLIPStudy", "Study: CLIP vs DiffCLIP"),
+    "llava": ("LLaVAStudy", "Study: LLaVA-style VLM, CLIP vs DiffCLIP image tower"),
+    "needles": ("NeedlesStudy", "Study: multi-needle retrieval, standard vs differential attention"),
+    "noise": ("NoiseStudy", "Study: attention noise, standard vs differential LM"),
+    "paligemma": ("PaliGemmaStudy", "Study: Differential PaliGemma vs LoRA fine-tuning"),
+    "recall": ("RecallStudy", "Study: multi-query associative recall, standard vs differential attention"),
+    "recall_ablation": ("RecallAblationStudy", ""),
+    "retrofit": ("RetrofitStudy", "Study: retrofitted differential attention vs plain fine-tuning"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGED_STUDIES))
+def test_each_packaged_study_keeps_its_name_title_variants_and_defaults(name):
+    module = importlib.import_module(f"diffattn.studies.{name}")
+    cls_name, title = PACKAGED_STUDIES[name]
+    study = get_study(name)
+    assert type(study) is getattr(module, cls_name)
+    assert (study.name, study.title) == (name, title)
+    if name == "diffclip":
+        assert study.variants == {v: label for v, (_, label) in module.DEMO_VARIANTS.items()}
+    else:
+        assert study.variants is module.VARIANTS
+    assert study.defaults is module.DEFAULTS
+    assert study.default_variants is getattr(module, "DEFAULT_VARIANTS", None)
+    assert name in study_names()
+
+
+def test_class_keywords_set_the_attributes_and_register_the_study():
+    from diffattn.studies import base
+
+    try:
+        class KeywordStudy(Study, name="keyword_test", title="Study: keywords", variants={"a": "A", "b": "B"},
+                           default_variants=["a"], defaults={"draws": 1}):
+            pass
+
+        study = get_study("keyword_test")
+        assert type(study) is KeywordStudy
+        assert (KeywordStudy.name, KeywordStudy.title, KeywordStudy.variants, KeywordStudy.default_variants,
+                KeywordStudy.defaults) == ("keyword_test", "Study: keywords", {"a": "A", "b": "B"}, ["a"],
+                                           {"draws": 1})
+
+        class Child(KeywordStudy):  # no keywords: inherits them and registers nothing
+            pass
+
+        assert Child.name == "keyword_test" and type(get_study("keyword_test")) is KeywordStudy
+        register_study(Child)  # the decorator of before still registers (and replaces)
+        assert type(get_study("keyword_test")) is Child
+    finally:
+        base._REGISTRY.pop("keyword_test", None)

@@ -5,46 +5,5 @@ holds the operator, its backends and kernels); this module re-exports them: ``di
 is ``diffattn.ops.diff_attention``.
 """
 
-from __future__ import annotations
-
-from .ops.functional import (
-    BACKENDS,
-    DECODE_MAX_QUERIES,
-    SCORE_HOOK,
-    AttentionWeights,
-    BackendChoice,
-    PreparedMask,
-    attention,
-    causal_mask,
-    choose_backend,
-    compute_dtype,
-    decode_diff_attention,
-    diff_attention,
-    diff_attention_pairs,
-    prepare_mask,
-    restrict_mask,
-    sliding_window_mask,
-    takes_triton,
-    upcast,
-)
-
-__all__ = [
-    "diff_attention",
-    "diff_attention_pairs",
-    "attention",
-    "causal_mask",
-    "sliding_window_mask",
-    "restrict_mask",
-    "prepare_mask",
-    "PreparedMask",
-    "AttentionWeights",
-    "BACKENDS",
-    "decode_diff_attention",
-    "DECODE_MAX_QUERIES",
-    "choose_backend",
-    "BackendChoice",
-    "compute_dtype",
-    "upcast",
-    "takes_triton",
-    "SCORE_HOOK",
-]
+from .ops.functional import *  # noqa: F403 (the names of its __all__, listed there once)
+from .ops.functional import __all__ as __all__

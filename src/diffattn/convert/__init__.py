@@ -19,112 +19,14 @@ Every converter checks each key and shape and raises ``ValueError`` naming what 
 inexpressible; every loader bounds sizes before building anything and loads strictly.
 """
 
-from .checkpoint import read_checkpoint, read_torchscript, state_dict_of
-from .clip import (
-    clip_image_tower,
-    convert_diffclip_state_dict,
-    convert_openai_clip_state_dict,
-    load_diffclip,
-    load_diffclip_image_tower,
-    load_open_clip,
-    load_openai_clip,
-)
-from .diffllama import (
-    adjacent_to_halves_perm,
-    diffattn_to_diffllama_state_dict,
-    diffllama_to_diffattn_state_dict,
-    from_diffllama,
-    from_diffllama_attention,
-    halves_to_adjacent_perm,
-    permute_heads,
-    to_diffllama,
-    to_diffllama_attention,
-    to_diffllama_state_dict,
-)
-from .motif import (
-    MOTIF_ARCHITECTURE,
-    diffattn_to_motif_state_dict,
-    from_motif,
-    motif_config,
-    motif_kwargs,
-    motif_to_diffattn_state_dict,
-    read_motif,
-    to_motif,
-)
-from .stable_audio import (
-    diffusers_to_stability_qkv,
-    diffusers_to_stability_state_dict,
-    from_diffusers_stable_audio,
-    stability_to_diffusers_qkv,
-    stability_to_diffusers_state_dict,
-    to_diffusers_stable_audio,
-)
-from .timm import (
-    convert_timm_vit_state_dict,
-    diffattn_to_timm_state_dict,
-    from_timm_diff_attention,
-    load_timm_vit,
-    timm_to_diffattn_state_dict,
-    to_timm_diff_attention,
-)
-from .unilm import (
-    diffattn_to_unilm_v2_state_dict,
-    from_unilm_v2,
-    half_to_interleaved_perm,
-    interleaved_to_half_perm,
-    permute_head_channels,
-    to_unilm_v2_state_dict,
-    unilm_rel_pos,
-    unilm_v2_to_diffattn_state_dict,
-)
+from . import checkpoint, clip, diffllama, motif, stable_audio, timm, unilm
+from .checkpoint import *  # noqa: F403 (each module's public names are those of its __all__, listed there once)
+from .clip import *  # noqa: F403
+from .diffllama import *  # noqa: F403
+from .motif import *  # noqa: F403
+from .stable_audio import *  # noqa: F403
+from .timm import *  # noqa: F403
+from .unilm import *  # noqa: F403
 
-__all__ = [
-    "read_checkpoint",
-    "read_torchscript",
-    "state_dict_of",
-    "convert_diffclip_state_dict",
-    "convert_openai_clip_state_dict",
-    "load_diffclip",
-    "clip_image_tower",
-    "load_diffclip_image_tower",
-    "load_open_clip",
-    "load_openai_clip",
-    "adjacent_to_halves_perm",
-    "halves_to_adjacent_perm",
-    "permute_heads",
-    "diffllama_to_diffattn_state_dict",
-    "diffattn_to_diffllama_state_dict",
-    "from_diffllama_attention",
-    "to_diffllama_attention",
-    "from_diffllama",
-    "to_diffllama",
-    "to_diffllama_state_dict",
-    "MOTIF_ARCHITECTURE",
-    "motif_kwargs",
-    "motif_to_diffattn_state_dict",
-    "diffattn_to_motif_state_dict",
-    "motif_config",
-    "read_motif",
-    "from_motif",
-    "to_motif",
-    "timm_to_diffattn_state_dict",
-    "diffattn_to_timm_state_dict",
-    "from_timm_diff_attention",
-    "to_timm_diff_attention",
-    "convert_timm_vit_state_dict",
-    "load_timm_vit",
-    "interleaved_to_half_perm",
-    "half_to_interleaved_perm",
-    "permute_head_channels",
-    "unilm_v2_to_diffattn_state_dict",
-    "diffattn_to_unilm_v2_state_dict",
-    "from_unilm_v2",
-    "to_unilm_v2_state_dict",
-    "unilm_rel_pos",
-    "stability_to_diffusers_qkv",
-    "diffusers_to_stability_qkv",
-    "stability_to_diffusers_state_dict",
-    "diffusers_to_stability_state_dict",
-    "from_diffusers_stable_audio",
-    "to_diffusers_stable_audio",
-]
+__all__ = [*checkpoint.__all__, *clip.__all__, *diffllama.__all__, *motif.__all__, *timm.__all__, *unilm.__all__,
+           *stable_audio.__all__]

@@ -13,7 +13,7 @@ from ..io import atomic_write_file
 from .kinds import EVAL_KINDS
 
 __all__ = ["BOOKKEEPING", "suite_names", "headline_metrics", "metric_label", "summary_table", "write_report",
-           "format_value"]
+           "format_value", "nested_get"]
 
 #: numbers in results that describe the protocol, not how good the model is (left out of ``compare``)
 BOOKKEEPING = frozenset({"seconds", "eval_seed", "images", "episodes", "tokens", "examples", "C", "val_accuracy",
@@ -94,7 +94,8 @@ def summary_table(results: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _get(d: dict, dotted: str):
+def nested_get(d: dict, dotted: str):
+    """``d[a][b]…`` for the dotted key "a.b…" of nested results; None where a level is missing or not a dict."""
     for part in dotted.split("."):
         if not isinstance(d, dict) or part not in d:
             return None
@@ -114,7 +115,8 @@ def write_report(results: dict, path: str | Path) -> Path:
             continue
         lines += [f"## {suite}", ""]
         chance = r.get("chance") or {}
-        below = [k for k, level in chance.items() if isinstance(_get(r, k), (int, float)) and _get(r, k) <= level]
+        below = [k for k, level in chance.items()
+                 if isinstance(nested_get(r, k), (int, float)) and nested_get(r, k) <= level]
         if below:
             lines += [f"**At or below chance:** {', '.join(below)} (chance: what guessing uniformly scores).", ""]
         for key, val in r.items():

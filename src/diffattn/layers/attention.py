@@ -184,8 +184,13 @@ class _AttentionBase(nn.Module):
         is_causal: overrides the layer's ``causal`` flag; the causal mask is aligned to the end of the cache.
         """
         self._check_x(x)
+        return self._forward(x, attn_mask, need_weights, position_ids, kv_cache, is_causal)
+
+    def _forward(self, x, attn_mask, need_weights, position_ids, kv_cache, is_causal, **inputs):
+        """:meth:`forward` after its checks; ``inputs``: a kind's own inputs, passed on to its :meth:`_project`
+        (:class:`~diffattn.layers.StableAudioAttention`'s ``context``)."""
         B, N, _ = x.shape
-        q, k, v, q_lin = self._project(x, position_ids, kv_cache)
+        q, k, v, q_lin = self._project(x, position_ids, kv_cache, **inputs)
         causal = self.causal if is_causal is None else is_causal
         if self.sliding_window is not None:
             attn_mask = restrict_mask(attn_mask, sliding_window_mask(N, k.shape[2], self.sliding_window, x.device))
@@ -236,6 +241,12 @@ class Attention(_AttentionBase):
             out, a = res
             return out, AttentionWeights(a, None, a)
         return res, None
+
+
+def _lambda_form_attribute(name: str) -> property:
+    """The read-only layer attribute ``name`` that is ``layer.lambda_fn.<name>`` (an nn.Parameter or nn.Linear of
+    the λ form): the layer's attribute names from before the λ forms."""
+    return property(lambda self: getattr(self.lambda_fn, name), doc=f"``lambda_fn.{name}`` (the λ form's).")
 
 
 # Names the λ parameters had directly on the attention module before λ forms became submodules (DiffCLIP's
@@ -315,25 +326,11 @@ class _DiffBase(_AttentionBase):
         self.register_load_state_dict_post_hook(_report_flat_names)
 
     # the old attribute names, read from the λ form
-    @property
-    def lambda_q1(self) -> nn.Parameter:
-        return self.lambda_fn.lambda_q1
-
-    @property
-    def lambda_k1(self) -> nn.Parameter:
-        return self.lambda_fn.lambda_k1
-
-    @property
-    def lambda_q2(self) -> nn.Parameter:
-        return self.lambda_fn.lambda_q2
-
-    @property
-    def lambda_k2(self) -> nn.Parameter:
-        return self.lambda_fn.lambda_k2
-
-    @property
-    def gate_proj(self) -> nn.Linear:
-        return self.lambda_fn.gate_proj
+    lambda_q1 = _lambda_form_attribute("lambda_q1")
+    lambda_k1 = _lambda_form_attribute("lambda_k1")
+    lambda_q2 = _lambda_form_attribute("lambda_q2")
+    lambda_k2 = _lambda_form_attribute("lambda_k2")
+    gate_proj = _lambda_form_attribute("gate_proj")
 
     def lambda_weights(self, x: torch.Tensor) -> tuple[float | torch.Tensor, float | torch.Tensor]:
         """(weight1, λ) for input x (B, N, dim), each a float or a tensor broadcastable to (B, H, N, 1)."""

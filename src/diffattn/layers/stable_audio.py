@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from ..ops import AttentionWeights, diff_attention, restrict_mask, sliding_window_mask, upcast
+from ..ops import AttentionWeights, diff_attention, upcast
 from .attention import _AttentionBase
 from .kv_cache import KVCache
 from .norm import RMSNorm
@@ -140,6 +140,8 @@ class StableAudioAttention(_AttentionBase):
         return torch.cat([apply_rotary(t[..., :r], cos, sin, self.rotary.style), t[..., r:]], dim=-1)
 
     def _project(self, x, position_ids, kv_cache, context=None):
+        """(q (B, 2h, N, d), k (B, 2h_kv, M, d), v (B, h_kv, M, d), None): the base's four, without the query
+        projection (``q_lin``) that only the gated kind's output reads."""
         B, N, _ = x.shape
         d = self.head_dim
         src = x if context is None else context
@@ -155,7 +157,7 @@ class StableAudioAttention(_AttentionBase):
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
-        return q, k, v
+        return q, k, v, None
 
     def _check_context(self, x: torch.Tensor, context, position_ids, kv_cache) -> None:
         if context is None:
@@ -179,17 +181,10 @@ class StableAudioAttention(_AttentionBase):
             raise ValueError("position_ids place the rotary embedding of self-attention; cross-attention "
                              "(context=...) has none, got position_ids and context")
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        *,
-        position_ids: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        is_causal: bool | None = None,
-        context: torch.Tensor | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, need_weights: bool = False, *,
+                context: torch.Tensor | None = None, position_ids: torch.Tensor | None = None,
+                kv_cache: KVCache | None = None, is_causal: bool | None = None,
+                ) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
         """x: (B, N, dim) → (B, N, dim); the arguments of every kind's forward (``_AttentionBase.forward``), and
 
         context: (B, M, context_dim) for cross-attention from x to it (keys and values from the context, no
@@ -197,16 +192,7 @@ class StableAudioAttention(_AttentionBase):
         """
         self._check_x(x)
         self._check_context(x, context, position_ids, kv_cache)
-        B, N, _ = x.shape
-        q, k, v = self._project(x, position_ids, kv_cache, context)
-        causal = self.causal if is_causal is None else is_causal
-        if self.sliding_window is not None:
-            attn_mask = restrict_mask(attn_mask, sliding_window_mask(N, k.shape[2], self.sliding_window, x.device))
-        drop = self.attn_drop if self.training else 0.0
-        out, _ = self._attend(x, q, k, v, attn_mask, causal, drop, False)  # (B, h, N, d)
-        weights = self._attend(x, q, k, v, attn_mask, causal, 0.0, True)[1] if need_weights else None
-        out = self._output(out.transpose(1, 2).reshape(B, N, self.inner_dim), None)
-        return (out, weights) if need_weights else out
+        return self._forward(x, attn_mask, need_weights, position_ids, kv_cache, is_causal, context=context)
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         # Q/K heads 2i and 2i+1 are the two maps of head i; λ = 1 (and w1 = 1): A1 − A2, no sub-norm

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn as nn
@@ -107,6 +109,8 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
     #: the vLLM architecture that serves this class (:mod:`diffattn.serve`), written with ``model_type`` "diffattn"
     #: into ``config.json`` by :meth:`save_pretrained`; None: not servable
     serve_architecture: str | None = None
+    #: a family with towers: each tower's constructor argument (a dict of the tower's arguments) → the tower's class
+    tower_classes: ClassVar[Mapping[str, type]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -126,7 +130,10 @@ class DiffattnModel(nn.Module, PyTorchModelHubMixin, library_name="diffattn",
     def upgrade_config(cls, config: dict) -> dict:
         """A saved configuration (``config.json``) with the loose attention keys of before (``attention: "diff",
         lambda_init: …``) made into one ``attention`` dict, as the model computed (:func:`upgrade_config`); the
-        families with towers do it for each tower's dict."""
+        families with towers (:attr:`tower_classes`) do it for each tower's dict."""
+        if cls.tower_classes:
+            return {**config, **{t: upgrade_config(c, config[t]) for t, c in cls.tower_classes.items()
+                                 if isinstance(config.get(t), dict)}}
         return upgrade_config(cls, config)
 
     def save_pretrained(self, save_directory: str | Path, *, config: dict | None = None, repo_id: str | None = None,

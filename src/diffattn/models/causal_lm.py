@@ -49,7 +49,7 @@ from .config import check_args, is_int
 from .registry import ModelFamily, register_family
 from .tokenizer import LMTokenizer, as_lm_tokenizer, load_lm_tokenizer
 
-__all__ = ["CausalLM", "LMBlock", "llama_mlp_hidden", "LM_CONFIGS", "LLAMA_ATTENTION"]
+__all__ = ["CausalLM", "LMBlock", "PreNormBlock", "llama_mlp_hidden", "LM_CONFIGS", "LLAMA_ATTENTION"]
 
 #: the attention settings of a Llama block that differ from :class:`~diffattn.layers.AttentionSpec`'s defaults:
 #: λ_init by depth (Ye et al. 2024) for the differential kinds, no q/k/v or output bias
@@ -67,7 +67,18 @@ def llama_mlp_hidden(dim: int, multiple_of: int = 64) -> int:
     return multiple_of * math.ceil(hidden / multiple_of)
 
 
-class LMBlock(nn.Module):
+class PreNormBlock(nn.Module):
+    """x = x + attn(norm1(x)); x = x + mlp(norm2(x)): the forward of the pre-norm decoder blocks, whose subclasses
+    build ``norm1``, ``attn``, ``norm2`` and ``mlp`` (:class:`LMBlock`, :class:`~diffattn.models.motif.MotifBlock`)."""
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, *,
+                position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """x: (B, N, D) → (B, N, D)."""
+        x = x + self.attn(self.norm1(x), attn_mask, position_ids=position_ids, kv_cache=kv_cache)
+        return x + self.mlp(self.norm2(x))
+
+
+class LMBlock(PreNormBlock):
     """Pre-norm decoder block: x = x + attn(RMSNorm(x)); x = x + SwiGLU(RMSNorm(x)).
 
     ``depth`` is the block's 0-based index (for ``lambda_init="ye"``). ``attention`` is an
@@ -90,12 +101,6 @@ class LMBlock(nn.Module):
         self.attn = spec.build(dim, num_heads, depth)
         self.norm2 = RMSNorm(dim, eps=norm_eps)
         self.mlp = SwiGLU(dim, mlp_hidden, bias=mlp_bias, drop=drop)
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, *,
-                position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
-        """x: (B, N, D) → (B, N, D)."""
-        x = x + self.attn(self.norm1(x), attn_mask, position_ids=position_ids, kv_cache=kv_cache)
-        return x + self.mlp(self.norm2(x))
 
 
 class CausalLM(DiffattnModel):

@@ -42,7 +42,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..layers import AttentionSpec, Block, LooseAttention
 from ..losses import clip_loss
-from .base import DiffattnModel, upgrade_config
+from .base import DiffattnModel
 from .config import check_args, check_size
 from .registry import ModelFamily, inspect_args, loose_args, register_family
 from .vit import IMAGENET_MEAN, IMAGENET_STD, VisionTransformer
@@ -175,6 +175,8 @@ class CLIP(DiffattnModel):
     ``max_logit_scale`` (100) where used; :meth:`clamp_logit_scale_` clamps t in place after a step (SLIP).
     """
 
+    tower_classes = _TOWERS
+
     def __init__(self, embed_dim: int = 512, vision: dict | None = None, text: dict | None = None,
                  init_logit_scale: float = math.log(1 / 0.07), max_logit_scale: float = 100.0):
         super().__init__()
@@ -197,12 +199,6 @@ class CLIP(DiffattnModel):
         if self.logit_scale.device.type != "meta":
             nn.init.normal_(self.image_projection, std=self.visual.embed_dim**-0.5)
             nn.init.normal_(self.text_projection, std=self.text.embed_dim**-0.5)
-
-    @classmethod
-    def upgrade_config(cls, config: dict) -> dict:
-        """A saved configuration with each tower's loose attention keys of before made into its ``attention``."""
-        return {**config, **{t: upgrade_config(c, config[t]) for t, c in _TOWERS.items()
-                             if isinstance(config.get(t), dict)}}
 
     @property
     def img_size(self) -> int:

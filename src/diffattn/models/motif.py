@@ -19,12 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import torch
 import torch.nn as nn
 
-from ..layers import AttentionSpec, KVCache, LooseAttention, PolyNormGLU, RMSNorm
+from ..layers import AttentionSpec, LooseAttention, PolyNormGLU, RMSNorm
 from .base import DiffattnModel
-from .causal_lm import CausalLM
+from .causal_lm import CausalLM, PreNormBlock
 from .config import check_args
 
 __all__ = ["MotifLM", "MotifBlock", "MOTIF_ATTENTION"]
@@ -52,7 +51,7 @@ class _MotifLoose(LooseAttention):
         return super().convert(attention, loose, args, warn=warn)
 
 
-class MotifBlock(nn.Module):
+class MotifBlock(PreNormBlock):
     """x = x + attn(norm1(x)); x = x + mlp(norm2(x)): :class:`~diffattn.models.causal_lm.LMBlock` with the
     PolyNorm MLP and any differential attention layer (same state-dict names)."""
 
@@ -63,11 +62,6 @@ class MotifBlock(nn.Module):
         self.attn = attn
         self.norm2 = RMSNorm(dim, eps=norm_eps)
         self.mlp = PolyNormGLU(dim, mlp_hidden, bias=mlp_bias, eps=poly_norm_eps, drop=drop)
-
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, *,
-                position_ids: torch.Tensor | None = None, kv_cache: KVCache | None = None) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), attn_mask, position_ids=position_ids, kv_cache=kv_cache)
-        return x + self.mlp(self.norm2(x))
 
 
 class MotifLM(CausalLM):

@@ -10,7 +10,8 @@ Padding never leaks: the padding mask (B, 1, 1, N) is passed to every attention 
 real tokens only. Words come from a :class:`Vocabulary` built from the training texts (M-DGSA 2025, Tables 5–6:
 minimum frequency 2, at most 60,000 words; 30,000 for MNLI; sequences truncated to 256 tokens).
 
-Registered: the literal table :data:`TEXT_CONFIGS` (``create_model(name, vocab_size=len(vocab), num_classes=C)``):
+Registered: the table :data:`TEXT_CONFIGS`, each name's arguments from the paper size and kind it spells
+(``create_model(name, vocab_size=len(vocab), num_classes=C)``):
 
 - ``t_{tiny,rt,base,mnli}``: the Transformer baseline, GELU MLP ×4 (M-DGSA 2025, App. B.4: "GeLU over the full
   hidden dimension").
@@ -291,60 +292,39 @@ class TextClassifier(DiffattnModel):
 
 # --------------------------------------------------------------------------------------------- registry
 
-_X16_3 = 16 / 3  # M-DGSA (2025)'s ×16/3 SwiGLU expansion
 # Sizes (M-DGSA 2025, App. B.3): rt = Rotten Tomatoes 4 × 256; base = AG News / IMDB / 20 Newsgroups 6 × 256;
-# mnli 6 × 512, 3 classes, 30,000 words; tiny for tests. DT/DGT: the paper's "8 heads" are differential (h = 16).
-# dropout 0.1 on the attention output as everywhere else (App. B.3); DGT omits the [Q⁺; Q⁻] residual (the default)
-_T, _DT, _DGT = (dict(kind=k, proj_drop=0.1) for k in ("standard", "diff", "gated"))
-TEXT_CONFIGS: dict[str, dict] = {
-    "t_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=4, max_len=128, attention=_T,
-                   mlp="gelu", mlp_ratio=4.0),
-    "dt_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=8, max_len=128, attention=_DT,
-                    mlp="swiglu", mlp_ratio=4.0),
-    "dgt_tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=8, max_len=128, attention=_DGT,
-                     mlp="swiglu", mlp_ratio=4.0),
-    "t_rt": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=8, max_len=256, attention=_T,
-                 mlp="gelu", mlp_ratio=4.0),
-    "dt_rt_x2": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DT,
-                     mlp="swiglu", mlp_ratio=2.0),
-    "dt_rt_x4": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DT,
-                     mlp="swiglu", mlp_ratio=4.0),
-    "dt_rt_x16_3": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DT,
-                        mlp="swiglu", mlp_ratio=_X16_3),
-    "dgt_rt_x2": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DGT,
-                      mlp="swiglu", mlp_ratio=2.0),
-    "dgt_rt_x4": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DGT,
-                      mlp="swiglu", mlp_ratio=4.0),
-    "dgt_rt_x16_3": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=16, max_len=256, attention=_DGT,
-                         mlp="swiglu", mlp_ratio=_X16_3),
-    "t_base": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=8, max_len=256, attention=_T,
-                   mlp="gelu", mlp_ratio=4.0),
-    "dt_base_x2": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DT,
-                       mlp="swiglu", mlp_ratio=2.0),
-    "dt_base_x4": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DT,
-                       mlp="swiglu", mlp_ratio=4.0),
-    "dt_base_x16_3": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DT,
-                          mlp="swiglu", mlp_ratio=_X16_3),
-    "dgt_base_x2": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DGT,
-                        mlp="swiglu", mlp_ratio=2.0),
-    "dgt_base_x4": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DGT,
-                        mlp="swiglu", mlp_ratio=4.0),
-    "dgt_base_x16_3": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=16, max_len=256, attention=_DGT,
-                           mlp="swiglu", mlp_ratio=_X16_3),
-    "t_mnli": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=8, max_len=256, num_classes=3,
-                   attention=_T, mlp="gelu", mlp_ratio=4.0),
-    "dt_mnli_x2": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                       attention=_DT, mlp="swiglu", mlp_ratio=2.0),
-    "dt_mnli_x4": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                       attention=_DT, mlp="swiglu", mlp_ratio=4.0),
-    "dt_mnli_x16_3": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                          attention=_DT, mlp="swiglu", mlp_ratio=_X16_3),
-    "dgt_mnli_x2": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                        attention=_DGT, mlp="swiglu", mlp_ratio=2.0),
-    "dgt_mnli_x4": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                        attention=_DGT, mlp="swiglu", mlp_ratio=4.0),
-    "dgt_mnli_x16_3": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=16, max_len=256, num_classes=3,
-                           attention=_DGT, mlp="swiglu", mlp_ratio=_X16_3),
+# mnli 6 × 512, 3 classes, 30,000 words; tiny for tests. num_heads is the Transformer's (the paper's "8 heads");
+# DT/DGT count differential heads, so theirs is twice that (h = 16).
+_SIZES: dict[str, dict] = {
+    "tiny": dict(vocab_size=1000, embed_dim=64, depth=2, num_heads=4, max_len=128),
+    "rt": dict(vocab_size=60000, embed_dim=256, depth=4, num_heads=8, max_len=256),
+    "base": dict(vocab_size=60000, embed_dim=256, depth=6, num_heads=8, max_len=256),
+    "mnli": dict(vocab_size=30000, embed_dim=512, depth=6, num_heads=8, max_len=256, num_classes=3),
 }
+# name prefix → attention: dropout 0.1 on the attention output as everywhere else (App. B.3); DGT omits the [Q⁺; Q⁻]
+# residual (the default)
+_ATTENTION: dict[str, dict] = {prefix: dict(kind=kind, proj_drop=0.1)
+                               for prefix, kind in (("t", "standard"), ("dt", "diff"), ("dgt", "gated"))}
+# name suffix → DT/DGT's SwiGLU expansion (M-DGSA 2025's ×2, ×4 and ×16/3); the Transformer's GELU MLP is ×4
+_RATIOS: dict[str, float] = {"x2": 2.0, "x4": 4.0, "x16_3": 16 / 3}
+
+
+def _text_config(name: str) -> dict:
+    """The constructor arguments that the registered ``name`` spells, ``{t,dt,dgt}_{size}[_x{2,4,16_3}]``: the
+    Transformer (``t``) with a GELU MLP ×4 and the size's heads, DT (``dt``) and DGT (``dgt``) with SwiGLU of the
+    named expansion (×4 when none is named) and twice the heads."""
+    prefix, size, *ratio = name.split("_", 2)
+    standard = prefix == "t"
+    num_heads = _SIZES[size]["num_heads"] * (1 if standard else 2)
+    return dict(_SIZES[size], num_heads=num_heads, attention=_ATTENTION[prefix], mlp="gelu" if standard else "swiglu",
+                mlp_ratio=_RATIOS[ratio[0]] if ratio else 4.0)
+
+
+TEXT_CONFIGS: dict[str, dict] = {name: _text_config(name) for name in (
+    "t_tiny", "dt_tiny", "dgt_tiny",  # for tests and CPU runs
+    "t_rt", "dt_rt_x2", "dt_rt_x4", "dt_rt_x16_3", "dgt_rt_x2", "dgt_rt_x4", "dgt_rt_x16_3",
+    "t_base", "dt_base_x2", "dt_base_x4", "dt_base_x16_3", "dgt_base_x2", "dgt_base_x4", "dgt_base_x16_3",
+    "t_mnli", "dt_mnli_x2", "dt_mnli_x4", "dt_mnli_x16_3", "dgt_mnli_x2", "dgt_mnli_x4", "dgt_mnli_x16_3",
+)}
 
 register_family(ModelFamily(TextClassifier, TEXT_CONFIGS, __name__, "text classifier (M-DGSA 2025, App. B.3)."))

@@ -30,7 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..data.tokenizers import split_words
-from .base import DiffattnModel, from_pretrained, load_state_dict_exact, upgrade_config
+from .base import DiffattnModel, from_pretrained, load_state_dict_exact
 from .causal_lm import LM_CONFIGS, CausalLM
 from .clip import image_transform as clip_image_transform
 from .config import is_int
@@ -58,6 +58,8 @@ class VisionLanguageModel(DiffattnModel):
             norm), -2 the penultimate (LLaVA-1.5's choice), … ; patch tokens only, no CLS.
         projector_hidden: hidden width of the projector MLP (default: the LM width, as LLaVA-1.5).
     """
+
+    tower_classes = {"vision": VisionTransformer, "lm": CausalLM}
 
     def __init__(self, vision: dict | None = None, lm: dict | None = None, vocab: list[str] | None = None,
                  vision_feature_layer: int = -1, projector_hidden: int | None = None):
@@ -87,13 +89,6 @@ class VisionLanguageModel(DiffattnModel):
             raise ValueError(f"projector_hidden must be None or an integer >= 1, got {projector_hidden!r}")
         dv = self.visual.embed_dim
         self.projector = nn.Sequential(nn.Linear(dv, hidden), nn.GELU(), nn.Linear(hidden, self.lm.dim))
-
-    @classmethod
-    def upgrade_config(cls, config: dict) -> dict:
-        """A saved configuration with each tower's loose attention keys of before made into its ``attention``."""
-        towers = {"vision": VisionTransformer, "lm": CausalLM}
-        return {**config, **{t: upgrade_config(c, config[t]) for t, c in towers.items()
-                             if isinstance(config.get(t), dict)}}
 
     # ------------------------------------------------------------------------------------------ text
     @property

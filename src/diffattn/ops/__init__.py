@@ -16,47 +16,9 @@ The package's modules:
 - :mod:`~diffattn.ops.masks`: what a mask entry means, read by the operator and the kernel;
 - :mod:`~diffattn.ops.unpadded`: inference without zero-padding through FlexAttention (opt-in).
 
-The names below are what the rest of the library (layers, λ forms, retrofits, diagnostics) imports from here.
+The names of :mod:`~diffattn.ops.functional`'s ``__all__``, re-exported here, are what the rest of the library (layers,
+λ forms, retrofits, diagnostics) imports from here.
 """
 
-from .functional import (
-    BACKENDS,
-    DECODE_MAX_QUERIES,
-    SCORE_HOOK,
-    AttentionWeights,
-    BackendChoice,
-    PreparedMask,
-    attention,
-    causal_mask,
-    choose_backend,
-    compute_dtype,
-    decode_diff_attention,
-    diff_attention,
-    diff_attention_pairs,
-    prepare_mask,
-    restrict_mask,
-    sliding_window_mask,
-    takes_triton,
-    upcast,
-)
-
-__all__ = [
-    "diff_attention",
-    "diff_attention_pairs",
-    "attention",
-    "decode_diff_attention",
-    "choose_backend",
-    "BackendChoice",
-    "AttentionWeights",
-    "BACKENDS",
-    "DECODE_MAX_QUERIES",
-    "causal_mask",
-    "sliding_window_mask",
-    "restrict_mask",
-    "prepare_mask",
-    "PreparedMask",
-    "compute_dtype",
-    "upcast",
-    "takes_triton",
-    "SCORE_HOOK",
-]
+from .functional import *  # noqa: F403 (the names of its __all__, listed there once)
+from .functional import __all__ as __all__

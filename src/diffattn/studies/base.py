@@ -1,11 +1,17 @@
 """The study protocol and the registry of studies: what a study is, how it is found by name, how it runs.
 
-A study is one :class:`Study` subclass registered by name (:func:`register_study`) plus its YAML config
+A study is one :class:`Study` subclass registered by name plus its YAML config
 (``diffattn/configs/studies/<name>.yaml``, or any file naming ``study: <name>``):
 
-- class attributes: ``name``, ``title`` (the report's heading), ``variants`` (variant → label, or → (model, label);
-  the first listed in a config is the baseline), ``default_variants`` (None: all), and ``defaults`` (the budget: key →
-  default value, whose type is the key's type);
+- class keywords, which set the class attributes of the same names: ``name`` (given: the class registers an
+  instance under it, as :func:`register_study` does), ``title`` (the report's heading), ``variants`` (variant →
+  label, or → (model, label); the first listed in a config is the baseline), ``default_variants`` (None: all), and
+  ``defaults`` (the budget: key → default value, whose type is the key's type)::
+
+      class NoiseStudy(Study, name="noise", title="Study: ...", variants=VARIANTS, defaults=DEFAULTS):
+          ...
+
+  (setting the attributes in the class body and decorating the class with :func:`register_study` works as well);
 - :meth:`Study.check` (the budget's constraints, one error message per broken constraint),
   :meth:`Study.control` (the positive control(s) the baseline must pass before any comparison),
   :meth:`Study.run` (every variant at every seed: seed → variant label → results, usually through
@@ -76,15 +82,29 @@ class StudyConfig(Mapping):
 
 
 class Study:
-    """One experiment run over seeds (module docstring). Subclass it, set the class attributes, implement
-    :meth:`control`, :meth:`run` and :meth:`report` (and :meth:`check` for constraints between budget keys), and
-    register an instance with :func:`register_study`."""
+    """One experiment run over seeds (module docstring). Subclass it with the class keywords (``name``, ``title``,
+    ``variants``, ``default_variants``, ``defaults``; a ``name`` registers the study) and implement :meth:`control`,
+    :meth:`run` and :meth:`report` (and :meth:`check` for constraints between budget keys)."""
 
     name: ClassVar[str]
     title: ClassVar[str] = ""
     variants: ClassVar[Mapping[str, Any]]
     default_variants: ClassVar[Sequence[str] | None] = None
     defaults: ClassVar[Mapping[str, Any]] = {}
+
+    def __init_subclass__(cls, *, name: str | None = None, title: str | None = None,
+                          variants: Mapping[str, Any] | None = None, default_variants: Sequence[str] | None = None,
+                          defaults: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        """Set the class attributes given as class keywords; with a ``name``, register an instance
+        (:func:`register_study`). A subclass without keywords inherits its parent's and registers nothing."""
+        super().__init_subclass__(**kwargs)
+        given = {"name": name, "title": title, "variants": variants, "default_variants": default_variants,
+                 "defaults": defaults}
+        for key, value in given.items():
+            if value is not None:
+                setattr(cls, key, value)
+        if name is not None:
+            register_study(cls)
 
     def label(self, variant: str) -> str:
         """The label of ``variant`` in the tables (the last entry of a (model, label) value)."""

@@ -34,7 +34,7 @@ from ..detect.offline import OFFLINE_TRAIN_ARGS, OFFLINE_VAL_ARGS, disable_sync,
 from ..extras import MissingExtraError
 from ..io import atomic_write_file
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .common import minimum_errors
 from .report import Control, Metric, run_seeds, write_study
 from .stats import mean_std, min_detectable_difference
@@ -242,15 +242,9 @@ def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
     return data_dir / "data.yaml"
 
 
-@register_study
-class DetectionStudy(Study):
+class DetectionStudy(Study, name="detection", title="Study: YOLO26 with and without differential attention",
+                     variants=VARIANTS, default_variants=DEFAULT_VARIANTS, defaults=DEFAULTS):
     """The detection study (module docstring)."""
-
-    name = "detection"
-    title = "Study: YOLO26 with and without differential attention"
-    variants = VARIANTS
-    default_variants = DEFAULT_VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("epochs", "imgsz", "batch", "n_train", "n_val", "threads"), where)

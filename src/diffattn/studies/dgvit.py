@@ -37,7 +37,7 @@ from ..train.config import config_from_dict
 from ..train.loop import train
 from ..utils import device_errors
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .common import minimum_errors, require_datasets
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, run_seeds, write_study
@@ -144,14 +144,9 @@ def _metrics(cfg: dict[str, Any]) -> list[Metric]:
 _TEST_SETS: dict[str, dict[str, Any]] = {}
 
 
-@register_study
-class DGViTStudy(Study):
+class DGViTStudy(Study, name="dgvit", title="Study: ViT vs DiffViT vs DGViT under noise", variants=VARIANTS,
+                 defaults=DEFAULTS):
     """The dgvit study (module docstring)."""
-
-    name = "dgvit"
-    title = "Study: ViT vs DiffViT vs DGViT under noise"
-    variants = VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("steps", "batch_size", "test_images", "threads"), where)

@@ -34,7 +34,7 @@ from ..deprecations import moved_attribute
 from ..directions import higher_is_better
 from ..utils import device_errors
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .diffclip_demo import (
     DEMO_DATASETS,
     DEMO_DEFAULT_VARIANTS,
@@ -107,15 +107,10 @@ def _finished_demo(folder: Path, cfg: dict[str, Any]) -> dict | None:
     return summary
 
 
-@register_study
-class DiffCLIPStudy(Study):
+class DiffCLIPStudy(Study, name="diffclip", title="Study: CLIP vs DiffCLIP",
+                    variants={v: label for v, (_, label) in DEMO_VARIANTS.items()}, defaults=DEFAULTS):
     """The demo at every seed (``<out>/seed<k>/``, each with its own report; finished seeds are read back), then the
     table's metrics as mean ± std over seeds with paired tests against the first variant."""
-
-    name = "diffclip"
-    title = "Study: CLIP vs DiffCLIP"
-    variants = {v: label for v, (_, label) in DEMO_VARIANTS.items()}
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         """``steps``, ``batch_size``, ``max_pairs`` and ``curve_points`` are None (the recipes' values; no curve) or

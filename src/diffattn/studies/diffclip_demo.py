@@ -28,6 +28,7 @@ from ..configs import CONFIG_DIR
 from ..data import get_dataset
 from ..eval import classification_metrics, corruption_table, evaluate, recall_at_k, zero_shot_classifier
 from ..eval.classification import classification_chance, zero_shot_logits
+from ..eval.report import nested_get
 from ..eval.sampling import stratified_subset
 from ..factory import from_pretrained
 from ..io import atomic_write_file
@@ -238,14 +239,6 @@ def attention_figure(run_dir: str | os.PathLike, path: str | os.PathLike, *, dat
 # ------------------------------------------------------------------------------------------------- table
 
 
-def _get(d: dict, path: str):
-    for key in path.split("."):
-        if not isinstance(d, dict) or key not in d:
-            return None
-        d = d[key]
-    return d
-
-
 #: (row label, key in a variant's summary, format)
 DEMO_ROWS: tuple[tuple[str, str, str], ...] = (
     ("parameters", "params", "int"),
@@ -286,7 +279,7 @@ def _fmt(v, kind: str) -> str:
 def _chance(variant: dict, key: str) -> float | None:
     """The chance level of ``key`` (``suite.group.metric``) that the suite recorded under ``suite.chance``."""
     suite, _, rest = key.partition(".")
-    level = _get(variant, suite)
+    level = nested_get(variant, suite)
     level = level.get("chance", {}).get(rest) if isinstance(level, dict) else None
     return float(level) if isinstance(level, (int, float)) else None
 
@@ -304,7 +297,7 @@ def demo_table(summary: dict[str, dict]) -> str:
     for name, key, kind in DEMO_ROWS:
         cells = []
         for lab in labels:
-            v, c = _get(summary[lab], key), chances[key]
+            v, c = nested_get(summary[lab], key), chances[key]
             low = c is not None and isinstance(v, (int, float)) and v <= c
             flagged |= low
             cells.append(_fmt(v, kind) + (" *" if low else ""))

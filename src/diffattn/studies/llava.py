@@ -37,7 +37,7 @@ from ..models.clip import image_transform
 from ..train.llava import train_llava
 from ..train.tasks.vlm import QuestionImages, vlm_vocabulary
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .common import minimum_errors, pope_control, require_datasets, vlm_metrics
 from .report import Control, run_seeds, write_study
 
@@ -101,14 +101,9 @@ def control(cfg: dict[str, Any]) -> Control:
     return pope_control(cfg["train_pope_splits"][0])
 
 
-@register_study
-class LLaVAStudy(Study):
+class LLaVAStudy(Study, name="llava", title="Study: LLaVA-style VLM, CLIP vs DiffCLIP image tower", variants=VARIANTS,
+                 defaults=DEFAULTS):
     """The llava study (module docstring)."""
-
-    name = "llava"
-    title = "Study: LLaVA-style VLM, CLIP vs DiffCLIP image tower"
-    variants = VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("batch_size", "needle_count", "attention_questions", "max_new_tokens",

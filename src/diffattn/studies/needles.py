@@ -55,7 +55,7 @@ from ..diagnostics import (
     quantized_logits,
 )
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .common import minimum_errors, mqar_stream
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
@@ -267,14 +267,9 @@ def _training(cfg: dict[str, Any]) -> str:
             f"drawn from {[_cell(n, r) for n, r in zip(cfg['train_needles'], cfg['train_queried'])]}")
 
 
-@register_study
-class NeedlesStudy(Study):
+class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, standard vs differential attention",
+                   variants=VARIANTS, defaults=DEFAULTS):
     """The needles study (module docstring)."""
-
-    name = "needles"
-    title = "Study: multi-needle retrieval, standard vs differential attention"
-    variants = VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("steps", "batch_size"), where)

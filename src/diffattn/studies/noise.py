@@ -41,7 +41,7 @@ from ..factory import create_model, from_pretrained
 from ..train.optim import warmup_cosine
 from ..train.step import fit
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .common import (
     minimum_errors,
     needle_attention,
@@ -103,15 +103,9 @@ def _byte_perplexity(model, text: str, tokens: int, context: int) -> float:
     return perplexity(model, ids, context_length=context, stride=context // 2)["ppl"]
 
 
-@register_study
-class NoiseStudy(Study):
+class NoiseStudy(Study, name="noise", title="Study: attention noise, standard vs differential LM", variants=VARIANTS,
+                 default_variants=DEFAULT_VARIANTS, defaults=DEFAULTS):
     """The noise study (module docstring)."""
-
-    name = "noise"
-    title = "Study: attention noise, standard vs differential LM"
-    variants = VARIANTS
-    default_variants = DEFAULT_VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("steps", "batch_size", "block_size", "prompt_length", "trials", "ppl_bytes",

@@ -44,7 +44,7 @@ from ..train.config import config_from_dict
 from ..train.loop import train
 from ..utils import device_errors
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .common import minimum_errors, pope_control, require_datasets, vlm_metrics
 from .report import Control, run_seeds, write_study
 
@@ -139,14 +139,9 @@ def control(cfg: dict[str, Any]) -> Control:
     return pope_control(cfg["pope_splits"][0])
 
 
-@register_study
-class PaliGemmaStudy(Study):
+class PaliGemmaStudy(Study, name="paligemma", title="Study: Differential PaliGemma vs LoRA fine-tuning",
+                     variants=VARIANTS, defaults=DEFAULTS):
     """The paligemma study (module docstring)."""
-
-    name = "paligemma"
-    title = "Study: Differential PaliGemma vs LoRA fine-tuning"
-    variants = VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("pretrain_steps", "finetune_steps", "lora_r", "lora_alpha", "anneal_steps",

@@ -22,7 +22,7 @@ import torch
 
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .common import increasing_ints, minimum_errors, mqar_stream, vocab_errors
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
@@ -100,14 +100,9 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
     return out
 
 
-@register_study
-class RecallStudy(Study):
+class RecallStudy(Study, name="recall", variants=VARIANTS, defaults=DEFAULTS,
+                  title="Study: multi-query associative recall, standard vs differential attention"):
     """The recall study (module docstring)."""
-
-    name = "recall"
-    title = "Study: multi-query associative recall, standard vs differential attention"
-    variants = VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("steps", "batch_size", "depth", "num_heads", "samples", "eval_every",

@@ -38,7 +38,7 @@ import torch
 from ..data.synthetic import SyntheticVocab, mqar_batch
 from ..io import atomic_write_file
 from ..layers import GatedDiffAttention
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .claims import SUBNORM_HELPS
 from .common import increasing_ints, minimum_errors, mqar_stream, vocab_errors
 from .protocol import PROTOCOLS, select_lr, tuning_errors
@@ -268,14 +268,9 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
     return {"results": results, "table": table, "report": str(out / "report.md"), "seconds": seconds}
 
 
-@register_study
-class RecallAblationStudy(Study):
+class RecallAblationStudy(Study, name="recall_ablation", variants=VARIANTS, defaults=DEFAULTS):
     """The recall ablation (module docstring). Each factor level is compared with its own reference level, not with
     one baseline, and the models are tuned per variant, so it runs and reports as one step (:meth:`execute`)."""
-
-    name = "recall_ablation"
-    variants = VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("steps", "batch_size", "depth", "samples", "eval_every", "curve_samples",

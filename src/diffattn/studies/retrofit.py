@@ -53,7 +53,7 @@ from ..io import atomic_write_dir
 from ..train.optim import warmup_cosine as factor
 from ..train.step import fit
 from . import claims
-from .base import Study, StudyConfig, register_study
+from .base import Study, StudyConfig
 from .common import (
     minimum_errors,
     needle_batches,
@@ -369,14 +369,9 @@ def lm_part(cfg: dict[str, Any], seed: int, folder: Path, progress: bool = True)
 # ------------------------------------------------------------------------------------------------- study
 
 
-@register_study
-class RetrofitStudy(Study):
+class RetrofitStudy(Study, name="retrofit", title="Study: retrofitted differential attention vs plain fine-tuning",
+                    variants=VARIANTS, defaults=DEFAULTS):
     """The retrofit study (module docstring)."""
-
-    name = "retrofit"
-    title = "Study: retrofitted differential attention vs plain fine-tuning"
-    variants = VARIANTS
-    defaults = DEFAULTS
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors: list[str] = []  # every constraint the config breaks, reported together
