@@ -18,6 +18,16 @@ Conventions read from the graph:
   multiplies diff; out = wo · diff.
 - MLA (latent cache, full layers): wk_b = wkv_b's k rows per KV head transposed, wv_b its v rows;
   Q = [wk_b-absorbed q_nope | q_pe] against K = [c_kv | k_pe], V = c_kv, then wv_b per head (``v_mla``).
+
+The dense MLP (``build_polynorm_mlp`` → ``build_polynorm_act`` with clamp_bias = clamp_result = false; tensors under
+``model.layers.{i}.mlp.``: ``gate_proj``, ``up_proj``, ``down_proj``, ``act_fn.weight`` (3), ``act_fn.bias`` (1)):
+- w = sigmoid(act_fn.weight) when ``polynorm.sigmoid_weight`` (default true); the bias is clamped to ±bias_clamp
+  only when clamp_bias (the routed experts) and bias_clamp > 0.
+- gate and up clamped to ±hidden_clamp when hidden_clamp > 0 (before x², x³); x2 = g·g, x3 = x2·g.
+- poly = rms_norm(x3)·w0 + rms_norm(x2)·w1 + rms_norm(g)·w2 (summed in that order) + b; ggml_rms_norm(t) =
+  t / √(mean(t²) + eps), eps = ``polynorm.epsilon``.
+- act = poly·up, clamped to ±hidden_clamp only when clamp_result (the routed experts), times output_scale when it
+  is not 1; out = down · act.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import math
 
 import torch
 
-__all__ = ["motif3_attention_reference"]
+__all__ = ["motif3_attention_reference", "motif3_mlp_reference"]
 
 
 def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
@@ -114,3 +124,40 @@ def motif3_attention_reference(w: dict[str, torch.Tensor], x: torch.Tensor, hp: 
     if gate is not None:
         diff = diff * gate.view(N, Hn, ratio, dv)
     return diff.reshape(N, Hs * dv) @ w["wo"].T
+
+
+def motif3_mlp_reference(w: dict[str, torch.Tensor], x: torch.Tensor, hp: dict, *, clamp_bias: bool = False,
+                         clamp_result: bool = False) -> torch.Tensor:
+    """x (N, n_embd) float64 through the PolyNorm MLP with weights ``w`` (``gate_proj``, ``up_proj``, ``down_proj``,
+    ``poly_w``, ``poly_b``) and hyper-parameters ``hp`` (eps, sigmoid_w, out_scale, bias_clamp, hidden_clamp; 0 for
+    a clamp that is off, as the hparams hold it) → (N, n_embd). ``clamp_bias`` / ``clamp_result``: the routed
+    experts' flags (both false for a dense layer and the shared expert). Token by token, as ggml's row ops go."""
+    eps, h_clamp, b_clamp = hp["eps"], hp["hidden_clamp"], hp["bias_clamp"]
+    pw, pb = w["poly_w"], w["poly_b"]
+    if hp["sigmoid_w"]:
+        pw = 1.0 / (1.0 + torch.exp(-pw))
+    if clamp_bias and b_clamp > 0.0:
+        pb = pb.clamp(-b_clamp, b_clamp)
+    w0, w1, w2, b = pw[0], pw[1], pw[2], pb[0]
+
+    def rms(t: torch.Tensor) -> torch.Tensor:
+        return t / math.sqrt(float((t * t).sum()) / t.shape[0] + eps)
+
+    rows = []
+    for t in range(x.shape[0]):
+        gate = w["gate_proj"] @ x[t]
+        up = w["up_proj"] @ x[t]
+        if h_clamp > 0.0:
+            gate = gate.clamp(-h_clamp, h_clamp)
+            up = up.clamp(-h_clamp, h_clamp)
+        x2 = gate * gate
+        x3 = x2 * gate
+        poly = rms(x3) * w0 + rms(x2) * w1 + rms(gate) * w2
+        poly = poly + b
+        act = poly * up
+        if clamp_result and h_clamp > 0.0:
+            act = act.clamp(-h_clamp, h_clamp)
+        if hp["out_scale"] != 1.0:
+            act = act * hp["out_scale"]
+        rows.append(w["down_proj"] @ act)
+    return torch.stack(rows)

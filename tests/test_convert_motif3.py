@@ -1,5 +1,7 @@
-"""Motif-3's released attention layout ↔ GroupedLatentDiffAttention: the names, the per-layer spec read from
-config.json (sliding-window layers, their window and RoPE base), bit-identical round trips, clear refusals."""
+"""Motif-3's released layout ↔ diffattn: the attention (GroupedLatentDiffAttention) and the dense MLP
+(Motif3PolyNormGLU): the names, the per-layer spec and MLP settings read from config.json (sliding-window layers,
+their window and RoPE base; which layers are dense, the PolyNorm keys and their defaults), bit-identical round trips
+and the config entries written back, clear refusals (MoE layers among them)."""
 
 from __future__ import annotations
 
@@ -8,16 +10,25 @@ import torch
 
 from diffattn.convert.motif3 import (
     MOTIF3_ATTENTION_NAMES,
+    MOTIF3_MLP_NAMES,
     diffattn_to_motif3_attention,
+    diffattn_to_motif3_mlp,
     from_motif3_attention,
+    from_motif3_mlp,
     motif3_attention_spec,
+    motif3_is_dense,
     motif3_is_sliding,
+    motif3_mlp_config,
+    motif3_mlp_settings,
     motif3_to_diffattn_attention,
+    motif3_to_diffattn_mlp,
     to_motif3_attention,
+    to_motif3_mlp,
 )
-from diffattn.layers import GroupedLatentDiffAttention
+from diffattn.layers import GroupedLatentDiffAttention, Motif3PolyNormGLU
 
 from .test_layers_gdla import motif3_config, released_weights
+from .test_layers_polynorm import mlp_config, released_mlp
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
@@ -77,3 +88,70 @@ def test_missing_tensors_wrong_shapes_and_foreign_keys_are_named():
         motif3_to_diffattn_attention(sd, -1)
     with pytest.raises(ValueError, match="module must be a diffattn GroupedLatentDiffAttention"):
         to_motif3_attention(torch.nn.Linear(2, 2), 0)
+
+
+# ------------------------------------------------------------------------------------------------ dense MLP
+
+@pytest.mark.parametrize("dtypes", [(torch.float64, torch.float64), (torch.bfloat16, torch.float32),
+                                    (torch.bfloat16, torch.bfloat16)], ids=["f64", "bf16_f32", "bf16"])
+def test_mlp_round_trip_is_bit_identical_and_keeps_each_dtype(dtypes):
+    cfg = {**motif3_config(10, 2, 2), **mlp_config()}
+    sd = {k: v.to(dtypes[1] if ".act_fn." in k else dtypes[0]) for k, v in released_mlp(cfg, 3).items()}
+    sd.update(released_weights(cfg, 3))  # the attention's tensors are not read
+    mlp = from_motif3_mlp(cfg, sd, 3)
+    assert isinstance(mlp, Motif3PolyNormGLU)
+    assert mlp.gate_proj.weight.dtype == dtypes[0] and mlp.act_fn.bias.dtype == dtypes[1]
+    back = to_motif3_mlp(mlp, 3)
+    want = {k: v for k, v in sd.items() if ".mlp." in k}
+    assert set(back) == set(want) and len(back) == 5
+    for k, v in want.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
+    assert all(mlp.state_dict()[k.rsplit(".mlp.", 1)[1]].data_ptr() == v.data_ptr() for k, v in want.items())
+    ours = motif3_to_diffattn_mlp(sd, 3)
+    assert diffattn_to_motif3_mlp(ours, 3).keys() == want.keys()
+    assert all(ours[MOTIF3_MLP_NAMES[k.rsplit(".mlp.", 1)[1]]] is v for k, v in want.items())
+
+
+def test_mlp_settings_follow_the_config_keys_and_the_public_defaults():
+    bare = {"hidden_size": 16, "intermediate_size": 24}
+    assert motif3_mlp_settings(bare, 0) == dict(dim=16, hidden_dim=24, eps=1e-6, sigmoid_weight=True,
+                                                output_scale=1.0, hidden_clamp=None)
+    assert motif3_mlp_settings({**bare, "hidden_clamp": 0}, 0)["hidden_clamp"] is None  # llama.cpp: only when > 0
+    got = motif3_mlp_settings({**bare, "polynorm_sigmoid_weight": False, "polynorm_output_scale": 0.5,
+                               "hidden_clamp": 1e6, "polynorm_bias_clamp": 0.5}, 0)
+    assert (got["sigmoid_weight"], got["output_scale"], got["hidden_clamp"]) == (False, 0.5, 1e6)
+    for cfg in (bare, mlp_config(), mlp_config(sigmoid=False, scale=0.7, clamp=None)):
+        module = Motif3PolyNormGLU(**motif3_mlp_settings(cfg, 0))
+        entries = motif3_mlp_config(module)
+        assert motif3_mlp_settings(entries, 0) == motif3_mlp_settings(cfg, 0)
+        assert {k: cfg.get(k) for k in entries if k in cfg} == {k: entries[k] for k in entries if k in cfg}
+
+
+def test_which_layers_are_dense():
+    moe = {"num_experts": 8, "n_dense_first_layers": 2, "interleave_moe_layer_step": 2}
+    assert [motif3_is_dense(moe, i) for i in range(7)] == [True, True, True, False, True, False, True]
+    moe["interleave_moe_layer_step"] = 1
+    assert [motif3_is_dense(moe, i) for i in range(4)] == [True, True, False, False]
+    assert all(motif3_is_dense({"num_experts": 0}, i) for i in range(4)) and motif3_is_dense({}, 5)
+
+
+def test_mlp_refusals_name_what_is_wrong():
+    cfg = mlp_config()
+    sd = released_mlp(cfg, 2)
+    moe = {**cfg, "num_experts": 8, "n_dense_first_layers": 2}
+    with pytest.raises(ValueError, match="layer 2 of this config is an MoE layer .*not the MoE experts and router"):
+        from_motif3_mlp(moe, sd, 2)
+    with pytest.raises(ValueError, match="has no 'model.layers.2.mlp.act_fn.bias'"):
+        from_motif3_mlp(cfg, {k: v for k, v in sd.items() if "act_fn.bias" not in k}, 2)
+    with pytest.raises(ValueError, match=r"gate_proj.weight.: \(\(24, 16\), \(32, 16\)\)"):
+        from_motif3_mlp({**cfg, "intermediate_size": 32}, sd, 2)
+    with pytest.raises(ValueError, match="config.json has no 'intermediate_size'"):
+        motif3_mlp_settings({"hidden_size": 16}, 0)
+    with pytest.raises(ValueError, match="polynorm_sigmoid_weight must be a bool, got 'yes'"):
+        motif3_mlp_settings({**cfg, "polynorm_sigmoid_weight": "yes"}, 0)
+    with pytest.raises(ValueError, match=r"cannot express exactly: \['drop.p'\]"):
+        diffattn_to_motif3_mlp({"drop.p": torch.zeros(1)}, 0)
+    with pytest.raises(ValueError, match="module must be a diffattn Motif3PolyNormGLU"):
+        to_motif3_mlp(torch.nn.Linear(2, 2), 0)
+    with pytest.raises(ValueError, match="Motif-3's layout fixes 1e-06"):
+        motif3_mlp_config(Motif3PolyNormGLU(4, 8, eps=1e-5))

@@ -1,5 +1,7 @@
-"""Motif-3's attention (Motif Technologies 2026; grouped differential latent attention, GDLA) in the released
-checkpoint's layout ↔ :class:`~diffattn.layers.GroupedLatentDiffAttention`, one layer at a time, exactly, both ways.
+"""Motif-3 (Motif Technologies 2026) in the released checkpoint's layout ↔ diffattn's layers, one layer at a time,
+exactly, both ways: the attention (grouped differential latent attention, GDLA) of every layer ↔
+:class:`~diffattn.layers.GroupedLatentDiffAttention`, and the MLP of a dense layer ↔
+:class:`~diffattn.layers.Motif3PolyNormGLU`.
 
 The layout is the one llama.cpp's Motif-3 converter reads (``conversion/motif3.py``, ``src/models/motif3.cpp``):
 
@@ -9,17 +11,25 @@ The layout is the one llama.cpp's Motif-3 converter reads (``conversion/motif3.p
   ``sliding_window`` (W: a query sees itself and the W keys before it), ``sliding_window_pattern``
   (``"interleave"``), ``sliding_window_period`` (p, default 2: layer l uses full attention when l % p == 0, the
   others the window) and ``swa_rope_theta`` (their RoPE base); ``rope_scaling`` / ``rope_factor`` (YaRN).
+- for the MLP: ``intermediate_size``, ``polynorm_sigmoid_weight`` (default true), ``polynorm_output_scale`` (1.0),
+  ``hidden_clamp`` (unset: no clamp; llama.cpp clamps only when it is > 0), ``polynorm_bias_clamp`` (routed experts
+  only); PolyNorm's eps is not in ``config.json`` (1e-6). Which layers are dense: all when ``num_experts`` is 0 or
+  absent, else those with l < ``n_dense_first_layers`` (default 0) or (l + 1) % ``interleave_moe_layer_step``
+  (default 1) != 0.
 - tensors under ``model.layers.{l}.self_attn.``: ``wq_a``, ``q_norm``, ``wq_b``, ``wq_b_gate`` (the output gate;
-  optional), ``wkv_a``, ``kv_norm``, ``wkv_b``, ``lambda_proj``, ``wo`` (``.weight`` each, no biases).
+  optional), ``wkv_a``, ``kv_norm``, ``wkv_b``, ``lambda_proj``, ``wo`` (``.weight`` each, no biases); under
+  ``model.layers.{l}.mlp.`` of a dense layer: ``gate_proj.weight``, ``up_proj.weight``, ``down_proj.weight``,
+  ``act_fn.weight`` (3 PolyNorm coefficients), ``act_fn.bias`` (1).
 
-The layer's parameters are those tensors under other names, no tensor permuted or split (``wq_b``'s heads are
-[nope | rope] each, in groups [signal × r, noise], as the layer reads them): a converted state dict written back is
-bit-identical, and tensors keep their dtype.
+The layers' parameters are those tensors under other names (the MLP's under the same names), no tensor permuted or
+split (``wq_b``'s heads are [nope | rope] each, in groups [signal × r, noise], as the layer reads them): a converted
+state dict written back is bit-identical, and tensors keep their dtype.
 
-Not supported (this module converts the attention of one layer, nothing else): YaRN-scaled RoPE (a ``rope_factor``
-> 1 is refused, not approximated), the MoE feed-forward layers (grouped-PolyNorm experts, router, shared expert),
-the dense PolyNorm MLP (its sigmoid-weighted, clamped PolyNorm is not :class:`~diffattn.layers.PolyNormGLU`), the mHC
-hyper-connections around every sub-layer, the multi-token-prediction layers, and so the full decoder model.
+Supported: the attention of every layer (full and sliding-window) and the MLP of the dense layers.
+Not supported: YaRN-scaled RoPE (a ``rope_factor`` > 1 is refused, not approximated); the MoE feed-forward layers
+(the routed grouped-PolyNorm experts, the router and its expert bias, the shared expert: asking for the MLP of an MoE
+layer is refused); the mHC hyper-connections around every sub-layer; the multi-token-prediction layers; the norms,
+embeddings and head; and so the full decoder model.
 """
 
 from __future__ import annotations
@@ -29,11 +39,13 @@ from typing import Any
 
 import torch
 
-from ..layers import AttentionSpec, GroupedLatentDiffAttention
+from ..layers import AttentionSpec, GroupedLatentDiffAttention, Motif3PolyNormGLU
 from ._common import StateDict, check_no_extra, take
 
 __all__ = ["MOTIF3_ATTENTION_NAMES", "motif3_is_sliding", "motif3_attention_spec", "motif3_to_diffattn_attention",
-           "diffattn_to_motif3_attention", "from_motif3_attention", "to_motif3_attention"]
+           "diffattn_to_motif3_attention", "from_motif3_attention", "to_motif3_attention",
+           "MOTIF3_MLP_NAMES", "motif3_is_dense", "motif3_mlp_settings", "motif3_mlp_config", "motif3_to_diffattn_mlp",
+           "diffattn_to_motif3_mlp", "from_motif3_mlp", "to_motif3_mlp"]
 
 #: released name under ``model.layers.{l}.self_attn.`` → the layer's parameter name
 MOTIF3_ATTENTION_NAMES = {
@@ -48,6 +60,12 @@ MOTIF3_ATTENTION_NAMES = {
     "wo.weight": "out_proj.weight",
 }
 _GATE = "wq_b_gate.weight"
+
+#: released name under ``model.layers.{l}.mlp.`` of a dense layer → the :class:`~diffattn.layers.Motif3PolyNormGLU`
+#: parameter name (the same)
+MOTIF3_MLP_NAMES = {name: name for name in ("gate_proj.weight", "up_proj.weight", "down_proj.weight",
+                                            "act_fn.weight", "act_fn.bias")}
+_POLY_NORM_EPS = 1e-6  # PolyNorm's eps: not in config.json, llama.cpp's converter writes 1e-6
 
 
 def _get(config: Mapping, key: str, default: Any = None, *, required: bool = False) -> Any:
@@ -162,3 +180,96 @@ def to_motif3_attention(module: GroupedLatentDiffAttention, layer: int) -> dict[
     if not isinstance(module, GroupedLatentDiffAttention):
         raise ValueError(f"module must be a diffattn GroupedLatentDiffAttention, got {type(module).__name__}")
     return diffattn_to_motif3_attention(module.state_dict(), layer)
+
+
+def _mlp_prefix(layer: int) -> str:
+    return _prefix(layer).replace(".self_attn.", ".mlp.")
+
+
+def motif3_is_dense(config: Mapping, layer: int) -> bool:
+    """Whether layer ``layer`` (0-based) of a Motif-3 ``config.json`` has a dense MLP rather than MoE experts
+    (llama.cpp's ``is_moe``: ``num_experts`` > 0, layer >= ``n_dense_first_layers`` and (layer + 1) %
+    ``interleave_moe_layer_step`` == 0)."""
+    _prefix(layer)
+    if not isinstance(config, Mapping):
+        raise ValueError(f"config must be the dict of a Motif-3 config.json, got {type(config).__name__}")
+    if int(_get(config, "num_experts", 0)) <= 0:
+        return True
+    lead = int(_get(config, "n_dense_first_layers", 0))
+    step = int(_get(config, "interleave_moe_layer_step", 1))
+    return not (layer >= lead and step > 0 and (layer + 1) % step == 0)
+
+
+def motif3_mlp_settings(config: Mapping, layer: int) -> dict[str, Any]:
+    """The :class:`~diffattn.layers.Motif3PolyNormGLU` arguments of dense layer ``layer`` from a Motif-3
+    ``config.json`` (a dict); ValueError for an MoE layer, whose experts and router diffattn does not build."""
+    if not motif3_is_dense(config, layer):
+        raise ValueError(
+            f"layer {layer} of this config is an MoE layer (num_experts={config['num_experts']}, "
+            f"n_dense_first_layers={_get(config, 'n_dense_first_layers', 0)}, interleave_moe_layer_step="
+            f"{_get(config, 'interleave_moe_layer_step', 1)}); diffattn converts only the MLP of dense layers, not "
+            f"the MoE experts and router")
+    sigmoid_weight = _get(config, "polynorm_sigmoid_weight", True)
+    if not isinstance(sigmoid_weight, bool):
+        raise ValueError(f"config.polynorm_sigmoid_weight must be a bool, got {sigmoid_weight!r}")
+    clamp = _get(config, "hidden_clamp")
+    clamp = float(clamp) if clamp is not None and float(clamp) > 0 else None  # llama.cpp: applied when > 0
+    return dict(dim=int(_get(config, "hidden_size", required=True)),
+                hidden_dim=int(_get(config, "intermediate_size", required=True)), eps=_POLY_NORM_EPS,
+                sigmoid_weight=sigmoid_weight, output_scale=float(_get(config, "polynorm_output_scale", 1.0)),
+                hidden_clamp=clamp)
+
+
+def motif3_mlp_config(module: Motif3PolyNormGLU) -> dict[str, Any]:
+    """The ``config.json`` entries that give back ``module``'s settings through :func:`motif3_mlp_settings`
+    (``hidden_size``, ``intermediate_size``, ``polynorm_sigmoid_weight``, ``polynorm_output_scale``,
+    ``hidden_clamp``: None when unset). ValueError for what the layout cannot express (an eps other than 1e-6)."""
+    if not isinstance(module, Motif3PolyNormGLU):
+        raise ValueError(f"module must be a diffattn Motif3PolyNormGLU, got {type(module).__name__}")
+    if module.act_fn.eps != _POLY_NORM_EPS:
+        raise ValueError(f"module's PolyNorm eps is {module.act_fn.eps}; Motif-3's layout fixes {_POLY_NORM_EPS}")
+    return {"hidden_size": module.gate_proj.in_features, "intermediate_size": module.gate_proj.out_features,
+            "polynorm_sigmoid_weight": module.act_fn.sigmoid_weight, "polynorm_output_scale": module.output_scale,
+            "hidden_clamp": module.hidden_clamp}
+
+
+def motif3_to_diffattn_mlp(sd: StateDict, layer: int) -> dict[str, torch.Tensor]:
+    """The dense MLP tensors of layer ``layer`` in a released state dict (other layers' and other modules' keys are
+    ignored) → the module's state dict (tensors shared, not copied). Every tensor must be there."""
+    p = _mlp_prefix(layer)
+    return {ours: take(sd, p + theirs, "Motif-3 checkpoint", ndim=1 if theirs.startswith("act_fn.") else 2)
+            for theirs, ours in MOTIF3_MLP_NAMES.items()}
+
+
+def diffattn_to_motif3_mlp(sd: StateDict, layer: int) -> dict[str, torch.Tensor]:
+    """A :class:`~diffattn.layers.Motif3PolyNormGLU` state dict → the released names of layer ``layer`` (tensors
+    shared, not copied); any key the layout has no name for is an error."""
+    p = _mlp_prefix(layer)
+    check_no_extra(sd, set(MOTIF3_MLP_NAMES.values()), "Motif-3 MLP")
+    return {p + theirs: take(sd, ours, "Motif-3 MLP") for theirs, ours in MOTIF3_MLP_NAMES.items()}
+
+
+def from_motif3_mlp(config: Mapping, sd: StateDict, layer: int) -> Motif3PolyNormGLU:
+    """Dense layer ``layer``'s MLP of a released Motif-3 (its ``config.json`` dict and a state dict holding that
+    layer's tensors) as a :class:`~diffattn.layers.Motif3PolyNormGLU` holding the checkpoint's tensors themselves
+    (each keeps its dtype: the PolyNorm coefficients are often float32 beside bfloat16 projections), loaded
+    strictly."""
+    weights = motif3_to_diffattn_mlp(sd, layer)
+    settings = motif3_mlp_settings(config, layer)
+    with torch.device("meta"):
+        module = Motif3PolyNormGLU(**settings)
+    want = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    got = {k: tuple(v.shape) for k, v in weights.items()}
+    if want != got:
+        bad = {k: (got[k], want[k]) for k in sorted(want) if got[k] != want[k]}
+        raise ValueError(f"Motif-3 layer {layer} MLP: tensor shapes (got, config.json wants): {bad}")
+    module.load_state_dict(weights, strict=True, assign=True)
+    return module
+
+
+def to_motif3_mlp(module: Motif3PolyNormGLU, layer: int) -> dict[str, torch.Tensor]:
+    """A dense MLP's weights under the released names of layer ``layer`` (:func:`diffattn_to_motif3_mlp`); the
+    ``config.json`` entries it needs come from :func:`motif3_mlp_config`."""
+    if not isinstance(module, Motif3PolyNormGLU):
+        raise ValueError(f"module must be a diffattn Motif3PolyNormGLU, got {type(module).__name__}")
+    return diffattn_to_motif3_mlp(module.state_dict(), layer)
