@@ -12,7 +12,7 @@ import pytest
 import torch
 import yaml
 
-from diffattn.studies import load_study, study_names, validate_study
+from diffattn.studies import Study, load_study, study_names, validate_study
 from diffattn.studies.report import Control, Metric, aggregate, read_seed, run_seeds, write_seed, write_study
 from diffattn.studies.stats import (
     holm,
@@ -200,7 +200,8 @@ def test_write_study_requires_a_control(tmp_path):
 def test_every_study_states_a_control(name):
     """A study without a positive control cannot be written: ``control`` is a required keyword of write_study, and
     each study module states its control (``CONTROL``, or ``control(cfg)`` when the level depends on the config) for
-    its default budget and passes it to write_study (or, writing its own report, checks it with check_control)."""
+    its default budget and passes it to write_study (through ``Study.write_report``, or, writing its own report,
+    checks it with check_control)."""
     import importlib
     import inspect
 
@@ -211,6 +212,9 @@ def test_every_study_states_a_control(name):
     controls = [got] if isinstance(got, Control) else got
     assert controls and all(isinstance(c, Control) and math.isfinite(c.threshold) for c in controls)
     source = inspect.getsource(module)
+    if "self.write_report(" in source:  # Study.write_report: write_study with the study's control
+        assert "control=self.control(cfg)" in inspect.getsource(Study.write_report)
+        return
     if "write_study(" not in source:  # a study with its own report (recall_ablation: effects against references)
         assert "check_control(" in source and "control(cfg)" in source
         return

@@ -251,3 +251,33 @@ def test_class_keywords_set_the_attributes_and_register_the_study():
         assert type(get_study("keyword_test")) is Child
     finally:
         base._REGISTRY.pop("keyword_test", None)
+
+
+@pytest.mark.parametrize("name", sorted(PACKAGED_STUDIES))
+def test_each_packaged_study_keeps_its_control(name):
+    module = importlib.import_module(f"diffattn.studies.{name}")
+    cfg = load_study(name)
+    want = module.control(cfg) if callable(getattr(module, "control", None)) else module.CONTROL
+    assert get_study(name).control(cfg) == want
+
+
+def test_the_control_keyword_is_the_control_or_gives_it(tmp_path):
+    fixed = Control("A accuracy", "accuracy", 0.5)
+
+    class Fixed(Study, control=fixed):  # no name: registers nothing
+        title = "Study: fixed"
+
+    class PerConfig(Study, control=lambda cfg: [Control("A accuracy", "accuracy", cfg["threshold"])]):
+        pass
+
+    class NoControl(Study):
+        name = "no_control"
+
+    assert Fixed().control({}) is fixed and Fixed.positive_control is fixed
+    assert PerConfig().control({"threshold": 0.7}) == [Control("A accuracy", "accuracy", 0.7)]
+    with pytest.raises(NotImplementedError, match="study 'no_control' declares no control"):
+        NoControl().control({})
+    cfg = {"study": "fixed", "variants": ["a"], "seeds": [0], "out": str(tmp_path)}
+    res = Fixed().write_report(cfg, "Intro.", {0: {"A": {"accuracy": 0.75}}}, [Metric("accuracy", "accuracy", 1.0, 3)],
+                               1.0)
+    assert res["control"]["passed"] and (tmp_path / "report.md").read_text().startswith("# Study: fixed")

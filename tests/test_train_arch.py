@@ -168,6 +168,60 @@ def test_unknown_task_keys_are_named(toy_task):
                           "data": {"name": "digits"}, "run": {"steps": 1}})
 
 
+#: every shipped task: name → (class name, metrics, data_kinds, data_formats, model_name, size_keys, pretrained,
+#: options), as they were before the class keywords
+SHIPPED_TASKS = {
+    "classify": ("ClassifyTask", ("top1", "loss"), ("classification", "text"), ("digits", "imagefolder"), True,
+                 "model.overrides", False, ("name", "label_smoothing", "mixup", "cutmix")),
+    "clip": ("ClipTask", ("r@1", "i2t@1", "t2i@1", "loss"), ("captions",), ("digits", "csv", "webdataset"), True,
+             "model.overrides", False, ("name",)),
+    "lm": ("LMTask", ("loss", "ppl"), ("text",), ("tokens", "text", "sklearn_text"), True, "model.overrides", True,
+           ("name",)),
+    "paligemma": ("PaliGemmaTask", (), (), (), False, "task.base.config", False,
+                  ("name", "base", "method", "lambda_init", "anneal_steps", "lora_r", "lora_alpha", "lora_targets")),
+    "retrofit": ("RetrofitTask", ("loss", "ppl"), ("text",), ("tokens", "text", "sklearn_text"), False,
+                 "task.base.config", False, ("name", "base", "method", "lambda_init", "anneal_steps", "train", "lora",
+                                             "lora_r", "lora_alpha", "lora_targets")),
+    "vlm": ("VLMTask", (), (), (), True, "model.overrides", False, ("name", "base", "train")),
+}
+
+
+def test_each_shipped_task_keeps_its_declaration():
+    assert set(SHIPPED_TASKS) <= set(TASKS)
+    for name, (cls_name, *attrs) in SHIPPED_TASKS.items():
+        cls = TASKS[name]
+        assert cls.__name__ == cls_name and cls.name == name and cls.Config().name == name
+        assert [cls.metrics, cls.data_kinds, cls.data_formats, cls.model_name, cls.size_keys, cls.pretrained,
+                cls.options] == attrs
+
+
+def test_task_class_keywords_set_the_attributes_and_register_the_task():
+    @dataclass
+    class KeywordConfig(TaskConfig):
+        name: str = "keyword_test"
+        scale: float = 1.0
+
+    try:
+        class KeywordTask(Task, name="keyword_test", Config=KeywordConfig, metrics=("loss",), model_name=False):
+            pass
+
+        assert TASKS["keyword_test"] is KeywordTask and KeywordTask.options == ("name", "scale")
+        assert (KeywordTask.metrics, KeywordTask.model_name, KeywordTask.data_kinds) == (("loss",), False, ())
+
+        class Child(KeywordTask):  # no name: inherits the declaration and registers nothing
+            pass
+
+        assert TASKS["keyword_test"] is KeywordTask and Child.metrics == ("loss",)
+        with pytest.raises(TypeError, match=r"task class Bad got unknown class keyword\(s\) \['metric'\]"):
+            class Bad(Task, metric=("loss",)):
+                pass
+        with pytest.raises(TypeError, match="Config must be a dataclass subclassing TaskConfig"):
+            class NoConfig(Task, name="keyword_test", Config=dict):
+                pass
+    finally:
+        TASKS.pop("keyword_test", None)
+
+
 # ----------------------------------------------------------------------------------- one model build per run
 
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 
 from .ops import upcast
+from .registry import registered, registering
 
 __all__ = [
     "DEFAULT_LAMBDA_INIT",
@@ -184,17 +185,7 @@ def register_lambda(name: str) -> Callable[[type[LambdaForm]], type[LambdaForm]]
     """Class decorator: register a :class:`LambdaForm` subclass under ``name`` (once)."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a λ form name must be a non-empty string, got {name!r}")
-
-    def deco(cls: type[LambdaForm]) -> type[LambdaForm]:
-        if not (isinstance(cls, type) and issubclass(cls, LambdaForm)):
-            raise TypeError(f"register_lambda({name!r}) needs a LambdaForm subclass, got {cls!r}")
-        if name in _REGISTRY:
-            raise ValueError(f"λ form {name!r} is already registered (by {_REGISTRY[name].__name__})")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return deco
+    return registering(_REGISTRY, name, LambdaForm, "register_lambda", "λ form")
 
 
 def available_lambdas() -> tuple[str, ...]:
@@ -204,9 +195,7 @@ def available_lambdas() -> tuple[str, ...]:
 
 def lambda_class(name: str) -> type[LambdaForm]:
     """The registered class of λ form ``name``."""
-    if name not in _REGISTRY:
-        raise ValueError(f"lambda_form must be one of {available_lambdas()}, got {name!r}")
-    return _REGISTRY[name]
+    return registered(_REGISTRY, name, "lambda_form")
 
 
 def build_lambda(name: str, *, dim: int, num_heads: int, head_dim: int, lambda_init: float,
@@ -353,42 +342,59 @@ class ConstantLambda(LambdaForm):
         return _ONE, self.lambda_init
 
 
+def _sigmoid_heads(z: torch.Tensor) -> torch.Tensor:
+    """σ(z) of the logits z (B, N, H) as (B, H, N, 1), in ≥ float32."""
+    return torch.sigmoid(upcast(z)).transpose(1, 2).unsqueeze(-1)
+
+
+class _TokenLambda(LambdaForm):
+    """A λ form read from the tokens: one linear layer D → H, the attribute named :attr:`logits_proj`, whose logits
+    z (B, N, H) give ``(weight1, lambda_)`` through :meth:`from_logits`, and which the fused kernels read as
+    :attr:`kernel_mode`. ``bias`` None: the form's :attr:`default_bias`."""
+
+    #: what the fused kernels call these logits (:meth:`LambdaForm.kernel_inputs`)
+    kernel_mode: str = ""
+    default_bias: bool = False
+
+    def __init__(self, dim: int, num_heads: int, *, bias: bool | None = None):
+        super().__init__()
+        self.num_heads = num_heads
+        setattr(self, self.logits_proj, nn.Linear(dim, num_heads, bias=self.default_bias if bias is None else bias))
+
+    def forward(self, x: torch.Tensor):
+        return self.from_logits(getattr(self, self.logits_proj)(x))
+
+    def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
+        return self.kernel_mode, (getattr(self, self.logits_proj)(x),), 0.0  # logits (B, N, H)
+
+
 @register_lambda("gate")
-class GateLambda(LambdaForm):
+class GateLambda(_TokenLambda):
     """M-DGSA gate (Lygizou & Kalamaras 2025, eq. 2–3): g = σ(X W_g + b_g) ∈ (0, 1)^{N×H}; weight1 = g on A⁺,
     λ = 1 − g on A⁻.
 
     One linear layer D → H (the paper's §5.3 found deeper gates worse). ``gate_proj`` keeps the name its models use.
     """
 
-    def __init__(self, dim: int, num_heads: int, *, bias: bool = True):
-        super().__init__()
-        self.num_heads = num_heads
-        self.gate_proj = nn.Linear(dim, num_heads, bias=bias)
+    logits_proj = "gate_proj"
+    kernel_mode = "gate"
+    default_bias = True
 
     @classmethod
     def build(cls, *, dim, num_heads, head_dim, lambda_init, bias: bool = True):
         return cls(dim, num_heads, bias=bias)
 
-    logits_proj = "gate_proj"
-
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """g of shape (B, H, N, 1) in float32."""
-        return torch.sigmoid(upcast(self.gate_proj(x))).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.from_logits(self.gate_proj(x))
+        return _sigmoid_heads(self.gate_proj(x))  # (B, H, N, 1)
 
     def from_logits(self, z: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.sigmoid(upcast(z)).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
+        g = _sigmoid_heads(z)  # (B, H, N, 1)
         return g, 1.0 - g
-
-    def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
-        return "gate", (self.gate_proj(x),), 0.0  # logits (B, N, H)
 
 
 @register_lambda("token_sigmoid")
-class TokenSigmoidLambda(LambdaForm):
+class TokenSigmoidLambda(_TokenLambda):
     """λ = σ(X W) per token and head on A2 only, weight1 = 1, and no sub-norm: the Differential Transformer V2
     (Ye et al. 2026; microsoft/unilm ``multihead_flashdiffv2.py``, whose ``lambda_proj`` has no bias).
 
@@ -396,26 +402,15 @@ class TokenSigmoidLambda(LambdaForm):
     """
 
     sub_norm = False
-
-    def __init__(self, dim: int, num_heads: int, *, bias: bool = False):
-        super().__init__()
-        self.num_heads = num_heads
-        self.lambda_proj = nn.Linear(dim, num_heads, bias=bias)
+    logits_proj = "lambda_proj"
+    kernel_mode = "sigmoid"
 
     @classmethod
     def build(cls, *, dim, num_heads, head_dim, lambda_init, bias: bool = False):
         return cls(dim, num_heads, bias=bias)
 
-    logits_proj = "lambda_proj"
-
-    def forward(self, x: torch.Tensor) -> tuple[float, torch.Tensor]:
-        return self.from_logits(self.lambda_proj(x))
-
     def from_logits(self, z: torch.Tensor) -> tuple[float, torch.Tensor]:
-        return _ONE, torch.sigmoid(upcast(z)).transpose(1, 2).unsqueeze(-1)  # (B, H, N, 1)
-
-    def kernel_inputs(self, x: torch.Tensor) -> tuple[str, tuple[torch.Tensor, ...], float] | None:
-        return "sigmoid", (self.lambda_proj(x),), 0.0  # logits (B, N, H)
+        return _ONE, _sigmoid_heads(z)  # (B, H, N, 1)
 
 
 @register_lambda("annealed")

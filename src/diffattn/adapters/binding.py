@@ -8,6 +8,7 @@ bindings :func:`~diffattn.adapters.retrofit` consults is ``diffattn.adapters.bin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -16,7 +17,8 @@ import torch.nn as nn
 
 from .methods import RetrofitAdapter
 
-__all__ = ["ADAPTER_ATTR", "Binding", "Candidate", "parent_of", "candidates"]
+__all__ = ["ADAPTER_ATTR", "Binding", "BindingBase", "Candidate", "parent_of", "candidates", "optional_class",
+           "retrofitted_class"]
 
 #: attribute of a converted attention module that holds its :class:`RetrofitAdapter`
 ADAPTER_ATTR = "diff_adapter"
@@ -72,3 +74,48 @@ def candidates(model: nn.Module, binding: Binding, match: Callable[[nn.Module], 
     """Every submodule of ``model`` that ``match`` accepts, in module order, as a :class:`Candidate` of
     ``binding`` (what a binding's ``find`` returns)."""
     return [Candidate(name, m, *parent_of(model, name), binding) for name, m in model.named_modules() if match(m)]
+
+
+def optional_class(load: Callable[[], type]) -> Callable[[], type | None]:
+    """Decorator: ``load`` (a function that imports a model library's class and returns it) called once, its class
+    kept; None when the library is not installed. A binding imports its library only when a model is searched."""
+
+    @functools.cache
+    def cached() -> type | None:
+        try:
+            return load()
+        except ImportError:
+            return None
+
+    return functools.update_wrapper(cached, load)
+
+
+@functools.cache
+def retrofitted_class(base: type | None, name: str, what: str, module: str, *, missing: str = "",
+                      **methods: Callable) -> type:
+    """The subclass ``name`` of ``base`` (the library's attention class, called ``what`` in its docstring) that a
+    converted module becomes, defined in the binding's ``module`` (so that pickles find it) with ``methods``
+    (``forward``, …) running the retrofit; made once per base. ``base`` None (the library is not installed): an
+    ImportError saying ``missing``."""
+    if base is None:
+        raise ImportError(missing)
+    doc = f"{what} retrofitted with differential attention (never built directly: see retrofit)."
+    return type(name, (base,), {**methods, "__module__": module, "__doc__": doc})
+
+
+class BindingBase:
+    """What most bindings share: no modules outside the attention train with it, and :meth:`convert` swaps the
+    module's class in place for :meth:`retrofitted_class` (parameters and state-dict names stay)."""
+
+    def extra_trainable(self, c: Candidate) -> list[nn.Module]:
+        return []
+
+    def retrofitted_class(self, module: nn.Module) -> type:
+        """The class a converted ``module`` becomes (a subclass of its own)."""
+        raise NotImplementedError
+
+    def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
+        m = c.module
+        m.__class__ = self.retrofitted_class(m)
+        setattr(m, ADAPTER_ATTR, adapter)
+        return m

@@ -55,6 +55,26 @@ def _ye_depth(lambda_init: float) -> int:
     return 0
 
 
+#: timm's names of the ``dual_lambda`` scalars and of the sub-norm weight → ours (the reparameterised λ vectors keep
+#: their names on both sides)
+_TIMM_NAMES = {"lambda_a": "lambda_fn.lambda_a", "lambda_b": "lambda_fn.lambda_b",
+               "sub_norm.weight": "diff_norm.weight"}
+
+
+def _renamed_lambdas(sd: StateDict, names: dict[str, str], dual_where: str, where: str) -> dict[str, torch.Tensor]:
+    """The λ and sub-norm entries of ``sd`` (one side's layout) under the other side's names: ``names`` maps this
+    side's two ``dual_lambda`` scalars and sub-norm weight to the other's; without the scalars, the reparameterised
+    vectors :data:`LAMBDAS` (a missing one: ValueError naming ``where``)."""
+    a, b, norm = names
+    if a in sd:
+        out = {names[a]: take(sd, a, dual_where).clone(), names[b]: take(sd, b, dual_where).clone()}
+    else:
+        out = {name: take(sd, name, where).clone() for name in LAMBDAS}
+    if norm in sd:
+        out[names[norm]] = sd[norm].clone()
+    return out
+
+
 def timm_to_diffattn_state_dict(sd: StateDict) -> dict[str, torch.Tensor]:
     """A ``timm.layers.DiffAttention`` state dict → a :class:`~diffattn.DiffAttention` state dict (same
     layout).
@@ -62,8 +82,7 @@ def timm_to_diffattn_state_dict(sd: StateDict) -> dict[str, torch.Tensor]:
     ``qkv`` (3D, D) splits into ``q_proj``/``k_proj``/``v_proj`` rows [0, D), [D, 2D), [2D, 3D); ``proj`` →
     ``out_proj``; ``sub_norm`` → ``diff_norm``; ``lambda_a/b`` (``dual_lambda``) → ``lambda_fn.lambda_a/b``.
     """
-    known = {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "sub_norm.weight", "lambda_a", "lambda_b",
-             *LAMBDAS}
+    known = {"qkv.weight", "qkv.bias", "proj.weight", "proj.bias", *_TIMM_NAMES, *LAMBDAS}
     bad = sorted(k for k in sd if k.startswith(("q_norm.", "k_norm.", "norm.")))
     if bad:
         raise ValueError(f"timm DiffAttention with qk_norm or scale_norm has no diffattn counterpart "
@@ -77,15 +96,7 @@ def timm_to_diffattn_state_dict(sd: StateDict) -> dict[str, torch.Tensor]:
                 out[f"{name}.{kind}"] = t.clone()
         if kind == "weight" or "proj.bias" in sd:
             out[f"out_proj.{kind}"] = take(sd, f"proj.{kind}", "timm").clone()
-    if "lambda_a" in sd:
-        out["lambda_fn.lambda_a"] = take(sd, "lambda_a", "timm").clone()
-        out["lambda_fn.lambda_b"] = take(sd, "lambda_b", "timm").clone()
-    else:
-        for name in LAMBDAS:
-            out[name] = take(sd, name, "timm DiffAttention").clone()
-    if "sub_norm.weight" in sd:
-        out["diff_norm.weight"] = sd["sub_norm.weight"].clone()
-    return out
+    return out | _renamed_lambdas(sd, _TIMM_NAMES, "timm", "timm DiffAttention")
 
 
 def diffattn_to_timm_state_dict(sd: StateDict, *, qkv_bias: bool | None = None) -> dict[str, torch.Tensor]:
@@ -97,7 +108,7 @@ def diffattn_to_timm_state_dict(sd: StateDict, *, qkv_bias: bool | None = None) 
     ones.
     """
     known = {f"{p}.{k}" for p in ("q_proj", "k_proj", "v_proj", "out_proj") for k in ("weight", "bias")}
-    known |= set(LAMBDAS) | {"diff_norm.weight", "lambda_fn.lambda_a", "lambda_fn.lambda_b"}
+    known |= {*_TIMM_NAMES.values(), *LAMBDAS}
     check_no_extra(sd, known, "DiffAttention")
     w = [take(sd, f"{p}.weight", "DiffAttention") for p in ("q_proj", "k_proj", "v_proj")]
     out = {"qkv.weight": torch.cat(w, dim=0)}
@@ -112,15 +123,8 @@ def diffattn_to_timm_state_dict(sd: StateDict, *, qkv_bias: bool | None = None) 
     out["proj.weight"] = take(sd, "out_proj.weight", "DiffAttention").clone()
     if "out_proj.bias" in sd:
         out["proj.bias"] = sd["out_proj.bias"].clone()
-    if "lambda_fn.lambda_a" in sd:
-        out["lambda_a"] = sd["lambda_fn.lambda_a"].clone()
-        out["lambda_b"] = take(sd, "lambda_fn.lambda_b", "DiffAttention").clone()
-    else:
-        for name in LAMBDAS:
-            out[name] = take(sd, name, "DiffAttention").clone()
-    if "diff_norm.weight" in sd:
-        out["sub_norm.weight"] = sd["diff_norm.weight"].clone()
-    return out
+    ours = {v: k for k, v in _TIMM_NAMES.items()}
+    return out | _renamed_lambdas(sd, ours, "DiffAttention", "DiffAttention")
 
 
 def from_timm_diff_attention(module: nn.Module, *, backend: str = "auto") -> DiffAttention:

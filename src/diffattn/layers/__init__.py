@@ -9,7 +9,7 @@ from .kv_cache import KV_CACHES, KVCache, StaticKVCache
 from .loading import load_layer
 from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
-from .polynorm import PolyNorm, PolyNormGLU
+from .polynorm import Motif3PolyNormGLU, PolyNorm, PolyNormGLU
 from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
 from .spec import ATTENTION_TYPES, HEAD_LAYOUTS, AttentionSpec, attention_class, attention_kind, register_attention
 from .stable_audio import StableAudioAttention
@@ -42,6 +42,7 @@ __all__ = [
     "QuickGELU",
     "PolyNorm",
     "PolyNormGLU",
+    "Motif3PolyNormGLU",
     "MLP_TYPES",
     "build_mlp",
     "Block",

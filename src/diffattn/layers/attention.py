@@ -55,6 +55,15 @@ def _check_int(name: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
+def _positions(position_ids: torch.Tensor | None, kv_cache: KVCache | None, n: int,
+               device: torch.device) -> torch.Tensor:
+    """``position_ids``, or the ``n`` positions that continue ``kv_cache`` (from 0 without one)."""
+    if position_ids is not None:
+        return position_ids
+    start = kv_cache.length if kv_cache is not None else 0
+    return torch.arange(start, start + n, device=device)
+
+
 class _AttentionBase(nn.Module):
     """Projections, rotary embedding, KV cache and output path shared by the layers.
 
@@ -74,6 +83,8 @@ class _AttentionBase(nn.Module):
     scales_by_lambda_init: ClassVar[bool] = False
     #: the name of a CLIP with this attention in both towers, where a paper named one (Hammoud & Ghanem 2025)
     clip_variant: ClassVar[str | None] = None
+    #: the projection of the input whose weight's dtype and device the input must match (:meth:`_check_x`)
+    input_proj: ClassVar[str] = "q_proj"
     Config: ClassVar[type[AttentionSpec]]
 
     @classmethod
@@ -138,10 +149,7 @@ class _AttentionBase(nn.Module):
         k = self.k_proj(x).view(B, N, self.num_kv_heads, d).transpose(1, 2)  # (B, kv_heads, N, d)
         v = self.v_proj(x).view(B, N, self.v_heads, self.v_head_dim).transpose(1, 2)  # (B, v_heads, N, dv)
         if self.rotary is not None:
-            if position_ids is None:
-                start = kv_cache.length if kv_cache is not None else 0
-                position_ids = torch.arange(start, start + N, device=x.device)
-            cos, sin = self.rotary(position_ids, dtype=compute_dtype(q.dtype))
+            cos, sin = self.rotary(_positions(position_ids, kv_cache, N, x.device), dtype=compute_dtype(q.dtype))
             q = apply_rotary(q, cos, sin, self.rotary.style)
             k = apply_rotary(k, cos, sin, self.rotary.style)
         if kv_cache is not None:
@@ -153,7 +161,7 @@ class _AttentionBase(nn.Module):
             raise ValueError(f"x must be a tensor of shape (B, N, dim={self.dim}), got {type(x).__name__}")
         if x.dim() != 3 or x.shape[-1] != self.dim:
             raise ValueError(f"x must have shape (B, N, dim={self.dim}), got {tuple(x.shape)}")
-        w = self.q_proj.weight
+        w = getattr(self, self.input_proj).weight
         if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
             raise ValueError(f"x has dtype {x.dtype} but the layer's weights are {w.dtype}; cast x or the layer "
                              f"(layer.to({x.dtype})) so they match, or run under torch.autocast")
@@ -208,6 +216,12 @@ class _AttentionBase(nn.Module):
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _operator_args(self, attn_mask, causal, drop, need_weights) -> dict[str, Any]:
+        """The keyword arguments of one call of the attention operator (:func:`~diffattn.functional.attention`,
+        ``diff_attention``, ``diff_attention_pairs``) for this layer."""
+        return dict(attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
+                    backend=self.backend, return_weights=need_weights)
+
 
 @register_attention
 class Attention(_AttentionBase):
@@ -235,8 +249,7 @@ class Attention(_AttentionBase):
         self.depth = depth
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
-        res = attention(q, k, v, attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop,
-                        softcap=self.softcap, backend=self.backend, return_weights=need_weights)
+        res = attention(q, k, v, **self._operator_args(attn_mask, causal, drop, need_weights))
         if need_weights:
             out, a = res
             return out, AttentionWeights(a, None, a)
@@ -291,6 +304,22 @@ class DiffConfig(AttentionSpec):
             check_flag("attention sub_norm", self.sub_norm)
         check_positive_float("attention sub_norm_eps", self.sub_norm_eps)
         check_flag("attention sub_norm_affine", self.sub_norm_affine)
+
+
+@dataclass(frozen=True)
+class HeadDimConfig(DiffConfig):
+    """The settings of a differential kind whose head width may differ from dim / num_heads: those of
+    :class:`DiffConfig` and
+
+    Args:
+        head_dim: the head width d when it is not dim / num_heads.
+    """
+
+    head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive_int("attention head_dim", self.head_dim)
 
 
 class _DiffBase(_AttentionBase):
@@ -409,8 +438,16 @@ def _report_flat_names(module, incompatible_keys) -> None:
             incompatible_keys.missing_keys[i] = head + name
 
 
+class _PairedDiffBase(_DiffBase):
+    """The paired differential kinds (diff, gated, grouped): each differential head's two maps read Q/K heads
+    (2i, 2i+1), and the output is scaled by (1 − λ_init) after the sub-norm."""
+
+    head_layout = "paired"
+    scales_by_lambda_init = True
+
+
 @register_attention
-class DiffAttention(_DiffBase):
+class DiffAttention(_PairedDiffBase):
     """Differential attention (Ye et al. 2024 §2.1; DiffCLIP, Hammoud et al. 2025 §3.1).
 
         [Q1_i; Q2_i] = Q heads (2i, 2i+1),  V_i of width 2d,  A_b = softmax(Q_b_i K_b_iᵀ / √d)
@@ -435,8 +472,6 @@ class DiffAttention(_DiffBase):
     kind = "diff"
     title = "differential"
     clip_variant = "DiffCLIP"
-    head_layout = "paired"
-    scales_by_lambda_init = True
 
     @dataclass(frozen=True)
     class Config(DiffConfig):
@@ -463,9 +498,8 @@ class DiffAttention(_DiffBase):
             return out, None  # (B, H, N, 2d)
         weight1, lam = self.lambda_weights(x)
         # Q heads 2i and 2i+1 (and K heads) are the two branches of differential head i
-        res = diff_attention_pairs(q, k, v, lam, weight1=weight1, attn_mask=attn_mask, is_causal=causal,
-                                   scale=self.scale, dropout_p=drop, softcap=self.softcap, backend=self.backend,
-                                   return_weights=need_weights)
+        res = diff_attention_pairs(q, k, v, lam, weight1=weight1,
+                                   **self._operator_args(attn_mask, causal, drop, need_weights))
         out, weights = res if need_weights else (res, None)
         return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, H, N, 2d)
 
@@ -552,19 +586,10 @@ class DiffAttentionV2(_DiffBase):
     default_lambda_form = "token_sigmoid"
 
     @dataclass(frozen=True)
-    class Config(DiffConfig):
-        """Diff Transformer V2's settings: those of :class:`DiffConfig` and
-
-        Args:
-            head_dim: the head width d when it is not dim / num_heads.
-        """
+    class Config(HeadDimConfig):
+        """Diff Transformer V2's settings (:class:`HeadDimConfig`: those of :class:`DiffConfig` and ``head_dim``)."""
 
         kind: str = "diff_v2"
-        head_dim: int | None = None
-
-        def __post_init__(self) -> None:
-            super().__post_init__()
-            check_positive_int("attention head_dim", self.head_dim)
 
     def __init__(self, dim: int, num_heads: int, config: AttentionSpec | Mapping | None = None, *, depth: int = 0,
                  **settings: Any):
@@ -582,8 +607,7 @@ class DiffAttentionV2(_DiffBase):
         if out is not None:
             return out, None  # (B, h, N, d)
         weight1, lam = self.lambda_weights(x)  # λ: (B, h, N, 1)
-        res = diff_attention_pairs(q, k, v, lam, k_paired=False, weight1=weight1, attn_mask=attn_mask,
-                                   is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
-                                   backend=self.backend, return_weights=need_weights)
+        res = diff_attention_pairs(q, k, v, lam, k_paired=False, weight1=weight1,
+                                   **self._operator_args(attn_mask, causal, drop, need_weights))
         out, weights = res if need_weights else (res, None)
         return scaled_rms_norm(out, self.diff_norm, self.out_scale), weights  # (B, h, N, d)

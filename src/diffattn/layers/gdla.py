@@ -46,9 +46,8 @@ import torch
 import torch.nn as nn
 
 from ..ops import AttentionWeights, attention, compute_dtype, diff_attention, restrict_mask, sliding_window_mask
-from .attention import _AttentionBase, _check_int
-from .grouped import gda_head_split
-from .kv_cache import KVCache
+from .attention import _AttentionBase, _check_int, _positions
+from .grouped import paired_queries
 from .norm import RMSNorm
 from .rope import RotaryEmbedding, apply_rotary
 from .spec import AttentionSpec, check_flag, check_positive_float, check_positive_int, register_attention
@@ -70,6 +69,7 @@ class GroupedLatentDiffAttention(_AttentionBase):
     title = "grouped differential latent"
     differential = True
     head_layout = "branched"
+    input_proj = "q_a_proj"
 
     @dataclass(frozen=True)
     class Config(AttentionSpec):
@@ -220,37 +220,15 @@ class GroupedLatentDiffAttention(_AttentionBase):
         """(weight1, λ) = (1, sigmoid(x W_λ)) with λ of shape (B, H_s, N, 1): one per token and signal head."""
         return 1.0, torch.sigmoid(self.lambda_proj(x)).transpose(1, 2).unsqueeze(-1)
 
-    def _check_x(self, x):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"x must be a tensor of shape (B, N, dim={self.dim}), got {type(x).__name__}")
-        if x.dim() != 3 or x.shape[-1] != self.dim:
-            raise ValueError(f"x must have shape (B, N, dim={self.dim}), got {tuple(x.shape)}")
-        w = self.q_a_proj.weight
-        if x.dtype != w.dtype and not torch.is_autocast_enabled(x.device.type):
-            raise ValueError(f"x has dtype {x.dtype} but the layer's weights are {w.dtype}; cast x or the layer "
-                             f"(layer.to({x.dtype})) so they match, or run under torch.autocast")
-        if x.device != w.device:
-            raise ValueError(f"x is on {x.device} but the layer's weights are on {w.device}")
-
     def _kv_b(self) -> tuple[torch.Tensor, torch.Tensor]:
         """W_kvb split per key/value head: the key half (H_kv, d_nope, r_kv) and the value half (H_kv, d_v, r_kv)."""
         w = self.kv_b_proj.weight.view(self.num_kv_heads, self.qk_nope_head_dim + self.v_head_dim, self.kv_lora_rank)
         return w[:, :self.qk_nope_head_dim], w[:, self.qk_nope_head_dim:]
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_mask: torch.Tensor | None = None,
-        need_weights: bool = False,
-        *,
-        position_ids: torch.Tensor | None = None,
-        kv_cache: KVCache | None = None,
-        is_causal: bool | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, AttentionWeights]:
-        """x: (B, N, dim) → (B, N, dim); the arguments of every kind's forward (``_AttentionBase.forward``), masks
-        broadcastable to (B, H_s, N, Nk). With ``kv_cache`` on a layer that :attr:`uses_latent_cache`, the cache
-        holds (c_kv, K_rope) and the layer attends in the latent space."""
-        self._check_x(x)
+    def _forward(self, x, attn_mask, need_weights, position_ids, kv_cache, is_causal):
+        """``forward`` (every kind's: ``_AttentionBase.forward``) after its checks, masks broadcastable to
+        (B, H_s, N, Nk). With ``kv_cache`` on a layer that :attr:`uses_latent_cache`, the cache holds (c_kv, K_rope)
+        and the layer attends in the latent space."""
         B, N, _ = x.shape
         H, dn, dr = self.num_heads, self.qk_nope_head_dim, self.qk_rope_head_dim
         c_q = self.q_a_norm(self.q_a_proj(x))  # (B, N, q_lora_rank)
@@ -258,10 +236,7 @@ class GroupedLatentDiffAttention(_AttentionBase):
         q_nope, q_rope = q.split([dn, dr], dim=-1)
         c_kv, k_rope = self.kv_a_proj(x).split([self.kv_lora_rank, dr], dim=-1)
         c_kv = self.kv_a_norm(c_kv)  # (B, N, kv_lora_rank)
-        if position_ids is None:
-            start = kv_cache.length if kv_cache is not None else 0
-            position_ids = torch.arange(start, start + N, device=x.device)
-        cos, sin = self.rotary(position_ids, dtype=compute_dtype(q.dtype))
+        cos, sin = self.rotary(_positions(position_ids, kv_cache, N, x.device), dtype=compute_dtype(q.dtype))
         q_rope = apply_rotary(q_rope, cos, sin, self.rotary.style)
         k_rope = apply_rotary(k_rope.unsqueeze(1), cos, sin, self.rotary.style)  # (B, 1, N, d_rope)
 
@@ -297,11 +272,8 @@ class GroupedLatentDiffAttention(_AttentionBase):
     def _attend(self, q, k, v, lam, up, attn_mask, causal, drop, need_weights):
         """The signal heads' outputs (B, H_s, N, d_v) from all H query heads ``q`` (groups [signal × r, noise]), keys
         ``k`` and values ``v`` (per key/value head, or the latent's one head with ``up`` = W_vb (H_kv, d_v, r_kv))."""
-        r = self.group_ratio
-        q1, q2 = gda_head_split(q, self.num_noise_heads)  # (B, H_s, N, ·), (B, H_n, N, ·)
-        q2 = q2.repeat_interleave(r, dim=1)  # signal head i meets its group's noise head i // r
-        kwargs = dict(attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
-                      backend=self.backend, return_weights=need_weights)
+        q1, q2 = paired_queries(q, self.num_noise_heads)  # (B, H_s, N, ·) each: signal head i meets noise head i // r
+        kwargs = self._operator_args(attn_mask, causal, drop, need_weights)
         sig, noise = self._kv_signal, self._kv_noise
         if self.shares_kv:  # each signal head's two maps read one key/value head: diffattn's operator, once
             res = diff_attention(q1, k, q2, k, v, lam, **kwargs)

@@ -34,7 +34,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import diff_attention, diff_attention_pairs
-from .attention import DiffConfig, _check_int, _DiffBase
+from .attention import HeadDimConfig, _check_int, _PairedDiffBase
 from .norm import scaled_rms_norm
 from .spec import AttentionSpec, check_positive_int, register_attention
 
@@ -49,6 +49,13 @@ def gda_head_split(q: torch.Tensor, num_noise_heads: int) -> tuple[torch.Tensor,
     return g[:, :, :-1].flatten(1, 2), g[:, :, -1]
 
 
+def paired_queries(q: torch.Tensor, num_noise_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q (B, H_s + H_n, N, d) in the grouped layout → (signal queries (B, H_s, N, d), the noise query each signal
+    head meets (B, H_s, N, d): noise head i // r for signal head i, r = H_s / H_n)."""
+    q1, q2 = gda_head_split(q, num_noise_heads)
+    return q1, q2.repeat_interleave(q1.shape[1] // num_noise_heads, dim=1)
+
+
 def _per_signal_head(w, ratio: int, noise_heads: int):
     """A weight broadcastable to (B, H_n, N, 1) (one per noise head / group) → one per signal head."""
     if isinstance(w, torch.Tensor) and w.dim() >= 3 and w.shape[-3] == noise_heads and noise_heads > 1:
@@ -57,7 +64,7 @@ def _per_signal_head(w, ratio: int, noise_heads: int):
 
 
 @register_attention
-class GroupedDiffAttention(_DiffBase):
+class GroupedDiffAttention(_PairedDiffBase):
     """Grouped differential attention (module docstring): H_s signal heads, H_n noise heads shared by groups of
     r = H_s / H_n signal heads (Motif Technologies 2025, arXiv 2510.06949).
 
@@ -81,26 +88,22 @@ class GroupedDiffAttention(_DiffBase):
 
     kind = "grouped"
     title = "grouped differential"
-    head_layout = "paired"
-    scales_by_lambda_init = True
 
     @dataclass(frozen=True)
-    class Config(DiffConfig):
-        """Grouped differential attention's settings: those of :class:`~diffattn.layers.attention.DiffConfig` and
+    class Config(HeadDimConfig):
+        """Grouped differential attention's settings: those of :class:`~diffattn.layers.attention.HeadDimConfig`
+        (:class:`~diffattn.layers.attention.DiffConfig` and ``head_dim``) and
 
         Args:
-            head_dim: the head width d when it is not dim / num_heads.
             num_noise_heads: H_n, the noise heads, each shared by a group of r = (num_heads − H_n) / H_n signal
                 heads (any ratio r ≥ 1); None: num_heads / 2 (r = 1, differential attention).
         """
 
         kind: str = "grouped"
-        head_dim: int | None = None
         num_noise_heads: int | None = None
 
         def __post_init__(self) -> None:
             super().__post_init__()
-            check_positive_int("attention head_dim", self.head_dim)
             check_positive_int("attention num_noise_heads", self.num_noise_heads)
             if self.num_noise_heads is not None and self.num_kv_heads is not None and (
                     self.num_kv_heads % 2 or self.num_noise_heads % (self.num_kv_heads // 2)):
@@ -159,14 +162,12 @@ class GroupedDiffAttention(_DiffBase):
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         weight1, lam = self.lambda_weights(x)
-        kwargs = dict(attn_mask=attn_mask, is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
-                      backend=self.backend, return_weights=need_weights)
+        kwargs = self._operator_args(attn_mask, causal, drop, need_weights)
         if self.group_ratio == 1:  # [signal, noise] pairs: DiffAttention's layout and call
             res = diff_attention_pairs(q, k, v, lam, weight1=weight1, **kwargs)
         else:
             r, hn = self.group_ratio, self.num_noise_heads
-            q1, q2 = gda_head_split(q, hn)  # (B, H_s, N, d), (B, H_n, N, d)
-            q2 = q2.repeat_interleave(r, dim=1)  # signal head i meets noise head i // r
+            q1, q2 = paired_queries(q, hn)  # (B, H_s, N, d) each: signal head i meets noise head i // r
             k1, k2 = k[:, 0::2], k[:, 1::2]  # (B, H_kv/2, Nk, d) each
             res = diff_attention(q1, k1, q2, k2, v, _per_signal_head(lam, r, hn),
                                  weight1=_per_signal_head(weight1, r, hn), **kwargs)

@@ -33,7 +33,7 @@ import torch
 import torch.nn as nn
 
 from ..ops import AttentionWeights, diff_attention, upcast
-from .attention import _AttentionBase
+from .attention import _AttentionBase, _positions
 from .kv_cache import KVCache
 from .norm import RMSNorm
 from .rope import RotaryEmbedding, apply_rotary
@@ -150,10 +150,7 @@ class StableAudioAttention(_AttentionBase):
         k = self._norm(self.k_norm, self.k_proj(src).view(B, M, 2 * self.num_kv_heads, d).transpose(1, 2))
         v = self.v_proj(src).view(B, M, self.num_kv_heads, d).transpose(1, 2)  # (B, h_kv, M, d)
         if self.rotary is not None and context is None:
-            if position_ids is None:
-                start = kv_cache.length if kv_cache is not None else 0
-                position_ids = torch.arange(start, start + N, device=x.device)
-            cos, sin = self.rotary(position_ids, dtype=upcast(q).dtype)
+            cos, sin = self.rotary(_positions(position_ids, kv_cache, N, x.device), dtype=upcast(q).dtype)
             q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
@@ -196,7 +193,6 @@ class StableAudioAttention(_AttentionBase):
 
     def _attend(self, x, q, k, v, attn_mask, causal, drop, need_weights):
         # Q/K heads 2i and 2i+1 are the two maps of head i; λ = 1 (and w1 = 1): A1 − A2, no sub-norm
-        res = diff_attention(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], v, 1.0, attn_mask=attn_mask,
-                             is_causal=causal, scale=self.scale, dropout_p=drop, softcap=self.softcap,
-                             backend=self.backend, return_weights=need_weights)
+        res = diff_attention(q[:, 0::2], k[:, 0::2], q[:, 1::2], k[:, 1::2], v, 1.0,
+                             **self._operator_args(attn_mask, causal, drop, need_weights))
         return res if need_weights else (res, None)

@@ -5,15 +5,18 @@ A study is one :class:`Study` subclass registered by name plus its YAML config
 
 - class keywords, which set the class attributes of the same names: ``name`` (given: the class registers an
   instance under it, as :func:`register_study` does), ``title`` (the report's heading), ``variants`` (variant →
-  label, or → (model, label); the first listed in a config is the baseline), ``default_variants`` (None: all), and
-  ``defaults`` (the budget: key → default value, whose type is the key's type)::
+  label, or → (model, label); the first listed in a config is the baseline), ``default_variants`` (None: all),
+  ``defaults`` (the budget: key → default value, whose type is the key's type) and ``control`` (the positive
+  control(s) the baseline must pass before any comparison: a :class:`~diffattn.studies.report.Control`, a list of
+  them, or a function of the config giving them; held as ``positive_control``)::
 
-      class NoiseStudy(Study, name="noise", title="Study: ...", variants=VARIANTS, defaults=DEFAULTS):
+      class NoiseStudy(Study, name="noise", title="Study: ...", variants=VARIANTS, defaults=DEFAULTS,
+                       control=CONTROL):
           ...
 
   (setting the attributes in the class body and decorating the class with :func:`register_study` works as well);
 - :meth:`Study.check` (the budget's constraints, one error message per broken constraint),
-  :meth:`Study.control` (the positive control(s) the baseline must pass before any comparison),
+  :meth:`Study.control` (the positive control(s) for a config: the ``control`` keyword's),
   :meth:`Study.run` (every variant at every seed: seed → variant label → results, usually through
   :func:`~diffattn.studies.report.run_seeds`) and :meth:`Study.report` (the tables: usually
   :func:`~diffattn.studies.report.write_study`). :meth:`Study.execute` runs the two and times them.
@@ -36,7 +39,7 @@ from .. import configs, directions
 from ..deprecations import moved_attribute
 from . import common
 from .protocol import run_protocol_b
-from .report import Control
+from .report import Control, Metric, write_study
 
 __all__ = ["Study", "StudyConfig", "COMMON_KEYS", "register_study", "add_study_loader", "get_study",
            "registered_studies"]
@@ -83,7 +86,7 @@ class StudyConfig(Mapping):
 
 class Study:
     """One experiment run over seeds (module docstring). Subclass it with the class keywords (``name``, ``title``,
-    ``variants``, ``default_variants``, ``defaults``; a ``name`` registers the study) and implement :meth:`control`,
+    ``variants``, ``default_variants``, ``defaults``, ``control``; a ``name`` registers the study) and implement
     :meth:`run` and :meth:`report` (and :meth:`check` for constraints between budget keys)."""
 
     name: ClassVar[str]
@@ -91,15 +94,20 @@ class Study:
     variants: ClassVar[Mapping[str, Any]]
     default_variants: ClassVar[Sequence[str] | None] = None
     defaults: ClassVar[Mapping[str, Any]] = {}
+    #: the ``control`` class keyword: a :class:`Control`, a list of them, or a function of the config giving them
+    positive_control: ClassVar[Control | list[Control] | Callable[[StudyConfig], Any] | None] = None
 
     def __init_subclass__(cls, *, name: str | None = None, title: str | None = None,
                           variants: Mapping[str, Any] | None = None, default_variants: Sequence[str] | None = None,
-                          defaults: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        """Set the class attributes given as class keywords; with a ``name``, register an instance
-        (:func:`register_study`). A subclass without keywords inherits its parent's and registers nothing."""
+                          defaults: Mapping[str, Any] | None = None,
+                          control: Control | list[Control] | Callable[[StudyConfig], Any] | None = None,
+                          **kwargs: Any) -> None:
+        """Set the class attributes given as class keywords (``control`` as :attr:`positive_control`); with a
+        ``name``, register an instance (:func:`register_study`). A subclass without keywords inherits its parent's
+        and registers nothing."""
         super().__init_subclass__(**kwargs)
         given = {"name": name, "title": title, "variants": variants, "default_variants": default_variants,
-                 "defaults": defaults}
+                 "defaults": defaults, "positive_control": control}
         for key, value in given.items():
             if value is not None:
                 setattr(cls, key, value)
@@ -116,7 +124,12 @@ class Study:
         return []
 
     def control(self, cfg: StudyConfig) -> Control | list[Control]:
-        raise NotImplementedError
+        """The positive control(s) the baseline must pass before any comparison (:attr:`positive_control`, the
+        ``control`` class keyword; a function of the config is called with ``cfg``)."""
+        given = type(self).positive_control
+        if given is None:
+            raise NotImplementedError(f"study {self.name!r} declares no control")
+        return given(cfg) if callable(given) else given
 
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """seed → variant label → that variant's results."""
@@ -126,6 +139,13 @@ class Study:
         """Write ``<out>/results.json`` and ``<out>/report.md``; returns ``{"rows", "table", "seconds", "report",
         "results", "control"}`` (:func:`~diffattn.studies.report.write_study`)."""
         raise NotImplementedError
+
+    def write_report(self, cfg: StudyConfig, intro: str, per_seed: dict[int, dict], metrics: Sequence[Metric],
+                     seconds: float, extra_sections: Sequence[str] = ()) -> dict[str, Any]:
+        """What :meth:`report` returns, written under ``cfg["out"]`` with the study's title and its :meth:`control`
+        (:func:`~diffattn.studies.report.write_study`; ``extra_sections``: markdown after the tables)."""
+        return write_study(cfg["out"], cfg, self.title, intro, per_seed, metrics, seconds, extra_sections,
+                           control=self.control(cfg))
 
     def tuning_score(self, cfg: StudyConfig, result: Mapping[str, Any]) -> tuple[float, float]:
         """What protocol (b) ranks the lrs by (:func:`~diffattn.studies.protocol.select_lr`): ``(area under the

@@ -36,7 +36,7 @@ from ..io import atomic_write_file
 from . import claims
 from .base import Study, StudyConfig
 from .common import minimum_errors
-from .report import Control, Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds
 from .stats import mean_std, min_detectable_difference
 
 __all__ = ["DetectionStudy", "VARIANTS", "DEFAULTS", "CONTROL", "require_ultralytics", "train_one", "summarize",
@@ -243,7 +243,7 @@ def _data_yaml(cfg: dict[str, Any], out: Path) -> Path:
 
 
 class DetectionStudy(Study, name="detection", title="Study: YOLO26 with and without differential attention",
-                     variants=VARIANTS, default_variants=DEFAULT_VARIANTS, defaults=DEFAULTS):
+                     variants=VARIANTS, default_variants=DEFAULT_VARIANTS, defaults=DEFAULTS, control=CONTROL):
     """The detection study (module docstring)."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
@@ -253,9 +253,6 @@ class DetectionStudy(Study, name="detection", title="Study: YOLO26 with and with
         if cfg["data"] is not None and not isinstance(cfg["data"], str):
             errors.append(f"data in {where} must be null or the path of a data.yaml, got {cfg['data']!r}")
         return errors
-
-    def control(self, cfg: StudyConfig) -> Control:
-        return CONTROL
 
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """Every seed (``<out>/seed<k>/``), aggregated (module docstring)."""
@@ -279,7 +276,6 @@ class DetectionStudy(Study, name="detection", title="Study: YOLO26 with and with
         return run_seeds(cfg, one_seed)
 
     def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
         out = Path(cfg["out"])
         data = _data_yaml(cfg, out)
         budget = {"epochs": cfg["epochs"], "imgsz": cfg["imgsz"], "batch": cfg["batch"], "data": str(data),
@@ -296,8 +292,6 @@ class DetectionStudy(Study, name="detection", title="Study: YOLO26 with and with
                  f"generated Tux Paint detection set ({data}), validated on its val split; every run offline "
                  f"(diffattn.detect.OFFLINE_TRAIN_ARGS). Per-run rows: detection.json; attention maps: "
                  f"attention_maps.png.")
-        return write_study(out, cfg, self.title, intro, per_seed,
-                           metrics, seconds,
-                           extra_sections=[detectable_differences(per_seed), "## Per model\n\n" + summarize(rows)],
-                           control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed, metrics, seconds,
+                                 [detectable_differences(per_seed), "## Per model\n\n" + summarize(rows)])
 

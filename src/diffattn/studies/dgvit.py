@@ -40,7 +40,7 @@ from . import claims
 from .base import Study, StudyConfig
 from .common import minimum_errors, require_datasets
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
-from .report import Control, Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds
 
 __all__ = ["DGViTStudy", "VARIANTS", "DEFAULTS", "CONTROL", "train_and_evaluate"]
 
@@ -145,7 +145,7 @@ _TEST_SETS: dict[str, dict[str, Any]] = {}
 
 
 class DGViTStudy(Study, name="dgvit", title="Study: ViT vs DiffViT vs DGViT under noise", variants=VARIANTS,
-                 defaults=DEFAULTS):
+                 defaults=DEFAULTS, control=CONTROL):
     """The dgvit study (module docstring)."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
@@ -162,9 +162,6 @@ class DGViTStudy(Study, name="dgvit", title="Study: ViT vs DiffViT vs DGViT unde
                           f"{cfg['corruptions']!r}")
         errors += protocol_errors(cfg, where) + device_errors(cfg, where)
         return errors
-
-    def control(self, cfg: StudyConfig) -> Control:
-        return CONTROL
 
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """Every variant at every seed (``<out>/seed<k>/<variant>/`` run folders), aggregated."""
@@ -187,8 +184,6 @@ class DGViTStudy(Study, name="dgvit", title="Study: ViT vs DiffViT vs DGViT unde
         return run_seeds(cfg, one_seed)
 
     def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-        out = Path(cfg["out"])
         first = next(iter(per_seed.values()))
         first = next(iter(first.values()))
         intro = (f"ViT vs DiffViT vs DGViT (M-DGSA 2025, §5.1): nano models ({first['params']:,} parameters for "
@@ -198,8 +193,7 @@ class DGViTStudy(Study, name="dgvit", title="Study: ViT vs DiffViT vs DGViT unde
                  f"images: clean, with Gaussian noise of σ ∈ {cfg['noise_levels']} added to [0, 1] pixels, and under "
                  f"{', '.join(cfg['corruptions'])} at severities {cfg['severities']} (mCE = 100 − 100 · "
                  f"mean accuracy).")
-        return write_study(out, cfg, self.title, intro, per_seed, _metrics(cfg),
-                           seconds, control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed, _metrics(cfg), seconds)
 
     def tuning_score(self, cfg: StudyConfig, result: Mapping[str, Any]) -> tuple[float, float]:
         """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`), from the training split alone (the test

@@ -57,7 +57,7 @@ from .diffclip_question import (
     study_answer,
     verdict,
 )
-from .report import Control, Metric, write_study
+from .report import Metric
 from .stats import mean_std
 
 __all__ = ["DiffCLIPStudy", "VARIANTS", "DEFAULTS", "curve_table",
@@ -108,7 +108,7 @@ def _finished_demo(folder: Path, cfg: dict[str, Any]) -> dict | None:
 
 
 class DiffCLIPStudy(Study, name="diffclip", title="Study: CLIP vs DiffCLIP",
-                    variants={v: label for v, (_, label) in DEMO_VARIANTS.items()}, defaults=DEFAULTS):
+                    variants={v: label for v, (_, label) in DEMO_VARIANTS.items()}, defaults=DEFAULTS, control=CONTROL):
     """The demo at every seed (``<out>/seed<k>/``, each with its own report; finished seeds are read back), then the
     table's metrics as mean ± std over seeds with paired tests against the first variant."""
 
@@ -122,9 +122,6 @@ class DiffCLIPStudy(Study, name="diffclip", title="Study: CLIP vs DiffCLIP",
                 errors.append(f"{key} in {where} must be null (the demo recipe's value) or an int >= 1, got {v!r}")
         errors += device_errors(cfg, where)
         return errors
-
-    def control(self, cfg: StudyConfig) -> Control:
-        return CONTROL
 
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         out = Path(cfg["out"])
@@ -150,8 +147,7 @@ class DiffCLIPStudy(Study, name="diffclip", title="Study: CLIP vs DiffCLIP",
         extra = ["Per-seed reports: " + ", ".join(f"[seed {s}](seed{s}/report.md)" for s in per_seed)]
         if cfg["curve_points"]:
             extra.insert(0, curve_table(per_seed))
-        return write_study(Path(cfg["out"]), cfg, self.title, intro, per_seed, _metrics(), seconds,
-                           extra, control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed, _metrics(), seconds, extra)
 
 
 #: the metrics measured along training (:func:`curve_point`) and their names in the report

@@ -39,7 +39,7 @@ from ..train.tasks.vlm import QuestionImages, vlm_vocabulary
 from . import claims
 from .base import Study, StudyConfig
 from .common import minimum_errors, pope_control, require_datasets, vlm_metrics
-from .report import Control, run_seeds, write_study
+from .report import Control, run_seeds
 
 __all__ = ["LLaVAStudy", "VARIANTS", "DEFAULTS", "control", "train_and_evaluate", "llava_compare", "llava_table"]
 
@@ -102,7 +102,7 @@ def control(cfg: dict[str, Any]) -> Control:
 
 
 class LLaVAStudy(Study, name="llava", title="Study: LLaVA-style VLM, CLIP vs DiffCLIP image tower", variants=VARIANTS,
-                 defaults=DEFAULTS):
+                 defaults=DEFAULTS, control=control):
     """The llava study (module docstring)."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
@@ -119,9 +119,6 @@ class LLaVAStudy(Study, name="llava", title="Study: LLaVA-style VLM, CLIP vs Dif
             errors.append(f"train_pope_splits in {where} must be a non-empty list from {list(POPE_SPLITS)}, got "
                           f"{cfg['train_pope_splits']!r}")
         return errors
-
-    def control(self, cfg: StudyConfig) -> Control:
-        return control(cfg)
 
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """Every seed (``<out>/seed<k>/results.json``), aggregated into ``<out>/results.json`` and ``report.md``; a
@@ -153,7 +150,6 @@ class LLaVAStudy(Study, name="llava", title="Study: LLaVA-style VLM, CLIP vs Dif
         return run_seeds(cfg, one_seed)
 
     def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
         layers = max(len(r["image_attention"]) for res in per_seed.values() for r in res.values())
         towers = ", ".join(f"{v}: {cfg['towers'][v]}" for v in cfg["variants"])
         intro = (f"A LLaVA-style VLM (tiny: tower frozen, a projector and an LM trained from scratch) with each image "
@@ -163,9 +159,9 @@ class LLaVAStudy(Study, name="llava", title="Study: LLaVA-style VLM, CLIP vs Dif
                  f"{cfg['stage2_lr']:g}; POPE {', '.join(cfg['train_pope_splits'])} negatives, "
                  f"{4 * cfg['needle_count']} needle grids). Test split: {cfg['needle_count']} needle grids, greedy "
                  f"answers of at most {cfg['max_new_tokens']} tokens.")
-        return write_study(cfg["out"], cfg, self.title, intro, per_seed,
-                           vlm_metrics(layers, ("existence", "index", "exact"), "final training loss",
-                                       pope_claim=claims.LLAVA_POPE), seconds, control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed,
+                                 vlm_metrics(layers, ("existence", "index", "exact"), "final training loss",
+                                             pope_claim=claims.LLAVA_POPE), seconds)
 
 
 def llava_compare(towers: dict[str, str | None], seeds: Sequence[int] = (0, 1, 2), *, stage1_steps: int = 100,

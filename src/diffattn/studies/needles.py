@@ -58,7 +58,7 @@ from . import claims
 from .base import Study, StudyConfig
 from .common import minimum_errors, mqar_stream
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
-from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
+from .report import Control, Metric, check_control, run_seeds, warmup_text
 from .stats import mean_std
 from .synthetic import (
     MODELS,
@@ -268,7 +268,7 @@ def _training(cfg: dict[str, Any]) -> str:
 
 
 class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, standard vs differential attention",
-                   variants=VARIANTS, defaults=DEFAULTS):
+                   variants=VARIANTS, defaults=DEFAULTS, control=control):
     """The needles study (module docstring)."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
@@ -327,9 +327,6 @@ class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, 
         errors += protocol_errors(cfg, where)
         return errors
 
-    def control(self, cfg: StudyConfig) -> Control:
-        return control(cfg)
-
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """Every variant at every seed, aggregated (module docstring)."""
         torch.set_num_threads(cfg["threads"])
@@ -372,9 +369,7 @@ class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, 
         return run_seeds(cfg, one_seed)
 
     def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
         vocab = SyntheticVocab(**cfg["vocab"])
-        out = Path(cfg["out"])
         pairs = list(zip(cfg["needles"], cfg["queried"]))
         labels = [VARIANTS[v] for v in cfg["variants"]]
         m = cfg["model"]
@@ -412,8 +407,7 @@ class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, 
         metrics += [Metric(f"accuracy at {cfg['train_length']} tokens, logits quantised to {b} bits (%)",
                            f"quantized.b{b}", 100.0, 1) for b in cfg["quant_bits"]]
         metrics += [Metric("final train loss (answer tokens)", "final_loss", 1.0, 3, False)]
-        return write_study(out, cfg, self.title, intro, per_seed,
-                           metrics, seconds, _sections(cfg, per_seed, labels), control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed, metrics, seconds, _sections(cfg, per_seed, labels))
 
     def tuning_score(self, cfg: StudyConfig, result: Mapping[str, Any]) -> tuple[float, float]:
         """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`): the area under its learning curve (the mean

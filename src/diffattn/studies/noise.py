@@ -51,7 +51,7 @@ from .common import (
     require_datasets,
 )
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
-from .report import Control, Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds
 
 __all__ = ["NoiseStudy", "VARIANTS", "DEFAULTS", "CONTROL", "train_lm"]
 
@@ -104,7 +104,7 @@ def _byte_perplexity(model, text: str, tokens: int, context: int) -> float:
 
 
 class NoiseStudy(Study, name="noise", title="Study: attention noise, standard vs differential LM", variants=VARIANTS,
-                 default_variants=DEFAULT_VARIANTS, defaults=DEFAULTS):
+                 default_variants=DEFAULT_VARIANTS, defaults=DEFAULTS, control=CONTROL):
     """The noise study (module docstring)."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
@@ -115,9 +115,6 @@ class NoiseStudy(Study, name="noise", title="Study: attention noise, standard vs
             errors.append(f"depths in {where} must be a non-empty list of numbers in [0, 1], got {cfg['depths']!r}")
         errors += protocol_errors(cfg, where)
         return errors
-
-    def control(self, cfg: StudyConfig) -> Control:
-        return CONTROL
 
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """Every variant at every seed (``<out>/seed<k>/<variant>/`` run folders), aggregated."""
@@ -148,8 +145,6 @@ class NoiseStudy(Study, name="noise", title="Study: attention noise, standard vs
         return run_seeds(cfg, one_seed)
 
     def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-        out = Path(cfg["out"])
         first = next(iter(next(iter(per_seed.values())).values()))
         m = cfg["model"]
         intro = (f"Standard vs differential causal LMs (Ye et al. 2024, §3.4, Table 3): {m['depth']} layers, width "
@@ -172,8 +167,7 @@ class NoiseStudy(Study, name="noise", title="Study: attention noise, standard vs
                    Metric("answer NLL (nats / byte)", "answer_nll", 1.0, 3, False),
                    Metric("held-out perplexity (bytes)", "ppl", 1.0, 3, False, claim=claims.LM_PERPLEXITY),
                    Metric("final train loss", "final_loss", 1.0, 3, False)]
-        return write_study(out, cfg, self.title, intro, per_seed, metrics,
-                           seconds, control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed, metrics, seconds)
 
     def tuning_score(self, cfg: StudyConfig, result: Mapping[str, Any]) -> tuple[float, float]:
         """Protocol (b)'s ranking of one run (:func:`.protocol.select_lr`), from the training stream alone (the probe's

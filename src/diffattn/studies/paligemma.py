@@ -46,7 +46,7 @@ from ..utils import device_errors
 from . import claims
 from .base import Study, StudyConfig
 from .common import minimum_errors, pope_control, require_datasets, vlm_metrics
-from .report import Control, run_seeds, write_study
+from .report import Control, run_seeds
 
 __all__ = ["PaliGemmaStudy", "VARIANTS", "DEFAULTS", "control", "pretrain", "transfer"]
 
@@ -140,7 +140,7 @@ def control(cfg: dict[str, Any]) -> Control:
 
 
 class PaliGemmaStudy(Study, name="paligemma", title="Study: Differential PaliGemma vs LoRA fine-tuning",
-                     variants=VARIANTS, defaults=DEFAULTS):
+                     variants=VARIANTS, defaults=DEFAULTS, control=control):
     """The paligemma study (module docstring)."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
@@ -156,9 +156,6 @@ class PaliGemmaStudy(Study, name="paligemma", title="Study: Differential PaliGem
                           f"{cfg['pope_splits']!r}")
         errors += device_errors(cfg, where)
         return errors
-
-    def control(self, cfg: StudyConfig) -> Control:
-        return control(cfg)
 
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """Every seed (``<out>/seed<k>/``: ``pretrained/`` then one run folder per variant), aggregated."""
@@ -181,7 +178,6 @@ class PaliGemmaStudy(Study, name="paligemma", title="Study: Differential PaliGem
         return run_seeds(cfg, one_seed)
 
     def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
         test = VQADataset("test", QUESTION_KINDS, seed=0, needle_count=cfg["test_needle_count"])
         m, v = cfg["model"], cfg["model"]["vision_config"]
         t = m["text_config"]
@@ -199,8 +195,7 @@ class PaliGemmaStudy(Study, name="paligemma", title="Study: Differential PaliGem
             f"{cfg['needle_count']} needle grids); batch {cfg['batch_size']}. Test split: {len(test.questions)} "
             f"questions ({cfg['test_needle_count']} needle grids), greedy answers of at most "
             f"{cfg['max_new_tokens']} tokens.")
-        return write_study(cfg["out"], cfg, self.title, intro, per_seed,
-                           vlm_metrics(t["num_hidden_layers"], ("existence", "exact"), "final fine-tuning loss",
-                                       vqa_claim=claims.PALIGEMMA_VQA),
-                           seconds, control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed,
+                                 vlm_metrics(t["num_hidden_layers"], ("existence", "exact"), "final fine-tuning loss",
+                                             vqa_claim=claims.PALIGEMMA_VQA), seconds)
 

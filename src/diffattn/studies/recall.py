@@ -25,7 +25,7 @@ from . import claims
 from .base import Study, StudyConfig
 from .common import increasing_ints, minimum_errors, mqar_stream, vocab_errors
 from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
-from .report import Control, Metric, check_control, run_seeds, warmup_text, write_study
+from .report import Control, Metric, check_control, run_seeds, warmup_text
 from .stats import mean_std
 from .synthetic import (
     MODELS,
@@ -101,7 +101,7 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
 
 
 class RecallStudy(Study, name="recall", variants=VARIANTS, defaults=DEFAULTS,
-                  title="Study: multi-query associative recall, standard vs differential attention"):
+                  title="Study: multi-query associative recall, standard vs differential attention", control=control):
     """The recall study (module docstring)."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
@@ -130,9 +130,6 @@ class RecallStudy(Study, name="recall", variants=VARIANTS, defaults=DEFAULTS,
         if not 0 < cfg["control_accuracy"] <= 1:
             errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
         return errors + protocol_errors(cfg, where)
-
-    def control(self, cfg: StudyConfig) -> list[Control]:
-        return control(cfg)
 
     def tuning_parts(self, cfg: StudyConfig) -> list[tuple[str, dict[str, Any]]]:
         """Protocol (b) tunes each width apart: a model at another width is another model."""
@@ -196,5 +193,4 @@ class RecallStudy(Study, name="recall", variants=VARIANTS, defaults=DEFAULTS,
                    for w in cfg["widths"] for p in cfg["pairs"]]
         metrics += [Metric(f"accuracy, width {w}, mean over P (%)", f"w{w}.mean_accuracy", 100.0, 1,
                            claim=claims.IN_CONTEXT_RECALL) for w in cfg["widths"]]
-        return write_study(Path(cfg["out"]), cfg, self.title, intro, per_seed, metrics, seconds,
-                           _sections(cfg, per_seed, labels), control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed, metrics, seconds, _sections(cfg, per_seed, labels))

@@ -268,7 +268,7 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
     return {"results": results, "table": table, "report": str(out / "report.md"), "seconds": seconds}
 
 
-class RecallAblationStudy(Study, name="recall_ablation", variants=VARIANTS, defaults=DEFAULTS):
+class RecallAblationStudy(Study, name="recall_ablation", variants=VARIANTS, defaults=DEFAULTS, control=control):
     """The recall ablation (module docstring). Each factor level is compared with its own reference level, not with
     one baseline, and the models are tuned per variant, so it runs and reports as one step (:meth:`execute`)."""
 
@@ -308,9 +308,6 @@ class RecallAblationStudy(Study, name="recall_ablation", variants=VARIANTS, defa
         if not 0 < cfg["control_accuracy"] <= 1:
             errors.append(f"control_accuracy in {where} must be in (0, 1], got {cfg['control_accuracy']!r}")
         return errors
-
-    def control(self, cfg: StudyConfig) -> list[Control]:
-        return control(cfg)
 
     def execute(self, cfg: StudyConfig, progress: bool = True) -> dict[str, Any]:
         return _execute(cfg, progress)

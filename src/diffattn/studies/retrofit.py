@@ -62,7 +62,7 @@ from .common import (
     needle_scores,
     require_datasets,
 )
-from .report import Control, Metric, run_seeds, write_study
+from .report import Control, Metric, run_seeds
 
 __all__ = ["RetrofitStudy", "VARIANTS", "DEFAULTS", "control", "minilm_dir", "classification_part", "lm_part"]
 
@@ -370,7 +370,7 @@ def lm_part(cfg: dict[str, Any], seed: int, folder: Path, progress: bool = True)
 
 
 class RetrofitStudy(Study, name="retrofit", title="Study: retrofitted differential attention vs plain fine-tuning",
-                    variants=VARIANTS, defaults=DEFAULTS):
+                    variants=VARIANTS, defaults=DEFAULTS, control=control):
     """The retrofit study (module docstring)."""
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
@@ -389,9 +389,6 @@ class RetrofitStudy(Study, name="retrofit", title="Study: retrofitted differenti
 
         errors += needle_budget_errors(cfg, "needle_length", where)
         return errors
-
-    def control(self, cfg: StudyConfig) -> list[Control]:
-        return control(cfg)
 
     def run(self, cfg: StudyConfig, progress: bool = True) -> dict[int, dict]:
         """Both parts at every seed (``<out>/seed<k>/``), aggregated; a part whose data or weights are missing raises
@@ -416,8 +413,6 @@ class RetrofitStudy(Study, name="retrofit", title="Study: retrofitted differenti
         return run_seeds(cfg, one_seed)
 
     def report(self, cfg: StudyConfig, per_seed: dict[int, dict], seconds: float) -> dict[str, Any]:
-        """The tables of ``per_seed`` (:func:`~diffattn.studies.report.write_study`)."""
-        out = Path(cfg["out"])
         metrics = []
         if "classification" in cfg["parts"]:
             metrics += [Metric("MiniLM SpamAssassin test accuracy (%)", "classification.accuracy", 100.0, 2,
@@ -444,6 +439,5 @@ class RetrofitStudy(Study, name="retrofit", title="Study: retrofitted differenti
                  f"of {cfg['needle_length']} bytes with their answers in both streams; perplexity over "
                  f"{cfg['ppl_bytes']:,} held-out Moby Dick bytes, needles of the trained length in held-out Moby Dick "
                  f"at depths {cfg['needle_depths']} ({cfg['needle_trials']} each).")
-        return write_study(out, cfg, self.title, intro, per_seed,
-                           metrics, seconds, control=self.control(cfg))
+        return self.write_report(cfg, intro, per_seed, metrics, seconds)
 

@@ -10,13 +10,11 @@ the retrofitted layer (a ValueError says so before anything is converted).
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn as nn
 
 from ...ops import AttentionWeights
-from ..binding import ADAPTER_ATTR, Candidate, candidates
+from ..binding import ADAPTER_ATTR, BindingBase, Candidate, candidates, retrofitted_class
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["DiffattnBinding", "retrofitted_attention_class"]
@@ -51,16 +49,13 @@ def _is_attention(m: nn.Module) -> bool:
     return t.__name__ == "Attention" and t.__module__ == "diffattn.layers.attention"
 
 
-@functools.cache
 def retrofitted_attention_class(base: type) -> type:
     """``RetrofittedAttention``: the subclass of ``base`` (:class:`diffattn.layers.Attention`) a converted module
     becomes."""
-    return type("RetrofittedAttention", (base,), {
-        "forward": _forward, "__module__": __name__,
-        "__doc__": "diffattn Attention retrofitted with differential attention (never built directly: see retrofit)."})
+    return retrofitted_class(base, "RetrofittedAttention", "diffattn Attention", __name__, forward=_forward)
 
 
-class DiffattnBinding:
+class DiffattnBinding(BindingBase):
     """Converts every module whose class is exactly :class:`diffattn.layers.Attention`."""
 
     families = ("diffattn standard attention (diffattn.layers.Attention)",)
@@ -78,11 +73,5 @@ class DiffattnBinding:
                              "build the model with attention={'kind': 'diff'} instead")
         return int(m.dim), int(m.num_heads), int(m.head_dim)
 
-    def extra_trainable(self, c: Candidate) -> list[nn.Module]:
-        return []
-
-    def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
-        m = c.module
-        m.__class__ = retrofitted_attention_class(type(m))
-        setattr(m, ADAPTER_ATTR, adapter)
-        return m
+    def retrofitted_class(self, module: nn.Module) -> type:
+        return retrofitted_attention_class(type(module))

@@ -11,7 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ...ops import restrict_mask
-from ..binding import ADAPTER_ATTR, Candidate
+from ..binding import ADAPTER_ATTR, BindingBase, Candidate
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["DiffMultiheadAttention", "OpenClipBinding"]
@@ -76,7 +76,7 @@ class DiffMultiheadAttention(nn.Module):
         return out, maps
 
 
-class OpenClipBinding:
+class OpenClipBinding(BindingBase):
     """Replaces the ``nn.MultiheadAttention`` of every open_clip ``ResidualAttentionBlock``."""
 
     families = ("open_clip (ResidualAttentionBlock with nn.MultiheadAttention)",)
@@ -91,9 +91,6 @@ class OpenClipBinding:
 
     def dims(self, m: nn.MultiheadAttention) -> tuple[int, int, int]:
         return int(m.embed_dim), int(m.num_heads), int(m.head_dim)
-
-    def extra_trainable(self, c: Candidate) -> list[nn.Module]:
-        return []
 
     def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
         new = DiffMultiheadAttention(c.module, adapter)

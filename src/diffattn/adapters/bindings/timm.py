@@ -9,13 +9,12 @@ float) and ``is_causal`` are honoured. timm is imported only when a model is sea
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import torch
 import torch.nn as nn
 
-from ..binding import ADAPTER_ATTR, Candidate, candidates
+from ..binding import ADAPTER_ATTR, BindingBase, Candidate, candidates, optional_class, retrofitted_class
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["TimmBinding", "timm_diff_attention_class"]
@@ -46,27 +45,20 @@ def _forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, is_ca
     return self.proj_drop(self.proj(out))
 
 
-@functools.cache
-def _timm_attention() -> type | None:
-    try:
-        from timm.layers import Attention
-    except ImportError:
-        return None
+@optional_class
+def _timm_attention() -> type:
+    from timm.layers import Attention
+
     return Attention
 
 
-@functools.cache
 def timm_diff_attention_class() -> type:
     """``TimmDiffAttention``: the subclass of ``timm.layers.Attention`` a converted module becomes."""
-    base = _timm_attention()
-    if base is None:
-        raise ImportError("the timm binding needs timm (pip install timm)")
-    return type("TimmDiffAttention", (base,), {
-        "forward": _forward, "__module__": __name__,
-        "__doc__": "timm Attention retrofitted with differential attention (never built directly: see retrofit)."})
+    return retrofitted_class(_timm_attention(), "TimmDiffAttention", "timm Attention", __name__, forward=_forward,
+                             missing="the timm binding needs timm (pip install timm)")
 
 
-class TimmBinding:
+class TimmBinding(BindingBase):
     """Converts every module whose class is exactly ``timm.layers.Attention``."""
 
     families = ("timm VisionTransformer (timm.layers.Attention)",)
@@ -82,10 +74,5 @@ class TimmBinding:
     def dims(self, m: nn.Module) -> tuple[int, int, int]:
         return int(m.qkv.in_features), int(m.num_heads), int(m.head_dim)
 
-    def extra_trainable(self, c: Candidate) -> list[nn.Module]:
-        return []
-
-    def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
-        c.module.__class__ = timm_diff_attention_class()
-        setattr(c.module, ADAPTER_ATTR, adapter)
-        return c.module
+    def retrofitted_class(self, module: nn.Module) -> type:
+        return timm_diff_attention_class()

@@ -27,7 +27,7 @@ import torch
 import torch.nn as nn
 
 from ...ops import sliding_window_mask
-from ..binding import ADAPTER_ATTR, Candidate, candidates
+from ..binding import ADAPTER_ATTR, BindingBase, Candidate, candidates
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["HF_ATTENTION_CLASSES", "TransformersBinding"]
@@ -209,7 +209,7 @@ def _subclass(cls: type) -> type:
     return _SUBCLASSES[cls]
 
 
-class TransformersBinding:
+class TransformersBinding(BindingBase):
     """Converts the self-attention modules of :data:`HF_ATTENTION_CLASSES` (matched by class name and module)."""
 
     families = tuple(f"transformers {f}" for f in dict.fromkeys(HF_ATTENTION_CLASSES.values())) + (
@@ -242,8 +242,5 @@ class TransformersBinding:
         dense = getattr(getattr(c.parent, "output", None), "dense", None)
         return [dense] if isinstance(dense, nn.Module) else []
 
-    def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
-        m = c.module
-        m.__class__ = _subclass(type(m))
-        setattr(m, ADAPTER_ATTR, adapter)
-        return m
+    def retrofitted_class(self, module: nn.Module) -> type:
+        return _subclass(type(module))

@@ -14,14 +14,13 @@ is searched.
 
 from __future__ import annotations
 
-import functools
 import sys
 
 import torch
 import torch.nn as nn
 
 from ...ops import AttentionWeights
-from ..binding import ADAPTER_ATTR, Candidate, candidates
+from ..binding import ADAPTER_ATTR, BindingBase, Candidate, candidates, optional_class, retrofitted_class
 from ..methods import RetrofitAdapter, run_method, second_branch
 
 __all__ = ["UltralyticsBinding", "ultralytics_diff_attention_class", "is_standard_attention",
@@ -83,25 +82,18 @@ def _attention_maps(self, x: torch.Tensor) -> torch.Tensor:
     return _core(self, x, True)[1]
 
 
-@functools.cache
-def _ultralytics_attention() -> type | None:
-    try:
-        from ultralytics.nn.modules.block import Attention
-    except ImportError:
-        return None
+@optional_class
+def _ultralytics_attention() -> type:
+    from ultralytics.nn.modules.block import Attention
+
     return Attention
 
 
-@functools.cache
 def ultralytics_diff_attention_class() -> type:
     """``UltralyticsDiffAttention``: the subclass of Ultralytics' ``Attention`` a converted module becomes."""
-    base = _ultralytics_attention()
-    if base is None:
-        raise ImportError("the ultralytics binding needs ultralytics (pip install 'diffattn[detect]')")
-    return type("UltralyticsDiffAttention", (base,), {
-        "forward": _forward, "attention_maps": _attention_maps, "__module__": __name__,
-        "__doc__": "Ultralytics Attention retrofitted with differential attention (never built directly: see "
-                   "retrofit)."})
+    return retrofitted_class(_ultralytics_attention(), "UltralyticsDiffAttention", "Ultralytics Attention", __name__,
+                             forward=_forward, attention_maps=_attention_maps,
+                             missing="the ultralytics binding needs ultralytics (pip install 'diffattn[detect]')")
 
 
 def __getattr__(name: str):
@@ -112,7 +104,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-class UltralyticsBinding:
+class UltralyticsBinding(BindingBase):
     """Converts every module whose class is exactly ``ultralytics.nn.modules.block.Attention``."""
 
     families = ("Ultralytics YOLO (ultralytics.nn.modules.block.Attention, C2PSA / C3k2 attention)",)
@@ -124,10 +116,5 @@ class UltralyticsBinding:
         """(D, h, d_k, d_v): channels, heads, query/key head width, value head width."""
         return int(m.num_heads * m.head_dim), int(m.num_heads), int(m.key_dim), int(m.head_dim)
 
-    def extra_trainable(self, c: Candidate) -> list[nn.Module]:
-        return []
-
-    def convert(self, c: Candidate, adapter: RetrofitAdapter) -> nn.Module:
-        c.module.__class__ = ultralytics_diff_attention_class()
-        setattr(c.module, ADAPTER_ATTR, adapter)
-        return c.module
+    def retrofitted_class(self, module: nn.Module) -> type:
+        return ultralytics_diff_attention_class()

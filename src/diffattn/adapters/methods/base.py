@@ -35,6 +35,7 @@ import torch.nn as nn
 
 from ...lambdas import AnnealedLambda, ReparamLambda
 from ...layers.norm import head_rms_norm
+from ...registry import registered, registering
 from .ops import diff_attend
 
 __all__ = [
@@ -216,17 +217,7 @@ def register_method(name: str) -> Callable[[type[RetrofitMethod]], type[Retrofit
     and :class:`~diffattn.adapters.RetrofitConfig` take)."""
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"a retrofit method name must be an identifier string, got {name!r}")
-
-    def wrap(cls: type[RetrofitMethod]) -> type[RetrofitMethod]:
-        if not (isinstance(cls, type) and issubclass(cls, RetrofitMethod)):
-            raise TypeError(f"register_method({name!r}) needs a RetrofitMethod subclass, got {cls!r}")
-        if name in _REGISTRY:
-            raise ValueError(f"retrofit method {name!r} is already registered (by {_REGISTRY[name].__name__})")
-        cls.name = name
-        _REGISTRY[name] = cls
-        return cls
-
-    return wrap
+    return registering(_REGISTRY, name, RetrofitMethod, "register_method", "retrofit method")
 
 
 def list_methods() -> tuple[str, ...]:
@@ -236,9 +227,7 @@ def list_methods() -> tuple[str, ...]:
 
 def method_class(name: str) -> type[RetrofitMethod]:
     """The class registered as ``name``."""
-    if name not in _REGISTRY:
-        raise ValueError(f"method must be one of {list_methods()}, got {name!r}")
-    return _REGISTRY[name]
+    return registered(_REGISTRY, name, "method")
 
 
 def build_method(name: str) -> RetrofitMethod:

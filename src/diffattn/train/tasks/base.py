@@ -1,11 +1,11 @@
 """What every task provides to the trainer, and the registry of tasks.
 
-A task is one registered unit (:func:`register_task` on a :class:`Task` subclass, one module per task under
-``diffattn/train/tasks/``): its options (``Config``, a :class:`TaskConfig` dataclass: the ``task:`` section of a
-recipe is parsed into it), its config checks (:meth:`Task.check_config`), its data (:meth:`Task.dataset`), its loss
-and per-step hook (:meth:`Task.loss`, :meth:`Task.after_step`), its validation (:meth:`Task.validate`, the metrics
-of :attr:`Task.metrics`) and its saves. :data:`TASKS` is the one table of tasks; the trainer and the config look
-a task up there and never switch on its name."""
+A task is one registered unit (a :class:`Task` subclass declared with its ``name`` as a class keyword, which
+registers it; one module per task under ``diffattn/train/tasks/``): its options (``Config``, a :class:`TaskConfig`
+dataclass: the ``task:`` section of a recipe is parsed into it), its config checks (:meth:`Task.check_config`), its
+data (:meth:`Task.dataset`), its loss and per-step hook (:meth:`Task.loss`, :meth:`Task.after_step`), its
+validation (:meth:`Task.validate`, the metrics of :attr:`Task.metrics`) and its saves. :data:`TASKS` is the one
+table of tasks; the trainer and the config look a task up there and never switch on its name."""
 
 from __future__ import annotations
 
@@ -190,9 +190,14 @@ class Task:
     :class:`TaskConfig` dataclass), optionally ``metrics`` (what :meth:`validate` reports; the first is the default
     ``eval.metric``; empty: no validation while training), ``data_kinds`` / ``data_formats`` (the ``data.name``
     values it trains on) and ``model_name`` (whether ``model.name`` names a registered diffattn model; False: the
-    task builds its own model in :meth:`own_model`), implements :meth:`dataset` and :meth:`loss`, and is registered
-    with :func:`register_task`. The trainer builds the run's model, once (:func:`diffattn.train.build.build_run_model`),
-    and hands it to the task's hooks."""
+    task builds its own model in :meth:`own_model`), and implements :meth:`dataset` and :meth:`loss`. These class
+    attributes may be given as class keywords; a ``name`` keyword registers the task (:func:`register_task`)::
+
+        class LMTask(Task, name="lm", Config=LMConfig, metrics=("loss", "ppl"), data_kinds=("text",)):
+            ...
+
+    The trainer builds the run's model, once (:func:`diffattn.train.build.build_run_model`), and hands it to the
+    task's hooks."""
 
     name: ClassVar[str] = ""
     Config: ClassVar[type[TaskConfig]] = TaskConfig
@@ -211,6 +216,20 @@ class Task:
     #: whether ``model.pretrained`` (a released differential model: DiffLlama, Motif, a diffattn save or run) may
     #: start the run; the trained model is then also written in the checkpoint's own layout
     pretrained: ClassVar[bool] = False
+
+    def __init_subclass__(cls, *, name: str | None = None, **attributes: Any) -> None:
+        """Set the class attributes given as class keywords (``Config``, ``metrics``, ``data_kinds``, …); with a
+        ``name``, register the task (:func:`register_task`). A subclass without a name registers nothing."""
+        super().__init_subclass__()
+        unknown = sorted(k for k in attributes if k not in _CLASS_KEYWORDS)
+        if unknown:
+            raise TypeError(f"task class {cls.__name__} got unknown class keyword(s) {unknown}; the keywords are "
+                            f"name and {sorted(_CLASS_KEYWORDS)}")
+        for key, value in attributes.items():
+            setattr(cls, key, value)
+        if name is not None:
+            cls.name = name
+            register_task(cls)
 
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -344,3 +363,8 @@ class Task:
             self.write_model(model, tmp)
             (tmp / "best.json").write_text(json.dumps(record, indent=1))
         return target
+
+
+#: the class attributes of :class:`Task` a subclass may give as class keywords (besides ``name``)
+_CLASS_KEYWORDS = frozenset({"Config", "metrics", "data_kinds", "data_formats", "model_name", "size_keys",
+                             "pretrained"})

@@ -22,7 +22,7 @@ from ..data import (
     text_classification_dataset,
     train_split_stats,
 )
-from .base import Task, TaskConfig, check, check_images, check_labels, register_task, save_model
+from .base import Task, TaskConfig, check, check_images, check_labels, save_model
 
 #: The vocabulary file saved next to a text classifier's weights (``Vocabulary.load`` reads it).
 VOCAB_NAME = "vocab.json"
@@ -46,13 +46,8 @@ class ClassifyConfig(TaskConfig):
     cutmix: float = 0.0
 
 
-@register_task
-class ClassifyTask(Task):
-    name = "classify"
-    Config = ClassifyConfig
-    metrics = ("top1", "loss")
-    data_kinds = ("classification", "text")
-    data_formats = ("digits", "imagefolder")
+class ClassifyTask(Task, name="classify", Config=ClassifyConfig, metrics=("top1", "loss"),
+                   data_kinds=("classification", "text"), data_formats=("digits", "imagefolder")):
 
     def __init__(self, cfg) -> None:
         super().__init__(cfg)

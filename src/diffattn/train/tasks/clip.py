@@ -20,7 +20,7 @@ from ...eval.retrieval import recall_at_k
 from ...losses import clip_loss, clip_loss_from_features
 from ...models.clip import image_transform
 from ..data import ImageCaptions, digit_caption_dataset, external_dataset
-from .base import Task, TaskConfig, check_images, eval_batches, register_task
+from .base import Task, TaskConfig, check_images, eval_batches
 
 
 @dataclass
@@ -30,13 +30,8 @@ class ClipConfig(TaskConfig):
     name: str = "clip"
 
 
-@register_task
-class ClipTask(Task):
-    name = "clip"
-    Config = ClipConfig
-    metrics = ("r@1", "i2t@1", "t2i@1", "loss")
-    data_kinds = ("captions",)
-    data_formats = ("digits", "csv", "webdataset")
+class ClipTask(Task, name="clip", Config=ClipConfig, metrics=("r@1", "i2t@1", "t2i@1", "loss"),
+               data_kinds=("captions",), data_formats=("digits", "csv", "webdataset")):
 
     def dataset(self, model: nn.Module) -> Dataset:
         """Image–caption pairs: the tokenizer, image size and channels are the model's."""

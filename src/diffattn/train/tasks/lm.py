@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from ..data import TokenWindows, byte_tokens, external_dataset, sklearn_text_tokens, text_windows
-from .base import Task, TaskConfig, check_tokens, register_task
+from .base import Task, TaskConfig, check_tokens
 
 
 def lm_dataset(cfg) -> Dataset:
@@ -59,14 +59,8 @@ class LMConfig(TaskConfig):
     name: str = "lm"
 
 
-@register_task
-class LMTask(Task):
-    name = "lm"
-    Config = LMConfig
-    metrics = ("loss", "ppl")
-    data_kinds = ("text",)
-    data_formats = ("tokens", "text", "sklearn_text")
-    pretrained = True
+class LMTask(Task, name="lm", Config=LMConfig, metrics=("loss", "ppl"), data_kinds=("text",),
+             data_formats=("tokens", "text", "sklearn_text"), pretrained=True):
 
     def dataset(self, model: nn.Module) -> Dataset:
         return lm_dataset(self.cfg)

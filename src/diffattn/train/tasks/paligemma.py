@@ -24,7 +24,7 @@ from ...checks import is_int
 from ...io import atomic_write_dir
 from ...lambdas import DEFAULT_LAMBDA_INIT
 from ...models import paligemma as _pg
-from .base import Task, TaskConfig, check, register_task
+from .base import Task, TaskConfig, check
 from .vlm import DATA_KEYS, QuestionImages, _vqa, vlm_vocabulary
 
 __all__ = ["PaliGemmaTask", "PaliGemmaConfig"]
@@ -50,14 +50,8 @@ def _decoder_only(index: int, name: str) -> bool:
     return "language_model" in name
 
 
-@register_task
-class PaliGemmaTask(Task):
+class PaliGemmaTask(Task, name="paligemma", Config=PaliGemmaConfig, model_name=False, size_keys="task.base.config"):
     """Differential PaliGemma: retrofit the decoder, add LoRA, fine-tune on the questions (module docstring)."""
-
-    name = "paligemma"
-    Config = PaliGemmaConfig
-    model_name = False
-    size_keys = "task.base.config"
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -32,7 +32,7 @@ from ...errors import UsageError
 from ...eval.text_models import RETROFIT_RUN, load_retrofit_run
 from ...io import atomic_write_dir, atomic_write_file
 from ...lambdas import DEFAULT_LAMBDA_INIT
-from .base import Task, TaskConfig, check, check_tokens, register_task
+from .base import Task, TaskConfig, check, check_tokens
 from .lm import lm_dataset, lm_loss, lm_val_metrics, token_windows
 
 __all__ = ["RetrofitTask", "build_base_model", "check_base_config", "load_retrofit", "load_retrofit_run"]
@@ -161,15 +161,8 @@ class RetrofitConfig(TaskConfig):
     lora_targets: list = field(default_factory=lambda: ["c_attn", "c_proj", "c_fc"])
 
 
-@register_task
-class RetrofitTask(Task):
-    name = "retrofit"
-    Config = RetrofitConfig
-    metrics = ("loss", "ppl")
-    data_kinds = ("text",)
-    data_formats = ("tokens", "text", "sklearn_text")
-    model_name = False
-    size_keys = "task.base.config"
+class RetrofitTask(Task, name="retrofit", Config=RetrofitConfig, metrics=("loss", "ppl"), data_kinds=("text",),
+                   data_formats=("tokens", "text", "sklearn_text"), model_name=False, size_keys="task.base.config"):
 
     @classmethod
     def check_config(cls, cfg) -> None:

@@ -27,7 +27,7 @@ from ...deprecations import moved_attribute
 from ...factory import create_model, from_pretrained
 from ...models import paligemma as _pg
 from ...models.clip import image_transform
-from .base import Task, TaskConfig, check, register_task
+from .base import Task, TaskConfig, check
 
 __all__ = ["VLMTask", "VLMConfig", "QuestionImages", "vlm_vocabulary", "CAPTION_QUESTION",
            "SPLITS_ALL", "DATA_KEYS"]
@@ -96,12 +96,8 @@ class VLMConfig(TaskConfig):
     train: str = "attention"
 
 
-@register_task
-class VLMTask(Task):
+class VLMTask(Task, name="vlm", Config=VLMConfig):
     """LLaVA stage 1 (``task.train: projector``) or stage 2 (``task.train: all``); module docstring."""
-
-    name = "vlm"
-    Config = VLMConfig
 
     @classmethod
     def check_config(cls, cfg) -> None:
