@@ -10,8 +10,17 @@ Conventions read from the graph:
 - ``wkv_a``'s output is [c_kv (kv_lora_rank) | k_pe (rope)]; ``wkv_b`` gives per KV head [k_nope | v].
 - Q and K are assembled [rope | nope], k_pe repeated over the KV heads; query head h reads KV head
   h / (n_head / n_head_kv) (ggml's broadcast in ``build_attn``).
-- RoPE: LLAMA_ROPE_TYPE_NEOX (pairs offset by n_rot / 2) on the rope part, base ``rope_theta``; no YaRN here.
-- kq_scale = 1/√(nope + rope) (no YaRN: mscale = 1).
+- RoPE: LLAMA_ROPE_TYPE_NEOX (pairs offset by n_rot / 2) on the rope part, base ``rope_theta``.
+- YaRN (``hp["yarn"]``: factor, n_ctx_orig, beta_fast, beta_slow, mscale), full-attention layers only (the SWA
+  layers: freq_scale 1, ext_factor 0, attn_factor 1, their own base): ggml_rope_ext with freq_scale = 1/factor,
+  ext_factor = 1 (llama.cpp's context default for YaRN) and attn_factor = 1/(1 + 0.1 ln(1/freq_scale)); ggml's
+  ``rope_yarn`` per pair i0 = 2i: theta_interp = freq_scale · theta_extrap, ramp = rope_yarn_ramp(corr_dims, i0) ·
+  ext_factor, theta = theta_interp (1 − ramp) + theta_extrap · ramp, mscale = attn_factor · (1 + 0.1 ln(1/freq_scale)),
+  cos/sin × mscale; corr_dims from ``ggml_rope_yarn_corr_dims`` (floor / ceil of n_dims ln(n_ctx_orig / (2π β)) /
+  (2 ln base), clamped to [0, n_dims − 1]); rope_yarn_ramp(lo, hi, i0) = 1 − min(1, max(0, (i0/2 − lo) /
+  max(0.001, hi − lo))).
+- kq_scale = 1/√(nope + rope) on SWA layers and without YaRN; with YaRN on the full layers kq_scale_full =
+  mscale_val² / √(nope + rope), mscale_val = 1 + 0.1 · motif_mscale · ln(1/freq_scale).
 - SWA (LLAMA_SWA_TYPE_STANDARD): key p0 is masked for query p1 when p1 − p0 >= n_swa, n_swa = HF sliding_window + 1;
   causal: masked when p0 > p1.
 - λ = sigmoid(lambda_proj · x) (n_signal per token); diff = attn1 − attn2 · λ; gate = sigmoid(wq_b_gate · q_lat)
@@ -43,14 +52,35 @@ def _rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x / torch.sqrt((x * x).mean(-1, keepdim=True) + eps) * w
 
 
-def _rope_neox(x: torch.Tensor, pos: torch.Tensor, base: float) -> torch.Tensor:
-    """ggml_rope_ext, mode NEOX, no scaling: channel i pairs with i + n/2, θ_i = p · base^(−2i/n). x (N, n)."""
+def _yarn_corr_dims(n_dims: int, n_ctx_orig: int, base: float, beta_fast: float, beta_slow: float) -> tuple:
+    """ggml_rope_yarn_corr_dims."""
+    def corr_dim(n_rot: float) -> float:
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(base))
+    start, end = math.floor(corr_dim(beta_fast)), math.ceil(corr_dim(beta_slow))
+    return max(0, start), min(n_dims - 1, end)
+
+
+def _rope_neox(x: torch.Tensor, pos: torch.Tensor, base: float, yarn: dict | None = None) -> torch.Tensor:
+    """ggml_rope_ext, mode NEOX: channel i pairs with i + n/2, theta_extrap = p · base^(−2i/n); ``yarn`` (factor,
+    n_ctx_orig, beta_fast, beta_slow): ggml's rope_yarn with Motif-3's ext_factor and attn_factor. x (N, n)."""
     n = x.shape[-1]
     out = torch.empty_like(x)
+    freq_scale, ext_factor, attn_factor, lo, hi = 1.0, 0.0, 1.0, 0, 0
+    if yarn is not None:
+        freq_scale, ext_factor = 1.0 / yarn["factor"], 1.0
+        attn_factor = 1.0 / (1.0 + 0.1 * math.log(1.0 / freq_scale))
+        lo, hi = _yarn_corr_dims(n, yarn["n_ctx_orig"], base, yarn["beta_fast"], yarn["beta_slow"])
     for t in range(x.shape[0]):
         for i in range(n // 2):
-            theta = float(pos[t]) * base ** (-2.0 * i / n)
-            c, s = math.cos(theta), math.sin(theta)
+            i0 = 2 * i
+            theta_extrap = float(pos[t]) * base ** (-float(i0) / n)
+            theta_interp = freq_scale * theta_extrap
+            theta, mscale = theta_interp, attn_factor
+            if ext_factor != 0.0:
+                ramp_mix = (1 - min(1.0, max(0.0, (i0 // 2 - lo) / max(0.001, hi - lo)))) * ext_factor
+                theta = theta_interp * (1 - ramp_mix) + theta_extrap * ramp_mix
+                mscale *= 1.0 + 0.1 * math.log(1.0 / freq_scale)
+            c, s = math.cos(theta) * mscale, math.sin(theta) * mscale
             x0, x1 = x[t, i], x[t, i + n // 2]
             out[t, i] = x0 * c - x1 * s
             out[t, i + n // 2] = x0 * s + x1 * c
@@ -61,7 +91,8 @@ def motif3_attention_reference(w: dict[str, torch.Tensor], x: torch.Tensor, hp: 
                                n_swa: int | None = None, mla: bool = False, past: dict | None = None) -> torch.Tensor:
     """One sequence x (N, n_embd) float64 through the GDLA attention of one layer with weights ``w`` (short names:
     ``wq_a`` … ``wo``), hyper-parameters ``hp`` (n_head, n_head_kv, n_noise, kv_lora_rank, nope, rope, v,
-    rope_theta, eps) → (N, n_embd). Positions start at ``pos0``; ``n_swa``: the SWA window (None: full);
+    rope_theta, eps; optional ``yarn``: factor, n_ctx_orig, beta_fast, beta_slow, mscale, applied on a full layer
+    only) → (N, n_embd). Positions start at ``pos0``; ``n_swa``: the SWA window (None: full, the layer YaRN scales);
     ``mla``: the latent path. ``past``, a dict this function fills, holds the keys and values (or latents) of the
     earlier calls (a KV cache, the same for both paths' inputs)."""
     H, Hkv, Hn = hp["n_head"], hp["n_head_kv"], hp["n_noise"]
@@ -70,15 +101,19 @@ def motif3_attention_reference(w: dict[str, torch.Tensor], x: torch.Tensor, hp: 
     gs, Hs = ratio + 1, H - Hn
     N = x.shape[0]
     pos = torch.arange(pos0, pos0 + N)
+    yarn = hp.get("yarn") if n_swa is None else None  # build_gdla_attn: is_swa → no YaRN, kq_scale_swa
     scale = 1.0 / math.sqrt(nope + rope)
+    if yarn is not None:
+        mscale_val = 1.0 + 0.1 * yarn["mscale"] * math.log(yarn["factor"])  # log(1 / freq_scale)
+        scale = mscale_val * mscale_val / math.sqrt(nope + rope)
 
     q_lat = _rms(x @ w["wq_a"].T, w["q_norm"], hp["eps"])
     q = (q_lat @ w["wq_b"].T).view(N, H, nope + rope)
     q_nope, q_pe = q[..., :nope], q[..., nope:]
     kv_raw = x @ w["wkv_a"].T
     kv_cmpr, k_pe = kv_raw[:, :r_kv], kv_raw[:, r_kv:]
-    q_pe = torch.stack([_rope_neox(q_pe[:, h], pos, hp["rope_theta"]) for h in range(H)], dim=1)
-    k_pe = _rope_neox(k_pe, pos, hp["rope_theta"])
+    q_pe = torch.stack([_rope_neox(q_pe[:, h], pos, hp["rope_theta"], yarn) for h in range(H)], dim=1)
+    k_pe = _rope_neox(k_pe, pos, hp["rope_theta"], yarn)
     kv_cmpr = _rms(kv_cmpr, w["kv_norm"], hp["eps"])
 
     kv_b = w["wkv_b"].view(Hkv, nope + dv, r_kv)

@@ -1,7 +1,7 @@
 """Motif-3's released layout ↔ diffattn: the attention (GroupedLatentDiffAttention) and the dense MLP
 (Motif3PolyNormGLU): the names, the per-layer spec and MLP settings read from config.json (sliding-window layers,
-their window and RoPE base; which layers are dense, the PolyNorm keys and their defaults), bit-identical round trips
-and the config entries written back, clear refusals (MoE layers among them)."""
+their window and RoPE base, YaRN on the full layers; which layers are dense, the PolyNorm keys and their defaults),
+bit-identical round trips and the config entries written back, clear refusals (MoE layers among them)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from diffattn.convert.motif3 import (
     motif3_mlp_settings,
     motif3_to_diffattn_attention,
     motif3_to_diffattn_mlp,
+    motif3_yarn_settings,
     to_motif3_attention,
     to_motif3_mlp,
 )
@@ -63,9 +64,30 @@ def test_the_spec_of_each_layer_follows_the_interleaved_pattern():
     assert not any(motif3_is_sliding(cfg, i) for i in range(4))
 
 
+def test_yarn_keys_give_the_full_layers_their_settings_and_leave_the_sliding_ones_plain():
+    cfg = {**motif3_config(10, 2, 2), "rope_scaling": {"rope_type": "yarn", "factor": 8.0, "beta_fast": 16,
+                                                       "original_max_position_embeddings": 2048, "mscale": 0.707}}
+    full, _, _ = motif3_attention_spec(cfg, 0)
+    swa, _, _ = motif3_attention_spec(cfg, 1)
+    assert motif3_yarn_settings(cfg) == {"yarn_factor": 8.0, "yarn_original_context": 2048, "yarn_beta_fast": 16.0,
+                                         "yarn_beta_slow": 1.0, "yarn_mscale": 0.707}
+    assert (full.yarn_factor, full.yarn_original_context, full.yarn_beta_fast, full.yarn_beta_slow,
+            full.yarn_mscale) == (8.0, 2048, 16.0, 1.0, 0.707)
+    assert swa.yarn_factor == 1.0 and swa.yarn_original_context is None and swa.rope_theta == 500.0
+    # llama.cpp's converter's fallbacks: the top-level rope_factor, original_seq_len (32768) and mscale (1)
+    top = {**motif3_config(10, 2, 2), "rope_factor": 2.0}
+    assert motif3_yarn_settings(top) == {"yarn_factor": 2.0, "yarn_original_context": 32768, "yarn_beta_fast": 32.0,
+                                         "yarn_beta_slow": 1.0, "yarn_mscale": 1.0}
+    assert motif3_yarn_settings({**top, "original_seq_len": 4096, "mscale": 0.5})["yarn_original_context"] == 4096
+    for unscaled in ({}, {"rope_factor": 1.0}, {"rope_scaling": None}, {"rope_scaling": {"factor": 1.0}}):
+        assert motif3_yarn_settings({**motif3_config(10, 2, 2), **unscaled}) == {}
+    assert motif3_attention_spec({**motif3_config(10, 2, 2), "rope_factor": 1.0}, 0)[0].yarn_factor == 1.0
+
+
 @pytest.mark.parametrize("change, message", [
-    ({"rope_scaling": {"type": "yarn", "factor": 4.0}}, "YaRN-scaled RoPE"),
-    ({"rope_factor": 2.0}, "YaRN-scaled RoPE"),
+    ({"rope_scaling": {"type": "linear", "factor": 4.0}}, "RoPE scaling 'linear' .*YaRN only"),
+    ({"rope_scaling": {"type": "yarn", "factor": 4.0, "extrapolation_factor": 0.5}}, "extrapolation_factor must be 1"),
+    ({"rope_scaling": [4.0]}, "config.rope_scaling must be a dict or null"),
     ({"q_lora_rank": None}, "config.json has no 'q_lora_rank'"),
     ({"sliding_window_pattern": "blocks"}, "sliding_window_pattern must be 'interleave'"),
 ])

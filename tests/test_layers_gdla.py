@@ -1,9 +1,11 @@
 """Grouped differential latent attention (Motif-3): exact against a float64 transcription of llama.cpp's graph
 (``tests/reference_motif3.py``), with and without the gate, full and sliding-window layers, GQA and two group
-ratios; the latent cache decodes what the full forward computes; the kind runs through a model, its save and load,
-the logit diagnostics and ``inspect``."""
+ratios, YaRN on the full layers; the latent cache decodes what the full forward computes; the kind runs through a
+model, its save and load, the logit diagnostics and ``inspect``."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -12,6 +14,7 @@ import diffattn
 from diffattn.convert.motif3 import from_motif3_attention
 from diffattn.diagnostics import capture_logits, logit_layers
 from diffattn.layers import ATTENTION_TYPES, AttentionSpec, GroupedLatentDiffAttention, KVCache, StaticKVCache
+from diffattn.layers.rope import RotaryEmbedding, YarnRotaryEmbedding
 from diffattn.layers.spec import HEAD_LAYOUTS, attention_kind
 
 from .reference_motif3 import motif3_attention_reference
@@ -28,6 +31,14 @@ def motif3_config(n_head: int, n_noise: int, n_kv: int, *, swa: bool = True) -> 
             "q_lora_rank": 24, "kv_lora_rank": 16, "head_dim": 10, "qk_rope_head_dim": 4, "v_head_dim": 6,
             "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "swa_rope_theta": 500.0, "use_sliding_window": swa,
             "sliding_window": 3, "sliding_window_pattern": "interleave", "sliding_window_period": 2}
+
+
+def yarn_config(cfg: dict, *, mscale: float = 1.0) -> dict:
+    """``cfg`` with YaRN (factor 4 over 4096 positions) and RoPE widths that put pairs on the ramp: d_rope = 12 has
+    correction dims (1, 5), so the pairs are kept, kept, ¾, ½, ¼ and 0 extrapolated."""
+    return {**cfg, "head_dim": 18, "qk_rope_head_dim": 12,
+            "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096,
+                             "beta_fast": 32, "beta_slow": 1, "mscale": mscale}}
 
 
 def released_weights(cfg: dict, layer: int, *, gate: bool = True, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -56,6 +67,10 @@ def reference(cfg, sd, layer, x, **kw):
               kv_lora_rank=cfg["kv_lora_rank"], nope=cfg["head_dim"] - cfg["qk_rope_head_dim"],
               rope=cfg["qk_rope_head_dim"], v=cfg["v_head_dim"], eps=cfg["rms_norm_eps"],
               rope_theta=cfg["swa_rope_theta"] if swa else cfg["rope_theta"])
+    if "rope_scaling" in cfg:
+        y = cfg["rope_scaling"]
+        hp["yarn"] = dict(factor=y["factor"], n_ctx_orig=y["original_max_position_embeddings"],
+                          beta_fast=y["beta_fast"], beta_slow=y["beta_slow"], mscale=y["mscale"])
     return motif3_attention_reference(w, x, hp, n_swa=cfg["sliding_window"] + 1 if swa else None, **kw)
 
 
@@ -82,6 +97,10 @@ def test_the_kind_is_registered_and_its_class_answers_for_it():
     (dict(qkv_bias=True), "attention 'gdla' has no biases .*qkv_bias must be False"),
     (dict(rope=None), "rope must be 'half' or 'interleaved', got None"),
     (dict(norm_eps=0.0), "attention norm_eps must be a finite float > 0"),
+    (dict(yarn_factor=0.5), "attention yarn_factor must be >= 1"),
+    (dict(yarn_factor=2.0), "attention yarn_factor=2.0 needs yarn_original_context"),
+    (dict(yarn_mscale=-1.0), "attention yarn_mscale must be a finite float >= 0, got -1.0"),
+    (dict(yarn_original_context=0), "attention yarn_original_context must be None or an integer >= 1, got 0"),
 ])
 def test_bad_settings_are_refused_by_name(settings, message):
     with pytest.raises(ValueError, match=message):
@@ -113,6 +132,31 @@ def test_matches_the_llama_cpp_graph_in_float64(heads, layer, gate):
     out = attn(x)
     for b in range(2):
         torch.testing.assert_close(out[b], reference(cfg, sd, layer, x[b]), **TOL)
+
+
+@pytest.mark.parametrize("heads", CONFIGS[:2])
+@pytest.mark.parametrize("layer", [0, 1], ids=["full", "swa"])
+@pytest.mark.parametrize("mscale", [1.0, 0.707])
+def test_yarn_on_the_full_layers_matches_the_llama_cpp_graph_in_float64(heads, layer, mscale):
+    cfg = yarn_config(motif3_config(*heads), mscale=mscale)
+    sd = released_weights(cfg, layer)
+    attn = from_motif3_attention(cfg, sd, layer).eval()
+    m2 = (1 + 0.1 * mscale * math.log(4.0)) ** 2
+    if layer == 0:  # YaRN's frequencies and m² on the softmax scale
+        assert isinstance(attn.rotary, YarnRotaryEmbedding) and attn.scale == 18**-0.5 * m2
+    else:  # the sliding-window layer: plain RoPE on swa_rope_theta, the plain scale
+        assert type(attn.rotary) is RotaryEmbedding and attn.rotary.base == 500.0 and attn.scale == 18**-0.5
+    x = torch.randn(2, 9, 48, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    pos = torch.arange(3000, 3009)
+    out = attn(x, position_ids=pos)
+    for b in range(2):
+        torch.testing.assert_close(out[b], reference(cfg, sd, layer, x[b], pos0=3000), **TOL)
+    unscaled = {k: v for k, v in cfg.items() if k != "rope_scaling"}
+    plain = from_motif3_attention(unscaled, sd, layer).eval()(x, position_ids=pos)
+    if layer == 0:
+        assert (out - plain).abs().max() > 1e-3  # YaRN changes the full layer
+    else:
+        assert torch.equal(out, plain)  # and leaves the sliding-window layer bit-identical
 
 
 def test_the_math_and_sdpa_backends_agree_and_weights_come_back():
@@ -149,6 +193,24 @@ def test_latent_cache_decoding_gives_the_full_forward(heads, cache):
     ref = [reference(cfg, sd, 0, x[0, :4], mla=True, past=past)]
     ref += [reference(cfg, sd, 0, x[0, t:t + 1], pos0=t, mla=True, past=past) for t in range(4, 10)]
     torch.testing.assert_close(torch.cat(ref), full[0], **TOL)
+
+
+@pytest.mark.parametrize("heads", CONFIGS[:2])
+def test_latent_cache_decoding_with_yarn_gives_the_full_forward(heads):
+    cfg = yarn_config(motif3_config(*heads), mscale=0.707)
+    sd = released_weights(cfg, 0)
+    attn = from_motif3_attention(cfg, sd, 0).eval()
+    x = torch.randn(1, 10, 48, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    full = attn(x)
+    kv = KVCache()
+    steps = [attn(x[:, :4], kv_cache=kv)] + [attn(x[:, t:t + 1], kv_cache=kv) for t in range(4, 10)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, **TOL)
+    assert kv.k.shape[-1] == 16 and kv.v.shape[-1] == 12  # c_kv and the YaRN-rotated K_rope
+    past: dict = {}
+    ref = [reference(cfg, sd, 0, x[0, :4], mla=True, past=past)]
+    ref += [reference(cfg, sd, 0, x[0, t:t + 1], pos0=t, mla=True, past=past) for t in range(4, 10)]
+    torch.testing.assert_close(torch.cat(ref), full[0], **TOL)
+    torch.testing.assert_close(reference(cfg, sd, 0, x[0]), full[0], **TOL)
 
 
 def test_the_cache_is_latent_on_full_layers_and_per_head_on_sliding_ones():

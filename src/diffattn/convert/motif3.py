@@ -10,7 +10,13 @@ The layout is the one llama.cpp's Motif-3 converter reads (``conversion/motif3.p
   ``v_head_dim``, ``rms_norm_eps``, ``rope_theta``; interleaved sliding-window layers with ``use_sliding_window``,
   ``sliding_window`` (W: a query sees itself and the W keys before it), ``sliding_window_pattern``
   (``"interleave"``), ``sliding_window_period`` (p, default 2: layer l uses full attention when l % p == 0, the
-  others the window) and ``swa_rope_theta`` (their RoPE base); ``rope_scaling`` / ``rope_factor`` (YaRN).
+  others the window) and ``swa_rope_theta`` (their RoPE base); YaRN on the full-attention layers when its factor
+  f > 1: ``rope_scaling`` {``factor``, ``original_max_position_embeddings``, ``beta_fast`` (default 32),
+  ``beta_slow`` (1), ``mscale`` (1)}, or the top-level ``rope_factor``, ``original_seq_len`` (default 32768) and
+  ``mscale`` llama.cpp's converter falls back to. ``mscale_all_dim`` is not read: llama.cpp's graph keeps the cos/sin
+  tables of magnitude 1 and puts (1 + 0.1 · mscale · ln f)² on the softmax scale of the full layers
+  (:class:`~diffattn.layers.GroupedLatentDiffAttention`'s ``yarn_*`` settings); the sliding-window layers keep plain
+  RoPE with ``swa_rope_theta`` and the plain scale.
 - for the MLP: ``intermediate_size``, ``polynorm_sigmoid_weight`` (default true), ``polynorm_output_scale`` (1.0),
   ``hidden_clamp`` (unset: no clamp; llama.cpp clamps only when it is > 0), ``polynorm_bias_clamp`` (routed experts
   only); PolyNorm's eps is not in ``config.json`` (1e-6). Which layers are dense: all when ``num_experts`` is 0 or
@@ -25,8 +31,9 @@ The layers' parameters are those tensors under other names (the MLP's under the 
 split (``wq_b``'s heads are [nope | rope] each, in groups [signal × r, noise], as the layer reads them): a converted
 state dict written back is bit-identical, and tensors keep their dtype.
 
-Supported: the attention of every layer (full and sliding-window) and the MLP of the dense layers.
-Not supported: YaRN-scaled RoPE (a ``rope_factor`` > 1 is refused, not approximated); the MoE feed-forward layers
+Supported: the attention of every layer (full and sliding-window, with or without YaRN) and the MLP of the dense
+layers. Not supported: a ``rope_scaling`` of another type than YaRN, or a YaRN ``extrapolation_factor`` other than 1
+(refused, not approximated); the MoE feed-forward layers
 (the routed grouped-PolyNorm experts, the router and its expert bias, the shared expert: asking for the MLP of an MoE
 layer is refused); the mHC hyper-connections around every sub-layer; the multi-token-prediction layers; the norms,
 embeddings and head; and so the full decoder model.
@@ -42,8 +49,9 @@ import torch
 from ..layers import AttentionSpec, GroupedLatentDiffAttention, Motif3PolyNormGLU
 from ._common import StateDict, check_no_extra, take
 
-__all__ = ["MOTIF3_ATTENTION_NAMES", "motif3_is_sliding", "motif3_attention_spec", "motif3_to_diffattn_attention",
-           "diffattn_to_motif3_attention", "from_motif3_attention", "to_motif3_attention",
+__all__ = ["MOTIF3_ATTENTION_NAMES", "motif3_is_sliding", "motif3_yarn_settings", "motif3_attention_spec",
+           "motif3_to_diffattn_attention", "diffattn_to_motif3_attention", "from_motif3_attention",
+           "to_motif3_attention",
            "MOTIF3_MLP_NAMES", "motif3_is_dense", "motif3_mlp_settings", "motif3_mlp_config", "motif3_to_diffattn_mlp",
            "diffattn_to_motif3_mlp", "from_motif3_mlp", "to_motif3_mlp"]
 
@@ -98,25 +106,49 @@ def motif3_is_sliding(config: Mapping, layer: int) -> bool:
     return layer % period != 0
 
 
+def motif3_yarn_settings(config: Mapping) -> dict[str, Any]:
+    """The :class:`~diffattn.layers.GroupedLatentDiffAttention` ``yarn_*`` settings of a Motif-3 ``config.json``'s
+    full-attention layers, read as llama.cpp's converter and graph read them (module docstring); {} when the config
+    does not scale RoPE (factor absent or <= 1). ValueError for a scaling the layer does not compute."""
+    scaling = _get(config, "rope_scaling", {}) or {}
+    if not isinstance(scaling, Mapping):
+        raise ValueError(f"config.rope_scaling must be a dict or null, got {scaling!r}")
+    factor = float(scaling.get("factor", _get(config, "rope_factor", 1.0)) or 1.0)
+    if factor <= 1.0:
+        return {}
+    kind = scaling.get("rope_type", scaling.get("type", "yarn"))
+    if kind != "yarn":
+        raise ValueError(f"config.rope_scaling asks for RoPE scaling {kind!r} (factor {factor}); Motif-3's layers "
+                         f"compute YaRN only ('yarn')")
+    ext = scaling.get("extrapolation_factor")
+    if ext is not None and float(ext) != 1.0:
+        raise ValueError(f"config.rope_scaling.extrapolation_factor must be 1 (YaRN's full ramp, as llama.cpp "
+                         f"runs it), got {ext!r}")
+    original = scaling.get("original_max_position_embeddings", _get(config, "original_seq_len", 32768))
+    mscale = scaling.get("mscale", _get(config, "mscale", 1.0))
+    return {"yarn_factor": factor, "yarn_original_context": int(original),
+            "yarn_beta_fast": float(scaling.get("beta_fast") or 32.0),
+            "yarn_beta_slow": float(scaling.get("beta_slow") or 1.0),
+            "yarn_mscale": float(1.0 if mscale is None else mscale)}
+
+
 def motif3_attention_spec(config: Mapping, layer: int, *, output_gate: bool = True,
                           backend: str = "auto") -> tuple[AttentionSpec, int, int]:
     """(spec, dim, num_heads) of layer ``layer``'s attention from a Motif-3 ``config.json`` (a dict): the
-    sliding-window layers get ``sliding_window`` = W + 1 and ``swa_rope_theta``; ``output_gate`` says whether the
-    checkpoint holds ``wq_b_gate``. ValueError for what the layer cannot compute exactly (YaRN scaling)."""
+    sliding-window layers get ``sliding_window`` = W + 1 and ``swa_rope_theta``, the full-attention layers YaRN
+    when the config scales RoPE (:func:`motif3_yarn_settings`); ``output_gate`` says whether the checkpoint holds
+    ``wq_b_gate``. ValueError for what the layer cannot compute exactly."""
     if not isinstance(config, Mapping):
         raise ValueError(f"config must be the dict of a Motif-3 config.json, got {type(config).__name__}")
-    scaling = _get(config, "rope_scaling", {}) or {}
-    factor = float(scaling.get("factor", _get(config, "rope_factor", 1.0)) or 1.0)
-    if factor > 1.0:
-        raise ValueError(f"config asks for YaRN-scaled RoPE (factor {factor}) on the full-attention layers; "
-                         f"diffattn's GDLA layer has plain RoPE only and converts only an unscaled config")
+    yarn = motif3_yarn_settings(config)
     h = int(_get(config, "num_attention_heads", required=True))
     head_dim = int(_get(config, "head_dim", required=True))
     rope = int(_get(config, "qk_rope_head_dim", required=True))
     sliding = motif3_is_sliding(config, layer)
     theta = float(_get(config, "rope_theta", 10000.0))
-    if sliding:
+    if sliding:  # llama.cpp: the sliding-window layers rotate with swa_rope_theta and no YaRN
         theta = float(_get(config, "swa_rope_theta", theta))
+        yarn = {}
     spec = AttentionSpec(
         "gdla", num_kv_heads=int(_get(config, "num_key_value_heads", required=True)),
         q_lora_rank=int(_get(config, "q_lora_rank", required=True)),
@@ -125,7 +157,7 @@ def motif3_attention_spec(config: Mapping, layer: int, *, output_gate: bool = Tr
         v_head_dim=int(_get(config, "v_head_dim", required=True)),
         num_noise_heads=int(_get(config, "num_noise_heads", required=True)), output_gate=bool(output_gate),
         norm_eps=float(_get(config, "rms_norm_eps", 1e-6)), rope="half", rope_theta=theta, causal=True,
-        sliding_window=int(config["sliding_window"]) + 1 if sliding else None, backend=backend)
+        sliding_window=int(config["sliding_window"]) + 1 if sliding else None, backend=backend, **yarn)
     return spec, int(_get(config, "hidden_size", required=True)), h
 
 

@@ -10,7 +10,7 @@ from .loading import load_layer
 from .mlp import MLP_TYPES, Mlp, QuickGELU, SwiGLU, build_mlp
 from .norm import RMSNorm, head_rms_norm
 from .polynorm import Motif3PolyNormGLU, PolyNorm, PolyNormGLU
-from .rope import ROPE_STYLES, RotaryEmbedding, apply_rotary
+from .rope import ROPE_STYLES, RotaryEmbedding, YarnRotaryEmbedding, apply_rotary
 from .spec import ATTENTION_TYPES, HEAD_LAYOUTS, AttentionSpec, attention_class, attention_kind, register_attention
 from .stable_audio import StableAudioAttention
 
@@ -52,6 +52,7 @@ __all__ = [
     "head_rms_norm",
     "ROPE_STYLES",
     "RotaryEmbedding",
+    "YarnRotaryEmbedding",
     "apply_rotary",
 ]
 

@@ -10,7 +10,7 @@ key/value heads, head widths d_nope + d_rope (queries and keys) and d_v (values)
     [Q_nope_h | Q_rope_h] = (c_q W_qb)_h                            (per head: nope first, rope last)
     [c_kv | K_rope] = x W_kva,   c_kv ← RMSNorm(c_kv)               (kv_lora_rank + d_rope; K_rope shared by every head)
     [K_nope_m | V_m] = (c_kv W_kvb)_m                               (m < H_kv)
-    Q_rope, K_rope ← RoPE (rotate-half, ``rope_theta``)
+    Q_rope, K_rope ← RoPE (rotate-half, ``rope_theta``; YaRN's frequencies when ``yarn_factor`` > 1)
     A_h = softmax([Q_nope_h | Q_rope_h] [K_nope_m(h) | K_rope]ᵀ s + M),   m(h) = h // (H / H_kv)
     λ = sigmoid(x W_λ)                                              (B, N, H_s): one per token and signal head
     O_i = A_{sig i} V_{m(sig i)} − λ_i A_{noise g} V_{m(noise g)}   (signal head i of group g = i // r)
@@ -31,6 +31,14 @@ DeepSeek-V2 §2.1.2 and llama.cpp do: Q_nope_h W_kb_m(h) (the key half of W_kvb 
 c_kv, the value half W_vb_m applied after the attention. A sliding-window layer caches its per-head keys and values
 (Motif-3 keeps plain GQA caches on its sliding-window layers).
 
+**YaRN.** With ``yarn_factor`` f > 1 the rotated channels use YaRN's frequencies
+(:class:`~diffattn.layers.rope.YarnRotaryEmbedding`: ``yarn_original_context``, ``yarn_beta_fast``,
+``yarn_beta_slow``) with tables of magnitude 1, and the softmax scale becomes s = m² / √(d_nope + d_rope),
+m = 1 + 0.1 · ``yarn_mscale`` · ln f: llama.cpp's Motif-3 graph (``attn_factor`` = 1 / (1 + 0.1 ln f) cancels the
+magnitude factor of ggml's ``rope_yarn``; ``kq_scale_full`` = m² / √d), which is DeepSeek-V2's YaRN with ``mscale`` =
+``mscale_all_dim``. Motif-3 scales its full-attention layers only; its sliding-window layers keep plain RoPE with
+``swa_rope_theta`` (:mod:`diffattn.convert.motif3` builds each layer's setting).
+
 Sliding window: ``sliding_window`` = w lets each query see itself and the w − 1 keys before it (the library's
 convention, :func:`~diffattn.ops.sliding_window_mask`); a Hugging Face Motif-3 ``sliding_window`` W is w = W + 1
 (:mod:`diffattn.convert.motif3`).
@@ -49,7 +57,7 @@ from ..ops import AttentionWeights, attention, compute_dtype, diff_attention, re
 from .attention import _AttentionBase, _check_int, _positions
 from .grouped import paired_queries
 from .norm import RMSNorm
-from .rope import RotaryEmbedding, apply_rotary
+from .rope import RotaryEmbedding, YarnRotaryEmbedding, apply_rotary, yarn_softmax_factor
 from .spec import AttentionSpec, check_flag, check_positive_float, check_positive_int, register_attention
 
 __all__ = ["GroupedLatentDiffAttention"]
@@ -90,6 +98,13 @@ class GroupedLatentDiffAttention(_AttentionBase):
             latent_cache: with a KV cache and no sliding window, cache c_kv and K_rope and attend in the latent
                 space (module docstring); False: cache per-head keys and values.
             norm_eps: epsilon of the two latent RMSNorms (Motif-3's ``rms_norm_eps``).
+            yarn_factor: YaRN's context extension f (module docstring); 1: plain RoPE and s = 1/√d.
+            yarn_original_context: the context L the model was trained on before the extension (needed when
+                yarn_factor > 1; Hugging Face's ``original_max_position_embeddings``).
+            yarn_beta_fast: YaRN's β_fast: pairs turning more than β_fast times over L keep their frequency.
+            yarn_beta_slow: YaRN's β_slow: pairs turning fewer than β_slow times over L are divided by f (the ramp
+                runs between the two).
+            yarn_mscale: the coefficient of ln f in YaRN's attention temperature m (>= 0; 0: m = 1).
         """
 
         kind: str = "gdla"
@@ -106,6 +121,11 @@ class GroupedLatentDiffAttention(_AttentionBase):
         output_gate: bool = True
         latent_cache: bool = True
         norm_eps: float = 1e-6
+        yarn_factor: float = 1.0
+        yarn_original_context: int | None = None
+        yarn_beta_fast: float = 32.0
+        yarn_beta_slow: float = 1.0
+        yarn_mscale: float = 1.0
 
         def __post_init__(self) -> None:
             super().__post_init__()
@@ -118,6 +138,21 @@ class GroupedLatentDiffAttention(_AttentionBase):
             check_flag("attention output_gate", self.output_gate)
             check_flag("attention latent_cache", self.latent_cache)
             check_positive_float("attention norm_eps", self.norm_eps)
+            for name in ("yarn_factor", "yarn_beta_fast", "yarn_beta_slow"):
+                check_positive_float(f"attention {name}", getattr(self, name))
+            if self.yarn_mscale != 0.0:  # 0 is allowed: no temperature
+                try:
+                    check_positive_float("attention yarn_mscale", self.yarn_mscale)
+                except ValueError:
+                    raise ValueError(f"attention yarn_mscale must be a finite float >= 0, got "
+                                     f"{self.yarn_mscale!r}") from None
+            check_positive_int("attention yarn_original_context", self.yarn_original_context)
+            if self.yarn_factor < 1.0:
+                raise ValueError(f"attention yarn_factor must be >= 1 (YaRN extends the context; 1: plain RoPE), "
+                                 f"got {self.yarn_factor}")
+            if self.yarn_factor > 1.0 and self.yarn_original_context is None:
+                raise ValueError(f"attention yarn_factor={self.yarn_factor} needs yarn_original_context (the "
+                                 f"context trained on before the extension), got None")
             for name in ("qkv_bias", "out_bias"):
                 if getattr(self, name):
                     raise ValueError(f"attention 'gdla' has no biases (Motif-3's projections have none): {name} "
@@ -177,7 +212,7 @@ class GroupedLatentDiffAttention(_AttentionBase):
         self.inner_dim = s["signal"] * s["v"]
         self.causal, self.backend, self.attn_drop = config.causal, config.backend, config.attn_drop
         self.softcap, self.sliding_window = config.softcap, config.sliding_window
-        self.scale = self.head_dim**-0.5
+        self.scale = self.head_dim**-0.5 * yarn_softmax_factor(config.yarn_factor, config.yarn_mscale)
         eps = float(config.norm_eps)
         self.q_a_proj = nn.Linear(dim, self.q_lora_rank, bias=False)
         self.q_a_norm = RMSNorm(self.q_lora_rank, eps=eps)
@@ -190,7 +225,13 @@ class GroupedLatentDiffAttention(_AttentionBase):
         self.gate_proj = nn.Linear(self.q_lora_rank, self.inner_dim, bias=False) if config.output_gate else None
         self.out_proj = nn.Linear(self.inner_dim, dim, bias=False)
         self.proj_drop = nn.Dropout(config.proj_drop)
-        self.rotary = RotaryEmbedding(self.qk_rope_head_dim, base=config.rope_theta, style=config.rope)
+        if config.yarn_factor > 1.0:
+            self.rotary = YarnRotaryEmbedding(
+                self.qk_rope_head_dim, base=config.rope_theta, style=config.rope, factor=config.yarn_factor,
+                original_context=config.yarn_original_context, beta_fast=config.yarn_beta_fast,
+                beta_slow=config.yarn_beta_slow)
+        else:
+            self.rotary = RotaryEmbedding(self.qk_rope_head_dim, base=config.rope_theta, style=config.rope)
         # the key/value head each signal head and its group's noise head read (llama.cpp's GQA: h // (H / H_kv))
         per_kv, r = num_heads // self.num_kv_heads, self.group_ratio
         sig = [g * (r + 1) + j for g in range(self.num_noise_heads) for j in range(r)]
@@ -202,7 +243,8 @@ class GroupedLatentDiffAttention(_AttentionBase):
         return (f"signal_heads={self.num_signal_heads}, noise_heads={self.num_noise_heads}, "
                 f"kv_heads={self.num_kv_heads}, q_lora_rank={self.q_lora_rank}, kv_lora_rank={self.kv_lora_rank}, "
                 f"qk_head_dim={self.qk_nope_head_dim}+{self.qk_rope_head_dim}, v_head_dim={self.v_head_dim}, "
-                f"output_gate={self.gate_proj is not None}, sliding_window={self.sliding_window}")
+                f"output_gate={self.gate_proj is not None}, sliding_window={self.sliding_window}"
+                + (f", yarn_factor={self.config.yarn_factor}" if self.config.yarn_factor > 1.0 else ""))
 
     @property
     def uses_latent_cache(self) -> bool:
