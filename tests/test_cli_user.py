@@ -755,7 +755,7 @@ def test_eval_runs_every_offered_dataset_for_its_kind(kind, dataset, kind_runs, 
     suite, key, lo, hi = HEADLINE[kind]
     assert res["skipped"] == {} and res["device"] == "cpu"
     assert res[suite].get("dataset", res[suite].get("text", "").split(" ")[0]) == dataset
-    value = report._get(res[suite], key)
+    value = report.nested_get(res[suite], key)
     assert lo <= value <= hi, (key, value)
 
 
