@@ -441,6 +441,44 @@ def test_sub_norm_arguments_and_lambda_options():
     assert g.gate_proj.bias is None and "gate_proj.bias" not in g.state_dict()
 
 
+@pytest.mark.parametrize("sub_norm", [True, False])
+def test_output_scale_decoupled_from_the_sub_norm(sub_norm):
+    """output_scale="tied" multiplies the heads' output by (1 − λ_init), "fixed" by 1, with or without the sub-norm
+    (Ye et al. 2024, §2.1 put the scale after the sub-norm); with out_proj linear (no bias) the two outputs are
+    (1 − λ_init) apart, and against a float64 reference of the heads' output."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 5, 32, dtype=F64)
+    outs = {}
+    for scale in ("tied", "fixed"):
+        torch.manual_seed(1)
+        m = DiffAttention(32, 4, lambda_init=0.3, sub_norm=sub_norm, output_scale=scale, out_bias=False).double()
+        outs[scale] = m(x)
+        assert m.out_scale == (0.7 if scale == "tied" else 1.0)
+    assert torch.allclose(outs["tied"], 0.7 * outs["fixed"], atol=1e-13, rtol=0)
+    assert not torch.allclose(outs["tied"], outs["fixed"], atol=1e-3)  # the scale is applied: the test can fail
+    # the default keeps the paper's coupling: tied with the sub-norm, none without
+    assert DiffAttention(32, 4, lambda_init=0.3, sub_norm=sub_norm).out_scale == (0.7 if sub_norm else 1.0)
+    # float64 reference of the fixed-scale heads: RMSNorm((A1 − λ A2) V) per differential head, out_proj
+    q = m.q_proj(x).view(2, 5, 4, 8).transpose(1, 2)  # (B, 2H, N, d)
+    k = m.k_proj(x).view(2, 5, 4, 8).transpose(1, 2)
+    v = m.v_proj(x).view(2, 5, 2, 16).transpose(1, 2)  # (B, H, N, 2d)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(8)
+    a = ref_softmax_rows(scores, torch.ones_like(scores, dtype=torch.bool))  # (B, 2H, N, N)
+    lam = float(m.lambda_weights(x)[1].detach())
+    o = (a[:, 0::2] - lam * a[:, 1::2]) @ v  # (B, H, N, 2d)
+    if sub_norm:
+        o = rms_norm(o, m.diff_norm.weight, m.diff_norm.eps)
+    ref = m.out_proj(o.transpose(1, 2).reshape(2, 5, 32))
+    assert torch.allclose(outs["fixed"], ref, **TOLERANCES[F64])
+    with pytest.raises(ValueError, match="attention output_scale must be one of"):
+        DiffAttention(32, 4, output_scale="half")
+    if sub_norm:  # a converter to a format that always scales refuses a fixed scale, naming it
+        from diffattn.convert._common import check_convertible
+
+        with pytest.raises(ValueError, match="output_scale='fixed'.*DiffLlama always scales"):
+            check_convertible(DiffAttention(32, 4, output_scale="fixed"), "DiffLlama")
+
+
 @pytest.mark.parametrize("cls", ["standard", "diff", "gated", "diff_v2"])
 def test_layers_take_empty_batch_and_sequence(cls):
     m = attention_class(cls)(32, 4, causal=True, rope="half")

@@ -133,7 +133,7 @@ def _other(field: str, base: AttentionSpec, heads: int):
                "proj_drop": (0.2, 0.1), "backend": ("math", "sdpa"), "rope": ("interleaved", "half"),
                "rope_theta": (500.0, 1000.0), "softcap": (30.0, 20.0), "sliding_window": (4, 8),
                "q_residual": (True, False), "gate_bias": (False, True), "head_dim": (8, 16),
-               "num_noise_heads": (1, 2)}[field]
+               "num_noise_heads": (1, 2), "output_scale": ("fixed", "tied")}[field]
     return next(v for v in options if v != getattr(base, field))
 
 

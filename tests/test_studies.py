@@ -691,7 +691,7 @@ def test_recall_ablation_selection_rule_and_variants():
     """The pre-registered lr rule (highest mean AUC over the tuning seeds, then accuracy, then the smaller lr) and
     the variants: heads, sub-norm, λ_init and the gate bias each set as the config says."""
     from diffattn.studies.recall_ablation import select_lr, variant_model
-    from diffattn.studies.synthetic import attention_for
+    from diffattn.studies.synthetic import attention_for, param_count
 
     def runs(*pairs):
         return [{"auc": a, "accuracy": b} for a, b in pairs]
@@ -719,6 +719,20 @@ def test_recall_ablation_selection_rule_and_variants():
     assert torch.equal(attn("gated").lambda_fn.gate_proj.bias, torch.zeros(2))  # 2 differential heads
     g = attn("gated_bias2").gate(x)  # σ(2) = 0.881 at every token and head
     assert g.shape == (1, 2, 3, 1) and torch.allclose(g, torch.full_like(g, 1 / (1 + math.exp(-2))))
+    # the factorial's output scale, decoupled from the sub-norm: (sub-norm, scale) of each cell
+    cells = {v: (not isinstance(attn(v).diff_norm, torch.nn.Identity), attn(v).out_scale)
+             for v in ("diff_lambda0.2", "diff_lambda0.2_fixed", "diff_no_subnorm_lambda0.2_tied",
+                       "diff_no_subnorm_lambda0.2")}
+    assert cells == {"diff_lambda0.2": (True, 0.8), "diff_lambda0.2_fixed": (True, 1.0),
+                     "diff_no_subnorm_lambda0.2_tied": (False, 0.8), "diff_no_subnorm_lambda0.2": (False, 1.0)}
+    # grouped 4:1: 4 signal heads of the Transformer's width D/4 and 1 noise head, matched to the 4-head Transformer
+    gda = attn("gda_r4")
+    assert (gda.kind, gda.num_signal_heads, gda.num_noise_heads, gda.head_dim) == ("grouped", 4, 1, 16)
+    counts = [param_count(variant_model(v, vocab_size=40, dim=64, depth=2, max_seq_len=32, seed=0))
+              for v in ("standard", "gda_r4")]
+    assert abs(counts[1] - counts[0]) <= 3 * 64 * 2  # within one SwiGLU unit per block
+    validate_study({"study": "recall_ablation", "seeds": [0, 1], "variants": ["standard", "gda_r4"],
+                    "widths": [64]}, "test")  # D/4 heads: widths need 2 · 4 | D, not 2 · 5
     with pytest.raises(ValueError, match="tuning_seeds in test must be distinct integers >= 0 none of which"):
         validate_study({"study": "recall_ablation", "seeds": [0, 1], "tuning_seeds": [1]}, "test")
     with pytest.raises(ValueError, match="variants in test must start with 'standard'"):

@@ -70,6 +70,10 @@ def check_convertible(module: nn.Module, target: str) -> None:
                          f"{type(module).__name__}")
     if isinstance(module.diff_norm, nn.Identity):
         raise ValueError(f"module has no sub-norm (sub_norm=False); {target} always applies one")
+    if module.out_scale != 1.0 - module.lambda_init:
+        raise ValueError(f"module scales its output by {module.out_scale} (output_scale="
+                         f"{module.config.output_scale!r}); {target} always scales the sub-norm's output by "
+                         f"1 − λ_init = {1.0 - module.lambda_init}")
     if module.diff_norm.eps is None:
         raise ValueError("module.diff_norm.eps is None (dtype dependent); set a float eps before converting")
 

@@ -260,6 +260,8 @@ def to_unilm_v2_state_dict(module: DiffAttentionV2, *,
         problems.append(f"lambda_form={module.lambda_form!r} (the official λ is token_sigmoid)")
     if not isinstance(module.diff_norm, nn.Identity):
         problems.append("sub_norm=True (the official module has no sub-norm)")
+    if module.out_scale != 1.0:
+        problems.append(f"output_scale={module.config.output_scale!r} (the official module scales by 1)")
     if not module.causal:
         problems.append("causal=False (the official module is causal)")
     if module.rotary is None:

@@ -266,6 +266,9 @@ def _lambda_form_attribute(name: str) -> property:
 # ``lambda_q1`` …, M-DGSA's ``gate_proj``): checkpoints keep them.
 _FLAT_LAMBDA_NAMES = ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2", "gate_proj.weight", "gate_proj.bias")
 
+#: the values of :attr:`DiffConfig.output_scale`: the kind's default, × (1 − λ_init), × 1
+OUTPUT_SCALES = (None, "tied", "fixed")
+
 
 @dataclass(frozen=True)
 class DiffConfig(AttentionSpec):
@@ -281,6 +284,10 @@ class DiffConfig(AttentionSpec):
             form's; off for diff_v2).
         sub_norm_eps: the sub-norm's epsilon.
         sub_norm_affine: whether the sub-norm has a learnt scale.
+        output_scale: ``"tied"``: the heads' output is multiplied by (1 − λ_init) (Ye et al. 2024, §2.1, where it
+            follows the sub-norm); ``"fixed"``: by 1; None: the kind's default (tied with the sub-norm for the
+            kinds that scale, ``diff`` and ``grouped``; fixed otherwise). Setting it decouples the scale from the
+            sub-norm, e.g. a sub-norm with a fixed scale, or (1 − λ_init) without a sub-norm.
     """
 
     kind: str = "diff"
@@ -290,6 +297,7 @@ class DiffConfig(AttentionSpec):
     sub_norm: bool | None = None
     sub_norm_eps: float = 1e-5
     sub_norm_affine: bool = True
+    output_scale: str | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -304,6 +312,8 @@ class DiffConfig(AttentionSpec):
             check_flag("attention sub_norm", self.sub_norm)
         check_positive_float("attention sub_norm_eps", self.sub_norm_eps)
         check_flag("attention sub_norm_affine", self.sub_norm_affine)
+        if self.output_scale not in OUTPUT_SCALES:
+            raise ValueError(f"attention output_scale must be one of {OUTPUT_SCALES}, got {self.output_scale!r}")
 
 
 @dataclass(frozen=True)
@@ -349,7 +359,9 @@ class _DiffBase(_AttentionBase):
                                            affine=bool(config.sub_norm_affine))
         else:
             self.diff_norm = nn.Identity()
-        self.out_scale = (1.0 - self.lambda_init) if (sub_norm and self.scales_by_lambda_init) else 1.0
+        tied = (sub_norm and self.scales_by_lambda_init) if config.output_scale is None else \
+            config.output_scale == "tied"
+        self.out_scale = (1.0 - self.lambda_init) if tied else 1.0
         self.register_state_dict_post_hook(_flatten_lambda_names)
         self.register_load_state_dict_pre_hook(_nest_lambda_names)
         self.register_load_state_dict_post_hook(_report_flat_names)
@@ -386,7 +398,7 @@ class _DiffBase(_AttentionBase):
         if isinstance(norm, RMSNorm):
             width, weight = norm.normalized_shape[-1], norm.weight
             eps = norm.eps if norm.eps is not None else torch.finfo(v.dtype).eps
-        elif isinstance(norm, nn.Identity):
+        elif isinstance(norm, nn.Identity) and self.out_scale == 1.0:
             width, weight, eps = None, None, 1e-5
         else:
             return None

@@ -279,6 +279,8 @@ def reference_layer_forward(attn: nn.Module, x: torch.Tensor) -> torch.Tensor:
     norm = getattr(attn, "diff_norm", None)
     if isinstance(norm, nn.RMSNorm):
         out = sub_norm(out, layout.out_head_size, norm.weight, norm.eps, attn.out_scale)
+    elif getattr(attn, "out_scale", 1.0) != 1.0:
+        out = out * attn.out_scale
     out = attn.out_proj(out)
     if getattr(attn, "q_residual", False):
         out = out + q_lin

@@ -125,6 +125,8 @@ class ServedAttention(nn.Module):
         if self.diff_norm is not None:
             width = layout.out_head_size
             out = F.rms_norm(out.view(out.shape[0], -1, width), (width,), self.norm_weight, self.norm_eps).flatten(1)
+        elif self.out_scale != 1.0:  # (1 − λ_init) without a sub-norm (DiffConfig.output_scale="tied")
+            out = out * self.out_scale
         out, _ = self.out_proj(out)
         if self.q_residual:  # + X W_Q in the checkpoint's head order, before the rotary embedding
             T = x.shape[0]

@@ -50,7 +50,10 @@ from .verdict import verdict_of_test
 
 __all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "control", "variant_model", "select_lr"]
 
-#: variant → (label, kind, standard heads, the settings that update the recall study's spec of the kind
+#: a setting that is a quarter of the model width (the Transformer's head width d = D / 4): resolved per width
+_QUARTER = "D/4"
+
+#: variant → (label, kind, query heads, the settings that update the recall study's spec of the kind
 #: (:func:`.synthetic.attention_for`) or None, gate bias or None)
 _TABLE: dict[str, tuple[str, str, int, dict | None, float | None]] = {
     "standard": ("Transformer, 4 heads", "standard", 4, None, None),
@@ -68,6 +71,26 @@ _TABLE: dict[str, tuple[str, str, int, dict | None, float | None]] = {
     "diff_v2_subnorm": ("Diff V2, sub-norm", "diff_v2", 4, {"sub_norm": True}, None),
     "gated": ("DG, gate bias 0 (g = 0.5)", "gated", 4, None, 0.0),
     "gated_bias2": ("DG, gate bias +2 (g ≈ 0.88)", "gated", 4, None, 2.0),
+    "gda_r4": ("Grouped diff., 4 signal + 1 noise heads of width D/4", "grouped", 5,
+               {"num_noise_heads": 1, "head_dim": _QUARTER}, None),
+    "diff_lambda0.2_fixed": ("Diff V1, λ_init 0.2, sub-norm × 1", "diff", 4,
+                              {"lambda_init": 0.2, "output_scale": "fixed"}, None),
+    "diff_lambda0.5_fixed": ("Diff V1, λ_init 0.5, sub-norm × 1", "diff", 4,
+                              {"lambda_init": 0.5, "output_scale": "fixed"}, None),
+    "diff_lambda0.8_fixed": ("Diff V1, λ_init 0.8, sub-norm × 1", "diff", 4,
+                              {"lambda_init": 0.8, "output_scale": "fixed"}, None),
+    "diff_no_subnorm_lambda0.2_tied": ("Diff V1, λ_init 0.2, no sub-norm, × (1 − λ_init)", "diff", 4,
+                                        {"lambda_init": 0.2, "sub_norm": False, "output_scale": "tied"}, None),
+    "diff_no_subnorm_lambda0.5_tied": ("Diff V1, λ_init 0.5, no sub-norm, × (1 − λ_init)", "diff", 4,
+                                        {"lambda_init": 0.5, "sub_norm": False, "output_scale": "tied"}, None),
+    "diff_no_subnorm_lambda0.8_tied": ("Diff V1, λ_init 0.8, no sub-norm, × (1 − λ_init)", "diff", 4,
+                                        {"lambda_init": 0.8, "sub_norm": False, "output_scale": "tied"}, None),
+    "diff_no_subnorm_lambda0.2": ("Diff V1, λ_init 0.2, no sub-norm, × 1", "diff", 4,
+                                   {"lambda_init": 0.2, "sub_norm": False}, None),
+    "diff_no_subnorm_lambda0.5": ("Diff V1, λ_init 0.5, no sub-norm, × 1", "diff", 4,
+                                   {"lambda_init": 0.5, "sub_norm": False}, None),
+    "diff_no_subnorm_lambda0.8": ("Diff V1, λ_init 0.8, no sub-norm, × 1", "diff", 4,
+                                   {"lambda_init": 0.8, "sub_norm": False}, None),
 }
 #: variant → label (the first is the baseline of the controls)
 VARIANTS: dict[str, str] = {k: v[0] for k, v in _TABLE.items()}
@@ -94,13 +117,24 @@ def control(cfg: dict[str, Any]) -> list[Control]:
                     100.0 * cfg["control_accuracy"], scale=100.0, gates=(f"w{w}",)) for w in cfg["widths"]]
 
 
+def _width_heads(variant: str) -> int:
+    """The heads the width is split into for ``variant``: its query heads, or 4 where it sets d = D/4."""
+    _, _, heads, settings, _ = _TABLE[variant]
+    return 4 if settings is not None and settings.get("head_dim") == _QUARTER else heads
+
+
 def variant_model(variant: str, *, vocab_size: int, dim: int, depth: int, max_seq_len: int,
                   seed: int) -> torch.nn.Module:
     """The ablation's ``variant`` (module table) at width ``dim``, initialised from ``seed``, parameter-matched to
-    the Transformer with the same heads (:func:`.synthetic.build_model`)."""
+    the Transformer with the same heads (:func:`.synthetic.build_model`), or, for a variant that sets its head width
+    d, to the Transformer with heads of width d (``gda_r4``: 4 heads of width D/4, as its 4 signal heads)."""
     _, kind, heads, settings, gate_bias = _TABLE[variant]
+    baseline_heads = None
+    if settings is not None and settings.get("head_dim") == _QUARTER:
+        settings = {**settings, "head_dim": dim // 4}
+        baseline_heads = 4
     model = build_model(kind, vocab_size=vocab_size, dim=dim, depth=depth, num_heads=heads, max_seq_len=max_seq_len,
-                        seed=seed, attention=settings)
+                        seed=seed, attention=settings, baseline_heads=baseline_heads)
     if gate_bias is not None:
         with torch.no_grad():
             for m in model.modules():
@@ -282,7 +316,7 @@ class RecallAblationStudy(Study, name="recall_ablation", variants=VARIANTS, defa
                           f"{variants!r}")
         errors += tuning_errors(cfg, where)
         widths = cfg["widths"]
-        heads = max(_TABLE[v][2] for v in variants if v in _TABLE)
+        heads = max(_width_heads(v) for v in variants if v in _TABLE)
         if not increasing_ints(widths):
             errors.append(f"widths in {where} must be a list of distinct integers >= 1 in increasing order, got "
                           f"{widths!r}")

@@ -1,8 +1,8 @@
-"""What the synthetic-task studies (:mod:`.needles`, :mod:`.recall`) share: four causal LMs of (near-)equal size that
+"""What the synthetic-task studies (:mod:`.needles`, :mod:`.recall`) share: causal LMs of (near-)equal size that
 differ only in their attention, trained from scratch on generated batches with the loss on the answer tokens only,
 and batched answer accuracy.
 
-The four models are the library's :class:`~diffattn.models.CausalLM` with an
+The models are the library's :class:`~diffattn.models.CausalLM` with an
 :class:`~diffattn.layers.AttentionSpec`:
 
 - ``standard``: h heads of width d = D / h (a Llama-style Transformer);
@@ -12,6 +12,11 @@ The four models are the library's :class:`~diffattn.models.CausalLM` with an
 - ``diff_v2``: Diff Transformer V2 (Ye et al. 2026): 2h query heads, one K and V shared by both branches,
   λ = σ(x W_λ) per token and head, no sub-norm;
 - ``gated``: gated differential attention (M-DGSA 2025, eq. 3), λ_init 0.8.
+- ``diff_lambda0.8``: ``diff`` with a constant λ_init of 0.8 in every layer (the value Ye et al. 2024's schedule
+  approaches with depth; the recall ablation's variant of that name);
+- ``grouped``: grouped differential attention (Motif Technologies 2025, arXiv 2510.06949), by default one noise
+  head per signal head (``diff``'s layout with the grouped layer's λ_init); a ratio r is set through ``attention``
+  (``num_noise_heads``), with ``baseline_heads`` naming the Transformer it is matched to.
 
 Equal size: every model's SwiGLU width is the one whose total parameter count comes closest to the standard
 model's (the Diff Transformer V2's extra query projection D × D per layer is paid for by a narrower MLP; Ye et al.
@@ -20,7 +25,7 @@ model's (the Diff Transformer V2's extra query projection D × D per layer is pa
 Training: AdamW (decoupled weight decay on weight matrices, :func:`diffattn.train.optim.param_groups`), linear
 warm-up then cosine decay (:func:`diffattn.train.optim.warmup_cosine`), gradient clipping at 1, the steps taken by
 :func:`diffattn.train.step.fit`; the loss is the cross-entropy of the answer tokens only. The batches come from a
-generator seeded by the study seed, so at one seed all four models see the same data in the same order.
+generator seeded by the study seed, so at one seed all models see the same data in the same order.
 """
 
 from __future__ import annotations
@@ -52,6 +57,8 @@ VARIANT_ATTENTION: dict[str, tuple[str, AttentionSpec]] = {
     "diff": ("Diff Transformer", AttentionSpec("diff", lambda_init="ye")),
     "diff_v2": ("Diff Transformer V2", AttentionSpec("diff_v2")),
     "gated": ("DG Transformer", AttentionSpec("gated", lambda_init=0.8)),
+    "diff_lambda0.8": ("Diff Transformer, λ_init 0.8", AttentionSpec("diff", lambda_init=0.8)),
+    "grouped": ("Grouped Diff Transformer", AttentionSpec("grouped")),
 }
 #: variant → label
 MODELS: dict[str, str] = {name: label for name, (label, _) in VARIANT_ATTENTION.items()}
@@ -75,14 +82,17 @@ def _lm(spec: AttentionSpec, vocab_size: int, dim: int, depth: int, num_heads: i
 
 
 def build_model(kind: str, *, vocab_size: int, dim: int, depth: int, num_heads: int, max_seq_len: int,
-                seed: int, attention: AttentionSpec | Mapping[str, Any] | None = None) -> CausalLM:
+                seed: int, attention: AttentionSpec | Mapping[str, Any] | None = None,
+                baseline_heads: int | None = None) -> CausalLM:
     """The ``kind`` model (module docstring) initialised from ``seed``, its SwiGLU width chosen so that its
-    parameter count is the closest to the standard model's of the same sizes. ``attention``: the settings of an
-    ablation, a dict that updates the variant's spec (:func:`attention_for`; ``{"sub_norm": False}`` keeps the rest,
-    :meth:`~diffattn.layers.AttentionSpec.updated`), or a whole other spec, which ``kind`` then only names."""
+    parameter count is the closest to the standard model's of the same sizes (with ``baseline_heads`` heads, by
+    default ``num_heads``). ``attention``: the settings of an ablation, a dict that updates the variant's spec
+    (:func:`attention_for`; ``{"sub_norm": False}`` keeps the rest, :meth:`~diffattn.layers.AttentionSpec.updated`),
+    or a whole other spec, which ``kind`` then only names."""
     spec = attention_for(kind) if attention is None else attention_for(kind).updated(attention)
+    std_heads = num_heads if baseline_heads is None else baseline_heads
     with torch.device("meta"):  # counts only: no memory, no initialisation
-        target = param_count(_lm(attention_for("standard"), vocab_size, dim, depth, num_heads, max_seq_len, None))
+        target = param_count(_lm(attention_for("standard"), vocab_size, dim, depth, std_heads, max_seq_len, None))
         probe = _lm(spec, vocab_size, dim, depth, num_heads, max_seq_len, None)
     per_unit = 3 * dim * depth  # a SwiGLU of width w has 3 · dim · w weights per block (no bias)
     hidden = max(1, probe.mlp_hidden - round((param_count(probe) - target) / per_unit))
