@@ -77,7 +77,7 @@ def _raw(name: str = "recall_v1_lambda08") -> dict:
     (lambda d: d.update(tuning_seeds=[200]), r"tuning_seeds in .* must be disjoint .* got \[200\]"),
     (lambda d: d["minimum_detectable_difference"].update(value=3.0),
      r"minimum_detectable_difference.value in .* must be .*: 4.97, got 3.0"),
-    (lambda d: d["comparison"].update(variant="gda_r4"), "comparison.variant in .* must be a variant of study"),
+    (lambda d: d["comparison"].update(variant="gda_r9"), "comparison.variant in .* must be a variant of study"),
     (lambda d: d.update(holm_family=["recall_v2"]), "holm_family in .* must list this registration"),
     (lambda d: d["paper_effect"].pop("scaling_argument"), "paper_effect in .* must be a mapping with exactly the keys"),
     (lambda d: d["budget"].update(wall_minutes=0), "budget.wall_minutes in .* must be a finite number > 0"),
@@ -93,7 +93,11 @@ def test_validation_names_the_field(change, message):
 
 def test_a_missing_variant_is_allowed_only_when_needs_names_it_and_the_config_must_match():
     data = copy.deepcopy(_raw("recall_gda_4to1"))
-    assert validate_registration(data, "recall_gda_4to1", "x", ROOT).needs  # gda_r4 is named in needs
+    data["comparison"]["variant"] = "gda_r9"  # a variant the study does not have
+    data["needs"] = ["recall_ablation: a variant gda_r9"]
+    with pytest.raises(ValueError) as named:  # named in needs: only the config (which trains gda_r4) is wrong
+        validate_registration(data, "recall_gda_4to1", "x", ROOT)
+    assert "must be a variant of study" not in str(named.value) and "must train both" in str(named.value)
     data["needs"] = []
     with pytest.raises(ValueError, match="comparison.variant in x must be a variant of study 'recall_ablation'"):
         validate_registration(data, "recall_gda_4to1", "x", ROOT)
