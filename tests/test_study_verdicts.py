@@ -43,6 +43,9 @@ def test_derive_verdict(effect, ci, p, paper, want):
 
 def test_a_failed_control_is_inconclusive_and_a_null_states_the_size():
     assert derive_verdict(5.0, (2.0, 8.0), 0.001, UP, control_passed=False) is Verdict.INCONCLUSIVE
+    # a mechanism compared between models that do not all solve the task: inconclusive however significant
+    assert derive_verdict(-5.0, (-8.0, -2.0), 0.001, UP) is Verdict.OPPOSITE
+    assert derive_verdict(-5.0, (-8.0, -2.0), 0.001, UP, confounded=True) is Verdict.INCONCLUSIVE
     assert verdict_text(Verdict.NULL_EXCLUDES, UP) == \
         "null that excludes the paper's effect size (+10 points, Paper 2024, Table 1)"
     with pytest.raises(ValueError, match="needs the paper's size"):

@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from . import claims
+from .confirmatory import CONFIRMATORY_END, CONFIRMATORY_START, answers, render_confirmatory_table, render_readme
 from .stats import holm, paired_test
 from .synthetic import steps_to_control_tests
 from .verdict import PaperEffect, Verdict, derive_verdict
@@ -82,9 +83,11 @@ def _control(row: Mapping) -> tuple[bool, str, str]:
     return passed_all, "<br>".join(cells), ", ".join(short)
 
 
-def _verdict_md(verdict: Verdict, paper: PaperEffect) -> str:
+def _verdict_md(verdict: Verdict, paper: PaperEffect, confounded: str | None = None) -> str:
     if verdict is Verdict.NULL_EXCLUDES:
         return f"**{verdict.value}** ({paper.size_text()})"
+    if confounded:
+        return f"**{verdict.value}** (confounded: {confounded})"
     return f"**{verdict.value}**"
 
 
@@ -99,7 +102,8 @@ def _tests(row: Mapping, control_passed: bool) -> list[dict[str, Any]]:
             continue
         d = int(t.get("digits", 1))
         unit = f" {t['unit']}" if t.get("unit") else ""
-        verdict = derive_verdict(t["effect"], t["ci"], t["p_holm"], paper, control_passed=control_passed)
+        verdict = derive_verdict(t["effect"], t["ci"], t["p_holm"], paper, control_passed=control_passed,
+                                 confounded=bool(row.get("confounded")))
         note = f", {t['note']}" if t.get("note") else ""
         stats = (f"{_num(t['effect'], d)}{unit} [{_num(t['ci'][0], d)}, {_num(t['ci'][1], d)}], Holm p "
                  f"{_p(t['p_holm'])}{note}")
@@ -112,7 +116,8 @@ def _tests(row: Mapping, control_passed: bool) -> list[dict[str, Any]]:
         tests = {lab: paired_test(pr["per_seed"][lab], pr["per_seed"][base]) for lab in labels[1:]}
         for lab, p in zip(tests, holm([t["p"] for t in tests.values()])):
             t = tests[lab]
-            verdict = derive_verdict(t["mean_diff"], t["ci95"], p, paper, control_passed=control_passed)
+            verdict = derive_verdict(t["mean_diff"], t["ci95"], p, paper, control_passed=control_passed,
+                                     confounded=bool(row.get("confounded")))
             unit = f" {pr['unit']}" if pr.get("unit") else ""
             stats = (f"{_num(t['mean_diff'], 1)}{unit} [{_num(t['ci95'][0], 1)}, {_num(t['ci95'][1], 1)}], paired "
                      f"t p {t['p']:.2f}, Holm p (over the {len(tests)} variants) {_p(p)}, higher on {t['wins']} of "
@@ -127,7 +132,7 @@ def _tests(row: Mapping, control_passed: bool) -> list[dict[str, Any]]:
         for t in tests:
             rel = t["relative"]
             verdict = derive_verdict(rel[0], rel[1:], t["p_holm"], claims.FEWER_STEPS,
-                                     control_passed=control_passed)
+                                     control_passed=control_passed, confounded=bool(row.get("confounded")))
             stats = (f"{_num(t['mean_diff'], 0)} steps, {_num(rel[0], 0)} % of {base}'s "
                      f"[{_num(rel[1], 0)}, {_num(rel[2], 0)}]; reached on {t['reached_x']} vs {t['reached_y']} of "
                      f"{t['n']} seeds ({base} at step {sum(hit) / max(1, len(hit)):.0f} on average); censored "
@@ -146,7 +151,8 @@ def _row(row: Mapping) -> dict[str, Any]:
     primary = tests[0]
     verdict = primary["verdict"] if passed else Verdict.INCONCLUSIVE
     return {"row": row, "control": control_cell, "control_short": control_short, "tests": tests,
-            "verdict": verdict, "verdict_md": _verdict_md(verdict, primary["paper"]) if primary["paper"] else
+            "verdict": verdict, "verdict_md": _verdict_md(verdict, primary["paper"], row.get("confounded"))
+            if primary["paper"] else
             f"**{verdict.value}**"}
 
 
@@ -207,12 +213,12 @@ def render_readme_table(rows: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
-def _replace(text: str, body: str, where: str) -> str:
-    if text.count(START) != 1 or text.count(END) != 1 or text.index(START) > text.index(END):
-        raise ValueError(f"{where} must hold the markers {START!r} and {END!r} once each, in that order")
-    head, rest = text.split(START)
-    _, tail = rest.split(END)
-    return f"{head}{START}\n{body}\n{END}{tail}"
+def _replace(text: str, body: str, where: str, start: str = START, end: str = END) -> str:
+    if text.count(start) != 1 or text.count(end) != 1 or text.index(start) > text.index(end):
+        raise ValueError(f"{where} must hold the markers {start!r} and {end!r} once each, in that order")
+    head, rest = text.split(start)
+    _, tail = rest.split(end)
+    return f"{head}{start}\n{body}\n{end}{tail}"
 
 
 def render_files(root: str | Path, *, check: bool = False) -> list[str]:
@@ -220,11 +226,13 @@ def render_files(root: str | Path, *, check: bool = False) -> list[str]:
     returns the files that differed."""
     root = Path(root)
     rows = load_rows(root / "docs" / "study_summary.yaml")
+    found = answers(root)
     changed = []
-    for rel, body in (("docs/studies.md", render_docs_table(rows)), ("README.md", render_readme_table(rows))):
+    for rel, body, registered in (("docs/studies.md", render_docs_table(rows), render_confirmatory_table(found)),
+                                  ("README.md", render_readme_table(rows), render_readme(found))):
         path = root / rel
         text = path.read_text()
-        new = _replace(text, body, rel)
+        new = _replace(_replace(text, body, rel), registered, rel, CONFIRMATORY_START, CONFIRMATORY_END)
         if new != text:
             changed.append(rel)
             if not check:

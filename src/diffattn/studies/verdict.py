@@ -10,7 +10,9 @@ interval and the adjusted p; :func:`derive_verdict` turns them into exactly one 
 - ``null that excludes the paper's effect size``: not significant, and the 95 % interval of the difference excludes
   the size the paper reports (the interval's end on the paper's side lies short of it). The size is stated beside
   the verdict (:func:`verdict_text`). Without a reported size in the study's units this verdict is not available;
-- ``inconclusive``: anything else, and always when the baseline failed its control (no test) or there is no test.
+- ``inconclusive``: anything else, and always when the baseline failed its control (no test), when there is no
+  test, or when the comparison is confounded: a mechanism (attention mass, outliers) compared between models that
+  do not all solve the task, where any difference may be the difference between solving it and not.
 
 The interval is the unadjusted 95 % interval of the paired mean difference (t with n − 1 degrees of freedom),
 the p-value Holm-adjusted (Holm 1979): a null excludes the paper's size only when the unadjusted interval already
@@ -77,15 +79,16 @@ class PaperEffect:
 
 
 def derive_verdict(effect: float | None, ci: Sequence[float] | None, p_holm: float | None, paper: PaperEffect, *,
-                   alpha: float = 0.05, control_passed: bool = True) -> Verdict:
+                   alpha: float = 0.05, control_passed: bool = True, confounded: bool = False) -> Verdict:
     """The verdict on ``paper``'s claim from the paired mean difference ``effect`` (variant − baseline), its 95 %
-    interval ``ci`` (low, high) and its Holm-adjusted ``p_holm`` (module docstring). Any of them None, or a failed
-    control, gives ``inconclusive``."""
+    interval ``ci`` (low, high) and its Holm-adjusted ``p_holm`` (module docstring). Any of them None, a failed
+    control or a ``confounded`` comparison (a mechanism compared between models that do not all solve the task)
+    gives ``inconclusive``."""
     if not isinstance(paper, PaperEffect):
         raise TypeError(f"paper must be a PaperEffect, got {paper!r}")
     if not 0 < alpha < 1:
         raise ValueError(f"alpha must lie in (0, 1), got {alpha!r}")
-    if not control_passed or effect is None or ci is None or p_holm is None:
+    if not control_passed or confounded or effect is None or ci is None or p_holm is None:
         return Verdict.INCONCLUSIVE
     lo, hi = (float(v) for v in ci)
     effect, p_holm = float(effect), float(p_holm)
