@@ -170,10 +170,15 @@ def _result_cell(r: Mapping) -> str:
 def _family_note(rendered: Sequence[Mapping]) -> str:
     shared = [r["row"]["claim"].split(" (")[0] for r in rendered if len(r["row"]["runs"]) > 1]
     counts = {v: sum(r["verdict"] is v for r in rendered) for v in Verdict}
+    cells_b = [o for r in rendered for o in r["protocol_b"][:1]]
+    counts_b = {v: sum(o["verdict"] is v for o in cells_b) for v in Verdict}
     return (f"{len(rendered)} rows, one claim each. The needles and recall studies train their width-64 models on "
             f"one training stream with the same seeds, so each claim they both answer is one row, not two counted "
-            f"rows: {'; '.join(shared)}. Row verdicts: " + ", ".join(f"{v.value} {n}" for v, n in counts.items())
-            + ".")
+            f"rows: {'; '.join(shared)}. A claim asked under both protocols is one row with a cell for each: "
+            f"(a) the shared recipe, (b) each model's lr tuned on its own. Row verdicts under (a): "
+            + ", ".join(f"{v.value} {n}" for v, n in counts.items())
+            + f"; the {len(cells_b)} rows with a (b) cell, under (b): "
+            + ", ".join(f"{v.value} {n}" for v, n in counts_b.items() if n) + ".")
 
 
 def _cell(text: str) -> str:
@@ -181,35 +186,75 @@ def _cell(text: str) -> str:
     return text.replace("\\|", "|").replace("|", "\\|")
 
 
+def _merged(rows: Sequence[Mapping]) -> list[dict[str, Any]]:
+    """Each row rendered, with the rows that ask the same claim under protocol (b) (``same_claim_as: <id>``)
+    rendered as its ``protocol_b`` cells."""
+    ids = {r["id"] for r in rows}
+    for r in rows:
+        if r.get("same_claim_as") is not None and r["same_claim_as"] not in ids:
+            raise ValueError(f"row {r['id']!r}: same_claim_as names no row, got {r['same_claim_as']!r}")
+    out = []
+    for r in rows:
+        if r.get("same_claim_as") is None:
+            rendered = _row(r)
+            rendered["protocol_b"] = [_row(o) for o in rows if o.get("same_claim_as") == r["id"]]
+            out.append(rendered)
+    return out
+
+
+def _both(r: Mapping, cell_a: str, cells_b: Sequence[str]) -> str:
+    """One table cell with the (a) text and, where the claim was also asked under (b), the (b) text."""
+    if not r["protocol_b"]:
+        return cell_a
+    return f"(a) {cell_a}<br>(b) " + "<br>(b) ".join(cells_b)
+
+
+def _verdict_both(r: Mapping) -> str:
+    if not r["protocol_b"]:
+        return r["verdict_md"]
+    return f"(a): {r['verdict_md']}; (b): {r['protocol_b'][0]['verdict_md']}"
+
+
 def render_docs_table(rows: Sequence[Mapping]) -> str:
     """The docs/studies.md summary: claim, setup, control (per seed, when set), result (every test with its
-    verdict), the row's verdict, command."""
-    rendered = [_row(r) for r in rows]
+    verdict), the row's verdict, command; a claim asked under both protocols has an (a) and a (b) part in each."""
+    rendered = _merged(rows)
     lines = [_family_note(rendered), "",
              "| claim (paper, where) | our setup | control: level → baseline reached; per seed; set | result: every "
              "test → its verdict | verdict | command, wall time |", "|---|---|---|---|---|---|"]
     for r in rendered:
-        row = r["row"]
-        lines.append(f"| {_cell(row['claim'])} | {_cell(row['setup'])} | {_cell(r['control'])} | "
-                     f"{_cell(_result_cell(r))} | {r['verdict_md']} | {_cell(row['command'])} |")
+        row, others = r["row"], r["protocol_b"]
+        setup = _both(r, row["setup"], [o["row"]["setup"] for o in others])
+        control = _both(r, r["control"], [o["control"] for o in others])
+        result = _both(r, _result_cell(r), [_result_cell(o) for o in others])
+        command = _both(r, row["command"], [o["row"]["command"] for o in others])
+        lines.append(f"| {_cell(row['claim'])} | {_cell(setup)} | {_cell(control)} | {_cell(result)} | "
+                     f"{_verdict_both(r)} | {_cell(command)} |")
     return "\n".join(lines)
+
+
+def _readme_result(r: Mapping) -> str:
+    p = r["tests"][0]
+    others = [t for t in r["tests"][1:] if t["verdict"] is Verdict.OPPOSITE]
+    result = f"{p['label']}: {p['stats']}" if p["paper"] is not None else p["stats"]
+    if others:
+        result += "; also opposite: " + "; ".join(f"{t['label']} {t['stats'].split(', Holm')[0]}" for t in others)
+    return result
 
 
 def render_readme_table(rows: Sequence[Mapping]) -> str:
     """The README's summary: claim, primary result, control per seed, verdict, command; every negative (an
-    ``opposite`` verdict on any test) named in its row."""
-    rendered = [_row(r) for r in rows]
+    ``opposite`` verdict on any test) named in its row; a claim asked under both protocols with both parts."""
+    rendered = _merged(rows)
     lines = ["| claim (paper) | result (primary test) | baseline control | verdict | command |",
              "|---|---|---|---|---|"]
     for r in rendered:
-        p = r["tests"][0]
-        others = [t for t in r["tests"][1:] if t["verdict"] is Verdict.OPPOSITE]
-        result = f"{p['label']}: {p['stats']}" if p["paper"] is not None else p["stats"]
-        if others:
-            result += "; also opposite: " + "; ".join(f"{t['label']} {t['stats'].split(', Holm')[0]}"
-                                                       for t in others)
-        lines.append(f"| {_cell(r['row']['claim'])} | {_cell(result)} | {r['control_short']} | {r['verdict_md']} | "
-                     f"{_cell(r['row']['command'])} |")
+        others = r["protocol_b"]
+        result = _both(r, _readme_result(r), [_readme_result(o) for o in others])
+        control = _both(r, r["control_short"], [o["control_short"] for o in others])
+        command = _both(r, r["row"]["command"], [o["row"]["command"] for o in others])
+        lines.append(f"| {_cell(r['row']['claim'])} | {_cell(result)} | {control} | {_verdict_both(r)} | "
+                     f"{_cell(command)} |")
     return "\n".join(lines)
 
 
