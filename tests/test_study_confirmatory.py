@@ -68,10 +68,11 @@ def test_answer_is_the_registered_test_with_holm_over_the_family(root):
     _write(root, NAME, _results(reg, gda, std))
     (root / "studies" / "deviations.md").write_text(
         "| date | registration | field | registered | done instead | why | effect |\n|---|---|---|---|---|---|---|\n"
-        f"| 2026-11-29 | {NAME} | seeds | 200–209 | 200–208 | a crash | exploratory |\n")
+        f"| 2026-11-29 | {NAME} | seeds | 200–209 | 200–208 | a crash | exploratory |\n"
+        f"| 2026-11-29 | other, `{NAME}` | run | one process | two | time | confirmatory |\n")
     assert deviation_rows(root)[0]["registration"] == NAME
     a = answer(reg, root, regs)
-    assert a["label"] == "exploratory" and "200–208" in a["why"]
+    assert a["label"] == "exploratory" and "200–208" in a["why"] and len(a["deviations"]) == 2
     table = render_confirmatory_table([a])
     assert "recall_gda_4to1" in table and "opposite" in table and "trained at abc1234" in table
 

@@ -139,7 +139,8 @@ def answer(reg: Registration, root: str | Path, registrations: Mapping[str, Regi
     control_passed = control_mean >= level
     verdict = derive_verdict(test["mean_diff"], test["ci95"], p_holm, _paper(reg), control_passed=control_passed)
     entry = next((e for e in results.get("registration", {}).get("registrations", []) if e["name"] == reg.name), {})
-    deviations = [d for d in deviation_rows(root) if d.get("registration") == reg.name]
+    deviations = [d for d in deviation_rows(root)
+                  if reg.name in (n.strip(" `") for n in d.get("registration", "").split(","))]
     exploratory = [d for d in deviations if d.get("effect", "").strip("`* ") == "exploratory"]
     if not entry.get("confirmatory"):
         label, why = "exploratory", entry.get("reason") or "the run did not name this registration"
