@@ -204,7 +204,9 @@ def _row_cells(a: Mapping[str, Any]) -> dict[str, str]:
         "paper": a["paper"].size_text(),
         "control": control,
         "verdict": a["verdict"].value,
-        "label": a["label"] + (f" ({a['why']})" if a["why"] else ""),
+        "label": a["label"] + (f" ({a['why']})" if a["why"] else
+                               f" ({len(a['deviations'])} deviation(s) logged, effect confirmatory)"
+                               if a["deviations"] else ""),
         "commits": f"registered {str(a['registered_in'])[:7]}, trained at {str(run.get('library_commit', '?'))[:7]}",
         "command": f"{run.get('command', '?')}, {run.get('wall_minutes', '?')} min",
     }
