@@ -33,11 +33,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wall-minutes", type=float, default=None,
                     help="the run's wall time when its results.json's own 'seconds' is a read-back call's")
     ap.add_argument("--note", default="", help="anything about the run a reader needs (load, split processes)")
+    ap.add_argument("--only", nargs="+", default=None, metavar="REGISTRATION",
+                    help="record these of the run's registrations only (e.g. a width the run did not reach)")
     args = ap.parse_args(argv)
     results = json.loads((args.out / "results.json").read_text(encoding="utf-8"))
     names = results.get("config", {}).get("registrations") or []
     if not names:
         ap.error(f"{args.out}/results.json names no registration: only registered runs are recorded")
+    if args.only:
+        unknown = sorted(set(args.only) - set(names))
+        if unknown:
+            ap.error(f"--only names {unknown}, which the run does not answer; it answers {names}")
+        names = [n for n in names if n in args.only]
     minutes = args.wall_minutes if args.wall_minutes is not None else round(results["seconds"] / 60, 1)
     run = {"library_commit": args.library_commit, "command": args.command, "wall_minutes": minutes,
            "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()} "
