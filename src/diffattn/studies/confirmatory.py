@@ -203,7 +203,8 @@ def _row_cells(a: Mapping[str, Any]) -> dict[str, str]:
         "mdd": f"{reg.mdd:.3g} ({unit})",
         "paper": a["paper"].size_text(),
         "control": control,
-        "verdict": a["verdict"].value,
+        "verdict": f"**{a['verdict'].value}**" + (f" ({a['paper'].size_text()})"
+                                                   if a["verdict"] is Verdict.NULL_EXCLUDES else ""),
         "label": a["label"] + (f" ({a['why']})" if a["why"] else
                                f" ({len(a['deviations'])} deviation(s) logged, effect confirmatory)"
                                if a["deviations"] else ""),
