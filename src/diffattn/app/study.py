@@ -7,13 +7,16 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from ..configs import parse_set
 from ..errors import UsageError, user_input
 from ..studies import get_study, load_study, run_study, study_names
 from ..studies.config import WALL_TIMES, budget_warnings
+from ..studies.provenance import RESULTS, project_root
 from ..utils import resolve_device
 from .common import DEVICE_HELP, bounded, device_type
 
@@ -57,6 +60,22 @@ def _study_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _registered_times() -> str:
+    """The measured wall time of each registered run whose results a checkout holds (``studies/results/*/run.json``,
+    one line per command), or nothing outside a checkout."""
+    root = project_root()
+    folder = root / RESULTS if root is not None else None
+    if folder is None or not folder.is_dir():
+        return ""
+    times: dict[str, str] = {}
+    for path in sorted(folder.glob("*/run.json")):
+        run = json.loads(path.read_text(encoding="utf-8"))
+        config = run.get("command", "").rsplit(" ", 1)[-1]
+        times.setdefault(Path(config).stem, f"{run.get('wall_minutes')} min ({run.get('note') or 'one thread'})")
+    return ("\n\nRegistered runs of this checkout (studies/registrations/configs/, measured):\n"
+            + "\n".join(f"  {name:<16} {t}" for name, t in times.items())) if times else ""
+
+
 def register(subparsers) -> None:
     """Add ``diffattn study``."""
     st = subparsers.add_parser("study", help="a study config (variants × seeds × one budget): mean ± std and paired "
@@ -65,7 +84,8 @@ def register(subparsers) -> None:
                                "baseline's control,\nthen report mean ± std with paired tests (docs/studies.md).\n\n"
                                "Packaged studies and their wall time as measured for docs/studies.md (shared 2-core "
                                "CPU, one thread per study):\n"
-                               + "\n".join(f"  {name:<10} {t}" for name, t in WALL_TIMES.items()))
+                               + "\n".join(f"  {name:<10} {t}" for name, t in WALL_TIMES.items())
+                               + _registered_times())
     st.add_argument("config", help="a YAML file, or a packaged study name (diffclip, retrofit, dgvit, noise, "
                     "paligemma, llava, detection, needles, recall)")
     st.add_argument("--out", default=None, help="folder for the seeds' runs, results.json and report.md (default: "
