@@ -241,5 +241,7 @@ def render_readme(found: Sequence[Mapping[str, Any]]) -> str:
         reg, t = a["registration"], a["test"]
         lines.append(f"- `{reg.variant}` − `{reg.baseline}` on {reg.primary_endpoint} ({len(reg.seeds)} seeds, "
                      f"{a['label']}): {_fmt(t['mean_diff'], sign=True)} [{_fmt(t['ci95'][0], sign=True)}, "
-                     f"{_fmt(t['ci95'][1], sign=True)}], Holm p {a['p_holm']:.3g} → **{a['verdict'].value}**")
+                     f"{_fmt(t['ci95'][1], sign=True)}], Holm p {a['p_holm']:.3g} → **{a['verdict'].value}**"
+                     + ("" if a["control_passed"] else f" (the baseline missed its control: {reg.control['key']} "
+                                                        f"{_fmt(a['control_mean'])} < {reg.control['level']:g})"))
     return "\n".join(lines)
