@@ -70,7 +70,7 @@ def _registered_times() -> str:
     times: dict[str, str] = {}
     for path in sorted(folder.glob("*/run.json")):
         run = json.loads(path.read_text(encoding="utf-8"))
-        config = run.get("command", "").rsplit(" ", 1)[-1]
+        config = next((w for w in run.get("command", "").split() if w.endswith(".yaml")), path.parent.name)
         times.setdefault(Path(config).stem, f"{run.get('wall_minutes')} min ({run.get('note') or 'one thread'})")
     return ("\n\nRegistered runs of this checkout (studies/registrations/configs/, measured):\n"
             + "\n".join(f"  {name:<16} {t}" for name, t in times.items())) if times else ""
