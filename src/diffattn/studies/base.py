@@ -153,6 +153,13 @@ class Study:
         studies with the protocol keys (:data:`~diffattn.studies.protocol.PROTOCOL_DEFAULTS`) implement it."""
         raise NotImplementedError(f"study {self.name!r} has no protocol (b)")
 
+    def endpoint_values(self, results: Mapping[str, Any], key: str, variant: str) -> list[float | None]:
+        """The per-seed values of metric ``key`` for ``variant`` in this study's ``results.json``, in the run's seed
+        order, as a registration names its primary endpoint and control (:mod:`.confirmatory`). Studies that answer
+        registered questions implement it."""
+        raise ValueError(f"confirmatory results of study {self.name!r} cannot be read yet (a study answers a "
+                         f"registered question once it implements Study.endpoint_values)")
+
     def tuning_parts(self, cfg: StudyConfig) -> list[tuple[str, dict[str, Any]]]:
         """The parts protocol (b) tunes apart, as (name, config changes): one lr per model and part (default: one
         part, the whole study)."""

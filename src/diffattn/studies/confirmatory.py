@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .config import study_for
 from .provenance import REGISTRATIONS, RESULTS
 from .registration import Registration, load_registrations
 from .stats import censored_paired_test, holm, paired_test
@@ -43,36 +44,11 @@ CONFIRMATORY_START = "<!-- confirmatory:start (rendered by `diffattn study-summa
 CONFIRMATORY_END = "<!-- confirmatory:end -->"
 
 
-def _label(results: Mapping, variant: str) -> str:
-    """The label a needles-style study's results use for ``variant`` (``labels`` in the order of ``variants``)."""
-    variants, labels = results["config"]["variants"], results["labels"]
-    if variant not in variants:
-        raise ValueError(f"variant {variant!r} is not among the run's variants {variants}")
-    return labels[variants.index(variant)]
-
-
 def endpoint_values(results: Mapping[str, Any], key: str, variant: str) -> list[float | None]:
-    """The per-seed values of metric ``key`` for ``variant`` in a study's ``results.json``, in the run's seed order:
-    points (%) for accuracies and areas (fractions × 100), steps (None: never reached) for ``steps_to_control``.
-
-    ``recall_ablation``: ``key`` is ``w<width>.<metric>`` (``auc``, ``accuracy``), read from ``reported``;
-    ``needles``: ``accuracy.x<factor>`` or ``steps_to_control``, read from ``per_seed``."""
-    study = results.get("study")
-    seeds = results["config"]["seeds"]
-    if study == "recall_ablation":
-        width, _, metric = key.partition(".")
-        runs = results["reported"].get(width, {}).get(variant)
-        if runs is None or metric not in ("auc", "accuracy"):
-            raise ValueError(f"results of study recall_ablation have no {key!r} for variant {variant!r}")
-        return [100.0 * r[metric] for r in runs]
-    if study == "needles":
-        label = _label(results, variant)
-        per_seed = results["per_seed"]
-        if key == "steps_to_control":
-            return [per_seed[str(s)][label]["steps_to_control"] for s in seeds]
-        group, _, part = key.partition(".")
-        return [100.0 * per_seed[str(s)][label][group][part] for s in seeds]
-    raise ValueError(f"confirmatory results of study {study!r} cannot be read yet (recall_ablation, needles)")
+    """The per-seed values of metric ``key`` for ``variant`` in a study's ``results.json``, in the run's seed order
+    (:meth:`~diffattn.studies.base.Study.endpoint_values` of the study that wrote it): points (%) for accuracies and
+    areas, steps (None: never reached) for ``steps_to_control``."""
+    return study_for(results.get("study"), "results.json").endpoint_values(results, key, variant)
 
 
 def deviation_rows(root: str | Path) -> list[dict[str, str]]:

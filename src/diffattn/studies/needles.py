@@ -61,6 +61,7 @@ from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text
 from .stats import mean_std
 from .synthetic import (
+    DEFAULT_VARIANTS,
     MODELS,
     answer_accuracy,
     build_model,
@@ -268,8 +269,21 @@ def _training(cfg: dict[str, Any]) -> str:
 
 
 class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, standard vs differential attention",
-                   variants=VARIANTS, defaults=DEFAULTS, control=control):
+                   variants=VARIANTS, default_variants=DEFAULT_VARIANTS, defaults=DEFAULTS, control=control):
     """The needles study (module docstring)."""
+
+    def endpoint_values(self, results: Mapping[str, Any], key: str, variant: str) -> list[float | None]:
+        """``steps_to_control`` (None: never reached) or ``<group>.<part>`` (e.g. ``accuracy.x1``, in points) of
+        ``variant`` per seed, read from ``per_seed`` under the variant's label."""
+        variants, labels = results["config"]["variants"], results["labels"]
+        if variant not in variants:
+            raise ValueError(f"variant {variant!r} is not among the run's variants {variants}")
+        label = labels[variants.index(variant)]
+        per_seed = [results["per_seed"][str(s)][label] for s in results["config"]["seeds"]]
+        if key == "steps_to_control":
+            return [r["steps_to_control"] for r in per_seed]
+        group, _, part = key.partition(".")
+        return [100.0 * r[group][part] for r in per_seed]
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("steps", "batch_size"), where)

@@ -28,6 +28,7 @@ from .protocol import PROTOCOL_DEFAULTS, lr_text, protocol_errors
 from .report import Control, Metric, check_control, run_seeds, warmup_text
 from .stats import mean_std
 from .synthetic import (
+    DEFAULT_VARIANTS,
     MODELS,
     answer_accuracy,
     build_model,
@@ -100,7 +101,7 @@ def _sections(cfg: dict[str, Any], per_seed: dict[int, dict], labels: list[str])
     return out
 
 
-class RecallStudy(Study, name="recall", variants=VARIANTS, defaults=DEFAULTS,
+class RecallStudy(Study, name="recall", variants=VARIANTS, default_variants=DEFAULT_VARIANTS, defaults=DEFAULTS,
                   title="Study: multi-query associative recall, standard vs differential attention", control=control):
     """The recall study (module docstring)."""
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -305,6 +306,14 @@ def _write(cfg, out: Path, chosen, tuning, reported, seconds: float) -> dict[str
 class RecallAblationStudy(Study, name="recall_ablation", variants=VARIANTS, defaults=DEFAULTS, control=control):
     """The recall ablation (module docstring). Each factor level is compared with its own reference level, not with
     one baseline, and the models are tuned per variant, so it runs and reports as one step (:meth:`execute`)."""
+
+    def endpoint_values(self, results: Mapping[str, Any], key: str, variant: str) -> list[float | None]:
+        """``w<width>.<metric>`` (``auc``, ``accuracy``) of ``variant``'s reported runs, in points (%)."""
+        width, _, metric = key.partition(".")
+        runs = results["reported"].get(width, {}).get(variant)
+        if runs is None or metric not in ("auc", "accuracy"):
+            raise ValueError(f"results of study recall_ablation have no {key!r} for variant {variant!r}")
+        return [100.0 * r[metric] for r in runs]
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         errors = minimum_errors(cfg, ("steps", "batch_size", "depth", "samples", "eval_every", "curve_samples",

@@ -47,8 +47,8 @@ from .claims import FEWER_STEPS
 from .stats import censored_paired_test, holm, mean_std
 from .verdict import PaperEffect, derive_verdict, verdict_text
 
-__all__ = ["MODELS", "VARIANT_ATTENTION", "attention_for", "build_model", "param_count", "answer_loss",
-           "answer_accuracy", "steps_to_control_lines", "FEWER_STEPS", "steps_to_control_tests",
+__all__ = ["MODELS", "DEFAULT_VARIANTS", "VARIANT_ATTENTION", "attention_for", "build_model", "param_count",
+           "answer_loss", "answer_accuracy", "steps_to_control_lines", "FEWER_STEPS", "steps_to_control_tests",
            "train_model", "steps_to_reach"]
 
 #: the variants the synthetic studies compare: name → (label, attention)
@@ -62,6 +62,8 @@ VARIANT_ATTENTION: dict[str, tuple[str, AttentionSpec]] = {
 }
 #: variant → label
 MODELS: dict[str, str] = {name: label for name, (label, _) in VARIANT_ATTENTION.items()}
+#: the variants a needles or recall config runs when it names none: the four models of the module docstring
+DEFAULT_VARIANTS: tuple[str, ...] = ("standard", "diff", "diff_v2", "gated")
 
 
 def attention_for(kind: str) -> AttentionSpec:
