@@ -83,8 +83,8 @@ def test_endpoints_name_what_is_missing(root):
     assert endpoint_values(res, "w64.auc", "gda_r4") == [50.0] * len(reg.seeds)
     with pytest.raises(ValueError, match="no 'w128.auc' for variant 'gda_r4'"):
         endpoint_values(res, "w128.auc", "gda_r4")
-    with pytest.raises(ValueError, match="study .diffclip. cannot be read yet"):
-        endpoint_values({"study": "diffclip", "config": {"seeds": []}}, "primary.mean_recall", "diffclip")
+    with pytest.raises(ValueError, match="study .noise. cannot be read yet"):
+        endpoint_values({"study": "noise", "config": {"seeds": []}}, "primary.mean_recall", "diff")
     _write(root, NAME, {**res, "config": {"seeds": [1, 2], "steps": 600}})
     with pytest.raises(ValueError, match="ran seeds \\[1, 2\\]"):
         answer(reg, root, load_registrations(root))
@@ -96,3 +96,18 @@ def test_the_rendered_tables_match_the_committed_results():
     assert render_files(ROOT, check=True) == []
     for a in answers(ROOT):  # every committed answer is registered, with ≥ 8 seeds and a stated detectable size
         assert len(a["registration"].seeds) >= 8 and a["registration"].mdd > 0
+
+
+def test_diffclip_endpoints_are_its_table_metrics_per_seed():
+    """The DiffCLIP study answers its registration from ``per_seed`` (the demo summaries under the labels), in
+    points, and names its metrics for a key it does not have."""
+    per = {"200": {"CLIP": {"primary": {"mean_recall": 0.12}}, "DiffCLIP": {"primary": {"mean_recall": 0.125}}},
+           "201": {"CLIP": {"primary": {"mean_recall": 0.10}}, "DiffCLIP": {"primary": {"mean_recall": None}}}}
+    res = {"study": "diffclip", "config": {"seeds": [200, 201], "variants": ["clip", "diffclip"]},
+           "labels": ["CLIP", "DiffCLIP"], "per_seed": per}
+    assert endpoint_values(res, "primary.mean_recall", "clip") == pytest.approx([12.0, 10.0])
+    assert endpoint_values(res, "primary.mean_recall", "diffclip") == [pytest.approx(12.5), None]
+    with pytest.raises(ValueError, match="no metric 'primary.nope'.*primary.mean_recall"):
+        endpoint_values(res, "primary.nope", "clip")
+    with pytest.raises(ValueError, match="variant 'vit' is not among"):
+        endpoint_values(res, "primary.mean_recall", "vit")

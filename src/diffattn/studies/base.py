@@ -160,6 +160,17 @@ class Study:
         raise ValueError(f"confirmatory results of study {self.name!r} cannot be read yet (a study answers a "
                          f"registered question once it implements Study.endpoint_values)")
 
+    @staticmethod
+    def seed_results(results: Mapping[str, Any], variant: str) -> list[Mapping[str, Any]]:
+        """``variant``'s entries of ``per_seed`` in a ``results.json`` written by
+        :func:`~diffattn.studies.report.write_study` (keyed by the variant's label), one per seed in the run's seed
+        order: what :meth:`endpoint_values` reads."""
+        variants, labels = results["config"]["variants"], results["labels"]
+        if variant not in variants:
+            raise ValueError(f"variant {variant!r} is not among the run's variants {variants}")
+        label = labels[variants.index(variant)]
+        return [results["per_seed"][str(s)][label] for s in results["config"]["seeds"]]
+
     def tuning_parts(self, cfg: StudyConfig) -> list[tuple[str, dict[str, Any]]]:
         """The parts protocol (b) tunes apart, as (name, config changes): one lr per model and part (default: one
         part, the whole study)."""

@@ -27,6 +27,7 @@ The demo's and the question's names (``demo``, ``DEMO_VARIANTS``, ``QUESTION``, 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ from .diffclip_question import (
     study_answer,
     verdict,
 )
-from .report import Metric
+from .report import Metric, lookup
 from .stats import mean_std
 
 __all__ = ["DiffCLIPStudy", "VARIANTS", "DEFAULTS", "curve_table",
@@ -111,6 +112,16 @@ class DiffCLIPStudy(Study, name="diffclip", title="Study: CLIP vs DiffCLIP",
                     variants={v: label for v, (_, label) in DEMO_VARIANTS.items()}, defaults=DEFAULTS, control=CONTROL):
     """The demo at every seed (``<out>/seed<k>/``, each with its own report; finished seeds are read back), then the
     table's metrics as mean ± std over seeds with paired tests against the first variant."""
+
+    def endpoint_values(self, results: Mapping[str, Any], key: str, variant: str) -> list[float | None]:
+        """A metric of the study's table by its key (e.g. ``primary.mean_recall``, held-out retrieval mean recall)
+        for ``variant`` per seed, on the table's scale (points (%) for rates)."""
+        metric = next((m for m in _metrics() if m.key == key), None)
+        if metric is None:
+            raise ValueError(f"results of study diffclip have no metric {key!r}; its metrics: "
+                             f"{[m.key for m in _metrics()]}")
+        values = [lookup(r, key) for r in self.seed_results(results, variant)]
+        return [None if v is None else float(v) * metric.scale for v in values]
 
     def check(self, cfg: StudyConfig, where: str) -> list[str]:
         """``steps``, ``batch_size``, ``max_pairs`` and ``curve_points`` are None (the recipes' values; no curve) or

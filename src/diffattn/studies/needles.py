@@ -275,11 +275,7 @@ class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, 
     def endpoint_values(self, results: Mapping[str, Any], key: str, variant: str) -> list[float | None]:
         """``steps_to_control`` (None: never reached) or ``<group>.<part>`` (e.g. ``accuracy.x1``, in points) of
         ``variant`` per seed, read from ``per_seed`` under the variant's label."""
-        variants, labels = results["config"]["variants"], results["labels"]
-        if variant not in variants:
-            raise ValueError(f"variant {variant!r} is not among the run's variants {variants}")
-        label = labels[variants.index(variant)]
-        per_seed = [results["per_seed"][str(s)][label] for s in results["config"]["seeds"]]
+        per_seed = self.seed_results(results, variant)
         if key == "steps_to_control":
             return [r["steps_to_control"] for r in per_seed]
         group, _, part = key.partition(".")

@@ -38,8 +38,8 @@ from .provenance import registration_status
 from .stats import holm, mean_std, paired_statement, paired_test
 from .verdict import PaperEffect, Verdict, verdict_of_test, verdict_text
 
-__all__ = ["Metric", "Control", "REPORT_DEFAULTS", "check_control", "recorded_chance", "aggregate", "markdown_table",
-           "verdict_lines", "control_table", "write_study",
+__all__ = ["Metric", "Control", "REPORT_DEFAULTS", "check_control", "lookup", "recorded_chance", "aggregate",
+           "markdown_table", "verdict_lines", "control_table", "write_study",
            "read_seed", "write_seed", "run_seeds", "warmup_text"]
 
 
@@ -103,7 +103,7 @@ def check_control(per_seed: Mapping[int, Mapping[str, Mapping]], control: Contro
     value): the baseline never learnt the task there. ``control_set``: when the level was fixed (printed)."""
     seeds = list(per_seed)
     base = next(iter(per_seed[seeds[0]]))
-    raw = [_get(per_seed[s].get(base, {}), control.key) for s in seeds]
+    raw = [lookup(per_seed[s].get(base, {}), control.key) for s in seeds]
     values = [float(v) * control.scale for v in raw if v is not None]
     mean = sum(values) / len(values) if len(values) == len(raw) else math.nan
 
@@ -133,7 +133,7 @@ def check_control(per_seed: Mapping[int, Mapping[str, Mapping]], control: Contro
             "control_set": control_set, "line": line}
 
 
-def _get(d: Mapping, path: str):
+def lookup(d: Mapping, path: str):
     """``d[a][b]…`` for the dotted ``path`` "a.b…"; a key that itself holds dots ("noise.0.1" → d["noise"]["0.1"])
     is matched whole first."""
     while True:
@@ -154,7 +154,7 @@ def recorded_chance(result: Mapping, key: str) -> float | None:
     while "." in head:
         head, _, tail = head.rpartition(".")
         rest = f"{tail}.{rest}" if rest else tail
-        level = _get(result, f"{head}.chance")
+        level = lookup(result, f"{head}.chance")
         level = level.get(rest) if isinstance(level, Mapping) else None
         if isinstance(level, (int, float)) and not isinstance(level, bool):
             return float(level)
@@ -176,7 +176,7 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
     base = labels[0]
     rows = []
     for m in metrics:
-        vals = {lab: [_get(per_seed[s].get(lab, {}), m.key) for s in seeds] for lab in labels}
+        vals = {lab: [lookup(per_seed[s].get(lab, {}), m.key) for s in seeds] for lab in labels}
         if any(v is None for vs in vals.values() for v in vs):
             continue
         values = {lab: [float(v) * m.scale for v in vs] for lab, vs in vals.items()}
