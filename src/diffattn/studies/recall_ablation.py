@@ -49,7 +49,7 @@ from .stats import holm, mean_std, paired_test
 from .synthetic import answer_accuracy, build_model, param_count, train_model
 from .verdict import verdict_of_test
 
-__all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "control", "variant_model", "select_lr"]
+__all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "control", "variant_model", "variant_settings", "select_lr"]
 
 #: a setting that is a quarter of the model width (the Transformer's head width d = D / 4): resolved per width
 _QUARTER = "D/4"
@@ -116,6 +116,15 @@ def control(cfg: dict[str, Any]) -> list[Control]:
     easiest = cfg["pairs"][0]
     return [Control(f"Transformer (4 heads) accuracy at width {w} with {easiest} pairs (%)", f"w{w}.accuracy",
                     100.0 * cfg["control_accuracy"], scale=100.0, gates=(f"w{w}",)) for w in cfg["widths"]]
+
+
+def variant_settings(variant: str) -> tuple[str, dict[str, Any]]:
+    """``variant``'s attention kind and the settings it changes in the recall study's spec of that kind (a copy;
+    empty for the kind's defaults), as the module table lists them."""
+    if variant not in _TABLE:
+        raise ValueError(f"variant must be one of the recall ablation's {list(_TABLE)}, got {variant!r}")
+    _, kind, _, settings, _ = _TABLE[variant]
+    return kind, dict(settings or {})
 
 
 def _width_heads(variant: str) -> int:
