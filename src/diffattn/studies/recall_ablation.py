@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +49,8 @@ from .stats import holm, mean_std, paired_test
 from .synthetic import answer_accuracy, build_model, param_count, train_model
 from .verdict import verdict_of_test
 
-__all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "control", "variant_model", "variant_settings", "select_lr"]
+__all__ = ["RecallAblationStudy", "VARIANTS", "DEFAULTS", "control", "variant_model", "variant_settings", "run_one",
+           "select_lr"]
 
 #: a setting that is a quarter of the model width (the Transformer's head width d = D / 4): resolved per width
 _QUARTER = "D/4"
@@ -159,10 +160,12 @@ def _budget(cfg: dict[str, Any]) -> dict[str, Any]:
     return json.loads(json.dumps({k: cfg[k] for k in keys}))
 
 
-def _one_run(cfg: dict[str, Any], vocab: SyntheticVocab, variant: str, width: int, lr: float, seed: int,
-             folder: Path, progress: bool, phase: str) -> dict[str, Any]:
+def run_one(cfg: dict[str, Any], vocab: SyntheticVocab, variant: str, width: int, lr: float, seed: int,
+            folder: Path, progress: bool, phase: str, *,
+            probe: Callable[[torch.nn.Module], Any] | None = None) -> dict[str, Any]:
     """One training of ``variant`` at ``width``, ``lr`` and ``seed`` (the recall study's data, test sets and
-    training), read back from ``folder`` when it was run with this budget."""
+    training), read back from ``folder`` when it was run with this budget. ``probe(model)``: measured at every
+    evaluation point (:func:`.synthetic.train_model`; :mod:`.probe`), in the result's ``"probe"``."""
     path = folder / f"{variant}_w{width}_lr{lr:g}_s{seed}.json"
     if path.is_file():
         saved = json.loads(path.read_text())
@@ -177,7 +180,8 @@ def _one_run(cfg: dict[str, Any], vocab: SyntheticVocab, variant: str, width: in
     batches = mqar_stream(cfg["pairs"], cfg["batch_size"], vocab, seed)  # the recall study's training stream
     trained = train_model(model, batches, steps=cfg["steps"], lr=lr,
                           weight_decay=cfg["weight_decay"], warmup_steps=cfg["warmup_steps"],
-                          eval_every=cfg["eval_every"], evaluate=lambda m: answer_accuracy(m, curve_set).mean().item())
+                          eval_every=cfg["eval_every"], evaluate=lambda m: answer_accuracy(m, curve_set).mean().item(),
+                          probe=probe)
     acc = {f"P{p}": answer_accuracy(model, b).mean().item() for p, b in test.items()}
     curve = [v for _, v in trained["curve"]]
     result = {"accuracy": acc[f"P{easiest}"], "accuracy_all": acc, "auc": sum(curve) / len(curve), **trained,
@@ -215,11 +219,11 @@ def _execute(cfg: dict[str, Any], progress: bool = True) -> dict[str, Any]:
         key = f"w{w}"
         chosen[key], tuning[key], reported[key] = {}, {}, {}
         for v in _variants_at(cfg, w):  # each variant tuned and reported before the next: a cut keeps it whole
-            sweep = {lr: [_one_run(cfg, vocab, v, w, lr, s, folder, progress, "tuning") for s in cfg["tuning_seeds"]]
+            sweep = {lr: [run_one(cfg, vocab, v, w, lr, s, folder, progress, "tuning") for s in cfg["tuning_seeds"]]
                      for lr in cfg["lrs"]}
             tuning[key][v] = {f"{lr:g}": runs for lr, runs in sweep.items()}
             chosen[key][v] = select_lr(sweep)
-            reported[key][v] = [_one_run(cfg, vocab, v, w, chosen[key][v], s, folder, progress, "reported")
+            reported[key][v] = [run_one(cfg, vocab, v, w, chosen[key][v], s, folder, progress, "reported")
                                 for s in cfg["seeds"]]
     seconds = time.perf_counter() - t0
     return _write(cfg, out, chosen, tuning, reported, seconds)

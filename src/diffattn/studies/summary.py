@@ -24,6 +24,7 @@ import yaml
 from . import claims
 from .confirmatory import CONFIRMATORY_END, CONFIRMATORY_START, answers, render_confirmatory_table, render_readme
 from .factorial import FACTORIAL_END, FACTORIAL_START, render_factorial
+from .probe import PROBE_END, PROBE_START, render_probe
 from .stats import holm, paired_test
 from .synthetic import steps_to_control_tests
 from .verdict import PaperEffect, Verdict, derive_verdict
@@ -281,6 +282,7 @@ def render_files(root: str | Path, *, check: bool = False) -> list[str]:
         new = _replace(_replace(text, body, rel), registered, rel, CONFIRMATORY_START, CONFIRMATORY_END)
         if rel == "docs/studies.md":
             new = _replace(new, render_factorial(root), rel, FACTORIAL_START, FACTORIAL_END)
+            new = _replace(new, render_probe(root), rel, PROBE_START, PROBE_END)
         if new != text:
             changed.append(rel)
             if not check:

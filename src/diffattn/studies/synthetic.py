@@ -132,14 +132,18 @@ def answer_accuracy(model: torch.nn.Module, batch: SyntheticBatch, chunk: int = 
 
 def train_model(model: torch.nn.Module, batches: Iterator[SyntheticBatch], *, steps: int, lr: float,
                 weight_decay: float, warmup_steps: int, eval_every: int,
-                evaluate: Callable[[torch.nn.Module], float]) -> dict[str, Any]:
+                evaluate: Callable[[torch.nn.Module], float],
+                probe: Callable[[torch.nn.Module], Any] | None = None) -> dict[str, Any]:
     """``steps`` optimizer steps on ``batches`` (module docstring), ``evaluate(model)`` after every
     ``eval_every`` steps and at the end. Returns ``{"final_loss", "curve": [[step, value], ...],
-    "train_seconds"}`` (the loss is the mean of the last 5 % of steps; the time excludes the evaluations)."""
+    "train_seconds"}`` (the loss is the mean of the last 5 % of steps; the time excludes the evaluations), and with
+    ``probe`` ``"probe": [[step, probe(model)], ...]`` at the same points (a probe must not change the training:
+    no random draws, no gradient left behind; :func:`.probe.block_probe`)."""
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.98))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: warmup_cosine(s, steps, warmup_steps))
     losses: list[float] = []
     curve: list[list[float]] = []
+    probed: list[list[Any]] = []
     seconds = 0.0
     while len(losses) < steps:
         k = min(eval_every, steps - len(losses))
@@ -147,8 +151,11 @@ def train_model(model: torch.nn.Module, batches: Iterator[SyntheticBatch], *, st
         losses += fit(model, opt, sched, (next(batches) for _ in range(k)), answer_loss, grad_clip=1.0, total=steps)
         seconds += time.perf_counter() - t0
         curve.append([len(losses), float(evaluate(model))])
+        if probe is not None:
+            probed.append([len(losses), probe(model)])
     tail = losses[-max(1, steps // 20):]
-    return {"final_loss": sum(tail) / len(tail), "curve": curve, "train_seconds": round(seconds, 1)}
+    out = {"final_loss": sum(tail) / len(tail), "curve": curve, "train_seconds": round(seconds, 1)}
+    return out if probe is None else {**out, "probe": probed}
 
 
 def steps_to_control_lines(reached: dict[str, list[int | None]], steps: int) -> list[str]:
