@@ -32,6 +32,12 @@ def test_answer_attention_hand_computed_and_modes():
     assert r["noise"] == pytest.approx(0.3)
     b = answer_attention([a, a * 0.5], answer, context, mode="abs")  # mean over layers
     assert b["answer"] == pytest.approx(0.45) and b["noise"] == pytest.approx(0.3)
+    # share: |row| sums to 0.3 + 0.4 + 0.2 + 0.1 + 0.2 = 1.2; the same share at every scale of the map (a
+    # differential row summing to 1 − λ reads like a softmax row)
+    sh = answer_attention([a, a * 0.5], answer, context, mode="share")
+    assert sh["answer"] == pytest.approx(0.6 / 1.2) and sh["noise"] == pytest.approx(0.4 / 1.2)
+    zero = answer_attention([a * 0], answer, context, mode="share")  # an all-zero row stays zero, no NaN
+    assert zero["answer"] == 0.0 and zero["noise"] == 0.0
     with pytest.raises(ValueError, match="inside context"):
         answer_attention([a], answer, torch.zeros(5, dtype=torch.bool))
     with pytest.raises(ValueError, match="mode must be one of"):

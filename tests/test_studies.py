@@ -412,11 +412,15 @@ def test_noise_study_tiny(tmp_path, one_thread):
                           "model": {"vocab_size": 256, "dim": 32, "depth": 1, "num_heads": 2, "num_kv_heads": 2},
                           "prompt_length": 120, "depths": [0.5], "trials": 1, "ppl_bytes": 200})
     res = _check_results(out, ["Transformer", "Diff Transformer"],
-                         ["answer_signed", "noise_abs", "accuracy", "answer_nll", "ppl"])
+                         ["answer_share", "answer_signed", "noise_abs", "accuracy", "answer_nll", "ppl"])
     std = res["per_seed"]["0"]["Transformer"]
-    # standard attention is a probability map: signed = |·|, and answer + rest of context <= 1 from the last query
+    # standard attention is a probability map: signed = |·| = share, and answer + rest of context <= 1 from the
+    # last query
     assert std["answer_signed"] == pytest.approx(std["answer_abs"])
+    assert std["answer_share"] == pytest.approx(std["answer_signed"], rel=1e-6)
     assert 0 < std["answer_signed"] + std["noise_signed"] <= 1 + 1e-6
+    diff = res["per_seed"]["0"]["Diff Transformer"]
+    assert 0 <= diff["answer_share"] and diff["answer_share"] + diff["noise_share"] <= 1 + 1e-6
 
 
 @pytest.mark.slow
@@ -611,7 +615,8 @@ def test_needles_study_tiny(tmp_path, one_thread):
     _check_synthetic(results, labels)
     assert results == json.loads(json.dumps(res["results"], default=float))
     assert {r["key"] for r in results["rows"]} >= {"accuracy.x1", "accuracy.x2", "cells.N1R1", "cells.N3R1",
-                                                    "attention.answer_signed", "attention.noise_signed"}
+                                                    "attention.answer_signed", "attention.noise_signed",
+                                                    "attention.answer_share", "attention.noise_share"}
     for lab in labels:
         r = results["per_seed"]["0"][lab]
         assert [s for s, _ in r["curve"]] == [2, 4] and all(0 <= a <= 1 for _, a in r["curve"])
@@ -632,6 +637,14 @@ def test_needles_study_tiny(tmp_path, one_thread):
     # standard attention is a probability map: signed = |·|, answer + rest of context <= 1 from the query
     assert std["answer_signed"] == pytest.approx(std["answer_abs"])
     assert 0 < std["answer_signed"] + std["noise_signed"] <= 1 + 1e-6
+    # a softmax row already sums to 1: its share is its mass; a differential row's signed sum is 1 − λ, its share
+    # of |·| stays in [0, 1] and the answer and context shares never exceed the row
+    assert std["answer_share"] == pytest.approx(std["answer_signed"], rel=1e-6)
+    for lab in labels:
+        att = results["per_seed"]["1"][lab]["attention"]
+        assert 0 <= att["answer_share"] and att["answer_share"] + att["noise_share"] <= 1 + 1e-6
+    primary = {r["key"]: r["claim"] is not None for r in results["rows"] if r["key"].startswith("attention.")}
+    assert primary["attention.answer_share"] and not primary["attention.answer_signed"]
     report = (out / "report.md").read_text()
     assert "Control: Transformer accuracy at the trained length (24 tokens)" in report
     assert "## Learning curves" in report and "### DG Transformer" in report

@@ -4,7 +4,9 @@ object-patch mass inside vs outside a foreground mask (images), and attention ro
 Signed maps. A differential map A = w1 ⊙ A1 − λ ⊙ A2 has negative entries and rows that sum to w1 − λ (1 − λ for
 Ye et al. 2024 eq. 1; 2g − 1 for the M-DGSA gate), not to 1. Every function here says what it does with signs;
 ``mode`` chooses among ``"signed"`` (the values as the layer applies them to V: what Ye et al. 2024 Table 3 reports
-for the Diff Transformer), ``"relu"`` (max(A, 0): where the layer attends positively) and ``"abs"`` (|A|).
+for the Diff Transformer), ``"relu"`` (max(A, 0): where the layer attends positively), ``"abs"`` (|A|) and
+``"share"`` (|A| over its row's Σ|A|: each row sums to 1 for every kind, so a standard and a differential map, whose
+signed rows sum to 1 and to 1 − λ, are compared on one scale).
 """
 
 from __future__ import annotations
@@ -16,17 +18,22 @@ import torch.nn.functional as F
 
 __all__ = ["MODES", "transform", "branch_entropy", "answer_attention", "patch_mask", "foreground_attention", "rollout"]
 
-MODES = ("signed", "relu", "abs")
+MODES = ("signed", "relu", "abs", "share")
 
 
 def transform(a: torch.Tensor, mode: str) -> torch.Tensor:
-    """A as given (``signed``), max(A, 0) (``relu``) or |A| (``abs``)."""
+    """A as given (``signed``), max(A, 0) (``relu``), |A| (``abs``) or |A| / Σ_k |A_qk| per row (``share``; a row
+    that is all zero stays zero)."""
     if mode == "signed":
         return a
     if mode == "relu":
         return a.clamp_min(0)
     if mode == "abs":
         return a.abs()
+    if mode == "share":
+        m = a.abs()
+        total = m.sum(-1, keepdim=True)  # (..., Nq, 1)
+        return m / torch.where(total > 0, total, torch.ones_like(total))
     raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
 
 

@@ -192,18 +192,23 @@ def _span(seq: list[int], sub: list[int]) -> int:
     raise ValueError(f"the answer tokens {sub} do not occur in the prompt")
 
 
+#: the attention-mass modes the needle probes report (:data:`diffattn.diagnostics.noise.MODES`)
+_MASS_MODES = ("signed", "abs", "share")
+
+
 @torch.no_grad()
 def needle_attention(model, filler_text: str, *, length: int, depths, trials: int, seed: int = 0,
                      attention: bool = True) -> dict:
     """Needle prompts of ``length`` bytes in ``filler_text`` (:func:`diffattn.eval.language.needle_prompt`, the
     needle at each of ``depths``, ``trials`` prompts per depth, drawn from ``random.Random(seed)``) through ``model``
-    (a byte-level causal LM): answer vs context attention mass from the last query position (signed and |·|; only
-    with ``attention``), accuracy and answer NLL, means over ``len(depths) · trials`` prompts."""
+    (a byte-level causal LM): answer vs context attention mass from the last query position (signed, |·| and the
+    share of the row's |·|, :func:`~diffattn.diagnostics.noise.transform`; only with ``attention``), accuracy and
+    answer NLL, means over ``len(depths) · trials`` prompts."""
     tok = get_text_tokenizer("bytes")
     filler = tok.encode(filler_text)
     rng = random.Random(seed)
-    sums = {"answer_signed": 0.0, "noise_signed": 0.0, "answer_abs": 0.0, "noise_abs": 0.0, "accuracy": 0.0,
-            "answer_nll": 0.0}
+    sums = {f"{part}_{mode}": 0.0 for mode in _MASS_MODES for part in ("answer", "noise")}
+    sums.update(accuracy=0.0, answer_nll=0.0)
     n = 0
     for depth in depths:
         for _ in range(trials):
@@ -219,7 +224,7 @@ def needle_attention(model, filler_text: str, *, length: int, depths, trials: in
                 context[:q] = True
                 ans = torch.zeros(N, dtype=torch.bool)
                 ans[start:start + len(answer)] = True
-                for mode in ("signed", "abs"):
+                for mode in _MASS_MODES:
                     r = answer_attention(maps, ans, context, query=-1, mode=mode)
                     sums[f"answer_{mode}"] += r["answer"]
                     sums[f"noise_{mode}"] += r["noise"]
@@ -229,7 +234,7 @@ def needle_attention(model, filler_text: str, *, length: int, depths, trials: in
             sums["answer_nll"] -= logp.gather(1, torch.tensor(answer)[:, None]).mean().item()
             n += 1
     out = {k: v / n for k, v in sums.items() if attention or k in ("accuracy", "answer_nll")}
-    for mode in ("signed", "abs") if attention else ():
+    for mode in _MASS_MODES if attention else ():
         out[f"ratio_{mode}"] = out[f"answer_{mode}"] / out[f"noise_{mode}"] if out[f"noise_{mode}"] else math.inf
     out["prompts"] = n
     return out

@@ -22,7 +22,8 @@ random distractor tokens, R of them asked for at the end):
 - attention allocation (Table 3): from the query position that predicts the first answer, the attention mass on
   the answer's value token in the context vs on the rest of the context, mean over samples, heads and layers
   (:func:`diffattn.diagnostics.answer_attention` on the maps :func:`diffattn.diagnostics.capture_attention`
-  records; signed = the map the layer applies to V, w1 ⊙ A1 − λ ⊙ A2 for the differential layers);
+  records; signed = the map the layer applies to V, w1 ⊙ A1 − λ ⊙ A2 for the differential layers, whose row sums
+  to 1 − λ, so the primary is the share: |A| over its row's Σ|A|, on one scale for every kind);
 - activation outliers (Table 5): top-1, top-10 and median of |S| over the attention logits S = Q Kᵀ/√d the softmax
   sees (both maps of the differential layers together, and each map apart) and of |h| over the blocks' hidden states,
   on the attention-allocation samples (:func:`diffattn.diagnostics.capture_logits`,
@@ -140,9 +141,11 @@ def grid_accuracy(model: torch.nn.Module, grid: dict) -> dict[str, Any]:
 def needle_allocation(model: torch.nn.Module, batches: list[SyntheticBatch]) -> dict[str, float]:
     """Attention mass (Ye et al. 2024, Table 3) from the position that predicts the first answer onto the answer's
     value token in the context vs onto the rest of the context, mean over ``batches`` (each weighted by its size),
-    heads and layers; ``signed`` (the map applied to V) and ``abs`` (|map|)."""
+    heads and layers; ``signed`` (the map applied to V), ``abs`` (|map|) and ``share`` (|map| over its row's sum,
+    :func:`~diffattn.diagnostics.noise.transform`: the comparable one, since a differential row's signed sum is
+    1 − λ, not 1)."""
     model.eval()
-    sums = {"answer_signed": 0.0, "noise_signed": 0.0, "answer_abs": 0.0, "noise_abs": 0.0}
+    sums = {f"{part}_{mode}": 0.0 for mode in ("signed", "abs", "share") for part in ("answer", "noise")}
     total = 0
     for b in batches:
         B, L = b.ids.shape
@@ -152,7 +155,7 @@ def needle_allocation(model: torch.nn.Module, batches: list[SyntheticBatch]) -> 
         pos = torch.arange(L)
         context = (pos < b.context).expand(B, L)  # (B, L)
         answer = pos[None] == b.answer_span[:, :1]  # (B, L)
-        for mode in ("signed", "abs"):
+        for mode in ("signed", "abs", "share"):
             r = answer_attention(maps, answer, context, query=int(b.answer_pos[0, 0]), mode=mode)
             sums[f"answer_{mode}"] += r["answer"] * B
             sums[f"noise_{mode}"] += r["noise"] * B
@@ -371,8 +374,8 @@ class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, 
                 res[label] = r
                 if progress:
                     acc = ", ".join(f"{k} {100 * a:.1f} %" for k, a in r["accuracy"].items())
-                    print(f"[study needles] seed {seed}: {label}: accuracy {acc}; answer/context mass (signed) "
-                          f"{r['attention']['answer_signed']:.3f}/{r['attention']['noise_signed']:.3f}; "
+                    print(f"[study needles] seed {seed}: {label}: accuracy {acc}; answer/context share "
+                          f"{r['attention']['answer_share']:.3f}/{r['attention']['noise_share']:.3f}; "
                           f"{trained['train_seconds']:.0f} s training", flush=True)
             return res
 
@@ -391,7 +394,8 @@ class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, 
                  f"{vocab.num_values} values, {vocab.num_filler} distractors). Evaluated on {cfg['samples']} samples "
                  f"per (N, R, depth {cfg['depths']}) cell at "
                  f"{[f * cfg['train_length'] for f in cfg['length_factors']]} tokens. Attention mass from the position "
-                 f"that predicts the first answer, signed = the map applied to V, mean over {cfg['attention_samples']} "
+                 f"that predicts the first answer: share = |A| over its row's Σ|A| (primary: rows on one scale for "
+                 f"every kind), signed = the map applied to V, mean over {cfg['attention_samples']} "
                  f"samples per (N, R, depth) cell at the trained length, heads and layers. Outliers: |S| over the "
                  f"attention logits the softmax sees (both maps of a differential layer) and |h| over the blocks' "
                  f"outputs on those samples. Quantised: every map from logits quantised per head (absmax) to "
@@ -402,10 +406,13 @@ class NeedlesStudy(Study, name="needles", title="Study: multi-needle retrieval, 
                            100.0, 1) for n, r in pairs]
         metrics += [Metric(f"accuracy at {f * cfg['train_length']} tokens ({f}× trained) (%)", f"accuracy.x{f}",
                            100.0, 1) for f in cfg["length_factors"][1:]]
-        metrics += [Metric("answer attention mass (signed)", "attention.answer_signed", 1.0, 3,
+        metrics += [Metric("answer attention share (|A| over its row)", "attention.answer_share", 1.0, 3,
                            claim=claims.ANSWER_MASS),
+                    Metric("context attention share outside the answer (|A| over its row)", "attention.noise_share",
+                           1.0, 3, False, claim=claims.CONTEXT_MASS),
+                    Metric("answer attention mass (signed)", "attention.answer_signed", 1.0, 3),
                     Metric("context attention mass outside the answer (signed)", "attention.noise_signed", 1.0, 3,
-                           False, claim=claims.CONTEXT_MASS),
+                           False),
                     Metric("attention logits |S|: top-1", "outliers.logits.top1", 1.0, 2, None,
                            claim=claims.LOGIT_OUTLIERS),
                     Metric("attention logits |S|: top-10", "outliers.logits.top10", 1.0, 2, None),

@@ -137,8 +137,8 @@ class NoiseStudy(Study, name="noise", title="Study: attention noise, standard vs
                          ppl=_byte_perplexity(model, held_out, cfg["ppl_bytes"], cfg["block_size"]),
                          params=sum(p.numel() for p in model.parameters()))
                 res[label] = r
-                print(f"[study noise] {label}: answer/context mass (signed) {r['answer_signed']:.3f}/"
-                      f"{r['noise_signed']:.3f}, needle acc {r['accuracy']:.2f}, ppl {r['ppl']:.2f}, "
+                print(f"[study noise] {label}: answer/context share {r['answer_share']:.3f}/"
+                      f"{r['noise_share']:.3f}, needle acc {r['accuracy']:.2f}, ppl {r['ppl']:.2f}, "
                       f"{trained['seconds']:.0f} s training", flush=True)
             return res
 
@@ -154,11 +154,17 @@ class NoiseStudy(Study, name="noise", title="Study: attention noise, standard vs
                  f"{100 * cfg['needle_fraction']:.0f} % of each batch needle prompts of {cfg['prompt_length']} bytes "
                  f"with their answers. Probe: needle prompts of the trained length ({cfg['prompt_length']} bytes) in "
                  f"held-out State of the Union text, depths {cfg['depths']}, {cfg['trials']} prompts per depth. "
-                 f"Attention mass from the last query position, mean over prompts, heads and layers: signed = the map "
-                 f"the layer applies to V, abs = |map|. Perplexity: bytes of the test split ({cfg['ppl_bytes']:,}).")
-        metrics = [Metric("answer-span attention mass (signed)", "answer_signed", 1.0, 4, claim=claims.ANSWER_MASS),
-                   Metric("context attention mass outside the answer (signed)", "noise_signed", 1.0, 4, False,
-                          claim=claims.CONTEXT_MASS),
+                 f"Attention mass from the last query position, mean over prompts, heads and layers: share = |map| "
+                 f"over its row's Σ|map| (primary: one scale for every kind, where a differential row's signed sum is "
+                 f"1 − λ), signed = the map the layer applies to V, abs = |map|. Perplexity: bytes of the test split "
+                 f"({cfg['ppl_bytes']:,}).")
+        metrics = [Metric("answer-span attention share (|·| over its row)", "answer_share", 1.0, 4,
+                          claim=claims.ANSWER_MASS),
+                   Metric("context attention share outside the answer (|·| over its row)", "noise_share", 1.0, 4,
+                          False, claim=claims.CONTEXT_MASS),
+                   Metric("answer / context ratio (share)", "ratio_share", 1.0, 3),
+                   Metric("answer-span attention mass (signed)", "answer_signed", 1.0, 4),
+                   Metric("context attention mass outside the answer (signed)", "noise_signed", 1.0, 4, False),
                    Metric("answer / context ratio (signed)", "ratio_signed", 1.0, 3),
                    Metric("answer-span attention mass (|·|)", "answer_abs", 1.0, 4),
                    Metric("context attention mass outside the answer (|·|)", "noise_abs", 1.0, 4, False),
