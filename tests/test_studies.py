@@ -719,6 +719,10 @@ def test_recall_ablation_selection_rule_and_variants():
 
     assert (attn("diff").num_heads, attn("diff_h8").num_heads, attn("diff_h16").num_heads) == (4, 8, 16)
     assert (attn("standard_h16").num_heads, attn("diff_h16").head_dim) == (16, 4)  # 8 differential heads of 2 · 4
+    # the 2-head Transformer: V1's 2 differential heads' count, its value width 2d = 32, and the same parameters
+    assert (attn("standard_h2").num_heads, attn("standard_h2").head_dim, attn("diff").head_dim) == (2, 32, 16)
+    assert param_count(variant_model("standard_h2", vocab_size=40, dim=64, depth=2, max_seq_len=32, seed=0)) == \
+        param_count(variant_model("standard", vocab_size=40, dim=64, depth=2, max_seq_len=32, seed=0))
     assert attn("diff").lambda_init == pytest.approx(0.8 - 0.6 * math.exp(-0.3))  # "ye" at the 0-based layer 1
     assert attn("diff_lambda0.5").lambda_init == 0.5 and attn("diff_lambda0").out_scale == 1.0
     assert isinstance(attn("diff_no_subnorm").diff_norm, torch.nn.Identity)

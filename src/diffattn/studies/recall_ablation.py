@@ -7,7 +7,8 @@ at widths 64 and 128, under one recipe tuned on the Transformer only. Four confo
 each against its reference level (``comparisons``):
 
 - the number of differential heads: 4, 8, 16 standard heads (2, 4, 8 differential heads), with the Transformer at
-  the same head counts (the gap V1 − Transformer at matching heads);
+  the same head counts (the gap V1 − Transformer at matching heads), and a 2-head Transformer (``standard_h2``:
+  as many heads, of the same width 2d, as V1's 2 differential heads);
 - the per-head sub-norm: V1 without it, Diff Transformer V2 (Ye et al. 2026) with it;
 - λ_init of V1: the constants 0, 0.2, 0.5, 0.8 against ``"ye"`` (0.8 − 0.6·exp(−0.3·l));
 - the initial gate bias b_g of gated differential attention (M-DGSA 2025): +2 (g = σ(2) ≈ 0.88 at the start)
@@ -59,6 +60,7 @@ _QUARTER = "D/4"
 #: (:func:`.synthetic.attention_for`) or None, gate bias or None)
 _TABLE: dict[str, tuple[str, str, int, dict | None, float | None]] = {
     "standard": ("Transformer, 4 heads", "standard", 4, None, None),
+    "standard_h2": ("Transformer, 2 heads", "standard", 2, None, None),
     "standard_h8": ("Transformer, 8 heads", "standard", 8, None, None),
     "standard_h16": ("Transformer, 16 heads", "standard", 16, None, None),
     "diff": ("Diff V1, 4 heads (2 diff.), sub-norm, λ_init ye", "diff", 4, None, None),
