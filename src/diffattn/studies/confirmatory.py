@@ -32,7 +32,8 @@ from typing import Any
 from .config import study_for
 from .provenance import REGISTRATIONS, RESULTS
 from .registration import Registration, load_registrations
-from .stats import censored_paired_test, holm, paired_test
+from .report import table_cell
+from .stats import censored_paired_test, holm, mean_std, paired_test
 from .verdict import PaperEffect, Verdict, derive_verdict
 
 __all__ = ["DEVIATIONS", "endpoint_values", "deviation_rows", "answer", "answers", "render_confirmatory_table",
@@ -104,6 +105,9 @@ def answer(reg: Registration, root: str | Path, registrations: Mapping[str, Regi
     test = _test(reg, results)
     family, missing = [], 0
     for member in reg.holm_family:
+        if member == reg.name:
+            family.append(test["p"])
+            continue
         other = registrations.get(member)
         found = _read(root, member) if other is not None else None
         missing += found is None
@@ -149,15 +153,9 @@ def _fmt(v: float, digits: int = 1, sign: bool = False) -> str:
 
 
 def _mean_sd(values: Sequence[float | None], budget: int | None) -> str:
-    vals = [budget if v is None else v for v in values]
-    m = sum(vals) / len(vals)
-    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (len(vals) - 1)) if len(vals) > 1 else 0.0
+    m, sd = mean_std([budget if v is None else v for v in values])
     never = sum(v is None for v in values)
     return f"{_fmt(m)} ± {_fmt(sd)}" + (f" ({never} never, at {budget})" if never else "")
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
 
 
 def _row_cells(a: Mapping[str, Any]) -> dict[str, str]:
@@ -202,9 +200,9 @@ def render_confirmatory_table(found: Sequence[Mapping[str, Any]]) -> str:
              "commits | command, wall time |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for a in found:
         c = _row_cells(a)
-        lines.append("| " + " | ".join(_cell(c[k]) for k in ("question", "seeds", "values", "stats", "mdd", "paper",
-                                                                "control", "verdict", "label", "commits", "command"))
-                     + " |")
+        keys = ("question", "seeds", "values", "stats", "mdd", "paper", "control", "verdict", "label", "commits",
+                "command")
+        lines.append("| " + " | ".join(table_cell(c[k]) for k in keys) + " |")
     return "\n".join(lines)
 
 

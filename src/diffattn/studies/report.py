@@ -39,7 +39,7 @@ from .stats import holm, mean_std, paired_statement, paired_test
 from .verdict import PaperEffect, Verdict, verdict_of_test, verdict_text
 
 __all__ = ["Metric", "Control", "REPORT_DEFAULTS", "check_control", "lookup", "recorded_chance", "aggregate",
-           "markdown_table", "verdict_lines", "control_table", "write_study",
+           "markdown_table", "table_cell", "verdict_lines", "control_table", "write_study",
            "read_seed", "write_seed", "run_seeds", "warmup_text"]
 
 
@@ -199,6 +199,11 @@ def aggregate(per_seed: Mapping[int, Mapping[str, Mapping]], metrics: Sequence[M
         test["p_holm"] = p
         test["statement"] = paired_statement(test, lab, base, digits=r["digits"])
     return rows
+
+
+def table_cell(text: str) -> str:
+    """``text`` safe inside a markdown table cell: its pipes escaped (as in \\|h\\|), once."""
+    return text.replace("\\|", "|").replace("|", "\\|")
 
 
 def markdown_table(rows: Sequence[Mapping], labels: Sequence[str], n_seeds: int, protocol: str | None = None) -> str:

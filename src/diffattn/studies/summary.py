@@ -25,6 +25,7 @@ from . import claims
 from .confirmatory import CONFIRMATORY_END, CONFIRMATORY_START, answers, render_confirmatory_table, render_readme
 from .factorial import FACTORIAL_END, FACTORIAL_START, render_factorial
 from .probe import PROBE_END, PROBE_START, render_probe
+from .report import table_cell
 from .stats import holm, paired_test
 from .synthetic import steps_to_control_tests
 from .verdict import PaperEffect, Verdict, derive_verdict
@@ -183,11 +184,6 @@ def _family_note(rendered: Sequence[Mapping]) -> str:
             + ", ".join(f"{v.value} {n}" for v, n in counts_b.items() if n) + ".")
 
 
-def _cell(text: str) -> str:
-    """``text`` safe inside a markdown table cell (its pipes escaped, as in \\|h\\|)."""
-    return text.replace("\\|", "|").replace("|", "\\|")
-
-
 def _merged(rows: Sequence[Mapping]) -> list[dict[str, Any]]:
     """Each row rendered, with the rows that ask the same claim under protocol (b) (``same_claim_as: <id>``)
     rendered as its ``protocol_b`` cells."""
@@ -230,8 +226,8 @@ def render_docs_table(rows: Sequence[Mapping]) -> str:
         control = _both(r, r["control"], [o["control"] for o in others])
         result = _both(r, _result_cell(r), [_result_cell(o) for o in others])
         command = _both(r, row["command"], [o["row"]["command"] for o in others])
-        lines.append(f"| {_cell(row['claim'])} | {_cell(setup)} | {_cell(control)} | {_cell(result)} | "
-                     f"{_verdict_both(r)} | {_cell(command)} |")
+        cells = [table_cell(x) for x in (row["claim"], setup, control, result)]
+        lines.append(f"| {' | '.join(cells)} | {_verdict_both(r)} | {table_cell(command)} |")
     return "\n".join(lines)
 
 
@@ -255,8 +251,8 @@ def render_readme_table(rows: Sequence[Mapping]) -> str:
         result = _both(r, _readme_result(r), [_readme_result(o) for o in others])
         control = _both(r, r["control_short"], [o["control_short"] for o in others])
         command = _both(r, r["row"]["command"], [o["row"]["command"] for o in others])
-        lines.append(f"| {_cell(r['row']['claim'])} | {_cell(result)} | {control} | {_verdict_both(r)} | "
-                     f"{_cell(command)} |")
+        lines.append(f"| {table_cell(r['row']['claim'])} | {table_cell(result)} | {control} | {_verdict_both(r)} | "
+                     f"{table_cell(command)} |")
     return "\n".join(lines)
 
 
