@@ -77,3 +77,12 @@ def test_render_reads_committed_results_and_says_what_did_not_run(tmp_path):
     assert len([c for c in LEVELS["columns"]]) == row.count("|") - 2
     assert "Transformer (4 heads): 80.0 ± 0.0 (8/8)." in text
     assert "| sub-norm × λ_init (scale tied) |" in text  # needs no λ_init 0.5 cell
+
+
+def test_a_width_recorded_twice_is_rendered_once(tmp_path):
+    res = _results(lambda cell, seed: 70.0 + seed)
+    for name in ("recall_factorial_scale_w64", "recall_factorial_scale_w128"):  # one call answered both
+        folder = tmp_path / "studies" / "results" / name
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps(res))
+    assert render_factorial(tmp_path).count("**Width 64**") == 1

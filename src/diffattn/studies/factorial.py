@@ -156,6 +156,7 @@ def _width_tables(results: Mapping[str, Any], width: str, commit: str, command: 
 def render_factorial(root: str | Path) -> str:
     """The factorial's tables for docs/studies.md, one per width with committed results (module docstring)."""
     lines: list[str] = []
+    done: set[str] = set()  # a width recorded under two registrations (one call ran both) is shown once
     for name in FACTORIAL_RESULTS:
         folder = Path(root) / "studies" / "results" / name
         if not (folder / "results.json").is_file():
@@ -163,6 +164,9 @@ def render_factorial(root: str | Path) -> str:
         results = json.loads((folder / "results.json").read_text())
         run = json.loads((folder / "run.json").read_text()) if (folder / "run.json").is_file() else {}
         for width in results["reported"]:
+            if width in done:
+                continue
+            done.add(width)
             if lines:
                 lines.append("")
             lines += _width_tables(results, width, str(run.get("library_commit", "?")), run.get("command", "?"))
