@@ -70,7 +70,7 @@ def test_probe_runs_names_unknown_variants(tmp_path):
 def test_the_committed_probe_retrains_the_factorial_exactly():
     """Each probed run's area under the curve equals the committed factorial's at its seed (the same training,
     on the machine that recorded both), and the docs table renders from it."""
-    folder = ROOT / "studies" / "results" / PROBE_RESULTS
+    folder = ROOT / PROBE_RESULTS
     if not (folder / "results.json").is_file():
         pytest.skip("the plateau probe has no committed results yet (studies/exploratory/plateau_probe/)")
     probe = json.loads((folder / "results.json").read_text())
