@@ -75,7 +75,7 @@ def test_render_reads_committed_results_and_says_what_did_not_run(tmp_path):
     row = next(line for line in text.splitlines() if line.startswith("| 0.5 |"))
     assert row == "| 0.5 | 73.5 ± 2.4 (0/8) | not run | 73.5 ± 2.4 (0/8) | 73.5 ± 2.4 (0/8) |"
     assert len([c for c in LEVELS["columns"]]) == row.count("|") - 2
-    assert "Transformer (4 heads): 80.0 ± 0.0 (8/8)." in text
+    assert "Transformer, 4 heads: 80.0 ± 0.0 (8/8)." in text
     assert "| sub-norm × λ_init (scale tied) |" in text  # needs no λ_init 0.5 cell
 
 

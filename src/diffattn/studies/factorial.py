@@ -27,7 +27,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .recall_ablation import variant_settings
+from ..layers import DiffAttention
+from .recall_ablation import CONTROL_VARIANT, VARIANTS, variant_settings
 from .stats import holm, mean_std, paired_test, permutation_p
 
 __all__ = ["CONTRASTS", "LEVELS", "cells", "contrast", "contrasts", "render_factorial", "FACTORIAL_START",
@@ -74,7 +75,7 @@ def cells(variants: Sequence[str]) -> dict[Cell, str]:
     out: dict[Cell, str] = {}
     for v in variants:
         kind, settings = variant_settings(v)
-        if kind != "diff" or settings.get("lambda_init") not in LEVELS["lambda_init"]:
+        if kind != DiffAttention.kind or settings.get("lambda_init") not in LEVELS["lambda_init"]:
             continue
         sub_norm = settings.get("sub_norm", True)
         scale = settings.get("output_scale") or ("tied" if sub_norm else "fixed")
@@ -139,8 +140,8 @@ def _width_tables(results: Mapping[str, Any], width: str, commit: str, command: 
         row = [_cell_text(reported[found[(*c, lam)]], level) if (*c, lam) in found else "not run"
                for c in LEVELS["columns"]]
         lines.append(f"| {lam:g} | " + " | ".join(row) + " |")
-    if "standard" in reported:
-        lines += ["", f"Transformer (4 heads): {_cell_text(reported['standard'], level)}."]
+    if CONTROL_VARIANT in reported:
+        lines += ["", f"{VARIANTS[CONTROL_VARIANT]}: {_cell_text(reported[CONTROL_VARIANT], level)}."]
     rows = contrasts(results, width)
     if rows:
         lines += ["", "Interaction contrasts (exploratory: not registered), per seed on the same seeds; exact "
